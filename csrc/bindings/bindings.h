@@ -1,0 +1,14 @@
+// The pybind11 module graphpipe._C is assembled from one binding file per core layer; each
+// defines one of these functions. Only this folder knows Python.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace graphpipe::bindings {
+
+// Exception classes first: every other binding relies on them being registered.
+void bind_errors(pybind11::module_& m);
+void bind_log(pybind11::module_& m);
+void bind_graph(pybind11::module_& m);
+
+}  // namespace graphpipe::bindings

@@ -1,0 +1,9 @@
+// Entry point of graphpipe._C.
+#include "bindings/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "graphpipe C++ core: operator graphs, partitioning, schedules, simulation, runtime";
+  graphpipe::bindings::bind_errors(m);
+  graphpipe::bindings::bind_log(m);
+  graphpipe::bindings::bind_graph(m);
+}

@@ -1,0 +1,34 @@
+// JSON form of an OpGraph (schema "graphpipe.opgraph", version kSchemaVersion).
+//
+//   {"format": "graphpipe.opgraph", "schema_version": 1, "model": "...",
+//    "trace_batch_size": 8,
+//    "nodes": [{"name", "op", "target", "module", "forward_flops", "param_bytes", "params",
+//               "shared_params", "buffer_bytes", "output_bytes", "is_input", "is_output",
+//               "profile": [{"batch_size", "forward_seconds", "backward_seconds"}]}],
+//    "edges": [{"src": node index, "dst": node index, "bytes": per sample}]}
+//
+// Loading validates everything: the format tag and version, every field's presence and type,
+// ranges (no negative bytes, edge ends in range), and the graph invariants of op_graph.h. A bad
+// file raises FormatError with the JSON path of the offending field ("nodes[3].name: ..."); a
+// well-formed file describing a bad graph raises FormatError wrapping the GraphError.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "graph/op_graph.h"
+
+namespace graphpipe::graph {
+
+inline constexpr int kSchemaVersion = 1;
+
+nlohmann::json to_json(const OpGraph& graph);
+OpGraph from_json(const nlohmann::json& document);
+
+std::string dumps(const OpGraph& graph, int indent = -1);
+OpGraph loads(const std::string& text);
+void save(const OpGraph& graph, const std::string& path);
+OpGraph load(const std::string& path);
+
+}  // namespace graphpipe::graph
