@@ -1,0 +1,59 @@
+// Plan: the output of every partitioner, the input of the scheduler, simulator and runtime.
+//
+// A plan cuts an OpGraph into stages. Each stage is a convex set of operators placed on a set of
+// devices (one device per stage for now; the set leaves room for data parallelism inside a
+// stage). The stage graph (stages joined by the operator edges that cross them) is a DAG, not
+// necessarily a chain: independent branches become parallel stages. The mini-batch is split into
+// num_micro_batches micro-batches of micro_batch_size samples.
+//
+// Invariants (checked by validate_plan, see partition/plan_io.h):
+//   - every operator is in exactly one stage; stages are non-empty and convex;
+//   - stage ids are 0..S-1 and stages are listed in a topological order of the stage graph;
+//   - stage edges join distinct stages, follow that order, and cover every crossing operator edge;
+//   - device sets are disjoint, non-empty and within the device count;
+//   - micro_batch_size * num_micro_batches == batch_size.
+// Predicted figures are per micro-batch of micro_batch_size samples unless named otherwise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/op_graph.h"
+
+namespace graphpipe::partition {
+
+struct Stage {
+  int id = 0;
+  std::vector<graph::NodeId> nodes;  // in topological order of the OpGraph
+  std::vector<int> devices;          // ranks that run this stage (one for now)
+  double forward_seconds = 0.0;      // predicted, one micro-batch
+  double backward_seconds = 0.0;     // predicted, one micro-batch
+  double param_bytes = 0.0;          // parameters held by the stage
+  double activation_bytes = 0.0;     // activations stashed for one micro-batch
+  int in_flight = 1;                 // micro-batches whose activations are held at peak
+  double memory_bytes = 0.0;         // predicted peak: weights, grads, optimizer, activations
+};
+
+struct StageEdge {
+  int src = 0;                          // producing stage
+  int dst = 0;                          // consuming stage
+  std::vector<graph::EdgeId> edges;     // operator edges carried, in OpGraph edge order
+  double bytes = 0.0;                   // bytes per micro-batch (forward; backward sends the same)
+};
+
+struct Plan {
+  std::string partitioner;              // "metis", "graphpipe", "sequential", "manual"
+  std::string graph_fingerprint;        // OpGraph::fingerprint() of the graph it was made for
+  std::int64_t num_graph_nodes = 0;
+  std::int64_t batch_size = 0;          // mini-batch size (samples per training step)
+  std::int64_t micro_batch_size = 0;
+  std::int64_t num_micro_batches = 0;
+  int num_devices = 0;
+  std::vector<Stage> stages;
+  std::vector<StageEdge> edges;
+  double bottleneck_seconds_per_sample = 0.0;  // slowest stage's (fwd + bwd) / micro_batch_size
+  int depth = 0;                        // stages on the longest path of the stage graph
+};
+
+}  // namespace graphpipe::partition
