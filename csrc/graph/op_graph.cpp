@@ -303,7 +303,7 @@ std::string OpGraph::summary() const {
         << *std::max_element(width.begin(), width.end()) << " nodes\n";
     auto sp = decompose_series_parallel(*this);
     if (sp.is_series_parallel) {
-      out << "  series-parallel: yes, top-level parallel branches: "
+      out << "  series-parallel: yes, widest parallel split: "
           << sp.tree.widest_parallel() << "\n";
     } else {
       out << "  series-parallel: no (" << sp.report << ")\n";

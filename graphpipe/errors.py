@@ -1,0 +1,32 @@
+"""Exceptions raised by graphpipe: the C++ core's classes, plus the Python front end's own."""
+
+from __future__ import annotations
+
+from graphpipe._ext import _C
+
+#: Base class of every graphpipe error (a RuntimeError).
+GraphpipeError = _C.GraphpipeError
+#: A graph that breaks an invariant (cycle, dangling edge, unreachable output).
+GraphError = _C.GraphError
+#: A malformed or inconsistent file (graph, plan, schedule, device description).
+FormatError = _C.FormatError
+#: A request the planner cannot satisfy (model does not fit, more stages than operators).
+PlanningError = _C.PlanningError
+
+
+class TraceError(GraphpipeError):
+    """The model could not be traced into an operator graph."""
+
+
+class InputError(GraphpipeError, TypeError):
+    """Example inputs or model outputs of a kind graphpipe cannot handle."""
+
+
+__all__ = [
+    "GraphpipeError",
+    "GraphError",
+    "FormatError",
+    "PlanningError",
+    "TraceError",
+    "InputError",
+]
