@@ -120,6 +120,10 @@ void bind_graph(py::module_& m) {
           },
           py::arg("id"), py::arg("samples"), "Replaces the measured profile of one node.")
       .def(
+          "set_output",
+          [](OpGraph& g, NodeId id, bool is_output) { g.mutable_node(id).is_output = is_output; },
+          py::arg("id"), py::arg("is_output") = true, "Marks (or unmarks) a node as a graph output.")
+      .def(
           "series_parallel", [](const OpGraph& g) { return graph::decompose_series_parallel(g); },
           "Series-parallel decomposition (see graph/series_parallel.h).")
       .def_readwrite("model_name", &OpGraph::model_name)

@@ -1,0 +1,412 @@
+"""Turns an ``nn.Module`` into the C++ operator DAG (``OpGraph``) with FLOPs, bytes and parameters.
+
+Why torch.fx and not torch.export: ``torch.fx.symbolic_trace`` keeps the model's own granularity
+(one node per leaf-module call such as ``nn.Linear``, with the parameters it owns and the module's
+qualified name), which is the unit a pipeline stage is cut from; its ``GraphModule`` is what
+``torch.fx.passes.split_module`` splits into stage modules later; and it needs no real data, so
+paper-size models traced on the ``meta`` device cost no memory. ``torch.export`` lowers to ATen
+operators (several times more nodes, parameters lifted to inputs), which would make every later
+layer work harder for no gain here. Data-dependent Python control flow is rejected by both; we
+turn fx's error into one that names the offending line and says how to fix it.
+
+Quantities are recorded per sample: the batch size is the leading dimension of the first tensor
+in ``example_inputs``. Shapes, output bytes and FLOPs come from one run of the traced graph on
+the example inputs (``torch.utils.flop_counter.FlopCounterMode``, read before and after each
+node), so a model on the ``meta`` device is measured without allocating its tensors.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import operator
+import os
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from graphpipe import _flops  # noqa: F401  (registers missing FLOP formulas)
+from graphpipe._ext import _C
+from graphpipe.errors import InputError, TraceError
+
+__all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors"]
+
+_GRAPHPIPE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@dataclass
+class TracedModel:
+    """The fx side of a trace: the GraphModule and how its nodes map onto OpGraph node ids."""
+
+    module: fx.GraphModule
+    graph: Any  # _C.OpGraph
+    node_ids: dict[str, int] = field(default_factory=dict)  # fx node name -> OpGraph id
+    placeholder_values: list[Any] = field(default_factory=list)
+    batch_size: int = 1
+
+
+class _Tracer(fx.Tracer):
+    """fx tracer that also keeps user-named modules (or module classes) opaque."""
+
+    def __init__(self, leaf_modules: Iterable[str | type[nn.Module]] = ()) -> None:
+        super().__init__()
+        self._leaf_names = {m for m in leaf_modules if isinstance(m, str)}
+        self._leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self._leaf_names:
+            return True
+        if self._leaf_types and isinstance(m, self._leaf_types):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def iter_tensors(value: Any) -> Iterable[torch.Tensor]:
+    """Yields the tensors of a value made of tensors, tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from iter_tensors(item)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from iter_tensors(item)
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in iter_tensors(value))
+
+
+def _check_inputs(model: Any, example_inputs: Any, example_kwargs: Any) -> tuple[tuple, dict]:
+    if not isinstance(model, nn.Module):
+        raise InputError(f"graphpipe.trace needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise InputError(
+            "example_inputs must be a tensor or a tuple/list of tensors, got "
+            f"{type(example_inputs).__name__}"
+        )
+    kwargs = dict(example_kwargs or {})
+    for where, value in [*(
+        (f"example_inputs[{i}]", v) for i, v in enumerate(example_inputs)
+    ), *((f"example_kwargs[{k!r}]", v) for k, v in kwargs.items())]:
+        _check_value(where, value)
+    return tuple(example_inputs), kwargs
+
+
+def _check_value(where: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float)):
+        return
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            _check_value(f"{where}[{i}]", item)
+        return
+    if isinstance(value, Mapping):
+        for k, item in value.items():
+            _check_value(f"{where}[{k!r}]", item)
+        return
+    raise InputError(
+        f"{where} is a {type(value).__module__}.{type(value).__name__}; graphpipe needs "
+        "torch.Tensor values (or tuples, lists and dicts of them); convert it with torch.as_tensor"
+    )
+
+
+def batch_size_of(example_inputs: Sequence[Any], example_kwargs: Mapping[str, Any]) -> int:
+    """The leading dimension of the first tensor among the inputs (the batch dimension)."""
+    for t in iter_tensors((tuple(example_inputs), dict(example_kwargs))):
+        if t.dim() == 0:
+            raise InputError("the first example input is a 0-d tensor; graphpipe needs a batch dimension")
+        return int(t.shape[0])
+    raise InputError("example_inputs contain no tensor: graphpipe needs at least one batched tensor")
+
+
+def _user_frame(exc: BaseException) -> str:
+    """'file:line: code' of the innermost frame of the user's code in a traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_TORCH_DIR) or path.startswith(_GRAPHPIPE_DIR + os.sep + "trace.py"):
+            continue
+        code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+        return f"{frame.filename}:{frame.lineno}: `{code}`"
+    return "an unknown location"
+
+
+def _symbolic_trace(model: nn.Module, leaf_modules: Iterable[Any]) -> fx.GraphModule:
+    tracer = _Tracer(leaf_modules)
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:  # noqa: BLE001 - fx raises many types; all become TraceError
+        where = _user_frame(exc)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "control flow" in message or "iteration" in message or "len(" in message or isinstance(
+            exc, fx.proxy.TraceError
+        ):
+            hint = (
+                "Data-dependent Python control flow (an `if`/`while` on a tensor value, "
+                "iterating over or taking len() of a tensor) cannot be captured in a static "
+                "operator graph. Fix: express it with tensor operations (torch.where, masking), "
+                "or keep the submodule that contains it opaque with "
+                "graphpipe.trace(..., leaf_modules=['<qualified module name>'])."
+            )
+        else:
+            hint = (
+                "Fix: make the construct traceable by torch.fx, or keep the submodule that "
+                "contains it opaque with graphpipe.trace(..., leaf_modules=['<qualified module name>'])."
+            )
+        raise TraceError(
+            f"cannot trace {type(model).__name__}: {message} (at {where}). {hint}"
+        ) from exc
+    name = type(model).__name__
+    return fx.GraphModule(tracer.root, graph, name)
+
+
+def _placeholder_values(
+    gm: fx.GraphModule, model: nn.Module, args: tuple, kwargs: dict
+) -> list[Any]:
+    """Positional values for Interpreter.run, in placeholder order (varargs flattened)."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InputError(
+            f"example inputs do not match {type(model).__name__}.forward: {exc}"
+        ) from exc
+    bound.apply_defaults()
+    values: list[Any] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        target = str(node.target)
+        if target.startswith("**"):
+            raise InputError(f"{type(model).__name__}.forward takes **{target[2:]}; pass keyword inputs by name")
+        if target.startswith("*"):
+            values.extend(bound.arguments.get(target[1:], ()))
+        else:
+            values.append(bound.arguments.get(target))
+    return values
+
+
+def _target_name(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return str(node.target)
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))).__name__
+    if node.op == "call_method":
+        return str(node.target)
+    target = node.target
+    short = getattr(target, "__name__", None)
+    for namespace, prefix in ((torch, "torch"), (torch.nn.functional, "torch.nn.functional")):
+        if short and getattr(namespace, short, None) is target:
+            return f"{prefix}.{short}"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+    if module in ("_operator", "operator"):
+        module = "operator"
+    if module.startswith("torch._C._nn"):
+        module = "torch.nn.functional"
+    return f"{module}.{name}" if module else name
+
+
+def _owner(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        return str(next(reversed(stack.values()))[0])
+    return ""
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the traced graph once, recording each node's output bytes and FLOPs."""
+
+    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.counter = counter
+        self.flops: dict[str, float] = {}
+        self.out_bytes: dict[str, int] = {}
+        self.outputs: Any = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.counter.get_total_flops()
+        value = super().run_node(n)
+        self.flops[n.name] = float(self.counter.get_total_flops() - before)
+        self.out_bytes[n.name] = _nbytes(value)
+        if n.op == "output":
+            self.outputs = value
+        return value
+
+
+def _check_outputs(value: Any, where: str = "output") -> None:
+    if isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            _check_outputs(item, f"{where}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for k, item in value.items():
+            _check_outputs(item, f"{where}[{k!r}]")
+        return
+    raise InputError(
+        f"model {where} is a {type(value).__name__}; graphpipe needs outputs that are tensors "
+        "or nested tuples/lists/dicts of tensors (return the value as a tensor, or drop it)"
+    )
+
+
+def trace_module(
+    model: nn.Module,
+    example_inputs: Any,
+    example_kwargs: Mapping[str, Any] | None = None,
+    *,
+    leaf_modules: Iterable[str | type[nn.Module]] = (),
+) -> TracedModel:
+    """Traces ``model`` and builds its OpGraph, keeping the fx GraphModule beside it.
+
+    Most users want :func:`trace`; this variant is for code that needs the fx graph too
+    (profiling, splitting into stage modules).
+    """
+    args, kwargs = _check_inputs(model, example_inputs, example_kwargs)
+    batch = batch_size_of(args, kwargs)
+    gm = _symbolic_trace(model, leaf_modules)
+    values = _placeholder_values(gm, model, args, kwargs)
+
+    counter = FlopCounterMode(display=False)
+    recorder = _Recorder(gm, counter)
+    try:
+        with torch.no_grad(), counter:
+            recorder.run(*values)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise TraceError(
+            f"running the traced {type(model).__name__} on the example inputs failed: {exc} "
+            f"(at {_user_frame(exc)}). Check that example_inputs are what forward() expects."
+        ) from exc
+    _check_outputs(recorder.outputs)
+
+    graph = _C.OpGraph()
+    graph.model_name = type(model).__name__
+    graph.trace_batch_size = batch
+    traced = TracedModel(module=gm, graph=graph, placeholder_values=values, batch_size=batch)
+
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    owned: set[int] = set()
+    attr_values: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            attr_values[node.name] = _fetch_attr(gm, str(node.target))
+
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "output"):
+            continue
+        info = _C.Node()
+        info.name = node.name
+        info.op = "input" if node.op == "placeholder" else node.op
+        info.target = _target_name(gm, node)
+        info.module = _owner(node)
+        info.is_input = node.op == "placeholder"
+        info.forward_flops = recorder.flops.get(node.name, 0.0) / batch
+        info.output_bytes = recorder.out_bytes.get(node.name, 0) / batch
+        params: list[tuple[str, torch.Tensor]] = []
+        buffers: list[torch.Tensor] = []
+        if node.op == "call_module":
+            sub = gm.get_submodule(str(node.target))
+            params = [(canonical.get(id(p), n), p) for n, p in sub.named_parameters()]
+            buffers = list(sub.buffers())
+        for arg in node.all_input_nodes:
+            if arg.op == "get_attr":
+                value = attr_values[arg.name]
+                if isinstance(value, nn.Parameter):
+                    params.append((canonical.get(id(value), str(arg.target)), value))
+                else:
+                    buffers.extend(iter_tensors(value))
+        own_names, shared_names, param_bytes = [], [], 0
+        for name, p in params:
+            if id(p) in owned:
+                shared_names.append(name)
+            else:
+                owned.add(id(p))
+                own_names.append(name)
+                param_bytes += p.numel() * p.element_size()
+        buffer_bytes = 0
+        for b in buffers:
+            if id(b) not in owned:
+                owned.add(id(b))
+                buffer_bytes += b.numel() * b.element_size()
+        info.params, info.shared_params = own_names, shared_names
+        info.param_bytes, info.buffer_bytes = param_bytes, buffer_bytes
+        traced.node_ids[node.name] = graph.add_node(info)
+
+    real_nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    if not real_nodes:
+        raise TraceError(
+            f"{type(model).__name__} has no operators: forward() returns its inputs (or "
+            "constants) unchanged, so there is nothing to partition"
+        )
+
+    for node in gm.graph.nodes:
+        if node.name not in traced.node_ids:
+            continue
+        dst = traced.node_ids[node.name]
+        for arg in node.all_input_nodes:
+            if arg.name not in traced.node_ids:
+                continue
+            # A getitem takes one element of a tuple: the edge carries that element only.
+            carried = node if (node.op == "call_function" and node.target is operator.getitem) else arg
+            graph.add_edge(traced.node_ids[arg.name], dst, recorder.out_bytes.get(carried.name, 0) / batch)
+
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    marked = 0
+    for arg in output_node.all_input_nodes:
+        if arg.name in traced.node_ids:
+            graph.set_output(traced.node_ids[arg.name], True)
+            marked += 1
+    if marked == 0:
+        raise TraceError(f"{type(model).__name__} returns no value computed from its operators")
+    graph.validate()
+    return traced
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for atom in target.split("."):
+        value = getattr(value, atom)
+    return value
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Any,
+    example_kwargs: Mapping[str, Any] | None = None,
+    *,
+    leaf_modules: Iterable[str | type[nn.Module]] = (),
+) -> Any:
+    """Traces ``model`` into an :class:`OpGraph` (the C++ operator DAG).
+
+    Args:
+        model: the module to trace; it is not modified.
+        example_inputs: a tensor or a tuple of tensors for ``forward``; their leading dimension
+            is the batch size (quantities are stored per sample).
+        example_kwargs: keyword inputs of ``forward``, if any.
+        leaf_modules: qualified module names or module classes to keep as single operators
+            (for example a submodule with data-dependent control flow).
+
+    Returns:
+        The ``OpGraph``: one node per operator with op kind, owning module, forward FLOPs, owned
+        and shared parameters, output bytes per sample; one edge per tensor flow.
+
+    Raises:
+        TraceError: the model cannot be traced (the message names the construct and a fix), or
+            has no operators.
+        InputError: a model that is not an ``nn.Module``, example inputs of the wrong type, or
+            outputs that are not tensors / nested tuples, lists or dicts of tensors.
+    """
+    return trace_module(model, example_inputs, example_kwargs, leaf_modules=leaf_modules).graph

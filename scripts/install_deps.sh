@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs everything graphpipe needs on a fresh Debian machine, then builds and installs it.
+#
+#   GRAPHPIPE_TORCH   pip requirement for torch (default torch==2.13.0, the CPU build). Set e.g.
+#                     GRAPHPIPE_TORCH=torch==2.14.1 for a CUDA build of torch.
+#   GRAPHPIPE_SKIP_BUILD=1   install dependencies only.
+#
+# Why torch 2.13.0 CPU: it ships the C++ headers graphpipe compiles against (torch/csrc, c10,
+# torch/csrc/distributed/c10d and torch's bundled pybind11), checked below; some CPU wheels
+# ship only include/ATen, and then a CUDA build (which has them all) must be used instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(build-essential cmake ninja-build libmetis-dev libspdlog-dev libgtest-dev nlohmann-json3-dev)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== apt: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+TORCH_REQ="${GRAPHPIPE_TORCH:-torch==2.13.0}"
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '${TORCH_REQ#torch==}'.split('+')[0] or '${TORCH_REQ}' == 'torch' else 1)" 2>/dev/null; then
+  echo "== pip: installing ${TORCH_REQ}"
+  python3 -m pip install -q "${TORCH_REQ}"
+fi
+python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "tqdm" "setuptools>=64" "wheel"
+
+python3 - <<'PY'
+import os, sys, torch
+inc = os.path.join(os.path.dirname(torch.__file__), "include")
+need = ["torch/csrc", "c10", "torch/csrc/distributed/c10d/ProcessGroup.hpp", "pybind11/pybind11.h"]
+lacking = [n for n in need if not os.path.exists(os.path.join(inc, n))]
+if lacking:
+    sys.exit(f"torch {torch.__version__} lacks C++ headers {lacking} under {inc}; "
+             "install a torch build that ships them, e.g. GRAPHPIPE_TORCH=torch==2.14.1")
+print(f"== torch {torch.__version__}: C++ headers present (C++ ABI {int(torch._C._GLIBCXX_USE_CXX11_ABI)})")
+PY
+
+if [ "${GRAPHPIPE_SKIP_BUILD:-0}" != "1" ]; then
+  echo "== building and installing graphpipe (CMake; log in build/pip-install.log)"
+  mkdir -p build
+  if ! GRAPHPIPE_BUILD_TESTS="${GRAPHPIPE_BUILD_TESTS:-1}" python3 -m pip install --no-build-isolation --no-deps -v . >build/pip-install.log 2>&1; then
+    tail -n 60 build/pip-install.log
+    echo "graphpipe build failed (full log: build/pip-install.log)" >&2
+    exit 1
+  fi
+fi
