@@ -28,7 +28,7 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0
   echo "== pip: installing ${TORCH_REQ}"
   python3 -m pip install -q "${TORCH_REQ}"
 fi
-python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "tqdm" "setuptools>=64" "wheel"
+python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel"
 
 python3 - <<'PY'
 import os, sys, torch
