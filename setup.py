@@ -32,7 +32,14 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise RuntimeError(
+                "graphpipe compiles against the installed torch, and none is importable here. "
+                "Install torch first (bash scripts/install_deps.sh does), then build with "
+                "`pip install --no-build-isolation .` (an isolated build environment has no torch)."
+            ) from exc
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = Path(os.environ.get("GRAPHPIPE_BUILD_DIR", ROOT / "build" / "cmake")).resolve()
