@@ -1,0 +1,64 @@
+// Generators: build a deadlock-free Schedule for a Plan.
+//
+// Policies
+//   fill_drain   GPipe: every forward (micro-batch order), then every backward. All M
+//                micro-batches are in flight at every stage at the peak.
+//   1f1b         Graph-aware one-forward-one-backward. Each stage s gets an in-flight limit
+//                W_s = min(h_s, M), where h_s is the number of stages on the longest path from s
+//                to a sink (a sink has h = 1). h is computed sink first, walking the stage edges
+//                in reverse topological order, so the limit accounts for *all* successors of a
+//                stage, not only one. Each stage runs W_s forwards, then alternates one backward
+//                and one forward, then drains its backwards: on a chain of S stages, h_i = S - i,
+//                which is classic 1F1B exactly (Megatron's / torch.distributed.pipelining's
+//                order) whatever the stage costs. Each backward runs as early as that order
+//                allows, which frees activations early.
+//   1f1b_greedy  Same limits, no fixed alternation: whenever a stage's rank is idle it runs its
+//                next backward if that is ready, else its next forward if it is ready and the
+//                stage holds fewer than W_s micro-batches. Adapts the order to the predicted
+//                stage costs; on a chain with equal stages it coincides with 1f1b.
+// Per-stage micro-batch sizes (the paper's stages may use different sizes) are deferred: Plan
+// carries a single micro_batch_size, and every policy here assumes it.
+//
+// How orders are made deadlock-free (DESIGN.md §3): the generator list-schedules all tasks on a
+// global timeline (stage costs from the plan, transfers taken as instantaneous), rank by rank in
+// the policy's compute order. Every compute task and every transfer gets one position in one
+// global sequence; each rank's program is its part of that sequence: the send and the receive of
+// a transfer share a position. So every pair of ranks sees its transfers in the same order, and
+// under the blocking model of check.h the earliest unfinished instruction of the sequence can
+// always finish: the schedule completes. (The compute orders themselves cannot wait on each
+// other in a cycle: with W_s >= W_succ + 1 on every edge, ordering forward(s, m) by 2m - h_s and
+// backward(s, k) by 2k + h_s - 1 orders every dependency, including 1f1b's alternation.)
+//
+// Ranks: a stage runs on stage.devices[0]; one stage per rank (ScheduleError otherwise). The
+// schedule has max(plan.num_devices, highest rank + 1) ranks; ranks without a stage get empty
+// programs. Each rank's program ends with its stage's optimizer step.
+//
+// Cost: O(T log T) for T = S * M * (2 + transfers per stage) tasks.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "partition/plan.h"
+#include "schedule/schedule.h"
+
+namespace graphpipe::schedule {
+
+enum class Policy { fill_drain, one_f_one_b, one_f_one_b_greedy };
+
+// "fill_drain" (or "gpipe"), "1f1b", "1f1b_greedy"; throws PlanningError naming the choices.
+Policy parse_policy(std::string_view name);
+std::string_view policy_name(Policy policy);
+
+// Rank of each stage (its first device); throws ScheduleError when a stage has no device or two
+// stages share a rank, PlanningError when the plan's stages or edges are malformed.
+std::vector<int> stage_ranks(const partition::Plan& plan);
+// h_s: stages on the longest path from s to a sink, s included.
+std::vector<int> stages_to_sink(const partition::Plan& plan);
+// The most micro-batches each stage may hold (forward done, backward not yet) under `policy`.
+std::vector<int> in_flight_limits(const partition::Plan& plan, Policy policy);
+
+Schedule generate(const partition::Plan& plan, Policy policy);
+Schedule generate(const partition::Plan& plan, std::string_view policy);
+
+}  // namespace graphpipe::schedule

@@ -1,0 +1,90 @@
+// Schedule: what every rank does in one training iteration, as plain data.
+//
+// A schedule is, per rank, an ordered list of instructions (instruction.h): receives, forwards,
+// sends, backwards, the optimizer step. It knows nothing of tensors or process groups: the
+// runtime executes it, the simulator (csrc/sim) predicts its timing, the checker (check.h)
+// proves it cannot hang. It carries the little of the plan it needs to stand alone (the rank of
+// each stage and the stage edges), so a schedule read back from text or JSON can be checked
+// without its plan.
+//
+// Invariants (checked by validate(), which every loader and generator calls):
+//   - num_micro_batches >= 1; at least one stage; every stage on a rank in [0, ranks.size());
+//     one stage per rank (several stages per rank are not supported yet);
+//   - every edge joins two stages with src < dst (stages are numbered in a topological order,
+//     as in Plan);
+//   - every instruction sits on the rank of its stage, names a micro-batch in range when it
+//     has one, and names an edge whose matching end is its stage (a send of an activation
+//     leaves the edge's src, its receive arrives at the edge's dst; gradients go the other way);
+//   - per stage and micro-batch exactly one forward and one backward; per edge and micro-batch
+//     exactly one send and one receive in each direction; at most one optimizer step per stage;
+//   - on each rank: a forward follows the receives of all its inputs and the previous
+//     micro-batch's forward; a send of an activation follows its forward; a backward follows its
+//     forward, the receives of all its output gradients and the previous micro-batch's
+//     backward; a send of a gradient follows its backward; the optimizer step follows every
+//     backward of its stage.
+// These make the schedule well formed. That it cannot deadlock is a separate property, proved
+// by check() in check.h.
+//
+// Text form (to_string / parse): a table, one row per rank, one column per step:
+//
+//   schedule 1f1b: 2 stages, 2 micro-batches, 2 ranks
+//   stage ranks: 0 1
+//   edges: 0->1
+//   step   | 0       1     2       3       4     5       6       7
+//   rank 0 | 0F0     0SF0e0 ...
+//
+// Costs: validate, to_string and parse are linear in the number of instructions.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+#include "schedule/instruction.h"
+
+namespace graphpipe::schedule {
+
+// A schedule that is malformed, does not fit its plan, or cannot complete.
+class ScheduleError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct ScheduleEdge {
+  int src = 0;  // producing stage
+  int dst = 0;  // consuming stage
+  bool operator==(const ScheduleEdge&) const = default;
+};
+
+struct Schedule {
+  std::string kind;                             // "1f1b", "fill_drain", "1f1b_greedy", "manual"
+  int num_micro_batches = 0;
+  std::vector<int> stage_ranks;                 // rank of each stage
+  std::vector<ScheduleEdge> edges;              // the plan's stage edges, same indices
+  std::vector<std::vector<Instruction>> ranks;  // each rank's program, in execution order
+
+  int num_stages() const { return static_cast<int>(stage_ranks.size()); }
+  int num_ranks() const { return static_cast<int>(ranks.size()); }
+  std::size_t num_instructions() const;
+
+  // The rank at the other end of a transfer instruction.
+  int peer_rank(const Instruction& transfer) const;
+
+  // The table described above; parse() reads it back.
+  std::string to_string() const;
+  // Only forwards and backwards, one row per rank: the shape of the pipeline at a glance
+  // (not parseable).
+  std::string compute_table() const;
+
+  bool operator==(const Schedule&) const = default;
+};
+
+// Throws ScheduleError naming the rank, step and token of the first broken invariant.
+void validate(const Schedule& schedule);
+
+// Reads the text form; throws FormatError on malformed text, ScheduleError on an invalid
+// schedule.
+Schedule parse(std::string_view text);
+
+}  // namespace graphpipe::schedule
