@@ -1,0 +1,450 @@
+#include "sim/simulate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <sstream>
+
+#include "schedule/check.h"
+
+namespace graphpipe::sim {
+
+using partition::Plan;
+using schedule::Instruction;
+using schedule::OpKind;
+using schedule::Schedule;
+using schedule::ScheduleError;
+
+namespace {
+
+struct Interval {
+  double start, end;
+};
+
+// Total length of the union of `intervals` (sorted in place).
+std::vector<Interval> merge(std::vector<Interval> intervals) {
+  std::sort(intervals.begin(), intervals.end(), [](auto& a, auto& b) { return a.start < b.start; });
+  std::vector<Interval> merged;
+  for (const auto& i : intervals) {
+    if (i.end <= i.start) continue;
+    if (!merged.empty() && i.start <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, i.end);
+    } else {
+      merged.push_back(i);
+    }
+  }
+  return merged;
+}
+
+double length(const std::vector<Interval>& disjoint) {
+  double total = 0.0;
+  for (const auto& i : disjoint) total += i.end - i.start;
+  return total;
+}
+
+double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  double total = 0.0;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    double lo = std::max(a[i].start, b[j].start), hi = std::min(a[i].end, b[j].end);
+    if (hi > lo) total += hi - lo;
+    (a[i].end < b[j].end) ? ++i : ++j;
+  }
+  return total;
+}
+
+void check_inputs(const Plan& plan, const Schedule& s, const cost::Devices& devices) {
+  if (static_cast<int>(plan.stages.size()) != s.num_stages()) {
+    throw ScheduleError("the schedule has " + std::to_string(s.num_stages()) +
+                        " stages but the plan has " + std::to_string(plan.stages.size()));
+  }
+  if (plan.edges.size() != s.edges.size()) {
+    throw ScheduleError("the schedule has " + std::to_string(s.edges.size()) +
+                        " stage edges but the plan has " + std::to_string(plan.edges.size()));
+  }
+  for (std::size_t e = 0; e < plan.edges.size(); ++e) {
+    if (plan.edges[e].src != s.edges[e].src || plan.edges[e].dst != s.edges[e].dst) {
+      throw ScheduleError("stage edge " + std::to_string(e) + " is " + std::to_string(plan.edges[e].src) +
+                          "->" + std::to_string(plan.edges[e].dst) + " in the plan but " +
+                          std::to_string(s.edges[e].src) + "->" + std::to_string(s.edges[e].dst) +
+                          " in the schedule: was it made for another plan?");
+    }
+  }
+  if (s.num_micro_batches != plan.num_micro_batches) {
+    throw ScheduleError("the schedule has " + std::to_string(s.num_micro_batches) +
+                        " micro-batches but the plan has " + std::to_string(plan.num_micro_batches));
+  }
+  const auto R = static_cast<std::size_t>(s.num_ranks());
+  if (devices.count < s.num_ranks() || devices.link_latency.size() < R ||
+      devices.link_bandwidth.size() < R) {
+    throw PlanningError("the schedule uses " + std::to_string(R) + " ranks but the devices '" +
+                        devices.name + "' describe " + std::to_string(devices.count) +
+                        " (with link matrices for " + std::to_string(devices.link_latency.size()) + ")");
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    if (devices.link_latency[r].size() < R || devices.link_bandwidth[r].size() < R) {
+      throw PlanningError("devices '" + devices.name + "': link matrix row " + std::to_string(r) +
+                          " is shorter than the " + std::to_string(R) + " ranks");
+    }
+  }
+}
+
+// Replays the schedule's programs, timing every task. One object per simulate() call.
+class Replay {
+ public:
+  Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options)
+      : plan_(plan), s_(s), devices_(devices), options_(options), R_(s.num_ranks()),
+        M_(s.num_micro_batches) {
+    const std::size_t E = s.edges.size();
+    transfer_task_.assign(2 * E * M_, -1);
+    pc_.assign(R_, 0);
+    clock_.assign(R_, 0.0);
+    clock_cause_.assign(R_, -1);
+    in_batch_.assign(R_, 0);
+    batch_end_.assign(R_, 0);
+    unfinished_.assign(R_, 0);
+    pair_free_.assign(static_cast<std::size_t>(R_) * R_, 0.0);
+    pair_last_.assign(pair_free_.size(), -1);
+    sends_.resize(pair_free_.size());
+    recvs_.resize(pair_free_.size());
+    tasks_.reserve(s.num_instructions());
+    in_edges_.resize(s.num_stages());
+    out_edges_.resize(s.num_stages());
+    for (std::size_t e = 0; e < E; ++e) {
+      in_edges_[s.edges[e].dst].push_back(static_cast<int>(e));
+      out_edges_[s.edges[e].src].push_back(static_cast<int>(e));
+    }
+  }
+
+  std::vector<Task> run() {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (int r = 0; r < R_; ++r) progress |= options_.overlap ? advance_overlapped(r) : advance_blocking(r);
+    }
+    for (int r = 0; r < R_; ++r) {
+      if (pc_[r] < s_.ranks[r].size()) {
+        throw ScheduleError("internal error: the simulation stalled at rank " + std::to_string(r) +
+                            ", step " + std::to_string(pc_[r]));
+      }
+    }
+    return std::move(tasks_);
+  }
+
+ private:
+  struct Posted {
+    int rank;
+    std::size_t step;
+    double time;
+    int cause;
+  };
+
+  std::size_t pair(int src, int dst) const { return static_cast<std::size_t>(src) * R_ + dst; }
+  std::size_t pair_of(int r, const Instruction& i) const {
+    const int peer = s_.peer_rank(i);
+    return schedule::is_send(i.kind) ? pair(r, peer) : pair(peer, r);
+  }
+  std::size_t transfer_slot(OpKind kind, int edge, int mb) const {
+    const bool gradient = kind == OpKind::send_gradient || kind == OpKind::recv_gradient;
+    return (static_cast<std::size_t>(gradient) * s_.edges.size() + edge) * M_ + mb;
+  }
+
+  double compute_seconds(const Instruction& i) const {
+    const auto& stage = plan_.stages[i.stage];
+    switch (i.kind) {
+      case OpKind::forward: return stage.forward_seconds;
+      case OpKind::backward: return stage.backward_seconds;
+      case OpKind::optimizer_step:
+        return devices_.memory_bandwidth > 0.0
+                   ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
+                   : 0.0;
+      default: return 0.0;
+    }
+  }
+
+  int add_compute(int r, const Instruction& i, double start, int cause) {
+    Task t;
+    t.kind = i.kind == OpKind::forward    ? TaskKind::forward
+             : i.kind == OpKind::backward ? TaskKind::backward
+                                          : TaskKind::optimizer;
+    t.rank = r;
+    t.stage = i.stage;
+    t.micro_batch = i.micro_batch;
+    t.start = start;
+    t.end = start + compute_seconds(i);
+    t.cause = cause;
+    tasks_.push_back(t);
+    return static_cast<int>(tasks_.size()) - 1;
+  }
+
+  // Matches posted sends and receives of one pair; each match becomes a transfer task.
+  void match(std::size_t p) {
+    auto& sq = sends_[p];
+    auto& rq = recvs_[p];
+    while (!sq.empty() && !rq.empty()) {
+      const Posted a = sq.front(), b = rq.front();
+      sq.pop_front();
+      rq.pop_front();
+      const Instruction& send = s_.ranks[a.rank][a.step];
+      Task t;
+      t.kind = send.kind == OpKind::send_activation ? TaskKind::activation : TaskKind::gradient;
+      t.rank = a.rank;
+      t.peer = b.rank;
+      t.stage = send.stage;
+      t.micro_batch = send.micro_batch;
+      t.edge = send.edge;
+      t.start = a.time;
+      t.cause = a.cause;
+      if (b.time > t.start) {
+        t.start = b.time;
+        t.cause = b.cause;
+      }
+      if (pair_free_[p] > t.start) {
+        t.start = pair_free_[p];
+        t.cause = pair_last_[p];
+      }
+      t.end = t.start + devices_.transfer_seconds(a.rank, b.rank, plan_.edges[send.edge].bytes);
+      tasks_.push_back(t);
+      const int index = static_cast<int>(tasks_.size()) - 1;
+      pair_free_[p] = t.end;
+      pair_last_[p] = index;
+      transfer_task_[transfer_slot(send.kind, send.edge, send.micro_batch)] = index;
+      for (int rank : {a.rank, b.rank}) {
+        if (in_batch_[rank] && unfinished_[rank] > 0) --unfinished_[rank];
+      }
+    }
+  }
+
+  // overlap = false: batches of transfers block the rank until every transfer has arrived.
+  bool advance_blocking(int r) {
+    const auto& program = s_.ranks[r];
+    bool progress = false;
+    while (pc_[r] < program.size()) {
+      if (in_batch_[r]) {
+        if (unfinished_[r] > 0) break;
+        for (std::size_t k = pc_[r]; k < batch_end_[r]; ++k) {
+          const Instruction& i = program[k];
+          const int t = transfer_task_[transfer_slot(i.kind, i.edge, i.micro_batch)];
+          if (tasks_[t].end > clock_[r]) {
+            clock_[r] = tasks_[t].end;
+            clock_cause_[r] = t;
+          }
+        }
+        in_batch_[r] = 0;
+        pc_[r] = batch_end_[r];
+        progress = true;
+        continue;
+      }
+      const Instruction& i = program[pc_[r]];
+      if (schedule::is_compute(i.kind)) {
+        const int t = add_compute(r, i, clock_[r], clock_cause_[r]);
+        clock_[r] = tasks_[t].end;
+        clock_cause_[r] = t;
+        ++pc_[r];
+        progress = true;
+        continue;
+      }
+      std::size_t q = pc_[r];
+      while (q < program.size() && schedule::is_transfer(program[q].kind)) ++q;
+      in_batch_[r] = 1;
+      batch_end_[r] = q;
+      unfinished_[r] = q - pc_[r];
+      for (std::size_t k = pc_[r]; k < q; ++k) {
+        const std::size_t p = pair_of(r, program[k]);
+        (schedule::is_send(program[k].kind) ? sends_ : recvs_)[p].push_back({r, k, clock_[r], clock_cause_[r]});
+      }
+      for (std::size_t k = pc_[r]; k < q; ++k) match(pair_of(r, program[k]));
+      progress = true;
+    }
+    return progress;
+  }
+
+  // overlap = true: sends and receives never block; a compute waits for its inputs' arrival.
+  bool advance_overlapped(int r) {
+    const auto& program = s_.ranks[r];
+    bool progress = false;
+    while (pc_[r] < program.size()) {
+      const Instruction& i = program[pc_[r]];
+      if (schedule::is_transfer(i.kind)) {
+        const std::size_t p = pair_of(r, i);
+        // A receive is posted ahead of time: only the send's time counts.
+        const bool send = schedule::is_send(i.kind);
+        (send ? sends_ : recvs_)[p].push_back({r, pc_[r], send ? clock_[r] : 0.0, send ? clock_cause_[r] : -1});
+        match(p);
+        ++pc_[r];
+        progress = true;
+        continue;
+      }
+      double start = clock_[r];
+      int cause = clock_cause_[r];
+      bool ready = true;
+      auto input = [&](OpKind kind, int e) {
+        const int t = transfer_task_[transfer_slot(kind, e, i.micro_batch)];
+        if (t < 0) {
+          ready = false;
+        } else if (tasks_[t].end > start) {
+          start = tasks_[t].end;
+          cause = t;
+        }
+      };
+      if (i.kind == OpKind::forward) {
+        for (int e : in_edges_[i.stage]) input(OpKind::send_activation, e);
+      } else if (i.kind == OpKind::backward) {
+        for (int e : out_edges_[i.stage]) input(OpKind::send_gradient, e);
+      }
+      if (!ready) break;
+      const int t = add_compute(r, i, start, cause);
+      clock_[r] = tasks_[t].end;
+      clock_cause_[r] = t;
+      ++pc_[r];
+      progress = true;
+    }
+    return progress;
+  }
+
+  const Plan& plan_;
+  const Schedule& s_;
+  const cost::Devices& devices_;
+  const SimOptions& options_;
+  const int R_;
+  const int M_;
+  std::vector<Task> tasks_;
+  std::vector<int> transfer_task_;  // [direction][edge][micro-batch] -> task index
+  std::vector<std::size_t> pc_, batch_end_, unfinished_;
+  std::vector<double> clock_;        // when the rank's program may go on
+  std::vector<int> clock_cause_;     // the task that set clock_
+  std::vector<char> in_batch_;
+  std::vector<double> pair_free_;    // when each ordered link is free
+  std::vector<int> pair_last_;
+  std::vector<std::deque<Posted>> sends_, recvs_;
+  std::vector<std::vector<int>> in_edges_, out_edges_;  // per stage
+};
+
+}  // namespace
+
+std::string_view task_kind_name(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::forward: return "forward";
+    case TaskKind::backward: return "backward";
+    case TaskKind::activation: return "activation";
+    case TaskKind::gradient: return "gradient";
+    case TaskKind::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+std::string task_name(const Task& t) {
+  const std::string mb = std::to_string(t.micro_batch);
+  switch (t.kind) {
+    case TaskKind::forward: return "F" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::backward: return "B" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::activation: return "A" + mb + " e" + std::to_string(t.edge);
+    case TaskKind::gradient: return "G" + mb + " e" + std::to_string(t.edge);
+    case TaskKind::optimizer: return "OPT s" + std::to_string(t.stage);
+  }
+  return "?";
+}
+
+SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& devices,
+                   const SimOptions& options) {
+  check_inputs(plan, s, devices);
+  schedule::require_deadlock_free(s);  // validates too
+
+  SimResult result;
+  result.overlap = options.overlap;
+  result.tasks = Replay(plan, s, devices, options).run();
+  const auto& tasks = result.tasks;
+
+  int last = -1;
+  for (std::size_t k = 0; k < tasks.size(); ++k) {
+    if (last < 0 || tasks[k].end >= tasks[last].end) last = static_cast<int>(k);
+  }
+  result.iteration_seconds = last < 0 ? 0.0 : tasks[last].end;
+  result.samples = plan.batch_size > 0 ? plan.batch_size
+                                       : s.num_micro_batches * std::max<std::int64_t>(plan.micro_batch_size, 1);
+  result.samples_per_second =
+      result.iteration_seconds > 0.0 ? static_cast<double>(result.samples) / result.iteration_seconds : 0.0;
+  for (int k = last; k >= 0; k = tasks[k].cause) result.critical_path.push_back(k);
+  std::reverse(result.critical_path.begin(), result.critical_path.end());
+
+  // Per rank: busy, communicating (and not computing), waiting.
+  const int R = s.num_ranks();
+  std::vector<std::vector<Interval>> compute(R), comm(R);
+  for (const auto& t : tasks) {
+    if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
+      comm[t.rank].push_back({t.start, t.end});
+      comm[t.peer].push_back({t.start, t.end});
+    } else {
+      compute[t.rank].push_back({t.start, t.end});
+    }
+  }
+  std::vector<int> stage_of_rank(R, -1);
+  for (int st = 0; st < s.num_stages(); ++st) stage_of_rank[s.stage_ranks[st]] = st;
+  const double T = result.iteration_seconds;
+  for (int r = 0; r < R; ++r) {
+    RankStats stats;
+    stats.rank = r;
+    stats.stage = stage_of_rank[r];
+    auto busy = merge(std::move(compute[r]));
+    auto talking = merge(std::move(comm[r]));
+    stats.busy_seconds = length(busy);
+    stats.comm_seconds = std::max(0.0, length(talking) - overlap(talking, busy));
+    stats.bubble_seconds = std::max(0.0, T - stats.busy_seconds - stats.comm_seconds);
+    if (T > 0.0) {
+      stats.busy_share = stats.busy_seconds / T;
+      stats.comm_share = stats.comm_seconds / T;
+      stats.bubble_share = stats.bubble_seconds / T;
+      stats.idle_share = 1.0 - stats.busy_share;
+    }
+    result.ranks.push_back(stats);
+  }
+
+  // Per stage: micro-batches in flight from the start of the forward to the end of the backward.
+  // At equal times a release counts before an acquisition (the memory is reused).
+  std::vector<std::vector<std::pair<double, int>>> changes(s.num_stages());
+  for (const auto& t : tasks) {
+    if (t.kind == TaskKind::forward) changes[t.stage].push_back({t.start, +1});
+    if (t.kind == TaskKind::backward) changes[t.stage].push_back({t.end, -1});
+  }
+  for (int st = 0; st < s.num_stages(); ++st) {
+    auto& c = changes[st];
+    std::sort(c.begin(), c.end());
+    int held = 0, peak = 0;
+    for (const auto& [time, delta] : c) peak = std::max(peak, held += delta);
+    result.stages.push_back({st, s.stage_ranks[st], peak, peak * plan.stages[st].activation_bytes});
+  }
+  return result;
+}
+
+std::string SimResult::summary() const {
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "simulation (%s): iteration %.6g s, %.6g samples/s (%lld samples)\n",
+                overlap ? "communication overlapped" : "communication blocking", iteration_seconds,
+                samples_per_second, static_cast<long long>(samples));
+  out << line << "rank  stage   busy    comm  bubble\n";
+  for (const auto& r : ranks) {
+    std::snprintf(line, sizeof line, "%4d  %5d  %5.1f%%  %5.1f%%  %5.1f%%\n", r.rank, r.stage,
+                  100 * r.busy_share, 100 * r.comm_share, 100 * r.bubble_share);
+    out << line;
+  }
+  out << "stage  rank  peak in flight  peak activation bytes\n";
+  for (const auto& st : stages) {
+    std::snprintf(line, sizeof line, "%5d  %4d  %14d  %.4g\n", st.stage, st.rank, st.peak_in_flight,
+                  st.peak_activation_bytes);
+    out << line;
+  }
+  out << "critical path (" << critical_path.size() << " tasks):";
+  const std::size_t shown = 24;
+  for (std::size_t k = 0; k < critical_path.size(); ++k) {
+    if (critical_path.size() > shown && k == shown / 2) {
+      out << " ... (" << critical_path.size() - shown << " more)";
+      k = critical_path.size() - shown / 2;
+    }
+    out << (k ? " -> " : " ") << task_name(tasks[critical_path[k]]);
+  }
+  out << '\n';
+  return out.str();
+}
+
+}  // namespace graphpipe::sim
