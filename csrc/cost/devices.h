@@ -5,8 +5,12 @@
 // per sample), and, for every ordered pair of devices, link latency and bandwidth. The pairwise
 // matrices let a description say "fast links inside a node, slower ones across nodes".
 //
-// Invariants: count >= 1; every matrix is count x count; bandwidths > 0; latencies >= 0.
-// transfer_seconds is O(1).
+// Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
+// throughputs and off-diagonal bandwidths > 0; latencies and the overhead >= 0;
+// relative_speed > 0. transfer_seconds is O(1).
+//
+// Presets (documented constants, or a cheap measurement for the CPU rank) are in
+// cost/presets.h; the JSON form is in cost/devices_json.h.
 #pragma once
 
 #include <string>
@@ -21,7 +25,9 @@ struct Devices {
   double flops_per_second = 0.0;     // sustained dense throughput of one device
   double memory_bandwidth = 0.0;     // bytes per second of one device's memory
   double op_overhead_seconds = 0.0;  // fixed cost of launching one operator
-  double relative_speed = 1.0;       // multiplier applied to measured profiles
+  // How much faster these devices are than the machine that measured the profiles: a measured
+  // time is divided by it (2.0 halves every profiled time). Analytic times ignore it.
+  double relative_speed = 1.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
 
@@ -30,6 +36,20 @@ struct Devices {
     if (src == dst || bytes <= 0.0) return 0.0;
     return link_latency[src][dst] + bytes / link_bandwidth[src][dst];
   }
+
+  // The slowest link between two distinct devices (smallest bandwidth; largest latency), the
+  // one a placement-independent estimate assumes. A single device has no link: both are 0.
+  double slowest_link_bandwidth() const;
+  double slowest_link_latency() const;
+
+  // Checks every invariant above; throws PlanningError naming the field and the value.
+  void validate() const;
 };
+
+// Fills both matrices for `count` devices grouped `per_node` to a node: pairs inside a node get
+// the intra-node link, pairs across nodes the inter-node one, the diagonal gets 0 latency and the
+// intra-node bandwidth (never used: a device does not talk to itself).
+void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
+                    double inter_bandwidth, double inter_latency);
 
 }  // namespace graphpipe::cost

@@ -1,0 +1,120 @@
+#include "cost/cost_model.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace graphpipe::cost {
+
+double optimizer_state_factor(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::sgd: return 0.0;
+    case Optimizer::momentum: return 1.0;
+    case Optimizer::adam: return 2.0;
+  }
+  return 2.0;
+}
+
+Optimizer parse_optimizer(const std::string& name) {
+  if (name == "sgd") return Optimizer::sgd;
+  if (name == "momentum") return Optimizer::momentum;
+  if (name == "adam" || name == "adamw") return Optimizer::adam;
+  throw PlanningError("unknown optimizer '" + name + "': choose sgd, momentum or adam");
+}
+
+std::string to_string(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::sgd: return "sgd";
+    case Optimizer::momentum: return "momentum";
+    case Optimizer::adam: return "adam";
+  }
+  return "adam";
+}
+
+CostModel::CostModel(const graph::OpGraph& graph, Devices devices, Optimizer optimizer)
+    : graph_(&graph), devices_(std::move(devices)), optimizer_(optimizer) {
+  devices_.validate();
+  link_bandwidth_ = devices_.slowest_link_bandwidth();
+  link_latency_ = devices_.slowest_link_latency();
+}
+
+bool CostModel::is_profiled(graph::NodeId node) const { return !graph_->node(node).profile.empty(); }
+
+double CostModel::analytic_work(graph::NodeId id, std::int64_t b) const {
+  const graph::Node& n = graph_->node(id);
+  double in_bytes = 0.0;
+  for (graph::EdgeId e : graph_->in_edges(id)) in_bytes += graph_->edge(e).bytes;
+  double bytes = static_cast<double>(n.param_bytes) + (in_bytes + n.output_bytes) * b;
+  return std::max(n.forward_flops * b / devices_.flops_per_second, bytes / devices_.memory_bandwidth);
+}
+
+double CostModel::profiled(graph::NodeId id, std::int64_t b, bool backward) const {
+  const auto& profile = graph_->node(id).profile;
+  auto at = [&](std::size_t i) {
+    const auto& s = profile[i];
+    double t = backward ? (s.backward_seconds > 0.0 ? s.backward_seconds : 2.0 * s.forward_seconds)
+                        : s.forward_seconds;
+    return t;
+  };
+  const double x = static_cast<double>(b);
+  double t;
+  if (profile.size() == 1 || x <= static_cast<double>(profile.front().batch_size)) {
+    double b0 = static_cast<double>(profile.front().batch_size);
+    double per_sample_floor = at(0) * x / b0;
+    if (profile.size() == 1) {
+      t = per_sample_floor;  // one measurement: the per-sample time is all we know
+    } else {
+      double b1 = static_cast<double>(profile[1].batch_size);
+      double line = at(0) + (at(1) - at(0)) * (x - b0) / (b1 - b0);
+      t = std::max(line, per_sample_floor);
+    }
+  } else if (x >= static_cast<double>(profile.back().batch_size)) {
+    t = at(profile.size() - 1) * x / static_cast<double>(profile.back().batch_size);
+  } else {
+    auto it = std::upper_bound(profile.begin(), profile.end(), b,
+                               [](std::int64_t v, const graph::ProfileSample& s) { return v < s.batch_size; });
+    std::size_t hi = static_cast<std::size_t>(it - profile.begin());
+    std::size_t lo = hi - 1;
+    double x0 = static_cast<double>(profile[lo].batch_size);
+    double x1 = static_cast<double>(profile[hi].batch_size);
+    t = at(lo) + (at(hi) - at(lo)) * (x - x0) / (x1 - x0);
+  }
+  return t / devices_.relative_speed;
+}
+
+double CostModel::forward_seconds(graph::NodeId node, std::int64_t micro_batch) const {
+  if (is_profiled(node)) return profiled(node, micro_batch, false);
+  if (graph_->node(node).op == "input") return 0.0;
+  return devices_.op_overhead_seconds + analytic_work(node, micro_batch);
+}
+
+double CostModel::backward_seconds(graph::NodeId node, std::int64_t micro_batch) const {
+  if (is_profiled(node)) return profiled(node, micro_batch, true);
+  if (graph_->node(node).op == "input") return 0.0;
+  return devices_.op_overhead_seconds + 2.0 * analytic_work(node, micro_batch);
+}
+
+double CostModel::compute_seconds(graph::NodeId node, std::int64_t micro_batch) const {
+  return forward_seconds(node, micro_batch) + backward_seconds(node, micro_batch);
+}
+
+double CostModel::transfer_seconds(double bytes) const {
+  if (devices_.count < 2 || bytes <= 0.0) return 0.0;
+  return link_latency_ + bytes / link_bandwidth_;
+}
+
+double CostModel::transfer_seconds(int src, int dst, double bytes) const {
+  return devices_.transfer_seconds(src, dst, bytes);
+}
+
+double CostModel::static_bytes(graph::NodeId node) const {
+  const graph::Node& n = graph_->node(node);
+  return static_cast<double>(n.param_bytes) * (2.0 + optimizer_state_factor(optimizer_)) +
+         static_cast<double>(n.buffer_bytes);
+}
+
+double CostModel::activation_bytes(graph::NodeId node, std::int64_t micro_batch) const {
+  return graph_->node(node).output_bytes * static_cast<double>(micro_batch);
+}
+
+}  // namespace graphpipe::cost

@@ -1,0 +1,82 @@
+// CostModel: predicted time and memory of operators on a Devices description, the one source of
+// numbers for every partitioner (so that partitioners are compared on the same scale).
+//
+// Time of one operator for a micro-batch of b samples (seconds):
+//   - measured: when the node has a profile (graph::Node::profile, times for whole batches),
+//     linear interpolation in b between profiled sizes; above the largest size the per-sample
+//     time of the largest is kept (t = t_max * b / b_max); below the smallest, the line through
+//     the two smallest sizes, but never cheaper per sample than the smallest size. The result
+//     is divided by Devices::relative_speed. A profile without backward times (0) gets
+//     backward = 2 x forward, the usual ratio for dense layers.
+//   - analytic otherwise: forward = op_overhead + max(flops*b / FLOP/s, bytes(b) / memory BW)
+//     with bytes(b) = param_bytes + (inputs + output)*b, backward = op_overhead + 2 x that work.
+//     The fixed overhead is why small micro-batches cost more per sample. Graph inputs (op
+//     "input") cost nothing.
+// Transfer of a tensor between stages: latency + bytes / bandwidth over the slowest link of the
+// description (placement-independent, so a partitioner need not know which rank a stage gets).
+// Memory of a stage:
+//   static  = params x (1 + 1 gradient + optimizer factor) + buffers, factor sgd 0, momentum 1,
+//             adam 2;
+//   peak    = static + activations of one micro-batch x in-flight micro-batches (in_flight.h).
+// All queries are O(1) except profile interpolation, O(log P) in the profile length.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cost/devices.h"
+#include "graph/op_graph.h"
+
+namespace graphpipe::cost {
+
+enum class Optimizer { sgd, momentum, adam };
+
+// Per-parameter copies of optimizer state: sgd 0, momentum 1, adam 2.
+double optimizer_state_factor(Optimizer optimizer);
+// "sgd", "momentum", "adam" (also "adamw"); throws PlanningError naming the choices.
+Optimizer parse_optimizer(const std::string& name);
+std::string to_string(Optimizer optimizer);
+
+class CostModel {
+ public:
+  // Validates the devices (PlanningError). The graph must outlive the model.
+  CostModel(const graph::OpGraph& graph, Devices devices, Optimizer optimizer = Optimizer::adam);
+
+  const graph::OpGraph& graph() const { return *graph_; }
+  const Devices& devices() const { return devices_; }
+  Optimizer optimizer() const { return optimizer_; }
+
+  double forward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
+  double backward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
+  // Forward plus backward.
+  double compute_seconds(graph::NodeId node, std::int64_t micro_batch) const;
+  // True when the node's time comes from its measured profile.
+  bool is_profiled(graph::NodeId node) const;
+
+  // One tensor of `bytes` between two stages over the slowest link; 0 on one device.
+  double transfer_seconds(double bytes) const;
+  // Between two given ranks (Devices::transfer_seconds).
+  double transfer_seconds(int src, int dst, double bytes) const;
+
+  // Weights, gradients, optimizer state and buffers the node's stage holds for it.
+  double static_bytes(graph::NodeId node) const;
+  // Activation bytes the node stashes for one micro-batch (its output).
+  double activation_bytes(graph::NodeId node, std::int64_t micro_batch) const;
+  // static + activations_per_micro_batch x in_flight.
+  static double stage_memory(double static_bytes, double activation_bytes_per_micro_batch,
+                             int in_flight) {
+    return static_bytes + activation_bytes_per_micro_batch * in_flight;
+  }
+
+ private:
+  double analytic_work(graph::NodeId node, std::int64_t micro_batch) const;
+  double profiled(graph::NodeId node, std::int64_t micro_batch, bool backward) const;
+
+  const graph::OpGraph* graph_;
+  Devices devices_;
+  Optimizer optimizer_;
+  double link_bandwidth_;
+  double link_latency_;
+};
+
+}  // namespace graphpipe::cost

@@ -1,0 +1,107 @@
+#include "cost/devices.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace graphpipe::cost {
+
+namespace {
+
+std::string number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+void require_positive(double value, const char* field) {
+  if (!(value > 0.0) || !std::isfinite(value)) {
+    throw PlanningError(std::string("devices.") + field + " must be a positive number, found " +
+                        number(value));
+  }
+}
+
+}  // namespace
+
+double Devices::slowest_link_bandwidth() const {
+  double slowest = std::numeric_limits<double>::infinity();
+  for (int a = 0; a < count; ++a) {
+    for (int b = 0; b < count; ++b) {
+      if (a != b) slowest = std::min(slowest, link_bandwidth[a][b]);
+    }
+  }
+  return std::isinf(slowest) ? 0.0 : slowest;
+}
+
+double Devices::slowest_link_latency() const {
+  double slowest = 0.0;
+  for (int a = 0; a < count; ++a) {
+    for (int b = 0; b < count; ++b) {
+      if (a != b) slowest = std::max(slowest, link_latency[a][b]);
+    }
+  }
+  return slowest;
+}
+
+void Devices::validate() const {
+  if (count < 1) {
+    throw PlanningError("devices.count must be at least 1, found " + std::to_string(count) +
+                        ": a plan needs a device to run on");
+  }
+  require_positive(memory_bytes, "memory_bytes");
+  require_positive(flops_per_second, "flops_per_second");
+  require_positive(memory_bandwidth, "memory_bandwidth");
+  require_positive(relative_speed, "relative_speed");
+  if (!(op_overhead_seconds >= 0.0)) {
+    throw PlanningError("devices.op_overhead_seconds must not be negative, found " +
+                        number(op_overhead_seconds));
+  }
+  auto check_matrix = [&](const std::vector<std::vector<double>>& matrix, const char* field,
+                          bool bandwidth) {
+    if (static_cast<int>(matrix.size()) != count) {
+      throw PlanningError(std::string("devices.") + field + " has " +
+                          std::to_string(matrix.size()) + " rows for " + std::to_string(count) +
+                          " devices");
+    }
+    for (int a = 0; a < count; ++a) {
+      if (static_cast<int>(matrix[a].size()) != count) {
+        throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "] has " +
+                            std::to_string(matrix[a].size()) + " entries for " +
+                            std::to_string(count) + " devices");
+      }
+      for (int b = 0; b < count; ++b) {
+        if (a == b) continue;
+        double v = matrix[a][b];
+        bool ok = bandwidth ? (v > 0.0 && std::isfinite(v)) : (v >= 0.0 && std::isfinite(v));
+        if (!ok) {
+          throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "][" +
+                              std::to_string(b) + "] must be " +
+                              (bandwidth ? "positive" : "non-negative") + ", found " + number(v));
+        }
+      }
+    }
+  };
+  check_matrix(link_bandwidth, "link_bandwidth", true);
+  check_matrix(link_latency, "link_latency", false);
+}
+
+void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
+                    double inter_bandwidth, double inter_latency) {
+  if (per_node < 1) throw PlanningError("devices per node must be at least 1, found " + std::to_string(per_node));
+  const int n = std::max(devices.count, 0);
+  devices.link_bandwidth.assign(n, std::vector<double>(n, intra_bandwidth));
+  devices.link_latency.assign(n, std::vector<double>(n, 0.0));
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      bool same_node = a / per_node == b / per_node;
+      devices.link_bandwidth[a][b] = same_node ? intra_bandwidth : inter_bandwidth;
+      devices.link_latency[a][b] = same_node ? intra_latency : inter_latency;
+    }
+  }
+}
+
+}  // namespace graphpipe::cost

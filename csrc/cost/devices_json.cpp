@@ -1,0 +1,99 @@
+#include "cost/devices_json.h"
+
+#include "common/error.h"
+#include "common/json_fields.h"
+
+namespace graphpipe::cost {
+
+namespace jf = json_fields;
+
+nlohmann::json to_json(const Devices& d) {
+  return nlohmann::json{{"format", "graphpipe.devices"},
+                        {"schema_version", kDevicesSchemaVersion},
+                        {"name", d.name},
+                        {"count", d.count},
+                        {"memory_bytes", d.memory_bytes},
+                        {"flops_per_second", d.flops_per_second},
+                        {"memory_bandwidth", d.memory_bandwidth},
+                        {"op_overhead_seconds", d.op_overhead_seconds},
+                        {"relative_speed", d.relative_speed},
+                        {"link_bandwidth", d.link_bandwidth},
+                        {"link_latency", d.link_latency}};
+}
+
+namespace {
+
+std::vector<std::vector<double>> matrix(const nlohmann::json& doc, const std::string& key,
+                                        int count, bool positive) {
+  const std::string path = "$." + key;
+  const auto& rows = jf::array(jf::field(doc, key, "$"), path);
+  if (static_cast<int>(rows.size()) != count) {
+    throw FormatError(path + ": expected " + std::to_string(count) + " rows (one per device), found " +
+                      std::to_string(rows.size()));
+  }
+  std::vector<std::vector<double>> result(count, std::vector<double>(count, 0.0));
+  for (int a = 0; a < count; ++a) {
+    const std::string row_path = path + "[" + std::to_string(a) + "]";
+    const auto& row = jf::array(rows[a], row_path);
+    if (static_cast<int>(row.size()) != count) {
+      throw FormatError(row_path + ": expected " + std::to_string(count) + " entries, found " +
+                        std::to_string(row.size()));
+    }
+    for (int b = 0; b < count; ++b) {
+      const std::string cell = row_path + "[" + std::to_string(b) + "]";
+      if (!row[b].is_number()) throw FormatError(cell + ": expected a number, found " + row[b].type_name());
+      double v = row[b].get<double>();
+      if (a != b && (positive ? !(v > 0.0) : !(v >= 0.0))) {
+        throw FormatError(cell + ": must be " + (positive ? "positive" : "non-negative") +
+                          ", found " + std::to_string(v));
+      }
+      result[a][b] = v;
+    }
+  }
+  return result;
+}
+
+double positive(const nlohmann::json& doc, const std::string& key) {
+  double v = jf::get<double>(doc, key, "$");
+  if (!(v > 0.0)) throw FormatError("$." + key + ": must be positive, found " + std::to_string(v));
+  return v;
+}
+
+}  // namespace
+
+Devices devices_from_json(const nlohmann::json& doc) {
+  jf::check_header(doc, "graphpipe.devices", kDevicesSchemaVersion);
+  Devices d;
+  d.name = jf::get<std::string>(doc, "name", "$");
+  d.count = jf::get<int>(doc, "count", "$");
+  if (d.count < 1) throw FormatError("$.count: must be at least 1, found " + std::to_string(d.count));
+  d.memory_bytes = positive(doc, "memory_bytes");
+  d.flops_per_second = positive(doc, "flops_per_second");
+  d.memory_bandwidth = positive(doc, "memory_bandwidth");
+  d.op_overhead_seconds = jf::non_negative<double>(doc, "op_overhead_seconds", "$");
+  d.relative_speed = positive(doc, "relative_speed");
+  d.link_bandwidth = matrix(doc, "link_bandwidth", d.count, true);
+  d.link_latency = matrix(doc, "link_latency", d.count, false);
+  try {
+    d.validate();
+  } catch (const PlanningError& e) {
+    throw FormatError(std::string("invalid device description: ") + e.what());
+  }
+  return d;
+}
+
+std::string dumps(const Devices& devices, int indent) { return to_json(devices).dump(indent); }
+
+Devices loads_devices(const std::string& text) {
+  return devices_from_json(jf::parse(text, "device description"));
+}
+
+void save(const Devices& devices, const std::string& path) {
+  jf::write_file(path, dumps(devices, 2));
+}
+
+Devices load_devices(const std::string& path) {
+  return devices_from_json(jf::parse(jf::read_file(path), "'" + path + "'"));
+}
+
+}  // namespace graphpipe::cost

@@ -1,0 +1,30 @@
+// JSON form of Devices (schema "graphpipe.devices", version kDevicesSchemaVersion).
+//
+//   {"format": "graphpipe.devices", "schema_version": 1, "name": "v100", "count": 8,
+//    "memory_bytes": ..., "flops_per_second": ..., "memory_bandwidth": ...,
+//    "op_overhead_seconds": ..., "relative_speed": 1.0,
+//    "link_bandwidth": [[...], ...], "link_latency": [[...], ...]}
+//
+// Loading checks the header, every field's presence and type, and the invariants of devices.h;
+// a problem raises FormatError with the JSON path of the field ("$.link_bandwidth[2][5]: ...").
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "cost/devices.h"
+
+namespace graphpipe::cost {
+
+inline constexpr int kDevicesSchemaVersion = 1;
+
+nlohmann::json to_json(const Devices& devices);
+Devices devices_from_json(const nlohmann::json& document);
+
+std::string dumps(const Devices& devices, int indent = -1);
+Devices loads_devices(const std::string& text);
+void save(const Devices& devices, const std::string& path);
+Devices load_devices(const std::string& path);
+
+}  // namespace graphpipe::cost

@@ -1,0 +1,131 @@
+#include "cost/presets.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace graphpipe::cost {
+
+namespace {
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+
+void check_count(int count) {
+  if (count < 1) {
+    throw PlanningError("a device description needs at least 1 device, asked for " +
+                        std::to_string(count));
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// FLOP/s of a blocked single-precision matrix product small enough to stay in cache: the best of
+// a few repeats, so a busy machine does not make the rank look slower than it is.
+double measure_flops() {
+  constexpr int n = 96;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  double best = 0.0;
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k < n; ++k) {
+        float aik = a[i * n + k];
+        for (int j = 0; j < n; ++j) c[i * n + j] += aik * b[k * n + j];
+      }
+    }
+    double t = seconds_since(start);
+    if (t > 0) best = std::max(best, 2.0 * n * n * n / t);
+  }
+  volatile float sink = c[n + 1];
+  (void)sink;
+  return best;
+}
+
+// Bytes per second of a copy larger than the caches (read + write counted).
+double measure_bandwidth() {
+  const std::size_t bytes = 32u << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 0.0;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    auto start = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    double t = seconds_since(start);
+    if (t > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) / t);
+  }
+  volatile char sink = dst[bytes / 2];
+  (void)sink;
+  return best;
+}
+
+}  // namespace
+
+Devices v100(int count, int per_node) {
+  check_count(count);
+  Devices d;
+  d.name = "v100";
+  d.count = count;
+  d.memory_bytes = 16 * GiB;
+  d.flops_per_second = 62.5e12;
+  d.memory_bandwidth = 900e9;
+  d.op_overhead_seconds = 10e-6;
+  set_node_links(d, per_node, 50e9, 5e-6, 12.5e9, 10e-6);
+  d.validate();
+  return d;
+}
+
+Devices h100(int count, int per_node) {
+  check_count(count);
+  Devices d;
+  d.name = "h100";
+  d.count = count;
+  d.memory_bytes = 80 * GiB;
+  d.flops_per_second = 495e12;
+  d.memory_bandwidth = 3.35e12;
+  d.op_overhead_seconds = 5e-6;
+  set_node_links(d, per_node, 450e9, 3e-6, 50e9, 8e-6);
+  d.validate();
+  return d;
+}
+
+Devices cpu_rank(int count, bool measure) {
+  check_count(count);
+  Devices d;
+  d.name = measure ? "cpu (measured)" : "cpu";
+  d.count = count;
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGE_SIZE);
+  double physical = pages > 0 && page_size > 0 ? static_cast<double>(pages) * page_size : 8 * GiB;
+  d.memory_bytes = physical / count;
+  d.flops_per_second = 20e9;
+  d.memory_bandwidth = 5e9;
+  if (measure) {
+    double flops = measure_flops();
+    double bandwidth = measure_bandwidth();
+    // A failed or absurd measurement (a timer of zero resolution) keeps the constants.
+    if (flops > 1e8) d.flops_per_second = flops;
+    if (bandwidth > 1e8) d.memory_bandwidth = bandwidth;
+    log::debug("cpu_rank calibration: " + std::to_string(d.flops_per_second) + " FLOP/s, " +
+               std::to_string(d.memory_bandwidth) + " B/s");
+  }
+  d.op_overhead_seconds = 20e-6;
+  set_node_links(d, count, 1e9, 50e-6, 1e9, 50e-6);
+  d.validate();
+  return d;
+}
+
+Devices preset(const std::string& name, int count) {
+  if (name == "v100") return v100(count);
+  if (name == "h100") return h100(count);
+  if (name == "cpu") return cpu_rank(count);
+  throw PlanningError("unknown device preset '" + name + "': the presets are v100, h100 and cpu");
+}
+
+}  // namespace graphpipe::cost

@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "cost/devices_json.h"
+#include "cost/presets.h"
+
+using namespace graphpipe;
+using namespace graphpipe::cost;
+
+TEST(CostDevices, V100PresetHasNodeLinks) {
+  Devices d = v100(8);
+  EXPECT_EQ(d.count, 8);
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][1], 50e9);   // same node of 4
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][4], 12.5e9); // across nodes
+  EXPECT_DOUBLE_EQ(d.transfer_seconds(0, 0, 1e9), 0.0);
+  EXPECT_NEAR(d.transfer_seconds(0, 1, 50e9), 1.0 + 5e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(d.slowest_link_bandwidth(), 12.5e9);
+  EXPECT_DOUBLE_EQ(d.slowest_link_latency(), 10e-6);
+}
+
+TEST(CostDevices, H100PresetEightPerNode) {
+  Devices d = h100(16);
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][7], 450e9);
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[7][8], 50e9);
+  EXPECT_GT(d.memory_bytes, v100(1).memory_bytes);
+}
+
+TEST(CostDevices, CpuRankMeasuredIsValid) {
+  Devices measured = cpu_rank(2);
+  EXPECT_GT(measured.flops_per_second, 1e8);
+  EXPECT_GT(measured.memory_bandwidth, 1e8);
+  Devices fixed = cpu_rank(2, false);
+  EXPECT_DOUBLE_EQ(fixed.flops_per_second, 20e9);
+  EXPECT_NO_THROW(fixed.validate());
+}
+
+TEST(CostDevices, PresetByNameAndBadCounts) {
+  EXPECT_EQ(preset("h100", 2).name, "h100");
+  EXPECT_THROW(preset("tpu", 2), PlanningError);
+  try {
+    v100(0);
+    FAIL();
+  } catch (const PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CostDevices, ValidateNamesTheField) {
+  Devices d = v100(2);
+  d.link_bandwidth[0][1] = 0.0;
+  try {
+    d.validate();
+    FAIL();
+  } catch (const PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("link_bandwidth[0][1]"), std::string::npos) << e.what();
+  }
+  d = v100(2);
+  d.count = 3;
+  EXPECT_THROW(d.validate(), PlanningError);
+}
+
+TEST(CostDevices, JsonRoundTrip) {
+  Devices d = h100(12);
+  Devices back = loads_devices(dumps(d));
+  EXPECT_EQ(back.name, d.name);
+  EXPECT_EQ(back.count, 12);
+  EXPECT_EQ(back.link_bandwidth, d.link_bandwidth);
+  EXPECT_EQ(back.link_latency, d.link_latency);
+  EXPECT_DOUBLE_EQ(back.op_overhead_seconds, d.op_overhead_seconds);
+}
+
+TEST(CostDevices, JsonErrorsNameTheField) {
+  auto expect_error = [](nlohmann::json doc, const std::string& needle) {
+    try {
+      loads_devices(doc.dump());
+      FAIL() << "accepted " << doc.dump();
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json good = to_json(v100(2));
+  auto doc = good;
+  doc.erase("memory_bytes");
+  expect_error(doc, "missing field 'memory_bytes'");
+  doc = good;
+  doc["count"] = "two";
+  expect_error(doc, "$.count");
+  doc = good;
+  doc["link_latency"][1][0] = -1.0;
+  expect_error(doc, "$.link_latency[1][0]");
+  doc = good;
+  doc["link_bandwidth"] = {{1.0, 2.0}};
+  expect_error(doc, "$.link_bandwidth: expected 2 rows");
+  doc = good;
+  doc["flops_per_second"] = 0;
+  expect_error(doc, "$.flops_per_second");
+  doc = good;
+  doc["format"] = "graphpipe.plan";
+  expect_error(doc, "$.format");
+  EXPECT_THROW(loads_devices("{not json"), FormatError);
+}

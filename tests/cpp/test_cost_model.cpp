@@ -1,0 +1,106 @@
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "cost/cost_model.h"
+#include "cost/in_flight.h"
+#include "cost/presets.h"
+#include "graph_builders.h"
+
+using namespace graphpipe;
+using namespace graphpipe::cost;
+
+namespace {
+
+graph::OpGraph two_nodes() {
+  graph::OpGraph g;
+  graph::Node a;
+  a.name = "x";
+  a.op = "input";
+  a.output_bytes = 1000;
+  g.add_node(a);
+  graph::Node b;
+  b.name = "fc";
+  b.op = "call_module";
+  b.forward_flops = 2e9;
+  b.param_bytes = 4000000;
+  b.buffer_bytes = 100;
+  b.output_bytes = 2000;
+  g.add_node(b);
+  g.add_edge(0, 1, 1000);
+  return g;
+}
+
+}  // namespace
+
+TEST(CostModel, AnalyticTimeHasOverheadAndScales) {
+  auto g = two_nodes();
+  Devices d = v100(2);
+  CostModel m(g, d);
+  EXPECT_DOUBLE_EQ(m.forward_seconds(0, 8), 0.0);  // graph input
+  double work1 = std::max(2e9 / d.flops_per_second, (4e6 + 3000.0) / d.memory_bandwidth);
+  EXPECT_NEAR(m.forward_seconds(1, 1), d.op_overhead_seconds + work1, 1e-15);
+  EXPECT_NEAR(m.backward_seconds(1, 1), d.op_overhead_seconds + 2 * work1, 1e-15);
+  // Per-sample cost falls as the micro-batch grows (the overhead is amortised).
+  double per1 = m.compute_seconds(1, 1);
+  double per8 = m.compute_seconds(1, 8) / 8;
+  double per64 = m.compute_seconds(1, 64) / 64;
+  EXPECT_GT(per1, per8);
+  EXPECT_GT(per8, per64);
+}
+
+TEST(CostModel, ProfileInterpolatesAndExtrapolates) {
+  auto g = two_nodes();
+  g.mutable_node(1).profile = {{2, 0.010, 0.0}, {8, 0.020, 0.050}};
+  Devices d = v100(2);
+  d.relative_speed = 2.0;
+  CostModel m(g, d);
+  EXPECT_TRUE(m.is_profiled(1));
+  EXPECT_NEAR(m.forward_seconds(1, 2), 0.005, 1e-12);
+  EXPECT_NEAR(m.forward_seconds(1, 4), (0.010 + (0.020 - 0.010) * 2 / 6) / 2, 1e-12);
+  EXPECT_NEAR(m.forward_seconds(1, 16), 0.040 / 2, 1e-12);     // per-sample time of the largest
+  EXPECT_NEAR(m.backward_seconds(1, 2), 0.020 / 2, 1e-12);     // not profiled: 2 x forward
+  EXPECT_NEAR(m.backward_seconds(1, 8), 0.050 / 2, 1e-12);
+  // Below the smallest size: the line, but never cheaper per sample than the smallest size.
+  double t1 = m.forward_seconds(1, 1);
+  EXPECT_GE(t1, 0.005 / 2 - 1e-15);
+  EXPECT_LE(t1, 0.005);
+}
+
+TEST(CostModel, MemoryFactorsPerOptimizer) {
+  auto g = two_nodes();
+  Devices d = v100(2);
+  EXPECT_DOUBLE_EQ(CostModel(g, d, Optimizer::sgd).static_bytes(1), 2 * 4e6 + 100);
+  EXPECT_DOUBLE_EQ(CostModel(g, d, Optimizer::momentum).static_bytes(1), 3 * 4e6 + 100);
+  EXPECT_DOUBLE_EQ(CostModel(g, d, Optimizer::adam).static_bytes(1), 4 * 4e6 + 100);
+  CostModel m(g, d);
+  EXPECT_DOUBLE_EQ(m.activation_bytes(1, 4), 8000);
+  EXPECT_DOUBLE_EQ(CostModel::stage_memory(10, 3, 4), 22);
+  EXPECT_EQ(parse_optimizer("adamw"), Optimizer::adam);
+  EXPECT_THROW(parse_optimizer("lion"), PlanningError);
+}
+
+TEST(CostModel, TransferUsesSlowestLink) {
+  auto g = two_nodes();
+  Devices d = v100(8);
+  CostModel m(g, d);
+  EXPECT_NEAR(m.transfer_seconds(12.5e9), 1.0 + 10e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(m.transfer_seconds(0.0), 0.0);
+  EXPECT_DOUBLE_EQ(CostModel(g, v100(1)).transfer_seconds(1e9), 0.0);  // one device: no link
+}
+
+TEST(CostModel, RejectsInvalidDevices) {
+  auto g = two_nodes();
+  Devices d = v100(2);
+  d.memory_bytes = -1;
+  EXPECT_THROW(CostModel(g, d), PlanningError);
+}
+
+TEST(CostInFlight, OneFOneBDepthRule) {
+  // chain of 4: 4,3,2,1
+  EXPECT_EQ(in_flight_1f1b(4, {{0, 1}, {1, 2}, {2, 3}}, 100), (std::vector<int>{4, 3, 2, 1}));
+  // fork-join: 0 -> {1, 2} -> 3: depth 3
+  EXPECT_EQ(in_flight_1f1b(4, {{0, 1}, {0, 2}, {1, 3}, {2, 3}}, 100), (std::vector<int>{3, 2, 2, 1}));
+  // capped by the micro-batches of a step
+  EXPECT_EQ(in_flight_1f1b(4, {{0, 1}, {1, 2}, {2, 3}}, 2), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_THROW(in_flight_1f1b(2, {{1, 0}}, 4), PlanningError);
+}
