@@ -10,5 +10,7 @@ namespace graphpipe::bindings {
 void bind_errors(pybind11::module_& m);
 void bind_log(pybind11::module_& m);
 void bind_graph(pybind11::module_& m);
+void bind_schedule(pybind11::module_& m);
+void bind_sim(pybind11::module_& m);
 
 }  // namespace graphpipe::bindings

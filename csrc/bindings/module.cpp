@@ -6,4 +6,6 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_errors(m);
   graphpipe::bindings::bind_log(m);
   graphpipe::bindings::bind_graph(m);
+  graphpipe::bindings::bind_schedule(m);
+  graphpipe::bindings::bind_sim(m);
 }

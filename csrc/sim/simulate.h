@@ -31,9 +31,8 @@
 // times Stage::activation_bytes.
 //
 // The schedule must be valid and deadlock-free (it is checked first; ScheduleError otherwise) and
-// match the plan (same stages and edges). Cost: O(T log T) for T tasks, about 15-20 ms for 32 stages
-// x 256 micro-batches
-// (the deadlock check included) on one core of the development machine.
+// match the plan (same stages and edges). Cost: O(T log T) for T tasks, about 15-20 ms
+// for 32 stages x 256 micro-batches (deadlock check included) on one core.
 #pragma once
 
 #include <cstdint>
