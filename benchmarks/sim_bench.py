@@ -1,0 +1,115 @@
+"""Times the schedule generators, the deadlock checker and the simulator on chains of S stages x M
+micro-batches; prints a table and writes results/sim_bench.json.
+
+    GRAPHPIPE_EXT_DIR=build/h4 python3 benchmarks/sim_bench.py [--repeats 7] [--out results/sim_bench.json]
+
+The target (issue 4): simulating 32 stages x 256 micro-batches takes under 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from graphpipe._ext import _C  # noqa: E402
+
+SIZES = [(4, 16), (8, 64), (16, 128), (32, 256), (64, 512)]
+TARGET = (32, 256, 0.100)  # stages, micro-batches, seconds
+
+
+def chain(stages: int, micro_batches: int):
+    """A chain plan of equal stages (1 ms forward, 2 ms backward, 1 MB per edge) and V100-like
+    links (10 us, 10 GB/s)."""
+    plan = _C.Plan()
+    plan_stages = []
+    for s in range(stages):
+        st = _C.Stage()
+        st.id, st.devices = s, [s]
+        st.forward_seconds, st.backward_seconds = 1e-3, 2e-3
+        st.activation_bytes, st.param_bytes = 1e6, 1e6
+        plan_stages.append(st)
+    edges = []
+    for s in range(stages - 1):
+        e = _C.StageEdge()
+        e.src, e.dst, e.bytes = s, s + 1, 1e6
+        edges.append(e)
+    plan.stages, plan.edges = plan_stages, edges
+    plan.num_micro_batches, plan.micro_batch_size = micro_batches, 1
+    plan.batch_size, plan.num_devices = micro_batches, stages
+    devices = _C.Devices()
+    devices.name, devices.count = "bench", stages
+    devices.memory_bandwidth = 900e9
+    devices.link_bandwidth = [[10e9] * stages for _ in range(stages)]
+    devices.link_latency = [[10e-6] * stages for _ in range(stages)]
+    return plan, devices
+
+
+def best_and_median(fn, repeats: int) -> tuple[float, float, object]:
+    times, value = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times), value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", default="results/sim_bench.json")
+    args = parser.parse_args()
+    missing = [n for n in ("Plan", "Stage", "StageEdge", "Devices") if not hasattr(_C, n)]
+    if missing:
+        print(f"graphpipe._C does not bind {', '.join(missing)} yet (the partition/cost bindings); "
+              "nothing to time.", file=sys.stderr)
+        return 2
+
+    rows = []
+    header = (f"{'stages':>6} {'mbs':>5} {'kind':>10} {'overlap':>7} {'tasks':>7} "
+              f"{'generate ms':>11} {'check ms':>8} {'simulate ms':>11} {'iteration s':>11}")
+    print(header)
+    print("-" * len(header))
+    for stages, mbs in SIZES:
+        plan, devices = chain(stages, mbs)
+        for kind in ("1f1b", "fill_drain"):
+            _, gen_median, schedule = best_and_median(lambda: _C.Schedule.generate(plan, kind), args.repeats)
+            _, check_median, _ = best_and_median(schedule.check, args.repeats)
+            for overlap in (True, False):
+                sim_best, sim_median, result = best_and_median(
+                    lambda: _C.simulate(plan, schedule, devices, overlap=overlap), args.repeats)
+                row = {
+                    "stages": stages, "micro_batches": mbs, "kind": kind, "overlap": overlap,
+                    "tasks": len(result.tasks),
+                    "generate_seconds": gen_median, "check_seconds": check_median,
+                    "simulate_seconds": sim_median, "simulate_best_seconds": sim_best,
+                    "iteration_seconds": result.iteration_seconds,
+                }
+                rows.append(row)
+                print(f"{stages:>6} {mbs:>5} {kind:>10} {str(overlap):>7} {row['tasks']:>7} "
+                      f"{1e3 * gen_median:>11.2f} {1e3 * check_median:>8.2f} {1e3 * sim_median:>11.2f} "
+                      f"{result.iteration_seconds:>11.4f}")
+    target = [r for r in rows if (r["stages"], r["micro_batches"]) == TARGET[:2]]
+    worst = max(r["simulate_seconds"] for r in target)
+    verdict = "meets" if worst < TARGET[2] else "MISSES"
+    print(f"\n{TARGET[0]} stages x {TARGET[1]} micro-batches: simulate (check included) takes at most "
+          f"{1e3 * worst:.1f} ms (median): {verdict} the {1e3 * TARGET[2]:.0f} ms target")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "sim_bench", "machine": platform.platform(),
+                   "python": platform.python_version(), "repeats": args.repeats,
+                   "target": {"stages": TARGET[0], "micro_batches": TARGET[1], "seconds": TARGET[2],
+                              "worst_median_seconds": worst, "met": worst < TARGET[2]},
+                   "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
