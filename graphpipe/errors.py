@@ -12,6 +12,8 @@ GraphError = _C.GraphError
 FormatError = _C.FormatError
 #: A request the planner cannot satisfy (model does not fit, more stages than operators).
 PlanningError = _C.PlanningError
+#: A schedule that is malformed, or that would hang (the report names the ranks and instructions).
+ScheduleError = _C.ScheduleError
 
 
 class TraceError(GraphpipeError):
@@ -27,6 +29,7 @@ __all__ = [
     "GraphError",
     "FormatError",
     "PlanningError",
+    "ScheduleError",
     "TraceError",
     "InputError",
 ]
