@@ -12,5 +12,6 @@ void bind_log(pybind11::module_& m);
 void bind_graph(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);
+void bind_runtime(pybind11::module_& m);
 
 }  // namespace graphpipe::bindings

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_graph(m);
   graphpipe::bindings::bind_schedule(m);
   graphpipe::bindings::bind_sim(m);
+  graphpipe::bindings::bind_runtime(m);
 }

@@ -1,0 +1,296 @@
+#include "runtime/executor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <sstream>
+
+#include "runtime/errors.h"
+
+namespace graphpipe::runtime {
+
+using schedule::Instruction;
+using schedule::OpKind;
+
+namespace {
+
+const std::vector<Instruction> kEmpty;
+
+bool carries_grad(const at::Tensor& spec) { return at::isFloatingType(spec.scalar_type()) || at::isComplexType(spec.scalar_type()); }
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes() << " " << t.scalar_type();
+  return s.str();
+}
+
+int tag_of(int edge, bool gradient, std::size_t k) {
+  return (edge * 2 + (gradient ? 1 : 0)) * 64 + static_cast<int>(k % 64);
+}
+
+}  // namespace
+
+Executor::Executor(schedule::Schedule schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                   std::chrono::milliseconds timeout)
+    : schedule_(std::move(schedule)), rank_(rank), transport_(std::move(group), timeout) {
+  schedule::validate(schedule_);
+  if (transport_.rank() != rank_) {
+    throw Error("graphpipe runtime: executor for rank " + std::to_string(rank_) +
+                " got a process group in which this process is rank " + std::to_string(transport_.rank()));
+  }
+  if (schedule_.num_ranks() > transport_.size()) {
+    throw Error("graphpipe runtime: the schedule needs " + std::to_string(schedule_.num_ranks()) +
+                " ranks but the process group has " + std::to_string(transport_.size()));
+  }
+  for (int s = 0; s < schedule_.num_stages(); ++s) {
+    if (schedule_.stage_ranks[s] == rank_) stage_ = s;
+  }
+  for (int e = 0; e < static_cast<int>(schedule_.edges.size()); ++e) {
+    if (schedule_.edges[e].dst == stage_) in_edges_.push_back(e);
+    if (schedule_.edges[e].src == stage_) out_edges_.push_back(e);
+  }
+}
+
+const std::vector<Instruction>& Executor::program() const {
+  if (rank_ >= schedule_.num_ranks()) return kEmpty;
+  return schedule_.ranks[rank_];
+}
+
+void Executor::set_edge_specs(std::vector<std::vector<at::Tensor>> specs) {
+  if (specs.size() != schedule_.edges.size()) {
+    throw Error("graphpipe runtime: " + std::to_string(specs.size()) + " edge specs for " +
+                std::to_string(schedule_.edges.size()) + " stage edges");
+  }
+  specs_ = std::move(specs);
+}
+
+std::string Executor::where(const Instruction& ins) const {
+  std::string text = schedule::to_token(ins) + " (" + schedule::describe(ins);
+  if (ins.edge >= 0) {
+    const auto& e = schedule_.edges[ins.edge];
+    text += ", edge " + std::to_string(ins.edge) + ": stage " + std::to_string(e.src) + " -> stage " +
+            std::to_string(e.dst);
+  }
+  return text + ")";
+}
+
+void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
+  if (out.edges.size() != out_edges_.size()) {
+    throw TransferMismatch("stage " + std::to_string(stage_) + " forward of micro-batch " +
+                           std::to_string(micro_batch) + " returned tensors for " +
+                           std::to_string(out.edges.size()) + " outgoing edges, expected " +
+                           std::to_string(out_edges_.size()));
+  }
+  for (std::size_t i = 0; i < out_edges_.size(); ++i) {
+    const int e = out_edges_[i];
+    const auto& got = out.edges[i];
+    const auto& want = specs_[e];
+    const auto& se = schedule_.edges[e];
+    const std::string edge = "edge " + std::to_string(e) + " (stage " + std::to_string(se.src) +
+                             " -> stage " + std::to_string(se.dst) + ")";
+    if (got.size() != want.size()) {
+      throw TransferMismatch("stage " + std::to_string(stage_) + " produced " + std::to_string(got.size()) +
+                             " tensors for " + edge + " in micro-batch " + std::to_string(micro_batch) +
+                             ", the edge declares " + std::to_string(want.size()));
+    }
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      if (!got[k].defined() || got[k].sizes() != want[k].sizes() || got[k].scalar_type() != want[k].scalar_type()) {
+        throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
+                               ": tensor " + std::to_string(k) + " of " + edge + " is " +
+                               (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) +
+                               ", the edge declares " + shape_of(want[k]) +
+                               " (shapes are fixed by the shape propagation at the micro-batch size)");
+      }
+    }
+  }
+}
+
+void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops,
+                    std::vector<std::pair<Instruction, std::vector<at::Tensor>>>& landed) {
+  const int peer = schedule_.peer_rank(ins);
+  const auto& spec = specs_.at(ins.edge);
+  const std::string base = "rank " + std::to_string(rank_) + " " + where(ins);
+  auto add = [&](bool send, bool grad, std::size_t k, at::Tensor t) {
+    TransferOp op;
+    op.send = send;
+    op.peer = peer;
+    op.tag = tag_of(ins.edge, grad, k);
+    op.tensor = std::move(t);
+    op.what = where(ins) + ", tensor " + std::to_string(k) + " of " + std::to_string(spec.size());
+    ops.push_back(std::move(op));
+  };
+  auto& st = state_[ins.micro_batch];
+  switch (ins.kind) {
+    case OpKind::recv_activation: {
+      std::vector<at::Tensor> buffers;
+      for (std::size_t k = 0; k < spec.size(); ++k) {
+        auto t = at::empty(spec[k].sizes(), spec[k].options().device(at::kCPU));
+        buffers.push_back(t);
+        add(false, false, k, t);
+      }
+      landed.emplace_back(ins, std::move(buffers));
+      break;
+    }
+    case OpKind::send_activation: {
+      auto it = st.outputs.find(ins.edge);
+      if (it == st.outputs.end()) throw Error("graphpipe runtime: " + base + " before its forward");
+      for (std::size_t k = 0; k < it->second.size(); ++k) {
+        add(true, false, k, it->second[k].detach().contiguous());
+      }
+      if (!train) st.outputs.erase(it);
+      break;
+    }
+    case OpKind::recv_gradient: {
+      std::vector<at::Tensor> buffers;
+      for (std::size_t k = 0; k < spec.size(); ++k) {
+        if (!carries_grad(spec[k])) {
+          buffers.emplace_back();
+          continue;
+        }
+        auto t = at::empty(spec[k].sizes(), spec[k].options().device(at::kCPU));
+        buffers.push_back(t);
+        add(false, true, k, t);
+      }
+      landed.emplace_back(ins, std::move(buffers));
+      break;
+    }
+    case OpKind::send_gradient: {
+      auto it = st.received.find(ins.edge);
+      if (it == st.received.end()) throw Error("graphpipe runtime: " + base + " before its receive");
+      for (std::size_t k = 0; k < it->second.size(); ++k) {
+        const auto& leaf = it->second[k];
+        if (!carries_grad(spec[k])) continue;
+        at::Tensor g = leaf.grad();
+        g = g.defined() ? g.contiguous() : at::zeros_like(leaf);
+        add(true, true, k, g);
+      }
+      st.received.erase(it);
+      break;
+    }
+    default: break;
+  }
+}
+
+void Executor::forward(const Instruction& ins, const ForwardFn& fn, bool train) {
+  auto& st = state_[ins.micro_batch];
+  std::vector<std::vector<at::Tensor>> inputs;
+  inputs.reserve(in_edges_.size());
+  for (int e : in_edges_) {
+    auto it = st.received.find(e);
+    if (it == st.received.end()) {
+      throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) +
+                  " runs before the activations of edge " + std::to_string(e) + " arrived");
+    }
+    inputs.push_back(it->second);
+  }
+  StageOutput out = fn(ins.micro_batch, inputs);
+  check_outputs(ins.micro_batch, out);
+  for (std::size_t i = 0; i < out_edges_.size(); ++i) st.outputs[out_edges_[i]] = std::move(out.edges[i]);
+  if (train) st.loss = out.loss;
+  if (!train) {
+    for (int e : in_edges_) st.received.erase(e);
+  }
+}
+
+void Executor::backward(const Instruction& ins) {
+  auto& st = state_[ins.micro_batch];
+  std::vector<at::Tensor> roots, grads;
+  if (st.loss.defined() && st.loss.requires_grad()) {
+    roots.push_back(st.loss);
+    grads.push_back(at::ones_like(st.loss));
+  }
+  for (int e : out_edges_) {
+    auto out = st.outputs.find(e);
+    auto got = st.grads.find(e);
+    if (out == st.outputs.end() || got == st.grads.end()) {
+      throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) +
+                  " runs before the outputs and gradients of edge " + std::to_string(e) + " are there");
+    }
+    for (std::size_t k = 0; k < out->second.size(); ++k) {
+      const auto& t = out->second[k];
+      const auto& g = got->second[k];
+      if (!g.defined() || !t.requires_grad()) continue;
+      roots.push_back(t);
+      grads.push_back(g);
+    }
+  }
+  if (!roots.empty()) {
+    torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false);
+  }
+  for (int e : out_edges_) {
+    st.outputs.erase(e);
+    st.grads.erase(e);
+  }
+  st.loss = at::Tensor();
+}
+
+std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
+  if (specs_.size() != schedule_.edges.size()) {
+    throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
+  }
+  state_.clear();
+  std::vector<InstructionTiming> timings;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const auto& prog = program();
+  std::vector<Instruction> ins_list;
+  for (const auto& ins : prog) {
+    if (train || ins.kind == OpKind::recv_activation || ins.kind == OpKind::forward ||
+        ins.kind == OpKind::send_activation) {
+      ins_list.push_back(ins);
+    }
+  }
+  try {
+    std::size_t i = 0;
+    while (i < ins_list.size()) {
+      const auto& ins = ins_list[i];
+      if (schedule::is_transfer(ins.kind)) {
+        std::size_t j = i;
+        std::vector<TransferOp> ops;
+        std::vector<std::pair<Instruction, std::vector<at::Tensor>>> landed;
+        const double start = record ? now() : 0.0;
+        while (j < ins_list.size() && schedule::is_transfer(ins_list[j].kind)) {
+          post(ins_list[j], train, ops, landed);
+          ++j;
+        }
+        transport_.exchange(ops);
+        for (auto& [r, tensors] : landed) {
+          auto& st = state_[r.micro_batch];
+          if (r.kind == OpKind::recv_activation) {
+            if (train) {
+              for (auto& t : tensors) {
+                if (carries_grad(t)) t.requires_grad_(true);
+              }
+            }
+            st.received[r.edge] = std::move(tensors);
+          } else {
+            st.grads[r.edge] = std::move(tensors);
+          }
+        }
+        if (record) {
+          const double end = now();
+          for (std::size_t k = i; k < j; ++k) timings.push_back({schedule::to_token(ins_list[k]), start, end});
+        }
+        i = j;
+        continue;
+      }
+      const double start = record ? now() : 0.0;
+      if (ins.kind == OpKind::forward) {
+        c10::AutoGradMode grad_mode(train);
+        forward(ins, fn, train);
+      } else if (ins.kind == OpKind::backward) {
+        backward(ins);
+      }
+      if (record) timings.push_back({schedule::to_token(ins), start, now()});
+      ++i;
+    }
+  } catch (...) {
+    state_.clear();
+    throw;
+  }
+  state_.clear();
+  return timings;
+}
+
+}  // namespace graphpipe::runtime

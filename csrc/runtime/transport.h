@@ -1,0 +1,54 @@
+// Transport: point-to-point batches over a torch.distributed (c10d) process group.
+//
+// One call to exchange() is one communication batch (a maximal run of consecutive transfer
+// instructions of a rank's program, schedule/check.h): every send and receive is posted first,
+// then each Work is waited on with the time left until a deadline `timeout` after posting. This
+// is what makes Gloo's rendezvous sends safe (a send completes only once its receive is posted,
+// so send().wait() before a receive would deadlock two ranks that exchange). The schedule
+// guarantees that every pair of ranks posts its transfers in one order, and tags separate edges
+// and directions, so messages match FIFO.
+//
+// Failures become runtime errors (runtime/errors.h) that name this rank, the peer and the
+// operation's description: PipelineTimeout when the deadline passes, PeerError otherwise.
+// Gloo needs CPU, contiguous tensors; exchange() does not copy, the caller passes them so.
+// Cost: one c10d send/recv per tensor; no allocation besides the Work handles.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace graphpipe::runtime {
+
+struct TransferOp {
+  bool send = false;
+  int peer = 0;     // rank in the process group
+  int tag = 0;      // >= 0
+  at::Tensor tensor;
+  std::string what;  // for messages: "0SF1e2 (send of the activation ... over edge 2 (0->1)), tensor 0 of 2"
+};
+
+class Transport {
+ public:
+  Transport(c10::intrusive_ptr<c10d::ProcessGroup> group, std::chrono::milliseconds timeout);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const;
+  int size() const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  // Posts every op, then waits for all of them (see above). Throws PeerError/PipelineTimeout.
+  void exchange(std::vector<TransferOp>& ops);
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace graphpipe::runtime

@@ -1,0 +1,65 @@
+"""Splits a batch (tensors, tuples, lists, dicts) into micro-batches along dim 0, and merges back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from graphpipe.errors import InputError
+from graphpipe.trace import iter_tensors
+
+__all__ = ["batch_size", "split", "merge"]
+
+
+def batch_size(value: Any, what: str = "inputs") -> int:
+    """The common leading dimension of every tensor in ``value``; InputError if they differ."""
+    sizes = {int(t.shape[0]) for t in iter_tensors(value) if t.dim() > 0}
+    if not sizes:
+        raise InputError(f"{what} contain no batched tensor: graphpipe splits batches along dim 0")
+    if len(sizes) > 1:
+        raise InputError(
+            f"{what} have tensors with different leading (batch) dimensions {sorted(sizes)}; "
+            "every tensor must have the batch as its first dimension"
+        )
+    return sizes.pop()
+
+
+def split(value: Any, chunks: int, what: str = "inputs") -> list[Any]:
+    """``value`` cut into ``chunks`` equal micro-batches along dim 0 (0-d tensors and non-tensors
+    are repeated in every micro-batch). A batch that does not divide raises InputError."""
+    size = batch_size(value, what)
+    if size % chunks != 0:
+        raise InputError(
+            f"the batch of {size} samples in {what} does not divide into {chunks} micro-batches; "
+            f"use a batch size that is a multiple of {chunks} (or change micro_batches)"
+        )
+    step = size // chunks
+    return [_slice(value, i * step, step) for i in range(chunks)]
+
+
+def _slice(value: Any, start: int, length: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.narrow(0, start, length) if value.dim() > 0 else value
+    if isinstance(value, tuple):
+        return tuple(_slice(v, start, length) for v in value)
+    if isinstance(value, list):
+        return [_slice(v, start, length) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _slice(v, start, length) for k, v in value.items()}
+    return value
+
+
+def merge(values: list[Any]) -> Any:
+    """Inverse of :func:`split`: concatenates the micro-batches' tensors along dim 0."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(values, 0) if first.dim() > 0 else first
+    if isinstance(first, tuple):
+        return tuple(merge([v[i] for v in values]) for i in range(len(first)))
+    if isinstance(first, list):
+        return [merge([v[i] for v in values]) for i in range(len(first))]
+    if isinstance(first, Mapping):
+        return {k: merge([v[k] for v in values]) for k in first}
+    return first

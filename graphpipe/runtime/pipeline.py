@@ -1,0 +1,300 @@
+"""graphpipe.wrap / Pipeline: trains a model's plan on torch.distributed ranks, one stage per rank.
+
+Every rank calls ``wrap`` with the same model, example inputs and plan; each keeps only its own
+stage module (and so its own parameters). ``step(inputs, targets)`` runs one training iteration:
+the batch is cut into the plan's micro-batches, the rank's instruction list from the schedule is
+executed in C++ (graphpipe._C.Executor: point-to-point transfers over the process group, the
+backward through torch::autograd), and the full-batch loss is returned on every rank. The user's
+optimizer over ``pipe.parameters()`` steps afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphpipe._ext import _C
+from graphpipe.errors import InputError
+from graphpipe.runtime import microbatch
+from graphpipe.runtime.plan import resolve_plan, stage_devices
+from graphpipe.runtime.stages import (
+    StageGraph,
+    build_stages,
+    flatten_values,
+    meta_copy,
+    propagate_layouts,
+    unflatten_values,
+)
+from graphpipe.trace import trace_module
+
+__all__ = ["Pipeline", "wrap"]
+
+#: Default timeout of every wait on a peer, in seconds.
+DEFAULT_TIMEOUT = 300.0
+
+
+class Pipeline:
+    """One rank's share of a pipelined model. Build it with :func:`wrap`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        group: Any = None,
+        partitioner: str = "graphpipe",
+        schedule: str = "1f1b",
+        micro_batches: int | None = None,
+        plan: Any = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        leaf_modules: Any = (),
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise InputError(
+                "graphpipe.wrap needs an initialised torch.distributed process group: run under "
+                "torchrun or call torch.distributed.init_process_group first"
+            )
+        self.group = group if group is not None else dist.distributed_c10d._get_default_group()
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.loss_fn = loss_fn
+        self.timeout = float(timeout)
+        args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
+        self.graph = traced.graph
+        self.plan = resolve_plan(plan, traced.graph, self.world_size, partitioner, micro_batches)
+        self.num_micro_batches = int(self.plan["num_micro_batches"])
+        self.schedule_kind = schedule
+        stages: StageGraph = build_stages(traced.module, self.plan)
+        self.edges = stages.edges
+        self.placeholders = stages.placeholders
+        self.output_rank = stages.stages[stages.output_stage].rank
+        self._stage = next((st for st in stages.stages if st.rank == self.rank), None)
+        self.module: nn.Module = self._stage.module if self._stage is not None else nn.Module()
+        for st in stages.stages:  # keep only this rank's stage module (and so its parameters)
+            if st is not self._stage:
+                st.module = None
+        self._stages = stages
+        fwd = [float(st.get("forward_seconds", 1.0) or 1.0) for st in self.plan["stages"]]
+        bwd = [float(st.get("backward_seconds", 2.0) or 2.0) for st in self.plan["stages"]]
+        self.schedule_json = _C.runtime_schedule(
+            stage_devices(self.plan),
+            self.edges,
+            self.num_micro_batches,
+            int(self.plan.get("micro_batch_size", 1) or 1),
+            schedule,
+            fwd,
+            bwd,
+            int(self.plan.get("num_devices", 0) or 0),
+        )
+        self.executor = _C.Executor(self.schedule_json, self.rank, self.group, self.timeout)
+        self._meta = meta_copy(traced.module)
+        self._signature = inspect.signature(model.forward)
+        self._model_name = type(model).__name__
+        self._state_keys = list(model.state_dict().keys())
+        self._layouts: dict[int, Any] = {}
+        self._specs_for: int | None = None
+        self.last_timings: list[Any] = []
+        # Every rank must have built the same wiring: compare a digest once, so that a rank with
+        # another plan or model fails here with a clear message instead of hanging later.
+        digest = repr((self.plan["stages"], self.edges, schedule, self.num_micro_batches))
+        digests: list[Any] = [None] * self.world_size
+        dist.all_gather_object(digests, hashlib.sha256(digest.encode()).hexdigest(), group=self.group)
+        if len(set(digests)) != 1:
+            raise InputError(
+                "graphpipe.wrap was called with different plans, models or schedules on different "
+                "ranks; every rank must pass the same model, example inputs and options"
+            )
+
+    # ---- parameters and modes ------------------------------------------------------------
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """This rank's parameters (its stage's), the ones its optimizer must step."""
+        return self.module.parameters(recurse)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the original model's names."""
+        return self.module.named_parameters()
+
+    def train(self, mode: bool = True) -> Pipeline:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> Pipeline:
+        return self.train(False)
+
+    @property
+    def stage(self) -> int:
+        """Index of the stage this rank runs (-1 when it holds none)."""
+        return self._stage.index if self._stage is not None else -1
+
+    def schedule_table(self) -> str:
+        """The schedule as a table (one row per rank)."""
+        return self.executor.schedule_table()
+
+    # ---- running -------------------------------------------------------------------------
+    def _placeholder_values(self, args: tuple) -> dict[str, Any]:
+        try:
+            bound = self._signature.bind(*args)
+        except TypeError as exc:
+            raise InputError(f"inputs do not match {self._model_name}.forward: {exc}") from exc
+        bound.apply_defaults()
+        values: list[Any] = []
+        for name, param in self._signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                values.append(tuple(bound.arguments.get(name, ())))
+            elif param.kind is not inspect.Parameter.VAR_KEYWORD:
+                values.append(bound.arguments.get(name))
+        return dict(zip(self.placeholders, values))
+
+    def _prepare(self, inputs: Any) -> tuple[list[dict[str, Any]], int]:
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        chunks = microbatch.split(args, self.num_micro_batches, "inputs")
+        values = [self._placeholder_values(c) for c in chunks]
+        mbs = microbatch.batch_size(args) // self.num_micro_batches
+        if mbs not in self._layouts:
+            self._layouts[mbs] = propagate_layouts(self._meta, self._stages, values[0])
+        if self._specs_for != mbs:
+            self.executor.set_edge_specs([layout.specs for layout in self._layouts[mbs][0]])
+            self._specs_for = mbs
+        return values, mbs
+
+    def _forward_fn(
+        self, values: list[dict[str, Any]], mbs: int, on_output: Callable[[int, Any], torch.Tensor | None]
+    ) -> Callable[[int, list[list[torch.Tensor]]], tuple[list[list[torch.Tensor]], Any]]:
+        st = self._stage
+        layouts = self._layouts[mbs][0]
+        # Every stage edge touching the stage, in edge order (the executor's order); an edge that
+        # carries only model inputs (which every rank has) transfers no tensor.
+        in_edges = [e for e, (_, b) in enumerate(self.edges) if st is not None and b == st.index]
+        out_edges = [e for e, (a, _) in enumerate(self.edges) if st is not None and a == st.index]
+
+        def forward(m: int, received: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
+            args = [values[m][name] for name in st.placeholders]
+            for e, tensors in zip(in_edges, received):
+                args.extend(unflatten_values(layouts[e], tensors))
+            result = st.module(*args)
+            outs, pos = [], 0
+            for e in out_edges:
+                n = len(st.out_values.get(e, ()))
+                outs.append(flatten_values(list(result[pos : pos + n])))
+                pos += n
+            loss = on_output(m, result[-1]) if st.is_output else None
+            return outs, loss
+
+        return forward
+
+    def step(self, inputs: Any, targets: Any, *, record: bool = False) -> torch.Tensor:
+        """One training iteration over a batch; returns the full-batch loss (on every rank).
+
+        Gradients accumulate into this rank's parameters (``.grad``), as if ``loss_fn`` had been
+        applied to the whole batch; zero them and step your optimizer as in ordinary training.
+        """
+        values, mbs = self._prepare(inputs)
+        targets_mb = microbatch.split(targets, self.num_micro_batches, "targets")
+        if microbatch.batch_size(targets, "targets") != mbs * self.num_micro_batches:
+            raise InputError("targets and inputs have different batch sizes")
+        M = self.num_micro_batches
+        losses: list[torch.Tensor] = []
+
+        def on_output(m: int, output: Any) -> torch.Tensor:
+            loss = self.loss_fn(output, targets_mb[m])
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise InputError("loss_fn must return a scalar tensor")
+            scaled = loss / M
+            losses.append(scaled.detach())
+            return scaled
+
+        fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
+        self.last_timings = self.executor.run(fn, True, record)
+        total = torch.stack(losses).sum() if losses else torch.zeros(())
+        total = total.to(torch.float32) if not total.is_floating_point() else total
+        buf = total.clone().reshape(1)
+        dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
+        return buf[0]
+
+    def eval_forward(self, inputs: Any) -> Any:
+        """Runs the model forward on a batch (no gradients); the merged output on every rank."""
+        values, mbs = self._prepare(inputs)
+        outputs: dict[int, Any] = {}
+
+        def on_output(m: int, output: Any) -> None:
+            outputs[m] = output
+            return None
+
+        fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
+        with torch.no_grad():
+            self.executor.run(fn, False, False)
+        box = [microbatch.merge([outputs[m] for m in range(self.num_micro_batches)]) if outputs else None]
+        dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self.group)
+        return box[0]
+
+    def _global(self, group_rank: int) -> int:
+        if self.group is dist.distributed_c10d._get_default_group():
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's shard: its stage's parameters and buffers under the original names."""
+        return dict(self.module.state_dict())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict gathered from every rank (on every rank), in the
+        original model's key order."""
+        shards: list[Any] = [None] * self.world_size
+        local = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        dist.all_gather_object(shards, local, group=self.group)
+        merged: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            merged.update(shard or {})
+        return {k: merged[k] for k in self._state_keys if k in merged}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Loads this rank's entries from a shard or a full state dict (original names)."""
+        own = self.module.state_dict()
+        missing = [k for k in own if k not in state]
+        if strict and missing:
+            raise InputError(
+                f"state dict lacks {len(missing)} entries of rank {self.rank}'s stage, e.g. {missing[:3]}; "
+                "pass this rank's shard (state_dict()) or the full state dict"
+            )
+        self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=strict)
+
+
+def _no_stage(m: int, received: list[list[torch.Tensor]]) -> tuple[list, None]:
+    return [], None
+
+
+def wrap(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    group: Any = None,
+    partitioner: str = "graphpipe",
+    schedule: str = "1f1b",
+    micro_batches: int | None = None,
+    plan: Any = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    **kwargs: Any,
+) -> Pipeline:
+    """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
+    default process group). Every rank calls it with the same arguments. See :class:`Pipeline`."""
+    return Pipeline(
+        model,
+        example_inputs,
+        loss_fn,
+        group=group,
+        partitioner=partitioner,
+        schedule=schedule,
+        micro_batches=micro_batches,
+        plan=plan,
+        timeout=timeout,
+        **kwargs,
+    )

@@ -1,0 +1,256 @@
+"""Cuts a traced model into one fx stage module per plan stage and wires the values between them.
+
+Each operator (fx node) goes to the stage the plan puts it in. A value that an operator of stage
+``c`` reads from an operator of stage ``p != c`` crosses the stage edge ``p -> c`` (edges that
+skip stages, several producers and consumers all follow from this rule; a value read by two
+stages travels on two edges). Model inputs (placeholders) never travel: every rank has the batch
+and each stage reads the inputs it needs. Parameters read through ``get_attr`` are copied into
+every stage that reads them.
+
+A stage module is an ``fx.GraphModule`` built on the original traced module as root, so it holds
+the original submodules and parameters under their original qualified names; it takes
+``(*placeholders, *values of each incoming edge)`` and returns
+``(*values of each outgoing edge, model output if it is the output stage)``.
+
+This is what ``torch.fx.passes.split_module`` does, written out so that the order of every
+stage's inputs and outputs is fixed by the plan's edge order (both ends of an edge must agree on
+it); O(nodes + edges).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from graphpipe.errors import InputError, PlanningError
+
+__all__ = ["StageModule", "StageGraph", "build_stages", "EdgeLayout", "propagate_layouts"]
+
+
+class _TensorSlot:
+    """Marks where a transferred tensor goes back into a value's pytree."""
+
+
+_SLOT = _TensorSlot()
+
+
+@dataclass
+class StageModule:
+    index: int
+    rank: int
+    placeholders: list[str]                                   # model inputs it reads
+    in_values: dict[int, list[str]] = field(default_factory=dict)   # edge -> values received
+    out_values: dict[int, list[str]] = field(default_factory=dict)  # edge -> values sent
+    is_output: bool = False                                   # computes the model output
+    module: fx.GraphModule | None = None
+    operators: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StageGraph:
+    stages: list[StageModule]
+    edges: list[tuple[int, int]]
+    placeholders: list[str]            # every placeholder of the traced graph, in order
+    output_stage: int
+
+
+def _edge_index(edges: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    return {e: i for i, e in enumerate(edges)}
+
+
+def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
+    """Stage modules of ``gm`` for ``plan`` (the plan's JSON form, see graphpipe.runtime.plan)."""
+    node_stage: dict[str, int] = {}
+    for s, stage in enumerate(plan["stages"]):
+        for name in stage["nodes"]:
+            node_stage[name] = s
+    edges = [(int(e["src"]), int(e["dst"])) for e in plan["edges"]]
+    index = _edge_index(edges)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n.name for n in nodes if n.op == "placeholder"]
+    compute = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output")]
+    for n in compute:
+        if n.name not in node_stage:
+            raise PlanningError(
+                f"the plan puts operator {n.name!r} in no stage; it was made for another graph "
+                "(re-run the partitioner on this model)"
+            )
+    stages = [
+        StageModule(index=s, rank=int(st["devices"][0]), placeholders=[]) for s, st in enumerate(plan["stages"])
+    ]
+    order = {n.name: i for i, n in enumerate(nodes)}
+    getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}
+    param_stage: dict[str, int] = {}
+    for n in compute:
+        s = node_stage[n.name]
+        stages[s].operators.append(n.name)
+        for a in n.all_input_nodes:
+            if a.op == "placeholder":
+                if a.name not in stages[s].placeholders:
+                    stages[s].placeholders.append(a.name)
+            elif a.op == "get_attr":
+                getattrs[s].add(a.name)
+            else:
+                p = node_stage[a.name]
+                if p == s:
+                    continue
+                if (p, s) not in index:
+                    raise PlanningError(
+                        f"operator {n.name!r} (stage {s}) reads {a.name!r} from stage {p}, but the plan "
+                        f"has no stage edge {p} -> {s}"
+                    )
+                e = index[(p, s)]
+                stages[s].in_values.setdefault(e, [])
+                stages[p].out_values.setdefault(e, [])
+                if a.name not in stages[s].in_values[e]:
+                    stages[s].in_values[e].append(a.name)
+                    stages[p].out_values[e].append(a.name)
+        if n.op == "call_module":
+            for pname, _ in gm.get_submodule(str(n.target)).named_parameters():
+                full = f"{n.target}.{pname}"
+                if param_stage.setdefault(full, s) != s:
+                    raise PlanningError(
+                        f"parameter {full!r} is used by stages {param_stage[full]} and {s}; parameters "
+                        "shared across stages are not supported: put their users in one stage"
+                    )
+    for s, names in getattrs.items():
+        for name in names:
+            if param_stage.setdefault(name, s) != s:
+                raise PlanningError(
+                    f"parameter {name!r} is read by stages {param_stage[name]} and {s}; parameters "
+                    "shared across stages are not supported: put their users in one stage"
+                )
+    for st in stages:
+        st.placeholders.sort(key=order.__getitem__)
+        for values in (*st.in_values.values(), *st.out_values.values()):
+            values.sort(key=order.__getitem__)
+    output_node = next(n for n in nodes if n.op == "output")
+    producers = {node_stage[a.name] for a in output_node.all_input_nodes if a.name in node_stage}
+    if len(producers) != 1:
+        raise PlanningError(
+            f"the model output is computed by stages {sorted(producers)}; graphpipe's runtime needs "
+            "one stage to produce every output (it computes the loss there)"
+        )
+    out_stage = producers.pop()
+    stages[out_stage].is_output = True
+    for st in stages:
+        st.module = _stage_module(gm, st, nodes, getattrs[st.index], edges, output_node)
+    return StageGraph(stages=stages, edges=edges, placeholders=placeholders, output_stage=out_stage)
+
+
+def _stage_module(
+    gm: fx.GraphModule,
+    st: StageModule,
+    nodes: list[fx.Node],
+    getattrs: set[str],
+    edges: list[tuple[int, int]],
+    output_node: fx.Node,
+) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for name in st.placeholders:
+        env[name] = graph.placeholder(name)
+    for e in sorted(st.in_values):
+        for name in st.in_values[e]:
+            env[name] = graph.placeholder(name)
+    mine = set(st.operators) | getattrs
+    for n in nodes:
+        if n.name in mine:
+            env[n.name] = graph.node_copy(n, lambda a: env[a.name])
+    results: list[Any] = []
+    for e in sorted(st.out_values):
+        results.extend(env[name] for name in st.out_values[e])
+    if st.is_output:
+        results.append(fx.map_arg(output_node.args[0], lambda a: env[a.name]))
+    graph.output(tuple(results))
+    graph.lint()
+    return fx.GraphModule(gm, graph, f"{type(gm).__name__}Stage{st.index}")
+
+
+@dataclass
+class EdgeLayout:
+    """How the values of one stage edge become tensors on the wire at one micro-batch size."""
+
+    specs: list[torch.Tensor]          # meta tensors: shape and dtype of each tensor sent
+    trees: list[Any]                   # per value: (treespec, leaves), _SLOT where a tensor goes
+
+
+def propagate_layouts(
+    meta_gm: fx.GraphModule, graph: StageGraph, placeholder_values: dict[str, Any]
+) -> tuple[list[EdgeLayout], Any]:
+    """Runs ``meta_gm`` (the traced module on the meta device) on one micro-batch of inputs and
+    returns every stage edge's layout plus the model output (meta) for the output's structure."""
+    needed = {name for st in graph.stages for vals in st.out_values.values() for name in vals}
+    values: dict[str, Any] = {}
+
+    class _Prop(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if n.name in needed:
+                values[n.name] = value
+            return value
+
+    meta_inputs: list[Any] = []
+    for n in meta_gm.graph.nodes:
+        if n.op == "placeholder":
+            value = _to_meta(placeholder_values[n.name])
+            if str(n.target).startswith("*"):
+                meta_inputs.extend(value)
+            else:
+                meta_inputs.append(value)
+    try:
+        with torch.no_grad():
+            output = _Prop(meta_gm).run(*meta_inputs)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(
+            f"shape propagation of the model on the meta device failed: {exc}. graphpipe needs "
+            "the shapes of the tensors that cross stages; a model with data-dependent shapes is "
+            "not supported by the runtime"
+        ) from exc
+    layouts: list[EdgeLayout] = [EdgeLayout([], []) for _ in graph.edges]
+    for st in graph.stages:
+        for e, names in st.out_values.items():
+            for name in names:
+                leaves, spec = pytree.tree_flatten(values[name])
+                kept = []
+                for leaf in leaves:
+                    if isinstance(leaf, torch.Tensor):
+                        layouts[e].specs.append(torch.empty(leaf.shape, dtype=leaf.dtype, device="meta"))
+                        kept.append(_SLOT)
+                    else:
+                        kept.append(leaf)
+                layouts[e].trees.append((spec, kept))
+    return layouts, output
+
+
+def _to_meta(value: Any) -> Any:
+    return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
+
+
+def meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose parameters and buffers live on the meta device (no memory)."""
+    clone = copy.deepcopy(gm)
+    return clone.to("meta")
+
+
+def flatten_values(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors of a list of values, in pytree order (what goes on the wire)."""
+    out: list[torch.Tensor] = []
+    for v in values:
+        out.extend(t for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor))
+    return out
+
+
+def unflatten_values(layout: EdgeLayout, tensors: list[torch.Tensor]) -> list[Any]:
+    """Inverse of :func:`flatten_values` for one edge."""
+    it = iter(tensors)
+    values = []
+    for spec, kept in layout.trees:
+        leaves = [next(it) if leaf is _SLOT else leaf for leaf in kept]
+        values.append(pytree.tree_unflatten(leaves, spec))
+    return values

@@ -1,0 +1,92 @@
+"""Runs a function on N local CPU ranks (Gloo over a FileStore), for tests and examples.
+
+Every rank is a fresh spawned process with ``torch.set_num_threads(1)``; results travel back
+through ``torch.save`` files, errors as (type name, message, traceback). Every wait has a
+deadline and leftover processes are killed, so a hung pipeline cannot hang the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+__all__ = ["RankResult", "run_ranks"]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    ok: bool
+    value: Any = None
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    seconds: float = 0.0  # from the rank's start to its result
+
+
+def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., Any], args: tuple, q: Any) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        value = fn(rank, world, *args)
+        torch.save(value, os.path.join(out_dir, f"rank{rank}.pt"))
+        q.put((rank, True, "", "", "", time.monotonic() - start))
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        q.put((rank, False, type(exc).__name__, str(exc), traceback.format_exc(), time.monotonic() - start))
+    finally:
+        q.close()
+        q.join_thread()
+        os._exit(0)  # never wait for a broken process group to shut down
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0) -> list[RankResult]:
+    """Calls ``fn(rank, world, *args)`` on ``world`` spawned ranks; one result per rank (a rank
+    that neither returned nor raised within ``timeout`` seconds reports ``TimeoutError``)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="graphpipe-ranks-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(r, world, store, tmp, fn, args, q), daemon=True)
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, RankResult] = {}
+        deadline = time.monotonic() + timeout
+        while len(results) < world and time.monotonic() < deadline:
+            try:
+                rank, ok, etype, msg, tb, secs = q.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            except queue_mod.Empty:
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
+            value = None
+            if ok:
+                value = torch.load(os.path.join(tmp, f"rank{rank}.pt"), weights_only=False)
+            results[rank] = RankResult(rank, ok, value, etype, msg, tb, secs)
+        for p in procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for r in range(world):
+            if r not in results:
+                code = procs[r].exitcode
+                results[r] = RankResult(
+                    r, False, error_type="TimeoutError" if code is None or code < 0 else "Died",
+                    message=f"rank {r} gave no result (exit code {code})",
+                )
+        q.close()
+        return [results[r] for r in range(world)]
