@@ -29,10 +29,15 @@ struct Stage {
   std::vector<int> devices;          // ranks that run this stage (one for now)
   double forward_seconds = 0.0;      // predicted, one micro-batch
   double backward_seconds = 0.0;     // predicted, one micro-batch
+  // Predicted transfer time of one micro-batch charged to this stage: one transfer (latency +
+  // bytes / bandwidth) per operator edge entering or leaving the stage. Not part of
+  // forward/backward_seconds, which are compute only; the stage's time is the sum of the three.
+  double transfer_seconds = 0.0;
   double param_bytes = 0.0;          // parameters held by the stage
   double activation_bytes = 0.0;     // activations stashed for one micro-batch
   int in_flight = 1;                 // micro-batches whose activations are held at peak
   double memory_bytes = 0.0;         // predicted peak: weights, grads, optimizer, activations
+  double static_bytes = 0.0;         // of which weights, grads, optimizer state and buffers
 };
 
 struct StageEdge {
@@ -52,8 +57,14 @@ struct Plan {
   int num_devices = 0;
   std::vector<Stage> stages;
   std::vector<StageEdge> edges;
-  double bottleneck_seconds_per_sample = 0.0;  // slowest stage's (fwd + bwd) / micro_batch_size
+  // slowest stage's (forward + backward + transfer) / micro_batch_size
+  double bottleneck_seconds_per_sample = 0.0;
   int depth = 0;                        // stages on the longest path of the stage graph
+  // (num_micro_batches + depth - 1) x the slowest stage's time per micro-batch: the 1F1B
+  // estimate of one training step that the partitioners use to choose the micro-batch size.
+  double predicted_iteration_seconds = 0.0;
+  double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under
+  std::string optimizer;                // "sgd", "momentum" or "adam": sets the memory figures
 };
 
 }  // namespace graphpipe::partition

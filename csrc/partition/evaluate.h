@@ -1,0 +1,48 @@
+// Evaluation of a node -> stage assignment on a Problem: the stage graph, whether it is
+// acyclic, and every stage's predicted time and memory. It is the single place where stage
+// figures are computed; plan building, refinement checks and the exhaustive reference in the
+// tests all go through it, so partitioners are judged by one ruler.
+//
+// An assignment maps every operator to a label 0..K-1, every label used. When the quotient
+// (stage) graph is acyclic, each stage is convex (a path leaving and re-entering a stage would
+// be a cycle of the stage graph), and the stages are renumbered in a topological order of the
+// stage graph (ties: the stage whose first operator comes first in the operator order), so
+// that `stage_of` matches Plan's numbering. O(V + E + K log K).
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "partition/problem.h"
+
+namespace graphpipe::partition {
+
+struct StageFigures {
+  double forward = 0.0, backward = 0.0, transfer = 0.0;
+  double static_bytes = 0.0;
+  double activation_bytes = 0.0;  // one micro-batch, received tensors included
+  int in_flight = 1;
+  double memory = 0.0;
+  double time() const { return forward + backward + transfer; }
+};
+
+struct Evaluation {
+  bool acyclic = false;
+  std::vector<int> cycle;              // labels of a stage cycle (input labels) when not acyclic
+  int num_stages = 0;
+  std::vector<int> stage_of;           // node -> stage, renumbered topologically (when acyclic)
+  std::vector<StageFigures> stages;    // by renumbered stage
+  std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
+  int depth = 0;
+  double bottleneck = 0.0;             // slowest stage time per micro-batch
+  double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
+  int worst_memory_stage = -1;         // the stage with that overflow
+  bool fits() const { return max_overflow <= 0.0; }
+  // (num_micro_batches + depth - 1) x bottleneck
+  double iteration_seconds(const Problem& problem) const;
+};
+
+// Throws PlanningError when labels are out of range or a label is unused.
+Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment);
+
+}  // namespace graphpipe::partition

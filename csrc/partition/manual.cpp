@@ -1,0 +1,79 @@
+#include "partition/manual.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace graphpipe::partition {
+
+namespace {
+
+bool covers(const std::string& prefix, const graph::Node& node) {
+  if (prefix.empty()) return true;
+  if (node.name == prefix || node.module == prefix) return true;
+  return node.module.size() > prefix.size() && node.module.compare(0, prefix.size(), prefix) == 0 &&
+         node.module[prefix.size()] == '.';
+}
+
+}  // namespace
+
+std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping& mapping, int num_devices) {
+  if (mapping.empty()) {
+    throw PlanningError("the manual partitioner needs a mapping from module names to stages");
+  }
+  int stages = 0;
+  for (const auto& [prefix, stage] : mapping) {
+    if (stage < 0 || stage >= num_devices) {
+      throw PlanningError("manual mapping sends '" + prefix + "' to stage " + std::to_string(stage) +
+                          ", outside 0.." + std::to_string(num_devices - 1) + " for " +
+                          std::to_string(num_devices) + " devices");
+    }
+    stages = std::max(stages, stage + 1);
+  }
+  const int n = static_cast<int>(g.num_nodes());
+  std::vector<int> assignment(n, -1);
+  std::vector<std::string> unmapped;
+  for (int v = 0; v < n; ++v) {
+    const graph::Node& node = g.node(v);
+    std::size_t best_length = 0;
+    for (const auto& [prefix, stage] : mapping) {
+      if (covers(prefix, node) && (assignment[v] < 0 || prefix.size() > best_length)) {
+        assignment[v] = stage;
+        best_length = prefix.size();
+      }
+    }
+  }
+  for (graph::NodeId v : g.topological_order()) {
+    if (assignment[v] >= 0) continue;
+    if (g.node(v).op == "input") {
+      int stage = -1;
+      for (graph::NodeId w : g.successors(v)) {
+        if (assignment[w] >= 0 && (stage < 0 || assignment[w] < stage)) stage = assignment[w];
+      }
+      if (stage >= 0) {
+        assignment[v] = stage;
+        continue;
+      }
+    }
+    unmapped.push_back(graph::describe(g, v) + (g.node(v).module.empty() ? "" : " in module '" + g.node(v).module + "'"));
+  }
+  if (!unmapped.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < unmapped.size() && i < 5; ++i) names += (i ? "; " : "") + unmapped[i];
+    if (unmapped.size() > 5) names += "; ...";
+    throw PlanningError("manual mapping leaves " + std::to_string(unmapped.size()) +
+                        " operators without a stage: " + names +
+                        " (add a rule for their module, or \"\" for everything else)");
+  }
+  std::vector<int> size(stages, 0);
+  for (int s : assignment) ++size[s];
+  for (int s = 0; s < stages; ++s) {
+    if (!size[s]) {
+      throw PlanningError("manual mapping names stages 0.." + std::to_string(stages - 1) +
+                          " but stage " + std::to_string(s) + " receives no operator");
+    }
+  }
+  return assignment;
+}
+
+}  // namespace graphpipe::partition

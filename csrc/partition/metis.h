@@ -1,0 +1,26 @@
+// The METIS partitioner: k-way partitioning of the operator graph's undirected view, then
+// repair into convex stages with an acyclic stage graph (partition/repair.h); boundary
+// refinement on the cost model (partition/refine.h) is applied by the caller per micro-batch.
+//
+// METIS 5.1 input: every operator edge stored in both directions; edge weight = bytes per
+// micro-batch in KiB (at least 1; scaled down together if their sum would overflow 32-bit
+// METIS integers); two vertex constraints (ncon = 2): compute time and memory (static bytes +
+// one micro-batch of activations), each scaled so that it sums to about 1e6, at least 1 per
+// operator; imbalance tolerances 5% on compute and 50% on memory. METIS's seed is fixed, so
+// the same input gives the same parts. Guards for METIS 5.1's faults: k = 1 is answered without
+// calling METIS (it crashes), k is capped at the operator count, and empty parts are dropped.
+// A METIS failure (return code) is a PlanningError. Cost: METIS's O((V + E) log k), then O(V + E).
+#pragma once
+
+#include <vector>
+
+#include "partition/problem.h"
+
+namespace graphpipe::partition {
+
+// Raw METIS parts 0..k-1 (possibly cyclic, possibly with unused labels).
+std::vector<int> metis_parts(const Problem& problem, int k, int seed = 0);
+// Parts repaired to an acyclic stage graph and split back up to min(k, V) stages.
+std::vector<int> metis_assignment(const Problem& problem, int k, int seed = 0);
+
+}  // namespace graphpipe::partition

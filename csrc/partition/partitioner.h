@@ -1,0 +1,62 @@
+// partition(): the front door of csrc/partition. Given an OpGraph, the devices and Options, it
+// runs one partitioner for every candidate micro-batch size and returns the best Plan.
+//
+// Partitioners (all judged by the same cost model, memory limit and micro-batch freedom):
+//   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h), then
+//                boundary refinement (refine.h). A graph that is not series-parallel, and a
+//                micro-batch size at which no layout of the DP's family fits in memory, fall
+//                back to the better of two refined starts: METIS's layout and the sequential
+//                DP's chain (logged at info level; the plan's partitioner then reads
+//                "graphpipe(fallback)").
+//   "metis"      METIS k-way with k = stages (metis.h), repaired to an acyclic stage graph,
+//                then refined per micro-batch size. METIS runs once, at the middle candidate
+//                micro-batch size.
+//   "sequential" contiguous cuts of one topological order (sequential.h): a chain.
+//   "manual"     the user's mapping (manual.h).
+// Micro-batch size: the given one, or the one derived from num_micro_batches, or else every power
+// of two dividing the mini-batch; for each the partitioner's plan is evaluated and the plan with
+// the least predicted step time (num_micro_batches + depth - 1) x slowest stage wins (ties:
+// lower bottleneck, then smaller micro-batch).
+//
+// Errors (PlanningError unless said): an empty graph; a cyclic graph (GraphError naming the
+// cycle); zero devices; more devices than operators (a stage needs at least one operator and
+// data parallelism inside a stage is not supported yet); a bad batch / micro-batch combination;
+// an unknown partitioner or optimizer; a model that does not fit, with the stage, its need,
+// the limit and the excess.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cost/cost_model.h"
+#include "cost/devices.h"
+#include "cost/in_flight.h"
+#include "graph/op_graph.h"
+#include "partition/manual.h"
+#include "partition/plan.h"
+
+namespace graphpipe::partition {
+
+struct Options {
+  std::string partitioner = "graphpipe";
+  std::int64_t batch_size = 0;          // 0: the graph's trace_batch_size
+  std::int64_t micro_batch_size = 0;    // 0: chosen (or from num_micro_batches)
+  std::int64_t num_micro_batches = 0;   // 0: chosen
+  double memory_limit = 0.0;            // bytes per device; 0: Devices::memory_bytes
+  cost::Optimizer optimizer = cost::Optimizer::adam;
+  ManualMapping manual;                 // for "manual"
+  int max_stages = 0;                   // 0: one per device
+  double tolerance = 1e-3;              // graphpipe's binary search, relative
+  int seed = 0;                         // METIS seed
+  bool refine = true;                   // boundary refinement for graphpipe and metis
+  cost::InFlightRule in_flight;         // empty: 1F1B depth rule
+};
+
+Plan partition(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+
+// The names accepted in Options::partitioner.
+std::vector<std::string> partitioner_names();
+
+}  // namespace graphpipe::partition

@@ -1,0 +1,91 @@
+#include "partition/plan_build.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/error.h"
+#include "partition/plan_io.h"
+
+namespace graphpipe::partition {
+
+namespace {
+
+std::string label_operators(const graph::OpGraph& g, const std::vector<int>& assignment, int label) {
+  std::string names;
+  int shown = 0;
+  for (std::size_t v = 0; v < assignment.size(); ++v) {
+    if (assignment[v] != label) continue;
+    if (shown == 3) {
+      names += ", ...";
+      break;
+    }
+    names += (shown++ ? ", " : "") + g.node(static_cast<graph::NodeId>(v)).name;
+  }
+  return "{" + names + "}";
+}
+
+}  // namespace
+
+Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner) {
+  const graph::OpGraph& g = *p.graph;
+  Evaluation ev = evaluate(p, assignment);
+  if (!ev.acyclic) {
+    std::string text;
+    for (int label : ev.cycle) text += label_operators(g, assignment, label) + " -> ";
+    text += label_operators(g, assignment, ev.cycle.front());
+    throw PlanningError(partitioner + " produced stages whose dependencies form a cycle: " + text);
+  }
+  if (ev.num_stages > p.model->devices().count) {
+    throw PlanningError(partitioner + " produced " + std::to_string(ev.num_stages) +
+                        " stages for " + std::to_string(p.model->devices().count) + " devices");
+  }
+  Plan plan;
+  plan.partitioner = partitioner;
+  plan.graph_fingerprint = g.fingerprint();
+  plan.num_graph_nodes = static_cast<std::int64_t>(g.num_nodes());
+  plan.batch_size = p.batch_size;
+  plan.micro_batch_size = p.micro_batch_size;
+  plan.num_micro_batches = p.num_micro_batches;
+  plan.num_devices = p.model->devices().count;
+  plan.memory_limit_bytes = p.memory_limit;
+  plan.optimizer = cost::to_string(p.model->optimizer());
+  plan.stages.resize(ev.num_stages);
+  for (int s = 0; s < ev.num_stages; ++s) {
+    Stage& st = plan.stages[s];
+    const StageFigures& f = ev.stages[s];
+    st.id = s;
+    st.devices = {s};
+    st.forward_seconds = f.forward;
+    st.backward_seconds = f.backward;
+    st.transfer_seconds = f.transfer;
+    st.static_bytes = f.static_bytes;
+    st.activation_bytes = f.activation_bytes;
+    st.in_flight = f.in_flight;
+    st.memory_bytes = f.memory;
+  }
+  for (graph::NodeId v : p.order) plan.stages[ev.stage_of[v]].nodes.push_back(v);
+  for (Stage& st : plan.stages) {
+    double params = 0.0;
+    for (graph::NodeId v : st.nodes) params += static_cast<double>(g.node(v).param_bytes);
+    st.param_bytes = params;
+  }
+  std::map<std::pair<int, int>, StageEdge> edges;
+  for (std::size_t e = 0; e < g.num_edges(); ++e) {
+    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
+    int a = ev.stage_of[edge.src], b = ev.stage_of[edge.dst];
+    if (a == b) continue;
+    StageEdge& se = edges[{a, b}];
+    se.src = a;
+    se.dst = b;
+    se.edges.push_back(static_cast<graph::EdgeId>(e));
+    se.bytes += p.edge_bytes[e];
+  }
+  for (auto& [key, se] : edges) plan.edges.push_back(std::move(se));
+  plan.depth = ev.depth;
+  plan.bottleneck_seconds_per_sample = ev.bottleneck / static_cast<double>(p.micro_batch_size);
+  plan.predicted_iteration_seconds = ev.iteration_seconds(p);
+  validate_plan(plan, g);
+  return plan;
+}
+
+}  // namespace graphpipe::partition

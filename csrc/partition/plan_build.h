@@ -1,0 +1,22 @@
+// Plan building: the one function every partitioner ends with. From a node -> stage label
+// assignment it renumbers stages topologically, collects each stage's operators (in operator
+// topological order), stage edges with the operator edges they carry, predicted times and
+// memory (partition/evaluate.h), depth and bottleneck, places stage s on device s, and checks
+// the result with validate_plan. O(V + E + S log S).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "partition/evaluate.h"
+#include "partition/plan.h"
+#include "partition/problem.h"
+
+namespace graphpipe::partition {
+
+// Throws PlanningError when the stage graph of the assignment has a cycle (naming the stages
+// by their operators) or when the assignment uses more stages than devices.
+Plan build_plan(const Problem& problem, const std::vector<int>& assignment,
+                const std::string& partitioner);
+
+}  // namespace graphpipe::partition

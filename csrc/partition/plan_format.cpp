@@ -1,0 +1,86 @@
+#include "partition/plan_format.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace graphpipe::partition {
+
+namespace {
+
+std::string format(const char* pattern, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, pattern, value);
+  return buffer;
+}
+
+// 1.5 GiB, 12.0 MiB, 300 B: the unit that keeps the number readable.
+std::string bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) {
+    b /= 1024.0;
+    ++u;
+  }
+  return format(u ? "%.1f " : "%.0f ", b) + units[u];
+}
+
+std::string millis(double seconds) { return format("%.3f", seconds * 1e3); }
+
+std::string pad(std::string text, std::size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text;
+}
+
+std::string render(const Plan& plan, const graph::OpGraph* g) {
+  std::ostringstream out;
+  out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on "
+      << plan.num_devices << " devices, depth " << plan.depth << ", mini-batch "
+      << plan.batch_size << " = " << plan.num_micro_batches << " x " << plan.micro_batch_size
+      << ", optimizer " << plan.optimizer << "\n";
+  out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3)
+      << " ms/sample, predicted step " << format("%.4g", plan.predicted_iteration_seconds * 1e3)
+      << " ms, memory limit " << bytes(plan.memory_limit_bytes) << "\n";
+  out << "  " << pad("stage", 6) << pad("dev", 5) << pad("ops", 6) << pad("fwd ms", 10)
+      << pad("bwd ms", 10) << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11)
+      << pad("inflt", 6) << pad("memory", 11) << pad("next", 10) << (g ? "operators" : "") << "\n";
+  for (const Stage& st : plan.stages) {
+    std::string devices;
+    for (std::size_t i = 0; i < st.devices.size(); ++i) {
+      if (i) devices += ',';
+      devices += std::to_string(st.devices[i]);
+    }
+    std::string next;
+    for (const StageEdge& e : plan.edges) {
+      if (e.src != st.id) continue;
+      if (!next.empty()) next += ',';
+      next += std::to_string(e.dst);
+    }
+    if (next.empty()) next = "-";
+    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, 5)
+        << pad(std::to_string(st.nodes.size()), 6) << pad(millis(st.forward_seconds), 10)
+        << pad(millis(st.backward_seconds), 10) << pad(millis(st.transfer_seconds), 10)
+        << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
+        << pad(std::to_string(st.in_flight), 6) << pad(bytes(st.memory_bytes), 11) << pad(next, 10);
+    if (g && !st.nodes.empty()) {
+      out << g->node(st.nodes.front()).name;
+      if (st.nodes.size() > 1) out << " .. " << g->node(st.nodes.back()).name;
+    }
+    out << "\n";
+  }
+  if (!plan.edges.empty()) {
+    out << "  stage edges:";
+    for (const StageEdge& e : plan.edges) {
+      out << " " << e.src << "->" << e.dst << " (" << e.edges.size() << " tensors, "
+          << bytes(e.bytes) << ")";
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace
+
+std::string to_string(const Plan& plan, const graph::OpGraph& graph) { return render(plan, &graph); }
+std::string to_string(const Plan& plan) { return render(plan, nullptr); }
+
+}  // namespace graphpipe::partition

@@ -1,0 +1,18 @@
+// A Plan as a readable table: a header line (partitioner, stages, devices, depth, micro-batches,
+// bottleneck, predicted step), one row per stage (devices, operators with the first and last
+// names, forward / backward / transfer per micro-batch, parameters, activations, in-flight,
+// peak memory against the limit, successor stages), then the stage edges with their bytes.
+#pragma once
+
+#include <string>
+
+#include "graph/op_graph.h"
+#include "partition/plan.h"
+
+namespace graphpipe::partition {
+
+std::string to_string(const Plan& plan, const graph::OpGraph& graph);
+// The same without operator names (for a plan printed without its graph).
+std::string to_string(const Plan& plan);
+
+}  // namespace graphpipe::partition

@@ -1,0 +1,72 @@
+#include "partition/problem.h"
+
+#include <numeric>
+
+#include "common/error.h"
+
+namespace graphpipe::partition {
+
+double Problem::total_compute() const { return std::accumulate(compute.begin(), compute.end(), 0.0); }
+
+Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
+                     std::int64_t micro_batch_size, int max_stages, double memory_limit,
+                     cost::InFlightRule in_flight) {
+  if (micro_batch_size < 1 || batch_size % micro_batch_size != 0) {
+    throw PlanningError("micro-batch size " + std::to_string(micro_batch_size) +
+                        " does not divide the mini-batch of " + std::to_string(batch_size));
+  }
+  const graph::OpGraph& g = model.graph();
+  Problem p;
+  p.graph = &g;
+  p.model = &model;
+  p.batch_size = batch_size;
+  p.micro_batch_size = micro_batch_size;
+  p.num_micro_batches = batch_size / micro_batch_size;
+  p.max_stages = max_stages;
+  p.memory_limit = memory_limit;
+  p.in_flight = in_flight ? std::move(in_flight) : cost::InFlightRule(cost::in_flight_1f1b);
+  p.order = g.topological_order();
+  const std::size_t n = g.num_nodes();
+  p.position.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) p.position[p.order[i]] = static_cast<int>(i);
+  p.forward.resize(n);
+  p.backward.resize(n);
+  p.compute.resize(n);
+  p.static_bytes.resize(n);
+  p.act_bytes.resize(n);
+  for (std::size_t v = 0; v < n; ++v) {
+    auto id = static_cast<graph::NodeId>(v);
+    p.forward[v] = model.forward_seconds(id, micro_batch_size);
+    p.backward[v] = model.backward_seconds(id, micro_batch_size);
+    p.compute[v] = p.forward[v] + p.backward[v];
+    p.static_bytes[v] = model.static_bytes(id);
+    p.act_bytes[v] = model.activation_bytes(id, micro_batch_size);
+  }
+  p.edge_seconds.resize(g.num_edges());
+  p.edge_bytes.resize(g.num_edges());
+  for (std::size_t e = 0; e < g.num_edges(); ++e) {
+    p.edge_bytes[e] = g.edge(static_cast<graph::EdgeId>(e)).bytes * static_cast<double>(micro_batch_size);
+    p.edge_seconds[e] = model.transfer_seconds(p.edge_bytes[e]);
+  }
+  return p;
+}
+
+std::vector<std::int64_t> micro_batch_candidates(std::int64_t batch_size, std::int64_t fixed) {
+  if (batch_size < 1) {
+    throw PlanningError("the mini-batch size must be at least 1, found " + std::to_string(batch_size));
+  }
+  if (fixed != 0) {
+    if (fixed < 1 || batch_size % fixed != 0) {
+      throw PlanningError("micro-batch size " + std::to_string(fixed) +
+                          " does not divide the mini-batch of " + std::to_string(batch_size));
+    }
+    return {fixed};
+  }
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t b = 1; b <= batch_size; b *= 2) {
+    if (batch_size % b == 0) sizes.push_back(b);
+  }
+  return sizes;
+}
+
+}  // namespace graphpipe::partition

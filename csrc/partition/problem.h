@@ -1,0 +1,54 @@
+// Problem: one partitioning question at one micro-batch size, with every per-operator and
+// per-edge figure of the cost model computed once, so that partitioners and the evaluator read
+// arrays instead of calling the cost model in their inner loops.
+//
+// Quantities are per micro-batch of `micro_batch_size` samples. A stage's time is
+//   sum of compute[v] over its operators + sum of edge_seconds[e] over operator edges with
+//   exactly one end in the stage
+// (each tensor crossing a stage boundary is one transfer, charged at both ends: the sender
+// waits for it in forward, the receiver in backward); its memory is
+//   sum static_bytes[v] + (sum act_bytes[v] + sum edge_bytes[e] of edges entering it) x in-flight
+// (received activations are stashed for the backward like the stage's own outputs).
+// Building a Problem is O(V + E + V log P) for profiles of length P.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cost/cost_model.h"
+#include "cost/in_flight.h"
+#include "graph/op_graph.h"
+
+namespace graphpipe::partition {
+
+struct Problem {
+  const graph::OpGraph* graph = nullptr;
+  const cost::CostModel* model = nullptr;
+  std::int64_t batch_size = 0;
+  std::int64_t micro_batch_size = 0;
+  std::int64_t num_micro_batches = 0;
+  int max_stages = 1;            // at most one stage per device
+  double memory_limit = 0.0;     // bytes per device
+  cost::InFlightRule in_flight;  // in-flight micro-batches per stage (cost/in_flight.h)
+
+  std::vector<graph::NodeId> order;  // topological order of the operators
+  std::vector<int> position;         // position[v] = index of v in order
+  std::vector<double> forward, backward, compute;  // compute = forward + backward
+  std::vector<double> static_bytes;  // weights + grads + optimizer state + buffers
+  std::vector<double> act_bytes;     // output activations, one micro-batch
+  std::vector<double> edge_seconds;  // one transfer of the edge's tensor
+  std::vector<double> edge_bytes;    // bytes of the edge's tensor, one micro-batch
+
+  std::size_t num_nodes() const { return order.size(); }
+  double total_compute() const;
+};
+
+Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
+                     std::int64_t micro_batch_size, int max_stages, double memory_limit,
+                     cost::InFlightRule in_flight);
+
+// Micro-batch sizes a partitioner may choose: the powers of two that divide the mini-batch
+// (1, 2, 4, ...), as in the paper. A fixed size gives just itself (checked to divide it).
+std::vector<std::int64_t> micro_batch_candidates(std::int64_t batch_size, std::int64_t fixed = 0);
+
+}  // namespace graphpipe::partition

@@ -1,0 +1,129 @@
+// Plan JSON round trip, validation against the graph it is applied to (another model, a
+// tampered file: each problem named), and the readable table.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "cost/presets.h"
+#include "partition/partitioner.h"
+#include "partition/plan_format.h"
+#include "partition/plan_io.h"
+#include "test_partition_graphs.h"
+
+namespace gp = graphpipe;
+namespace pt = graphpipe::partition;
+namespace tst = graphpipe::testing;
+
+namespace {
+
+struct Fixture {
+  gp::graph::OpGraph g = tst::random_sp_graph(7, 24);
+  pt::Plan plan;
+  Fixture() {
+    pt::Options o;
+    o.batch_size = 16;
+    plan = pt::partition(g, gp::cost::v100(4), o);
+  }
+};
+
+void expect_format_error(const nlohmann::json& doc, const gp::graph::OpGraph& g, const std::string& needle) {
+  try {
+    pt::loads_plan(doc.dump(), g);
+    FAIL() << "accepted a plan that should fail with: " << needle;
+  } catch (const gp::FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(PartitionPlanIo, JsonRoundTrip) {
+  Fixture f;
+  std::string text = pt::dumps(f.plan, f.g, 2);
+  pt::Plan back = pt::loads_plan(text, f.g);
+  EXPECT_EQ(pt::dumps(back, f.g, 2), text);
+  EXPECT_EQ(back.stages.size(), f.plan.stages.size());
+  EXPECT_EQ(back.depth, f.plan.depth);
+  EXPECT_EQ(back.micro_batch_size, f.plan.micro_batch_size);
+  auto doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc["format"], "graphpipe.plan");
+  EXPECT_EQ(doc["schema_version"], pt::kPlanSchemaVersion);
+}
+
+TEST(PartitionPlanIo, SaveAndLoadFile) {
+  Fixture f;
+  std::string path = ::testing::TempDir() + "/plan_io_test.json";
+  pt::save(f.plan, f.g, path);
+  EXPECT_EQ(pt::dumps(pt::load_plan(path, f.g), f.g), pt::dumps(f.plan, f.g));
+  EXPECT_THROW(pt::load_plan(path + ".missing", f.g), gp::FormatError);
+}
+
+TEST(PartitionPlanIo, RejectsPlanForAnotherGraph) {
+  Fixture f;
+  auto other = tst::random_sp_graph(8, 24);
+  try {
+    pt::loads_plan(pt::dumps(f.plan, f.g), other);
+    FAIL();
+  } catch (const gp::FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("made for another graph"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PartitionPlanIo, RejectsTamperedFiles) {
+  Fixture f;
+  ASSERT_GE(f.plan.stages.size(), 2u);
+  const nlohmann::json good = pt::to_json(f.plan, f.g);
+  auto doc = good;
+  doc["num_graph_nodes"] = 3;
+  expect_format_error(doc, f.g, "$.num_graph_nodes");
+  doc = good;
+  doc["stages"][0]["nodes"].erase(doc["stages"][0]["nodes"].size() - 1);
+  expect_format_error(doc, f.g, "is in no stage");
+  doc = good;
+  doc["stages"][1]["nodes"].push_back(doc["stages"][0]["nodes"][0]);
+  expect_format_error(doc, f.g, "is in both stage 0 and stage 1");
+  doc = good;
+  doc["stages"][0]["nodes"][0] = "no_such_operator";
+  expect_format_error(doc, f.g, "no operator named 'no_such_operator'");
+  doc = good;
+  std::swap(doc["stages"][0], doc["stages"][1]);
+  expect_format_error(doc, f.g, "stage ids must be 0..S-1");
+  doc = good;
+  // Move the last operator of stage 0 (one that feeds later stages) to the last stage.
+  auto last = doc["stages"].size() - 1;
+  doc["stages"][last]["nodes"].insert(doc["stages"][last]["nodes"].begin(), doc["stages"][0]["nodes"][0]);
+  doc["stages"][0]["nodes"].erase(0);
+  expect_format_error(doc, f.g, "back to");
+  doc = good;
+  doc["stages"][1]["devices"] = {0};
+  expect_format_error(doc, f.g, "device 0 is given to two stages");
+  doc = good;
+  doc["micro_batch_size"] = 3;
+  expect_format_error(doc, f.g, "micro-batches do not make up the mini-batch");
+  doc = good;
+  doc["depth"] = 99;
+  expect_format_error(doc, f.g, "says depth 99");
+  doc = good;
+  doc["edges"].erase(0);
+  expect_format_error(doc, f.g, "stage edges");
+  doc = good;
+  doc["schema_version"] = 2;
+  expect_format_error(doc, f.g, "$.schema_version");
+  doc = good;
+  doc["stages"][0].erase("memory_bytes");
+  expect_format_error(doc, f.g, "$.stages[0]: missing field 'memory_bytes'");
+}
+
+TEST(PartitionPlanIo, ReadableTable) {
+  Fixture f;
+  std::string text = pt::to_string(f.plan, f.g);
+  EXPECT_NE(text.find("Plan (graphpipe)"), std::string::npos) << text;
+  EXPECT_NE(text.find("depth " + std::to_string(f.plan.depth)), std::string::npos) << text;
+  EXPECT_NE(text.find("stage edges:"), std::string::npos) << text;
+  EXPECT_NE(text.find(f.g.node(f.plan.stages[0].nodes.front()).name), std::string::npos) << text;
+  // one row per stage
+  std::size_t rows = 0;
+  for (std::size_t at = text.find("\n  0 "); at != std::string::npos; at = text.find("\n", at + 1)) ++rows;
+  EXPECT_GE(rows, f.plan.stages.size());
+}
