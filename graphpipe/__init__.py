@@ -48,3 +48,7 @@ __all__ = [
     "set_log_level",
     "trace",
 ]
+
+from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap  # noqa: E402
+
+__all__ += ["PeerError", "PipelineTimeout", "TransferMismatch", "wrap"]

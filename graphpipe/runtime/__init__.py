@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from graphpipe._ext import _C
 from graphpipe.runtime.microbatch import merge, split
 from graphpipe.runtime.pipeline import DEFAULT_TIMEOUT, Pipeline, wrap
 from graphpipe.runtime.plan import manual_plan, resolve_plan
 from graphpipe.runtime.stages import build_stages
 
+#: A peer rank died or failed during a transfer (the message names the peer, instruction, edge).
+PeerError = _C.PeerError
+#: A transfer did not complete within the timeout (a PeerError); the process group is unusable.
+PipelineTimeout = _C.PipelineTimeout
+#: A stage produced tensors that differ from what its stage edge declares.
+TransferMismatch = _C.TransferMismatch
+
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "PeerError",
+    "PipelineTimeout",
+    "TransferMismatch",
     "Pipeline",
     "build_stages",
     "manual_plan",

@@ -1,0 +1,128 @@
+"""Runtime on hand-made graph plans (no partitioner needed) and the Pipeline API.
+
+Hand plans put the model's branches on stages 0..W-2 (round robin) and the join and head on the
+last stage, or cut the sequential Transformer's blocks into W chains: fork-join stage DAGs with
+several tensors per edge, edges that skip stages and stages with several producers/consumers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from graphpipe.runtime.testing import run_ranks
+from test_runtime_gold import MICRO_BATCHES, LR, make_model, reference
+
+BRANCH_CONTAINERS = ("branches", "dense", "sparse")
+
+
+def hand_plan(model: torch.nn.Module, example: tuple, world: int) -> dict[str, Any]:
+    from graphpipe.runtime import manual_plan
+    from graphpipe.trace import trace_module
+
+    graph = trace_module(model, example).graph
+    assignment = {}
+    for i in range(graph.num_nodes):
+        node = graph.node(i)
+        parts = node.module.split(".")
+        if parts[0] in BRANCH_CONTAINERS and len(parts) > 1:
+            assignment[node.name] = int(parts[1]) % (world - 1)
+        elif parts[0] == "blocks" and len(parts) > 1:
+            assignment[node.name] = min(int(parts[1]) * world // 8, world - 1)
+        elif parts[0]:
+            assignment[node.name] = world - 1
+    return manual_plan(graph, assignment, MICRO_BATCHES)
+
+
+def train_hand(name: str, schedule: str, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model(name)
+    pipe = graphpipe.wrap(model, example, default_loss(name), plan=hand_plan(model, example, world),
+                          schedule=schedule, timeout=60)
+    opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)
+    losses = []
+    for inputs, targets in batches:
+        opt.zero_grad()
+        losses.append(pipe.step(inputs, targets))
+        opt.step()
+    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in pipe.named_parameters()}}
+
+
+HAND_CASES = [("mmt", "1f1b"), ("dlrm", "fill_drain"), ("candle_uno", "1f1b"), ("transformer", "1f1b_greedy")]
+
+
+def _hand_worker(rank: int, world: int) -> dict[str, Any]:
+    return {name: train_hand(name, schedule, world) for name, schedule in HAND_CASES}
+
+
+@pytest.fixture(scope="module")
+def hand_results() -> list[Any]:
+    return run_ranks(_hand_worker, 3, timeout=300)
+
+
+@pytest.mark.parametrize("name", [n for n, _ in HAND_CASES])
+def test_hand_plan_matches_single_process(hand_results: list[Any], name: str) -> None:
+    for r in hand_results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    ref = reference(name)
+    seen: dict[str, torch.Tensor] = {}
+    for r in hand_results:
+        got = r.value[name]
+        torch.testing.assert_close(got["losses"], ref["losses"])
+        for k, v in got["params"].items():
+            assert k not in seen
+            seen[k] = v
+    assert set(seen) == set(ref["params"])
+    for k, v in seen.items():
+        torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _api_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.errors import InputError
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+    full = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = model(*batches[0][0]).detach()
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"),
+                          plan=hand_plan(model, example, world), timeout=30)
+    out: dict[str, Any] = {"stage": pipe.stage}
+    out["eval"] = pipe.eval_forward(batches[0][0])
+    out["expected_eval"] = expected
+    try:
+        pipe.step(tuple(t[:7] for t in batches[0][0]), batches[0][1][:7])
+        out["indivisible"] = "no error"
+    except InputError as exc:
+        out["indivisible"] = str(exc)
+    out["shard_keys"] = sorted(pipe.state_dict())
+    out["full_keys"] = list(pipe.full_state_dict())
+    out["model_keys"] = list(full)
+    out["full_equal"] = all(torch.equal(full[k], v) for k, v in pipe.full_state_dict().items())
+    pipe.step(*batches[0], record=True)
+    out["timings"] = [(t.token, t.start, t.end) for t in pipe.last_timings]
+    # a second batch size (other micro-batch size) re-propagates the shapes
+    loss = pipe.step(tuple(t[:4] for t in batches[1][0]), batches[1][1][:4])
+    out["small_batch_loss"] = loss
+    return out
+
+
+def test_pipeline_api() -> None:
+    results = run_ranks(_api_worker, 3, timeout=180)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    values = [r.value for r in results]
+    for v in values:
+        torch.testing.assert_close(v["eval"], v["expected_eval"])
+        assert "does not divide into 4 micro-batches" in v["indivisible"]
+        assert v["full_keys"] == v["model_keys"]
+        assert v["full_equal"]
+        assert v["timings"] and all(end >= start for _, start, end in v["timings"])
+        assert {tok[-3:] for tok, _, _ in v["timings"]} >= {"OPT"}
+    shard_keys = [k for v in values for k in v["shard_keys"]]
+    assert sorted(shard_keys) == sorted(values[0]["model_keys"])  # each entry on exactly one rank
+    assert len({float(v["small_batch_loss"]) for v in values}) == 1
