@@ -85,7 +85,7 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
     ]
     order = {n.name: i for i, n in enumerate(nodes)}
     getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}
-    param_stage: dict[str, int] = {}
+    param_stage: dict[int, tuple[int, str]] = {}
     for n in compute:
         s = node_stage[n.name]
         stages[s].operators.append(n.name)
@@ -111,20 +111,16 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                     stages[s].in_values[e].append(a.name)
                     stages[p].out_values[e].append(a.name)
         if n.op == "call_module":
-            for pname, _ in gm.get_submodule(str(n.target)).named_parameters():
-                full = f"{n.target}.{pname}"
-                if param_stage.setdefault(full, s) != s:
-                    raise PlanningError(
-                        f"parameter {full!r} is used by stages {param_stage[full]} and {s}; parameters "
-                        "shared across stages are not supported: put their users in one stage"
-                    )
+            for pname, p in gm.get_submodule(str(n.target)).named_parameters(remove_duplicate=False):
+                _claim(param_stage, p, f"{n.target}.{pname}", s)
     for s, names in getattrs.items():
-        for name in names:
-            if param_stage.setdefault(name, s) != s:
-                raise PlanningError(
-                    f"parameter {name!r} is read by stages {param_stage[name]} and {s}; parameters "
-                    "shared across stages are not supported: put their users in one stage"
-                )
+        for n in nodes:
+            if n.name in names:
+                value = gm
+                for atom in str(n.target).split("."):
+                    value = getattr(value, atom)
+                if isinstance(value, torch.nn.Parameter):
+                    _claim(param_stage, value, str(n.target), s)
     for st in stages:
         st.placeholders.sort(key=order.__getitem__)
         for values in (*st.in_values.values(), *st.out_values.values()):
@@ -141,6 +137,15 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
     for st in stages:
         st.module = _stage_module(gm, st, nodes, getattrs[st.index], edges, output_node)
     return StageGraph(stages=stages, edges=edges, placeholders=placeholders, output_stage=out_stage)
+
+
+def _claim(owner: dict[int, tuple[int, str]], p: torch.Tensor, name: str, stage: int) -> None:
+    first = owner.setdefault(id(p), (stage, name))
+    if first[0] != stage:
+        raise PlanningError(
+            f"parameter {first[1]!r} (also {name!r}) is used by stages {first[0]} and {stage}; "
+            "parameters shared across stages are not supported: put their users in one stage"
+        )
 
 
 def _stage_module(

@@ -84,9 +84,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
         for r in range(world):
             if r not in results:
                 code = procs[r].exitcode
-                results[r] = RankResult(
-                    r, False, error_type="TimeoutError" if code is None or code < 0 else "Died",
-                    message=f"rank {r} gave no result (exit code {code})",
-                )
+                kind = "TimeoutError" if code is None else ("Killed" if code < 0 else "Died")
+                results[r] = RankResult(r, False, error_type=kind, message=f"rank {r} gave no result (exit code {code})")
         q.close()
         return [results[r] for r in range(world)]
