@@ -6,6 +6,8 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_errors(m);
   graphpipe::bindings::bind_log(m);
   graphpipe::bindings::bind_graph(m);
+  graphpipe::bindings::bind_cost(m);
+  graphpipe::bindings::bind_partition(m);
   graphpipe::bindings::bind_schedule(m);
   graphpipe::bindings::bind_sim(m);
   graphpipe::bindings::bind_runtime(m);

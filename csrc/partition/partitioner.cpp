@@ -186,6 +186,18 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
       auto dp = graphpipe_assignment(problem, sp->tree, o.tolerance);
       if (dp) {
         assignment = o.refine ? refine(problem, std::move(*dp)) : std::move(*dp);
+        // The DP's family cannot cut across parallel branches; when fewer devices than
+        // branches-plus-rest make a chain through the branches better, the refined chain wins.
+        std::vector<int> chain = sequential_assignment(problem);
+        if (!chain.empty()) {
+          if (o.refine) chain = refine(problem, std::move(chain));
+          Evaluation a = evaluate(problem, assignment), c = evaluate(problem, chain);
+          bool chain_better = c.fits() && (!a.fits() || c.iteration_seconds(problem) < a.iteration_seconds(problem) * (1.0 - 1e-9));
+          if (chain_better) {
+            assignment = std::move(chain);
+            used = "graphpipe(chain)";
+          }
+        }
       } else {
         if (metis_starts.empty()) make_metis_starts(problem);
         assignment = fallback(problem, metis_starts);

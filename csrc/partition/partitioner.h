@@ -3,7 +3,10 @@
 //
 // Partitioners (all judged by the same cost model, memory limit and micro-batch freedom):
 //   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h), then
-//                boundary refinement (refine.h). A graph that is not series-parallel, and a
+//                boundary refinement (refine.h). The DP's stages never cut across parallel
+//                branches, so the refined sequential chain is evaluated too and replaces the
+//                DP's plan when its predicted step is shorter (the plan's partitioner then
+//                reads "graphpipe(chain)"; refinement may have turned the chain into a DAG). A graph that is not series-parallel, and a
 //                micro-batch size at which no layout of the DP's family fits in memory, fall
 //                back to the better of two refined starts: METIS's layout and the sequential
 //                DP's chain (logged at info level; the plan's partitioner then reads

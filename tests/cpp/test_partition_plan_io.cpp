@@ -118,7 +118,7 @@ TEST(PartitionPlanIo, RejectsTamperedFiles) {
 TEST(PartitionPlanIo, ReadableTable) {
   Fixture f;
   std::string text = pt::to_string(f.plan, f.g);
-  EXPECT_NE(text.find("Plan (graphpipe)"), std::string::npos) << text;
+  EXPECT_NE(text.find("Plan (" + f.plan.partitioner + ")"), std::string::npos) << text;
   EXPECT_NE(text.find("depth " + std::to_string(f.plan.depth)), std::string::npos) << text;
   EXPECT_NE(text.find("stage edges:"), std::string::npos) << text;
   EXPECT_NE(text.find(f.g.node(f.plan.stages[0].nodes.front()).name), std::string::npos) << text;

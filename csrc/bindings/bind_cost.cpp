@@ -1,0 +1,80 @@
+// Python view of csrc/cost: Devices (presets, JSON), CostModel, the 1F1B in-flight rule.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "cost/cost_model.h"
+#include "cost/devices.h"
+#include "cost/devices_json.h"
+#include "cost/in_flight.h"
+#include "cost/presets.h"
+
+namespace py = pybind11;
+
+namespace graphpipe::bindings {
+
+using cost::CostModel;
+using cost::Devices;
+
+void bind_cost(py::module_& m) {
+  py::class_<Devices>(m, "Devices", "Devices a plan runs on (see cost/devices.h and cost/presets.h).")
+      .def(py::init<>())
+      .def_readwrite("name", &Devices::name)
+      .def_readwrite("count", &Devices::count)
+      .def_readwrite("memory_bytes", &Devices::memory_bytes)
+      .def_readwrite("flops_per_second", &Devices::flops_per_second)
+      .def_readwrite("memory_bandwidth", &Devices::memory_bandwidth)
+      .def_readwrite("op_overhead_seconds", &Devices::op_overhead_seconds)
+      .def_readwrite("relative_speed", &Devices::relative_speed)
+      .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
+      .def_readwrite("link_latency", &Devices::link_latency)
+      .def("transfer_seconds", &Devices::transfer_seconds, py::arg("src"), py::arg("dst"), py::arg("bytes"))
+      .def("slowest_link_bandwidth", &Devices::slowest_link_bandwidth)
+      .def("slowest_link_latency", &Devices::slowest_link_latency)
+      .def("validate", &Devices::validate)
+      .def(
+          "set_node_links",
+          [](Devices& d, int per_node, double intra_bw, double intra_lat, double inter_bw, double inter_lat) {
+            cost::set_node_links(d, per_node, intra_bw, intra_lat, inter_bw, inter_lat);
+          },
+          py::arg("per_node"), py::arg("intra_bandwidth"), py::arg("intra_latency"), py::arg("inter_bandwidth"),
+          py::arg("inter_latency"))
+      .def_static("v100", &cost::v100, py::arg("count"), py::arg("per_node") = 4,
+                  "V100-class GPUs, documented constants (16 GiB, NVLink 2 / EDR InfiniBand).")
+      .def_static("h100", &cost::h100, py::arg("count"), py::arg("per_node") = 8,
+                  "H100-class GPUs, documented constants (80 GiB, NVLink 4 / NDR InfiniBand).")
+      .def_static("cpu_rank", &cost::cpu_rank, py::arg("count"), py::arg("measure") = true,
+                  "CPU ranks on one host; measure=False gives the documented constants.")
+      .def_static("preset", &cost::preset, py::arg("name"), py::arg("count"))
+      .def("to_json", [](const Devices& d, int indent) { return cost::dumps(d, indent); }, py::arg("indent") = -1)
+      .def_static("from_json", &cost::loads_devices, py::arg("text"))
+      .def("save", [](const Devices& d, const std::string& path) { cost::save(d, path); }, py::arg("path"))
+      .def_static("load", &cost::load_devices, py::arg("path"))
+      .def("__repr__", [](const Devices& d) {
+        return "<Devices " + d.name + " x" + std::to_string(d.count) + ", " +
+               std::to_string(static_cast<long long>(d.memory_bytes / (1024.0 * 1024.0 * 1024.0))) + " GiB each>";
+      });
+
+  py::class_<CostModel>(m, "CostModel", "Predicted operator times and memory (see cost/cost_model.h).")
+      .def(py::init([](const graph::OpGraph& g, const Devices& d, const std::string& optimizer) {
+             return CostModel(g, d, cost::parse_optimizer(optimizer));
+           }),
+           py::arg("graph"), py::arg("devices"), py::arg("optimizer") = "adam", py::keep_alive<1, 2>())
+      .def_property_readonly("devices", &CostModel::devices)
+      .def_property_readonly("optimizer", [](const CostModel& c) { return cost::to_string(c.optimizer()); })
+      .def("forward_seconds", &CostModel::forward_seconds, py::arg("node"), py::arg("micro_batch"))
+      .def("backward_seconds", &CostModel::backward_seconds, py::arg("node"), py::arg("micro_batch"))
+      .def("compute_seconds", &CostModel::compute_seconds, py::arg("node"), py::arg("micro_batch"))
+      .def("is_profiled", &CostModel::is_profiled, py::arg("node"))
+      .def("transfer_seconds", py::overload_cast<double>(&CostModel::transfer_seconds, py::const_), py::arg("bytes"))
+      .def("static_bytes", &CostModel::static_bytes, py::arg("node"))
+      .def("activation_bytes", &CostModel::activation_bytes, py::arg("node"), py::arg("micro_batch"));
+
+  m.def("optimizer_state_factor",
+        [](const std::string& name) { return cost::optimizer_state_factor(cost::parse_optimizer(name)); },
+        py::arg("optimizer"));
+  m.def("in_flight_1f1b", &cost::in_flight_1f1b, py::arg("num_stages"), py::arg("edges"),
+        py::arg("num_micro_batches"), "1F1B depth rule: stages on the longest path to a sink, capped.");
+}
+
+}  // namespace graphpipe::bindings
