@@ -1,0 +1,337 @@
+"""Baseline: PyTorch's own ``torch.distributed.pipelining`` (Schedule1F1B / ScheduleGPipe).
+
+This is the peer a user would pick today. It pipelines a *chain* of stages: stage i receives
+only from stage i-1. A multi-branch model is therefore cut along one topological order (the
+cut points of graphpipe's ``sequential`` plan), and every tensor that skips over a stage is
+forwarded through the stages in between, exactly as DESIGN.md §1 describes for chain pipelines.
+All model inputs enter at stage 0 and the loss is computed on the last stage.
+
+``chain_stage_modules`` builds the per-stage modules from a traced ``fx.GraphModule`` and a
+node -> stage labelling (``torch.fx.passes.split_module`` does the cutting); ``train_rank`` runs
+training iterations on one rank of an initialised Gloo/NCCL process group.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.split_module import split_module
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward returns a contiguous gradient.
+
+    Gloo's point-to-point needs contiguous tensors, and the gradient of a stage input can be a
+    strided view (the gradient of one slice of a concatenation); torch.distributed.pipelining
+    sends such gradients as they are, so the stage makes them contiguous itself.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return grad.contiguous()
+
+
+def _contiguous_grad(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        return _ContiguousGrad.apply(value)
+    return value
+
+
+# torch.distributed.pipelining (2.13) corrupts integer tensors at stage boundaries (pytorch
+# issue #183024: its receive path treats every activation as differentiable). Integer tensors
+# (DLRM's embedding indices) therefore cross stages as float64, exact below 2**53, and turn
+# back into int64 on arrival; the models here use no float64 of their own.
+_CARRIER = torch.float64
+
+
+def _to_carrier(value: torch.Tensor) -> torch.Tensor:
+    return value.to(_CARRIER) if not value.is_floating_point() else value
+
+
+def _from_carrier(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype == _CARRIER:
+        return value.detach().long()
+    return value
+
+
+class ChainStage(nn.Module):
+    """One stage of a chain: runs its slice of the split graph and forwards skip tensors.
+
+    ``forward(*live_in)`` takes the values alive at the stage's entry (in ``live_in`` order) and
+    returns the values alive at its exit (``live_out`` order), or the model output for the last
+    stage.
+    """
+
+    def __init__(
+        self,
+        body: nn.Module,
+        nodes: list[fx.Node],
+        live_in: list[str],
+        live_out: list[str],
+        output: Any,
+        varargs: bool = False,
+        constants: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self._varargs = varargs
+        self._constants = constants or {}
+        self.body = body
+        self._nodes = [(n.name, n.op, n.target, n.args) for n in nodes]
+        self._live_in = live_in
+        self._live_out = live_out
+        self._output = output  # fx argument structure of the model output (last stage only)
+
+    def forward(self, *values: torch.Tensor) -> Any:
+        values = tuple(_contiguous_grad(_from_carrier(v)) for v in values)
+        if self._varargs:
+            # Stage 0 of a model with forward(*inputs): the inputs arrive as one tuple.
+            env = {self._live_in[0]: tuple(values)}
+        else:
+            env = dict(zip(self._live_in, values))
+
+        def load(arg: Any) -> Any:
+            return fx.node.map_arg(arg, lambda n: env[n.name])
+
+        for name, op, target, args in self._nodes:
+            if op == "get_attr":
+                env[name] = self._constants[name]
+            elif op == "call_module":
+                env[name] = self.body(*load(args))
+            elif op == "call_function" and target is operator.getitem:
+                env[name] = operator.getitem(*load(args))
+            else:  # pragma: no cover - split_module emits only these at the top level
+                raise RuntimeError(f"unexpected top-level node {name} ({op})")
+        if self._output is not None:
+            return load(self._output)
+        # Point-to-point sends need contiguous tensors (views such as transposes are not). A
+        # tensor forwarded unchanged is cloned: pipelining mishandles an output that is the very
+        # tensor object it received (integer index tensors arrived as garbage otherwise).
+        received = {id(v) for v in values}
+        return tuple(
+            _to_carrier(env[n].clone() if id(env[n]) in received else env[n].contiguous())
+            for n in self._live_out
+        )
+
+
+def chain_stage_modules(
+    gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int
+) -> list[ChainStage]:
+    """Cuts ``gm`` into ``num_stages`` chain stages given each operator node's stage.
+
+    ``stage_of`` maps fx node names (the OpGraph node names) to stage indices; the labelling
+    must be monotone along the graph's edges (a chain plan is).
+    """
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_function", "call_method"):
+            if node.name not in stage_of:
+                raise ValueError(f"node {node.name} has no stage")
+            for arg in node.all_input_nodes:
+                if arg.name in stage_of and stage_of[arg.name] > stage_of[node.name]:
+                    raise ValueError(f"labelling is not a chain: {arg.name} -> {node.name} goes backwards")
+    # get_attr nodes go with their first user. Elements taken out of a varargs input (the
+    # `*inputs` tuple) are taken on stage 0: only tensors, not the tuple, can cross stages.
+    labels: dict[str, int] = dict(stage_of)
+    varargs = {n.name for n in gm.graph.nodes if n.op == "placeholder" and str(n.target).startswith("*")}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            labels[node.name] = min(labels[u.name] for u in node.users if u.name in labels)
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0].name in varargs:
+            labels[node.name] = 0
+    split = split_module(gm, gm, lambda n: labels[n.name], keep_original_order=True)
+
+    top = list(split.graph.nodes)
+    placeholders = [n.name for n in top if n.op == "placeholder"]
+    output_node = next(n for n in top if n.op == "output")
+    owner: dict[str, int] = {}
+    bodies: dict[int, nn.Module] = {}
+    for n in top:
+        if n.op == "call_module":
+            owner[n.name] = int(str(n.target).split("_")[-1])
+            bodies[owner[n.name]] = split.get_submodule(str(n.target))
+        elif n.op == "call_function" and n.target is operator.getitem:
+            owner[n.name] = owner[n.args[0].name]
+    # Constants left at the top level by split_module live on the stage of their first user.
+    constants: dict[int, dict[str, Any]] = {}
+    for n in top:
+        if n.op == "get_attr":
+            owner[n.name] = min(owner[u.name] for u in n.users)
+            value: Any = split
+            for atom in str(n.target).split("."):
+                value = getattr(value, atom)
+            constants.setdefault(owner[n.name], {})[n.name] = value
+    stage_nodes: list[list[fx.Node]] = [[] for _ in range(num_stages)]
+    for n in top:
+        if n.name in owner:
+            stage_nodes[owner[n.name]].append(n)
+    missing = [i for i in range(num_stages) if i not in bodies]
+    if missing:
+        raise ValueError(f"stages {missing} have no operators")
+
+    def defined_before(name: str, stage: int) -> bool:
+        return name in placeholders or owner.get(name, num_stages) < stage
+
+    def used_from(name: str, stage: int) -> bool:
+        node = next(n for n in top if n.name == name)
+        return any(
+            (u.op == "output") or (u.name in owner and owner[u.name] >= stage) for u in node.users
+        )
+
+    live: list[list[str]] = []
+    for stage in range(num_stages + 1):
+        live.append(
+            [n.name for n in top if n.op != "output" and defined_before(n.name, stage) and used_from(n.name, stage)]
+        )
+    live[0] = placeholders
+    stages = []
+    for i in range(num_stages):
+        last = i == num_stages - 1
+        stages.append(
+            ChainStage(
+                bodies[i], stage_nodes[i], live[i], live[i + 1], output_node.args[0] if last else None,
+                varargs=(i == 0 and bool(varargs)), constants=constants.get(i),
+            )
+        )
+    return stages
+
+
+def train_rank(
+    stage_module: nn.Module,
+    rank: int,
+    world: int,
+    batches: Sequence[tuple[tuple[torch.Tensor, ...], torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    micro_batches: int,
+    schedule: str = "1f1b",
+    lr: float = 0.01,
+    device: torch.device | None = None,
+) -> tuple[list[float], list[float]]:
+    """Trains this rank's stage on ``batches``; returns (losses, seconds) per iteration.
+
+    Losses are known on the last rank only (others return NaN), as in torch's API.
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    device = device or torch.device("cpu")
+    stage = PipelineStage(stage_module, rank, world, device)
+    kind = {"1f1b": Schedule1F1B, "fill_drain": ScheduleGPipe, "gpipe": ScheduleGPipe}[schedule]
+    sched = kind(stage, micro_batches, loss_fn=loss_fn)
+    params = [p for p in stage_module.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=lr) if params else None
+    losses, seconds = [], []
+    for inputs, target in batches:
+        if optimizer:
+            optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        start = time.perf_counter()
+        step_losses: list[torch.Tensor] = []
+        if rank == 0 and world == 1:
+            sched.step(*inputs, target=target, losses=step_losses)
+        elif rank == 0:
+            sched.step(*inputs)
+        elif rank == world - 1:
+            sched.step(target=target, losses=step_losses)
+        else:
+            sched.step()
+        if optimizer:
+            optimizer.step()
+        dist.barrier()
+        seconds.append(time.perf_counter() - start)
+        losses.append(float(torch.stack(step_losses).mean()) if step_losses else float("nan"))
+    return losses, seconds
+
+
+def balanced_chain_labels(graph: Any, num_stages: int) -> dict[str, int]:
+    """A chain labelling by forward FLOPs along the topological order (for self-checks only;
+    benchmarks use the cut points of graphpipe's ``sequential`` plan)."""
+    order = graph.topological_order()
+    weights = [graph.node(i).forward_flops + 1.0 for i in order]
+    total, acc, labels = sum(weights), 0.0, {}
+    for node_id, weight in zip(order, weights):
+        labels[graph.node(node_id).name] = min(num_stages - 1, int(acc * num_stages / total))
+        acc += weight
+    return labels
+
+
+def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: str,
+                  micro_batches: int, steps: int, out_path: str) -> None:
+    import json
+
+    from graphpipe.models import default_loss
+    from graphpipe.trace import trace_module
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        model, inputs, batches = _check_setup(spec, steps)
+        traced = trace_module(model, inputs)
+        stages = chain_stage_modules(traced.module, balanced_chain_labels(traced.graph, world), world)
+        losses, _ = train_rank(stages[rank], rank, world, batches, default_loss(spec), micro_batches, schedule)
+        if rank == world - 1:
+            with open(out_path, "w") as f:
+                json.dump(losses, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_setup(spec: str, steps: int) -> tuple[nn.Module, tuple, list]:
+    from graphpipe.models import build_model
+
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    generator = torch.Generator().manual_seed(1)
+    batch = inputs[0].shape[0]
+    batches = [(model.example_inputs(batch, generator), model.example_targets(batch, generator)) for _ in range(steps)]
+    return model, inputs, batches
+
+
+def main() -> None:
+    """Self-check: N ranks of torch.distributed.pipelining vs single-process training (losses)."""
+    import argparse
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from graphpipe.models import default_loss
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("model", help="model spec, e.g. dlrm or mmt:branches=2")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "fill_drain"])
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+
+    model, _, batches = _check_setup(args.model, args.steps)
+    loss_fn = default_loss(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    reference = []
+    for inputs, target in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(model(*inputs), target)
+        loss.backward()
+        optimizer.step()
+        reference.append(float(loss))
+    with tempfile.TemporaryDirectory() as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "losses.json")
+        mp.spawn(_check_worker, nprocs=args.world, join=True,
+                 args=(args.world, store, args.model, args.schedule, args.micro_batches, args.steps, out))
+        with open(out) as f:
+            pipelined = json.load(f)
+    print(json.dumps({"reference": reference, "pipelined": pipelined}))
+
+
+if __name__ == "__main__":
+    main()
