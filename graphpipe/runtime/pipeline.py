@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from graphpipe._ext import _C
-from graphpipe.errors import InputError
+from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import microbatch
-from graphpipe.runtime.plan import resolve_plan, stage_devices
+from graphpipe.runtime.plan import partition_plan, resolve_plan, stage_devices
 from graphpipe.runtime.stages import (
     StageGraph,
     build_stages,
@@ -54,6 +54,7 @@ class Pipeline:
         micro_batches: int | None = None,
         plan: Any = None,
         timeout: float = DEFAULT_TIMEOUT,
+        devices: Any = None,
         leaf_modules: Any = (),
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -69,6 +70,8 @@ class Pipeline:
         args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
         traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
         self.graph = traced.graph
+        if plan is None:
+            plan = self._partition_on_rank0(partitioner, micro_batches, devices)
         self.plan = resolve_plan(plan, traced.graph, self.world_size, partitioner, micro_batches)
         self.num_micro_batches = int(self.plan["num_micro_batches"])
         self.schedule_kind = schedule
@@ -112,6 +115,21 @@ class Pipeline:
                 "graphpipe.wrap was called with different plans, models or schedules on different "
                 "ranks; every rank must pass the same model, example inputs and options"
             )
+
+    def _partition_on_rank0(self, partitioner: str, micro_batches: int | None, devices: Any) -> dict[str, Any]:
+        """Rank 0 partitions and broadcasts the plan, so every rank runs the same one (and a
+        planning error reaches every rank instead of leaving the others waiting)."""
+        box: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                box[0] = ("ok", partition_plan(self.graph, self.world_size, partitioner, micro_batches, devices))
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+                box[0] = ("error", f"{type(exc).__name__}: {exc}")
+        dist.broadcast_object_list(box, src=self._global(0), group=self.group)
+        status, value = box[0]
+        if status != "ok":
+            raise PlanningError(f"partitioning on rank 0 failed: {value}")
+        return value
 
     # ---- parameters and modes ------------------------------------------------------------
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
@@ -239,6 +257,19 @@ class Pipeline:
         if self.group is dist.distributed_c10d._get_default_group():
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+    def measured_tasks(self, gather: bool = True) -> list[dict[str, Any]]:
+        """The last ``step(..., record=True)`` as graphpipe.viz task dicts: this rank's, or
+        (``gather=True``, a collective) every rank's merged, on every rank."""
+        from graphpipe.runtime.measure import tasks_from_timings
+
+        ranks = [devs[0] for devs in stage_devices(self.plan)]
+        local = tasks_from_timings(self.last_timings, self.rank, self.edges, ranks)
+        if not gather:
+            return local
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, local, group=self.group)
+        return [t for tasks in everyone for t in (tasks or [])]
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import Any
 from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
 
-__all__ = ["resolve_plan", "manual_plan", "stage_devices"]
+__all__ = ["resolve_plan", "manual_plan", "partition_plan", "stage_devices"]
 
 
 def _to_dict(plan: Any, graph: Any) -> dict[str, Any]:
@@ -42,28 +42,26 @@ def _to_dict(plan: Any, graph: Any) -> dict[str, Any]:
     )
 
 
-def _partition(graph: Any, world_size: int, partitioner: str, micro_batches: int | None) -> Any:
+def partition_plan(
+    graph: Any, world_size: int, partitioner: str, micro_batches: int | None, devices: Any = None
+) -> dict[str, Any]:
+    """Runs a partitioner of the C++ core (graphpipe._C.partition) and returns the plan's dict.
+
+    ``devices`` defaults to ``world_size`` CPU ranks with the documented constants (not measured,
+    so that every rank that calls this gets the same plan)."""
     fn = getattr(_C, "partition", None)
     if fn is None:
         raise PlanningError(
             "this build of graphpipe has no partitioner bindings (graphpipe._C.partition); pass "
             "plan=... (a Plan, plan JSON or graphpipe.runtime.manual_plan(...)) to graphpipe.wrap"
         )
-    devices_fn = getattr(_C, "cpu_devices", None) or getattr(_C, "Devices", None)
+    if devices is None:
+        devices = _C.Devices.cpu_rank(world_size, measure=False)
     kwargs: dict[str, Any] = {"partitioner": partitioner}
     if micro_batches:
         kwargs["num_micro_batches"] = int(micro_batches)
-    devices = _devices(world_size, devices_fn)
-    return fn(graph, devices, **kwargs)
-
-
-def _devices(world_size: int, devices_fn: Any) -> Any:
-    preset = getattr(_C, "preset_devices", None) or getattr(_C, "devices_preset", None)
-    if preset is not None:
-        return preset("cpu", world_size)
-    if devices_fn is not None:
-        return devices_fn(world_size)
-    raise PlanningError("this build of graphpipe cannot describe devices for the partitioner")
+    plan = fn(graph, devices, **kwargs)
+    return _to_dict(plan, graph)
 
 
 def resolve_plan(
@@ -71,7 +69,7 @@ def resolve_plan(
 ) -> dict[str, Any]:
     """The plan as a dict: stages (nodes by name, devices), edges (src, dst), micro-batching."""
     if plan is None:
-        plan = _partition(graph, world_size, partitioner, micro_batches)
+        plan = partition_plan(graph, world_size, partitioner, micro_batches)
     d = _to_dict(plan, graph)
     for key in ("stages", "edges", "num_micro_batches"):
         if key not in d:

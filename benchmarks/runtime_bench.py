@@ -1,0 +1,119 @@
+"""Runtime benchmark (not a test): samples per second of the graphpipe plan and of the sequential
+plan on CPU ranks over Gloo, for MMT, DLRM and CANDLE-Uno, their ratio, and the measured vs the
+simulated iteration time.
+
+    python benchmarks/runtime_bench.py [--world 2] [--models mmt,dlrm,candle_uno] [--steps 6]
+
+Each (model, partitioner) runs in a fresh set of spawned ranks (torch.set_num_threads(1) each):
+the plan is made once in this process (devices: measured CPU ranks), handed to every rank, and
+``warmup`` + ``steps`` iterations are timed (a barrier before each; the median is reported). The
+simulated time is graphpipe's simulator on the same plan and 1F1B schedule with the operators
+profiled on this machine. Results go to results/runtime_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+
+def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int, schedule: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    batch = inputs[0].shape[0]
+    targets = model.example_targets(batch)
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=json.loads(plan_json), schedule=schedule)
+    params = list(pipe.parameters())
+    opt = torch.optim.SGD(params, lr=0.01) if params else None
+    times = []
+    for k in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        if opt:
+            opt.zero_grad()
+        pipe.step(inputs, targets, record=(k == warmup + steps - 1))
+        if opt:
+            opt.step()
+        times.append(time.perf_counter() - start)
+    tasks = pipe.measured_tasks()
+    return {"seconds": statistics.median(times[warmup:]), "batch": batch, "tasks": tasks}
+
+
+def main() -> None:
+    import graphpipe
+    from graphpipe._ext import _C
+    from graphpipe.models import build_model
+    from graphpipe.runtime.measure import stage_report
+    from graphpipe.runtime.testing import run_ranks
+    from graphpipe.trace import trace_module
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--models", default="mmt,dlrm,candle_uno")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--out", default="results/runtime_bench.json")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    devices = _C.Devices.cpu_rank(args.world)
+    rows = []
+    for name in args.models.split(","):
+        spec = f"{name}:batch={args.batch}"
+        model, inputs = build_model(spec)
+        traced = trace_module(model, inputs)
+        graphpipe.profile(traced.graph, model, inputs, batch_sizes=(args.batch // args.micro_batches,), repeats=3)
+        per_plan = {}
+        for partitioner in ("graphpipe", "sequential"):
+            plan = _C.partition(traced.graph, devices, partitioner=partitioner, num_micro_batches=args.micro_batches)
+            schedule = _C.Schedule.generate(plan, args.schedule)
+            sim = _C.simulate(plan, schedule, devices)
+            res = run_ranks(_worker, args.world, spec, plan.to_json(traced.graph), args.steps, args.warmup,
+                            args.schedule, timeout=600)
+            bad = [r for r in res if not r.ok]
+            if bad:
+                raise SystemExit(f"{name}/{partitioner}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
+            seconds = max(r.value["seconds"] for r in res)
+            row = {
+                "model": name, "partitioner": plan.partitioner, "stages": len(plan.stages), "depth": plan.depth,
+                "micro_batches": plan.num_micro_batches, "batch": args.batch,
+                "measured_iteration_s": seconds, "samples_per_s": args.batch / seconds,
+                "simulated_iteration_s": sim.iteration_seconds,
+            }
+            per_plan[partitioner] = row
+            rows.append(row)
+            print(f"\n{name} / {plan.partitioner}: {len(plan.stages)} stages, depth {plan.depth}")
+            print(stage_report(res[0].value["tasks"], sim))
+        ratio = per_plan["graphpipe"]["samples_per_s"] / per_plan["sequential"]["samples_per_s"]
+        per_plan["graphpipe"]["speedup_vs_sequential"] = ratio
+
+    print(f"\n{'model':<11} {'plan':<26} {'stages':>6} {'depth':>5} {'samples/s':>10} {'meas s':>8} {'sim s':>8} {'ratio':>6}")
+    for r in rows:
+        ratio = f"{r['speedup_vs_sequential']:.2f}" if "speedup_vs_sequential" in r else ""
+        print(f"{r['model']:<11} {r['partitioner']:<26} {r['stages']:>6} {r['depth']:>5} {r['samples_per_s']:>10.1f} "
+              f"{r['measured_iteration_s']:>8.4f} {r['simulated_iteration_s']:>8.4f} {ratio:>6}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"world": args.world, "rows": rows}, f, indent=2)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Measured traces: a step's per-instruction timestamps as the simulator's task dicts, merged over
+ranks, and a measured-vs-predicted table per stage.
+
+Task dicts are those of graphpipe.viz (``name, kind, rank, peer, stage, micro_batch, edge, start,
+end``), so ``graphpipe.viz.chrome_trace(tasks, source="graphpipe runtime")`` draws a measurement
+exactly like a simulation. Times are seconds from the start of each rank's ``step``; ranks start
+their step within a few milliseconds of each other (they all wait on the same first transfers),
+which is the alignment error of the merged trace. A transfer is drawn on its sending rank
+(``peer`` is the receiver) over the span of the communication batch it was posted in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["tasks_from_timings", "stage_report"]
+
+_TOKEN = re.compile(r"^(\d+)(RF|SF|RB|SB|OPT|AR|F|B)(\d+)?(?:e(\d+))?$")
+_KINDS = {"F": "forward", "B": "backward", "SF": "activation", "SB": "gradient", "OPT": "optimizer"}
+
+
+def tasks_from_timings(
+    timings: list[Any], rank: int, edges: list[tuple[int, int]], stage_ranks: list[int]
+) -> list[dict[str, Any]]:
+    """Task dicts of one rank's recorded instructions (receives are folded into their sends)."""
+    tasks = []
+    for t in timings:
+        token, start, end = (t.token, t.start, t.end) if hasattr(t, "token") else t
+        m = _TOKEN.match(token)
+        if not m or m.group(2) not in _KINDS:
+            continue
+        stage, code = int(m.group(1)), m.group(2)
+        mb = int(m.group(3)) if m.group(3) else -1
+        edge = int(m.group(4)) if m.group(4) else -1
+        peer = -1
+        if code == "SF":
+            peer = stage_ranks[edges[edge][1]]
+        elif code == "SB":
+            peer = stage_ranks[edges[edge][0]]
+        names = {"F": f"F{mb} s{stage}", "B": f"B{mb} s{stage}", "SF": f"A{mb} e{edge}",
+                 "SB": f"G{mb} e{edge}", "OPT": f"OPT s{stage}"}
+        tasks.append({"name": names[code], "kind": _KINDS[code], "rank": rank, "peer": peer, "stage": stage,
+                      "micro_batch": mb, "edge": edge, "start": float(start), "end": float(end)})
+    return tasks
+
+
+def stage_report(measured: list[dict[str, Any]], predicted: Any = None) -> str:
+    """Per stage: measured forward and backward seconds (sum over micro-batches) beside the
+    prediction's (a simulation result or its task dicts), and the iteration time of each."""
+    def per_stage(tasks: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float]], float]:
+        out: dict[int, dict[str, float]] = {}
+        for t in tasks:
+            if t["kind"] in ("forward", "backward"):
+                row = out.setdefault(int(t["stage"]), {"forward": 0.0, "backward": 0.0})
+                row[t["kind"]] += t["end"] - t["start"]
+        span = max((t["end"] for t in tasks), default=0.0) - min((t["start"] for t in tasks), default=0.0)
+        return out, span
+
+    meas, meas_span = per_stage(measured)
+    pred: dict[int, dict[str, float]] = {}
+    pred_span = float("nan")
+    if predicted is not None:
+        from graphpipe.viz import tasks_of
+
+        pred, pred_span = per_stage(tasks_of(predicted))
+        pred_span = getattr(predicted, "iteration_seconds", pred_span)
+    lines = [f"{'stage':>5} | {'fwd meas':>9} {'fwd pred':>9} | {'bwd meas':>9} {'bwd pred':>9}  (seconds per iteration)"]
+    for s in sorted(set(meas) | set(pred)):
+        m = meas.get(s, {"forward": 0.0, "backward": 0.0})
+        p = pred.get(s, {"forward": float("nan"), "backward": float("nan")})
+        lines.append(f"{s:>5} | {m['forward']:9.4f} {p['forward']:9.4f} | {m['backward']:9.4f} {p['backward']:9.4f}")
+    lines.append(f"iteration: measured {meas_span:.4f} s, predicted {pred_span:.4f} s")
+    return "\n".join(lines)
