@@ -1,8 +1,9 @@
 """graphpipe: graph pipeline parallelism for multi-branch PyTorch models.
 
-The front door to the C++ core: trace a model into an operator DAG (:func:`trace`), measure its
-operators (:func:`profile`), and inspect the result. Partitioning, scheduling, simulation and the
-runtime build on the same graph.
+The front door to the C++ core. The data flows one way:
+``trace`` (model -> OpGraph) -> ``profile`` (measured operator times) -> ``plan`` (OpGraph ->
+stages forming a DAG) -> ``schedule`` / ``simulate`` (per-rank instructions, predicted
+iteration) -> ``wrap`` (train the plan on torch.distributed ranks).
 """
 
 from __future__ import annotations
@@ -14,14 +15,21 @@ from graphpipe.errors import (
     GraphpipeError,
     InputError,
     PlanningError,
+    ScheduleError,
     TraceError,
 )
-from graphpipe.profile import profile  # noqa: F401
+from graphpipe.planning import devices, plan
+from graphpipe.profile import profile
+from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap
+from graphpipe.simulation import schedule, simulate
 from graphpipe.trace import trace
 
 OpGraph = _C.OpGraph
 Node = _C.Node
 ProfileSample = _C.ProfileSample
+Plan = _C.Plan
+Devices = _C.Devices
+Schedule = _C.Schedule
 
 
 def set_log_level(level: str) -> None:
@@ -35,20 +43,28 @@ def set_log_level(level: str) -> None:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Devices",
     "FormatError",
     "GraphError",
     "GraphpipeError",
     "InputError",
     "Node",
     "OpGraph",
+    "PeerError",
+    "PipelineTimeout",
+    "Plan",
     "PlanningError",
     "ProfileSample",
+    "Schedule",
+    "ScheduleError",
     "TraceError",
+    "TransferMismatch",
+    "devices",
+    "plan",
     "profile",
+    "schedule",
     "set_log_level",
+    "simulate",
     "trace",
+    "wrap",
 ]
-
-from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap  # noqa: E402
-
-__all__ += ["PeerError", "PipelineTimeout", "TransferMismatch", "wrap"]

@@ -37,6 +37,51 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _graph_path(plan_path: str) -> str:
+    stem = plan_path[:-5] if plan_path.endswith(".json") else plan_path
+    return stem + ".graph.json"
+
+
+def _plan(args: argparse.Namespace) -> int:
+    model, inputs = models.build_model(args.model)
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.plan(
+        graph,
+        graphpipe.devices(args.devices, args.device_kind),
+        args.partitioner,
+        micro_batches=args.micro_batches,
+        memory_limit=args.memory_limit,
+        optimizer=args.optimizer,
+    )
+    print(plan.to_string(graph) if args.nodes else str(plan), end="")
+    if args.out:
+        plan.save(graph, args.out)
+        graph.save(_graph_path(args.out))
+        print(f"saved {args.out} (and its graph, {_graph_path(args.out)})")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    graph = graphpipe.OpGraph.load(args.graph or _graph_path(args.plan))
+    plan = graphpipe.Plan.load(args.plan, graph)
+    devices = graphpipe.devices(plan.num_devices, args.device_kind)
+    result = graphpipe.simulate(plan, devices, args.schedule, overlap=not args.no_overlap)
+    print(result.summary(), end="" if result.summary().endswith("\n") else "\n")
+    if args.png or args.trace or args.dag:
+        from graphpipe import viz
+
+        if args.png:
+            viz.gantt_png(result, args.png)
+            print(f"wrote {args.png}")
+        if args.dag:
+            viz.stage_dag_png(plan, args.dag)
+            print(f"wrote {args.dag}")
+        if args.trace:
+            viz.write_chrome_trace(result, args.trace)
+            print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the graphpipe command line; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m graphpipe", description=__doc__)
@@ -54,6 +99,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", type=int, nargs="+", metavar="BATCH", help="measure operators at these batch sizes"
     )
     inspect.set_defaults(run=_inspect)
+
+    plan = commands.add_parser("plan", help="cut a model into pipeline stages and print the plan")
+    plan.add_argument("model", help="model spec (see inspect)")
+    plan.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
+    plan.add_argument("--device-kind", default="cpu", help="cpu, v100, h100 or a devices .json (default cpu)")
+    plan.add_argument("--partitioner", default="graphpipe", choices=["graphpipe", "metis", "sequential"])
+    plan.add_argument("--micro-batches", type=int, help="fix the number of micro-batches")
+    plan.add_argument("--memory-limit", help="bytes per device, e.g. 16GiB (default: device memory)")
+    plan.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
+    plan.add_argument("--nodes", action="store_true", help="list each stage's operators")
+    plan.add_argument("--out", metavar="PATH", help="save the plan (and PATH.graph.json) as JSON")
+    plan.set_defaults(run=_plan)
+
+    simulate = commands.add_parser("simulate", help="simulate one training iteration of a saved plan")
+    simulate.add_argument("plan", help="plan JSON written by `plan --out`")
+    simulate.add_argument("--graph", help="its graph JSON (default: beside the plan)")
+    simulate.add_argument("--device-kind", default="cpu", help="devices the plan was made for")
+    simulate.add_argument("--schedule", default="1f1b", choices=["1f1b", "fill_drain", "1f1b_greedy"])
+    simulate.add_argument("--no-overlap", action="store_true", help="transfers block compute")
+    simulate.add_argument("--png", metavar="PATH", help="Gantt chart of ranks over time")
+    simulate.add_argument("--dag", metavar="PATH", help="drawing of the stage DAG")
+    simulate.add_argument("--trace", metavar="PATH", help="Chrome trace JSON (Perfetto)")
+    simulate.set_defaults(run=_simulate)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -1,0 +1,132 @@
+"""Front door to the C++ partitioners: ``graphpipe.plan`` and device descriptions.
+
+All the work (cost model, METIS, the series-parallel dynamic program, the sequential baseline,
+micro-batch choice, plan validation) happens in the core (csrc/cost, csrc/partition); this
+module only turns Python arguments into the core's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from graphpipe._ext import _C
+from graphpipe.errors import InputError
+from graphpipe.trace import trace
+
+__all__ = ["plan", "devices", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS"]
+
+#: Partitioner names accepted by :func:`plan`.
+PARTITIONERS = ("graphpipe", "metis", "sequential", "manual")
+#: Device kinds accepted by :func:`devices`: CPU ranks and the documented GPU presets.
+DEVICE_KINDS = ("cpu", "v100", "h100")
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_bytes(value: float | int | str) -> float:
+    """``16e9``, ``"16GiB"``, ``"512 MB"`` -> bytes (binary units: 1 GB = 2**30 bytes here)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise InputError(f"cannot read a memory size from {value!r} (examples: 16GiB, 512MB, 1e9)")
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def devices(count: int, kind: str = "cpu", *, measure: bool = False) -> Any:
+    """A device description for the cost model: ``count`` devices of ``kind``.
+
+    ``cpu`` describes CPU ranks on one host (``measure=True`` calibrates throughput on this
+    machine; the default uses documented constants so that every rank computes the same plan);
+    ``v100`` and ``h100`` are documented GPU presets with fast links inside a node and slower
+    ones across nodes. A JSON file path (``*.json``) loads a saved description.
+    """
+    if count < 1:
+        raise InputError(f"devices: count must be at least 1, got {count}")
+    if kind.endswith(".json"):
+        loaded = _C.Devices.load(kind)
+        if loaded.count != count:
+            raise InputError(f"{kind} describes {loaded.count} devices, {count} were asked for")
+        return loaded
+    if kind == "cpu":
+        return _C.Devices.cpu_rank(count, measure=measure)
+    if kind in DEVICE_KINDS:
+        return _C.Devices.preset(kind, count)
+    raise InputError(f"unknown device kind {kind!r}; choose one of {', '.join(DEVICE_KINDS)} or a .json file")
+
+
+_describe_devices = devices  # plan() takes a parameter named `devices`
+
+
+def plan(
+    model_or_graph: nn.Module | Any,
+    devices: int | Any = 2,
+    partitioner: str = "graphpipe",
+    *,
+    example_inputs: Any = None,
+    batch_size: int | None = None,
+    micro_batches: int | None = None,
+    micro_batch_size: int | None = None,
+    memory_limit: float | str | None = None,
+    optimizer: str = "adam",
+    manual: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
+    device_kind: str = "cpu",
+    seed: int = 0,
+) -> Any:
+    """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
+
+    Args:
+        model_or_graph: an ``nn.Module`` (traced with ``example_inputs``) or an ``OpGraph``.
+        devices: a device count (described by ``device_kind``) or a ``Devices`` description.
+        partitioner: ``graphpipe`` (the paper's series-parallel DP), ``metis`` (METIS + acyclic
+            repair + refinement), ``sequential`` (the chain baseline) or ``manual``.
+        batch_size: mini-batch size (default: the traced batch size).
+        micro_batches / micro_batch_size: fix the micro-batching; by default the partitioner
+            chooses the micro-batch size (powers of two dividing the batch) with the stages.
+        memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
+        optimizer: ``sgd``, ``momentum`` or ``adam`` (optimizer state counts toward memory).
+        manual: for ``partitioner="manual"``: module-name prefix -> stage.
+
+    Returns:
+        A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
+        micro-batching, the pipeline depth and the predicted bottleneck. ``print(plan)`` shows a
+        table; ``plan.save(graph, path)`` writes JSON.
+
+    Raises:
+        PlanningError: zero devices, more devices than operators, a model that does not fit in
+            memory (with the shortfall), a bad manual mapping.
+    """
+    if isinstance(model_or_graph, nn.Module):
+        if example_inputs is None:
+            raise InputError("plan(model, ...) needs example_inputs to trace the model")
+        graph = trace(model_or_graph, example_inputs)
+    elif isinstance(model_or_graph, _C.OpGraph):
+        graph = model_or_graph
+    else:
+        raise InputError(f"plan needs an nn.Module or an OpGraph, got {type(model_or_graph).__name__}")
+    if partitioner not in PARTITIONERS:
+        raise InputError(f"unknown partitioner {partitioner!r}; choose one of {', '.join(PARTITIONERS)}")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise _C.PlanningError(f"plan needs at least one device, got {devices}")
+        described = _describe_devices(devices, device_kind)
+    else:
+        described = devices
+    mapping = list(manual.items()) if isinstance(manual, Mapping) else (list(manual) if manual else None)
+    return _C.partition(
+        graph,
+        described,
+        partitioner=partitioner,
+        batch_size=batch_size or 0,
+        micro_batch_size=micro_batch_size,
+        num_micro_batches=micro_batches,
+        memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None,
+        optimizer=optimizer,
+        manual=mapping,
+        seed=seed,
+    )

@@ -1,0 +1,47 @@
+"""Front door to the C++ scheduler and simulator: ``graphpipe.schedule`` and ``graphpipe.simulate``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphpipe._ext import _C
+from graphpipe.planning import devices as make_devices
+
+__all__ = ["schedule", "simulate", "SCHEDULES"]
+
+#: Schedule kinds: GPipe's fill-drain, graph-aware 1F1B, and its greedy variant.
+SCHEDULES = ("1f1b", "fill_drain", "1f1b_greedy")
+
+
+def schedule(plan: Any, kind: str = "1f1b") -> Any:
+    """The per-rank instruction lists for ``plan`` (deadlock-free by construction; checked)."""
+    result = _C.Schedule.generate(plan, kind)
+    result.validate()
+    return result
+
+
+def simulate(
+    plan: Any,
+    devices: Any = None,
+    schedule_kind: str = "1f1b",
+    *,
+    overlap: bool = True,
+    device_kind: str = "cpu",
+) -> Any:
+    """Predicts one training iteration of ``plan`` under a schedule.
+
+    Args:
+        plan: a ``Plan`` from :func:`graphpipe.plan`.
+        devices: the ``Devices`` the plan was made for (default: ``plan.num_devices`` devices of
+            ``device_kind``). Stage times come from the plan; transfers from the devices' links.
+        schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
+        overlap: whether transfers overlap computation (own streams) or block the rank.
+
+    Returns:
+        A ``SimResult``: iteration time, throughput, per-rank busy/idle/bubble shares, peak
+        activation memory per stage, the critical path and every task (for ``graphpipe.viz``).
+    """
+    if devices is None:
+        devices = make_devices(plan.num_devices, device_kind)
+    sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
+    return _C.simulate(plan, sched, devices, overlap=overlap)

@@ -1,0 +1,124 @@
+"""graphpipe.plan / schedule / simulate front doors and the plan/simulate CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import graphpipe
+from graphpipe.models import build_model
+
+
+@pytest.fixture(scope="module")
+def uno():
+    model, inputs = build_model("candle_uno:branches=4,batch=16")
+    return model, inputs, graphpipe.trace(model, inputs)
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "metis", "sequential"])
+def test_plan_covers_every_operator_once(uno, partitioner: str) -> None:
+    _, _, graph = uno
+    plan = graphpipe.plan(graph, 4, partitioner)
+    plan.validate(graph)
+    seen = sorted(n for stage in plan.stages for n in stage.nodes)
+    assert seen == list(range(graph.num_nodes))
+    assert plan.num_stages <= 4
+    assert plan.micro_batch_size * plan.num_micro_batches == 16
+    assert plan.partitioner.startswith(partitioner)
+
+
+def test_plan_from_model_equals_plan_from_graph(uno) -> None:
+    model, inputs, graph = uno
+    a = graphpipe.plan(model, 3, "metis", example_inputs=inputs)
+    b = graphpipe.plan(graph, 3, "metis")
+    assert a.to_json(graph) == b.to_json(graph)
+
+
+def test_graph_plan_of_branches_is_not_a_chain(uno) -> None:
+    _, _, graph = uno
+    plan = graphpipe.plan(graph, 5, "graphpipe", micro_batches=4)
+    sequential = graphpipe.plan(graph, 5, "sequential", micro_batches=4)
+    assert sequential.depth == sequential.num_stages  # a chain
+    successors = {}
+    for edge in plan.edges:
+        successors.setdefault(edge.src, set()).add(edge.dst)
+    assert plan.depth < plan.num_stages, str(plan)
+    assert any(len(s) > 1 for s in successors.values()), str(plan)
+
+
+def test_schedule_and_simulation(uno) -> None:
+    _, _, graph = uno
+    plan = graphpipe.plan(graph, 4, "graphpipe", micro_batches=4)
+    sched = graphpipe.schedule(plan, "1f1b")
+    assert sched.check()
+    result = graphpipe.simulate(plan, schedule_kind=sched)
+    assert result.iteration_seconds > 0
+    assert result.samples_per_second == pytest.approx(16 / result.iteration_seconds, rel=1e-6)
+    blocking = graphpipe.simulate(plan, overlap=False)
+    assert blocking.iteration_seconds >= result.iteration_seconds - 1e-12
+
+
+def test_manual_mapping(uno) -> None:
+    _, _, graph = uno
+    mapping = {"branches.0": 0, "branches.1": 0, "branches.2": 1, "branches.3": 1, "top": 2, "out": 2}
+    with pytest.raises(graphpipe.PlanningError, match="without a stage: '_inputs'"):
+        graphpipe.plan(graph, 3, "manual", manual=mapping)
+    mapping[""] = 0  # everything else on stage 0: the root-level `cat` too, which needs stage 1
+    with pytest.raises(graphpipe.PlanningError, match="form a cycle"):
+        graphpipe.plan(graph, 3, "manual", manual=mapping)
+    plan = graphpipe.plan(graph, 2, "manual", manual={"": 0, "top": 1, "out": 1})
+    by_stage = {s.id: {graph.node(n).module for n in s.nodes} for s in plan.stages}
+    assert by_stage[1] == {"top.0", "top.1", "top.2", "top.3", "out"}
+    assert plan.depth == 2
+
+
+def test_bad_requests_get_clear_errors(uno) -> None:
+    model, inputs, graph = uno
+    with pytest.raises(graphpipe.PlanningError, match="at least one device"):
+        graphpipe.plan(graph, 0)
+    with pytest.raises(graphpipe.InputError, match="unknown partitioner"):
+        graphpipe.plan(graph, 2, "magic")
+    with pytest.raises(graphpipe.PlanningError, match="(?i)does not fit"):
+        graphpipe.plan(graph, 2, "sequential", memory_limit="1KiB")
+    with pytest.raises(graphpipe.InputError, match="example_inputs"):
+        graphpipe.plan(model, 2)
+    with pytest.raises(graphpipe.InputError, match="memory size"):
+        graphpipe.plan(graph, 2, memory_limit="lots")
+    with pytest.raises(graphpipe.GraphpipeError):
+        graphpipe.plan(graph, graph.num_nodes + 5, "sequential")
+
+
+def test_plan_file_is_checked_against_its_graph(uno, tmp_path) -> None:
+    _, _, graph = uno
+    plan = graphpipe.plan(graph, 3, "sequential")
+    path = tmp_path / "plan.json"
+    plan.save(graph, str(path))
+    assert graphpipe.Plan.load(str(path), graph).to_json(graph) == plan.to_json(graph)
+    other_model, other_inputs = build_model("candle_uno:branches=3,batch=16")
+    other = graphpipe.trace(other_model, other_inputs)
+    with pytest.raises(graphpipe.GraphpipeError, match="(?i)fingerprint|another|different"):
+        graphpipe.Plan.load(str(path), other)
+    doc = json.loads(path.read_text())
+    doc["stages"][0]["nodes"] = doc["stages"][0]["nodes"][1:]  # an operator dropped
+    path.write_text(json.dumps(doc))
+    with pytest.raises(graphpipe.GraphpipeError):
+        graphpipe.Plan.load(str(path), graph)
+
+
+def test_cli_plan_and_simulate(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    env_cwd = dict(capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    made = subprocess.run([sys.executable, "-m", "graphpipe", "plan", "dlrm:batch=16", "--devices", "3",
+                           "--partitioner", "metis", "--out", str(out)], **env_cwd)
+    assert made.returncode == 0, made.stderr
+    assert "Plan (metis)" in made.stdout
+    sim = subprocess.run([sys.executable, "-m", "graphpipe", "simulate", str(out), "--schedule", "fill_drain",
+                          "--png", "g.png", "--dag", "d.png", "--trace", "t.json"], **env_cwd)
+    assert sim.returncode == 0, sim.stderr
+    assert "samples/s" in sim.stdout and "critical path" in sim.stdout
+    assert (tmp_path / "g.png").stat().st_size > 1000
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
