@@ -62,6 +62,7 @@ void bind_partition(py::module_& m) {
       .def_readwrite("predicted_iteration_seconds", &Plan::predicted_iteration_seconds)
       .def_readwrite("memory_limit_bytes", &Plan::memory_limit_bytes)
       .def_readwrite("optimizer", &Plan::optimizer)
+      .def_readwrite("chain", &Plan::chain)
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
       .def("to_string", [](const Plan& p, const graph::OpGraph& g) { return partition::to_string(p, g); },
            py::arg("graph"), "Readable table with operator names.")

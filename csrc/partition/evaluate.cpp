@@ -132,14 +132,21 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
   }
   std::sort(ev.stage_edges.begin(), ev.stage_edges.end());
   ev.stage_edges.erase(std::unique(ev.stage_edges.begin(), ev.stage_edges.end()), ev.stage_edges.end());
+  // A chain also runs stage i before stage i + 1 where no tensor says so.
+  cost::StageEdges order_edges = ev.stage_edges;
+  if (p.chain) {
+    for (int s = 0; s + 1 < k; ++s) order_edges.push_back({s, s + 1});
+    std::sort(order_edges.begin(), order_edges.end());
+    order_edges.erase(std::unique(order_edges.begin(), order_edges.end()), order_edges.end());
+  }
   std::vector<int> longest(k, 1);
   for (int s = k - 1; s >= 0; --s) {
-    // stage_edges is sorted by src, so scan the edges out of s
-    auto it = std::lower_bound(ev.stage_edges.begin(), ev.stage_edges.end(), std::pair<int, int>{s, -1});
-    for (; it != ev.stage_edges.end() && it->first == s; ++it) longest[s] = std::max(longest[s], longest[it->second] + 1);
+    // order_edges is sorted by src, so scan the edges out of s
+    auto it = std::lower_bound(order_edges.begin(), order_edges.end(), std::pair<int, int>{s, -1});
+    for (; it != order_edges.end() && it->first == s; ++it) longest[s] = std::max(longest[s], longest[it->second] + 1);
   }
   ev.depth = k ? *std::max_element(longest.begin(), longest.end()) : 0;
-  std::vector<int> in_flight = p.in_flight(k, ev.stage_edges, p.num_micro_batches);
+  std::vector<int> in_flight = p.in_flight(k, order_edges, p.num_micro_batches);
   if (static_cast<int>(in_flight.size()) != k) {
     throw PlanningError("the in-flight rule returned " + std::to_string(in_flight.size()) +
                         " figures for " + std::to_string(k) + " stages");

@@ -95,6 +95,28 @@ void check_memory_bounds(const cost::CostModel& model, double limit, int devices
   }
 }
 
+// The candidate with the least predicted step among those that fit (the least overflow if none
+// fits), then the lower bottleneck, then the earlier one (determinism).
+std::size_t best_by_step(const Problem& problem, const std::vector<std::vector<int>>& candidates) {
+  std::size_t best = 0;
+  double best_overflow = 0.0, best_step = 0.0, best_bottleneck = 0.0;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    Evaluation ev = evaluate(problem, candidates[i]);
+    double overflow = std::max(ev.max_overflow, 0.0);
+    double step = ev.iteration_seconds(problem);
+    bool better = i == 0 || overflow < best_overflow ||
+                  (overflow == best_overflow && (step < best_step * (1.0 - 1e-12) ||
+                                                 (step <= best_step * (1.0 + 1e-12) && ev.bottleneck < best_bottleneck)));
+    if (better) {
+      best = i;
+      best_overflow = overflow;
+      best_step = step;
+      best_bottleneck = ev.bottleneck;
+    }
+  }
+  return best;
+}
+
 // Refines every start and keeps the best: fits in memory first, then the lower bottleneck,
 // then the earlier start (determinism).
 std::vector<int> best_start(const Problem& problem, const std::vector<std::vector<int>>& starts, bool refine_them) {
@@ -130,7 +152,9 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
   check_memory_bounds(model, limit, max_stages);
 
   auto problem_for = [&](std::int64_t mb) {
-    return make_problem(model, batch, mb, max_stages, limit, o.in_flight);
+    Problem problem = make_problem(model, batch, mb, max_stages, limit, o.in_flight);
+    problem.chain = o.partitioner == "sequential";
+    return problem;
   };
   std::string name = o.partitioner;
   std::optional<graph::SPDecomposition> sp;
@@ -185,19 +209,20 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
     } else {
       auto dp = graphpipe_assignment(problem, sp->tree, o.tolerance);
       if (dp) {
-        assignment = o.refine ? refine(problem, std::move(*dp)) : std::move(*dp);
-        // The DP's family cannot cut across parallel branches; when fewer devices than
-        // branches-plus-rest make a chain through the branches better, the refined chain wins.
+        // Candidates: the DP's plan, and (its stages never cut across parallel branches) the
+        // sequential chain evaluated as a graph; each as is and refined. Refinement lowers the
+        // bottleneck but may deepen the stage graph, so the predicted step decides.
         std::vector<int> chain = sequential_assignment(problem);
-        if (!chain.empty()) {
-          if (o.refine) chain = refine(problem, std::move(chain));
-          Evaluation a = evaluate(problem, assignment), c = evaluate(problem, chain);
-          bool chain_better = c.fits() && (!a.fits() || c.iteration_seconds(problem) < a.iteration_seconds(problem) * (1.0 - 1e-9));
-          if (chain_better) {
-            assignment = std::move(chain);
-            used = "graphpipe(chain)";
-          }
+        std::vector<std::vector<int>> options{*dp};
+        if (!chain.empty()) options.push_back(chain);
+        if (o.refine) {
+          options.push_back(refine(problem, *dp));
+          if (!chain.empty()) options.push_back(refine(problem, chain));
         }
+        std::size_t pick = best_by_step(problem, options);
+        bool from_chain = !chain.empty() && (pick == 1 || pick == 3);
+        assignment = std::move(options[pick]);
+        if (from_chain) used = "graphpipe(chain)";
       } else {
         if (metis_starts.empty()) make_metis_starts(problem);
         assignment = fallback(problem, metis_starts);

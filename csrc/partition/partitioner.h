@@ -4,9 +4,10 @@
 // Partitioners (all judged by the same cost model, memory limit and micro-batch freedom):
 //   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h), then
 //                boundary refinement (refine.h). The DP's stages never cut across parallel
-//                branches, so the refined sequential chain is evaluated too and replaces the
-//                DP's plan when its predicted step is shorter (the plan's partitioner then
-//                reads "graphpipe(chain)"; refinement may have turned the chain into a DAG). A graph that is not series-parallel, and a
+//                branches, so the sequential DP's cut of one topological order is evaluated
+//                too, as a graph (independent segments run in parallel): of the DP's plan and
+//                that cut, each as is and refined, the least predicted step wins (the plan's
+//                partitioner reads "graphpipe(chain)" when it came from the cut). A graph that is not series-parallel, and a
 //                micro-batch size at which no layout of the DP's family fits in memory, fall
 //                back to the better of two refined starts: METIS's layout and the sequential
 //                DP's chain (logged at info level; the plan's partitioner then reads
@@ -14,7 +15,10 @@
 //   "metis"      METIS k-way with k = stages (metis.h), repaired to an acyclic stage graph,
 //                then refined per micro-batch size. METIS runs once, at the middle candidate
 //                micro-batch size.
-//   "sequential" contiguous cuts of one topological order (sequential.h): a chain.
+//   "sequential" contiguous cuts of one topological order (sequential.h), run as a chain
+//                (Plan::chain: depth = stages, 1F1B in-flight by chain position), like
+//                PipeDream and every chain pipeline; skip tensors forwarded through the stages in
+//                between are not charged (which favours the baseline).
 //   "manual"     the user's mapping (manual.h).
 // Micro-batch size: the given one, or the one derived from num_micro_batches, or else every power
 // of two dividing the mini-batch; for each the partitioner's plan is evaluated and the plan with

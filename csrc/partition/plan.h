@@ -65,6 +65,11 @@ struct Plan {
   double predicted_iteration_seconds = 0.0;
   double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under
   std::string optimizer;                // "sgd", "momentum" or "adam": sets the memory figures
+  // The stages run as a chain in list order (the sequential baseline): stage i waits for stage
+  // i - 1 even where no operator edge joins them (skip tensors are forwarded), so depth is the
+  // stage count and in-flight counts are chain positions. `edges` still lists only the stage
+  // pairs that operator edges join.
+  bool chain = false;
 };
 
 }  // namespace graphpipe::partition

@@ -49,6 +49,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
   plan.num_devices = p.model->devices().count;
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
+  plan.chain = p.chain;
   plan.stages.resize(ev.num_stages);
   for (int s = 0; s < ev.num_stages; ++s) {
     Stage& st = plan.stages[s];

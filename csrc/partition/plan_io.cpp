@@ -127,10 +127,11 @@ void validate_plan(const Plan& plan, const graph::OpGraph& g) {
   for (auto it = expected.rbegin(); it != expected.rend(); ++it) {
     longest[it->first.first] = std::max(longest[it->first.first], longest[it->first.second] + 1);
   }
-  int depth = *std::max_element(longest.begin(), longest.end());
+  int depth = plan.chain ? num_stages : *std::max_element(longest.begin(), longest.end());
   if (plan.depth != depth) {
     throw PlanningError("the plan says depth " + std::to_string(plan.depth) +
-                        ", its stage graph's longest path has " + std::to_string(depth) + " stages");
+                        (plan.chain ? ", a chain of its stages has " : ", its stage graph's longest path has ") +
+                        std::to_string(depth) + " stages");
   }
 }
 
@@ -169,6 +170,7 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
           {"predicted_iteration_seconds", plan.predicted_iteration_seconds},
           {"memory_limit_bytes", plan.memory_limit_bytes},
           {"optimizer", plan.optimizer},
+          {"chain", plan.chain},
           {"stages", stages},
           {"edges", edges}};
 }
@@ -197,6 +199,7 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.predicted_iteration_seconds = jf::non_negative<double>(doc, "predicted_iteration_seconds", "$");
   plan.memory_limit_bytes = jf::non_negative<double>(doc, "memory_limit_bytes", "$");
   plan.optimizer = jf::get<std::string>(doc, "optimizer", "$");
+  plan.chain = jf::get<bool>(doc, "chain", "$");
   const auto& stages = jf::array(jf::field(doc, "stages", "$"), "$.stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const std::string where = "$.stages[" + std::to_string(i) + "]";

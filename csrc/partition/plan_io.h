@@ -5,7 +5,7 @@
 //    "graph_fingerprint": "...", "num_graph_nodes": 120, "batch_size": 64,
 //    "micro_batch_size": 8, "num_micro_batches": 8, "num_devices": 4, "depth": 3,
 //    "bottleneck_seconds_per_sample": ..., "predicted_iteration_seconds": ...,
-//    "memory_limit_bytes": ..., "optimizer": "adam",
+//    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
 //                "backward_seconds", "transfer_seconds", "param_bytes", "static_bytes",
 //                "activation_bytes", "in_flight", "memory_bytes"}],

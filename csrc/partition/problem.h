@@ -30,6 +30,10 @@ struct Problem {
   int max_stages = 1;            // at most one stage per device
   double memory_limit = 0.0;     // bytes per device
   cost::InFlightRule in_flight;  // in-flight micro-batches per stage (cost/in_flight.h)
+  // Stages run as a chain (the sequential baseline: every stage feeds the next, skip tensors
+  // are forwarded through the stages in between), so depth = stages and stage i of S holds
+  // min(S - i, M) micro-batches whatever the operator edges say.
+  bool chain = false;
 
   std::vector<graph::NodeId> order;  // topological order of the operators
   std::vector<int> position;         // position[v] = index of v in order

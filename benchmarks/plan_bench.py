@@ -1,0 +1,202 @@
+"""Planning benchmark: how long each partitioner takes, and what it predicts on the paper's models.
+
+Part 1 times ``_C.partition`` for every partitioner on synthetic operator graphs of 100, 1,000
+and 10,000 operators (a random series-parallel graph and a random DAG with local edges, seeded)
+onto 4 to 64 stages of V100-class devices (memory limit lifted: only planning speed counts). Part 2 plans the paper-size multi-modal Transformer,
+DLRM and CANDLE-Uno (traced on the meta device) onto 8 and 32 V100-class devices and compares
+the graph partitioners with the sequential (chain) baseline: pipeline depth, bottleneck time per
+sample, predicted step, and first-stage activation memory (activations of one micro-batch x the
+micro-batches it holds in flight).
+
+Both tables are printed; everything is written to results/plan_bench.json.
+
+    GRAPHPIPE_EXT_DIR=build/h3 python3 benchmarks/plan_bench.py [--quick] [--out results/plan_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from graphpipe._ext import _C  # noqa: E402
+
+PARTITIONERS = ("graphpipe", "metis", "sequential")
+MiB = 1024.0 * 1024.0
+
+
+def _node(rng: random.Random, index: int):
+    n = _C.Node()
+    n.name = f"n{index}"
+    n.op = "call_module"
+    n.target = "Op"
+    n.module = f"m{index}"
+    n.forward_flops = rng.uniform(0.5e9, 8e9)
+    n.param_bytes = rng.randrange(0, 5) * 1_000_000
+    n.output_bytes = rng.uniform(1e3, 2e5)
+    return n
+
+
+def series_parallel_graph(n: int, seed: int):
+    """Random two-terminal series-parallel DAG: subdivide an edge, or add a path beside it."""
+    rng = random.Random(seed)
+    edges = {(0, 1)}
+    edge_list = [(0, 1)]
+    count = 2
+    while count < n:
+        u, v = edge_list[rng.randrange(len(edge_list))]
+        w = count
+        count += 1
+        if rng.random() < 0.5:
+            edges.discard((u, v))
+        edges.update({(u, w), (w, v)})
+        edge_list = sorted(edges)
+    # ids in a topological order (longest distance from the source)
+    succ: dict[int, list[int]] = {}
+    indeg = [0] * count
+    for u, v in edges:
+        succ.setdefault(u, []).append(v)
+        indeg[v] += 1
+    order, ready = [], [0]
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for v in succ.get(u, []):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    rename = {old: new for new, old in enumerate(order)}
+    g = _C.OpGraph()
+    for i in range(count):
+        g.add_node(_node(rng, i))
+    for u, v in sorted(edges, key=lambda e: (rename[e[0]], rename[e[1]])):
+        g.add_edge(rename[u], rename[v], rng.uniform(1e3, 2e5))
+    g.trace_batch_size = 64
+    return g
+
+
+def random_dag(n: int, seed: int):
+    """Random DAG: each operator takes 1-3 inputs among the 6 before it (not series-parallel)."""
+    rng = random.Random(seed)
+    g = _C.OpGraph()
+    for i in range(n):
+        g.add_node(_node(rng, i))
+    for j in range(1, n):
+        preds = sorted({rng.randrange(max(0, j - 6), j) for _ in range(rng.randint(1, 3))})
+        for u in preds:
+            g.add_edge(u, j, rng.uniform(1e3, 2e5))
+    g.trace_batch_size = 64
+    return g
+
+
+def timing_table(quick: bool) -> list[dict]:
+    rows = []
+    sizes = (100, 1000) if quick else (100, 1000, 10000)
+    for n in sizes:
+        for kind, build in (("sp", series_parallel_graph), ("dag", random_dag)):
+            g = build(n, seed=n)
+            for stages in (4, 16, 64):
+                if stages > n:
+                    continue
+                devices = _C.Devices.v100(stages)
+                for name in PARTITIONERS:
+                    start = time.perf_counter()
+                    # 1 TB per device: this table measures planning speed, not fitting.
+                    plan = _C.partition(g, devices, partitioner=name, batch_size=64, memory_limit=1e12)
+                    seconds = time.perf_counter() - start
+                    rows.append(
+                        {
+                            "graph": kind,
+                            "nodes": n,
+                            "stages_max": stages,
+                            "partitioner": name,
+                            "plan_seconds": seconds,
+                            "result": plan.partitioner,
+                            "stages": plan.num_stages,
+                            "depth": plan.depth,
+                            "micro_batch_size": plan.micro_batch_size,
+                            "bottleneck_ms_per_sample": plan.bottleneck_seconds_per_sample * 1e3,
+                            "step_ms": plan.predicted_iteration_seconds * 1e3,
+                        }
+                    )
+                    print(
+                        f"{kind:4s} {n:6d} ops -> {stages:2d} devices  {name:10s} {seconds:8.3f} s  "
+                        f"stages {plan.num_stages:2d} depth {plan.depth:2d} mb {plan.micro_batch_size:3d} "
+                        f"bottleneck {plan.bottleneck_seconds_per_sample * 1e3:8.3f} ms/sample",
+                        flush=True,
+                    )
+    return rows
+
+
+def model_table(batch: int) -> list[dict]:
+    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphpipe", "trace.py")):
+        print("graphpipe/trace.py not found: skipping the paper-model table")
+        return []
+    from graphpipe.models import build_model
+    from graphpipe.trace import trace
+
+    rows = []
+    for model in ("mmt", "dlrm", "candle_uno"):
+        spec = f"{model}:size=paper,device=meta,batch={batch}"
+        m, x = build_model(spec)
+        g = trace(m, x)
+        widest = g.series_parallel().tree.widest_parallel()
+        for count in (8, 32):
+            devices = _C.Devices.v100(count)
+            for name in PARTITIONERS:
+                start = time.perf_counter()
+                plan = _C.partition(g, devices, partitioner=name, batch_size=batch)
+                seconds = time.perf_counter() - start
+                first = plan.stages[0]
+                rows.append(
+                    {
+                        "model": model,
+                        "operators": g.num_nodes,
+                        "branches": widest,
+                        "devices": count,
+                        "partitioner": name,
+                        "result": plan.partitioner,
+                        "stages": plan.num_stages,
+                        "depth": plan.depth,
+                        "micro_batch_size": plan.micro_batch_size,
+                        "bottleneck_ms_per_sample": plan.bottleneck_seconds_per_sample * 1e3,
+                        "step_ms": plan.predicted_iteration_seconds * 1e3,
+                        "first_stage_activation_mib": first.activation_bytes * first.in_flight / MiB,
+                        "max_memory_gib": max(s.memory_bytes for s in plan.stages) / 1024.0 / MiB,
+                        "plan_seconds": seconds,
+                    }
+                )
+    print(f"\nPaper-size models on V100-class devices, mini-batch {batch} (act0 = first-stage activations x in-flight)")
+    header = f"{'model':11s} {'dev':>3s} {'partitioner':20s} {'stages':>6s} {'depth':>5s} {'mb':>4s} {'ms/sample':>10s} {'step ms':>9s} {'act0 MiB':>9s} {'peak GiB':>8s}"
+    print(header)
+    for r in rows:
+        print(
+            f"{r['model']:11s} {r['devices']:3d} {r['result']:20s} {r['stages']:6d} {r['depth']:5d} "
+            f"{r['micro_batch_size']:4d} {r['bottleneck_ms_per_sample']:10.4f} {r['step_ms']:9.2f} "
+            f"{r['first_stage_activation_mib']:9.1f} {r['max_memory_gib']:8.2f}"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the 10,000-operator graphs")
+    parser.add_argument("--batch", type=int, default=128, help="mini-batch of the model table")
+    parser.add_argument("--out", default="results/plan_bench.json")
+    args = parser.parse_args()
+    print("Planning time on synthetic graphs (V100-class devices, mini-batch 64)")
+    timing = timing_table(args.quick)
+    models = model_table(args.batch)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"timing": timing, "models": models}, f, indent=2)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
