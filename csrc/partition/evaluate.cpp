@@ -128,7 +128,17 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
     ev.stages[a].transfer += p.edge_seconds[e];
     ev.stages[b].transfer += p.edge_seconds[e];
     ev.stages[b].activation_bytes += p.edge_bytes[e];
-    ev.stage_edges.push_back({a, b});
+    if (p.chain) {
+      // A chain relays a skip tensor through every stage in between: each receives and sends it
+      // on, and holds it for the micro-batch. The stage graph is the chain itself.
+      for (int k = a + 1; k < b; ++k) {
+        ev.stages[k].transfer += 2.0 * p.edge_seconds[e];
+        ev.stages[k].activation_bytes += p.edge_bytes[e];
+      }
+      for (int k = a; k < b; ++k) ev.stage_edges.push_back({k, k + 1});
+    } else {
+      ev.stage_edges.push_back({a, b});
+    }
   }
   std::sort(ev.stage_edges.begin(), ev.stage_edges.end());
   ev.stage_edges.erase(std::unique(ev.stage_edges.begin(), ev.stage_edges.end()), ev.stage_edges.end());

@@ -70,18 +70,21 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
     for (graph::NodeId v : st.nodes) params += static_cast<double>(g.node(v).param_bytes);
     st.param_bytes = params;
   }
-  std::map<std::pair<int, int>, StageEdge> edges;
-  for (std::size_t e = 0; e < g.num_edges(); ++e) {
-    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
-    int a = ev.stage_of[edge.src], b = ev.stage_of[edge.dst];
-    if (a == b) continue;
-    StageEdge& se = edges[{a, b}];
-    se.src = a;
-    se.dst = b;
-    se.edges.push_back(static_cast<graph::EdgeId>(e));
-    se.bytes += p.edge_bytes[e];
+  // A tensor consumed by several operators downstream crosses a stage edge once: bytes count
+  // each producer once per stage edge (its largest outgoing edge).
+  for (const auto& [key, ids] : implied_stage_edges(g, ev.stage_of, p.chain)) {
+    StageEdge se;
+    se.src = key.first;
+    se.dst = key.second;
+    se.edges = ids;
+    std::map<graph::NodeId, double> per_producer;
+    for (graph::EdgeId e : ids) {
+      double& bytes = per_producer[g.edge(e).src];
+      bytes = std::max(bytes, p.edge_bytes[e]);
+    }
+    for (const auto& [producer, bytes] : per_producer) se.bytes += bytes;
+    plan.edges.push_back(std::move(se));
   }
-  for (auto& [key, se] : edges) plan.edges.push_back(std::move(se));
   plan.depth = ev.depth;
   plan.bottleneck_seconds_per_sample = ev.bottleneck / static_cast<double>(p.micro_batch_size);
   plan.predicted_iteration_seconds = ev.iteration_seconds(p);

@@ -18,6 +18,28 @@ std::string stage_name(int s) { return "stage " + std::to_string(s); }
 
 }  // namespace
 
+std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(
+    const graph::OpGraph& g, const std::vector<int>& stage_of, bool chain) {
+  std::map<std::pair<int, int>, std::vector<graph::EdgeId>> result;
+  for (std::size_t e = 0; e < g.num_edges(); ++e) {
+    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
+    int a = stage_of[edge.src], b = stage_of[edge.dst];
+    if (a == b) continue;
+    if (a > b) {
+      throw PlanningError("operator edge " + graph::describe(g, edge.src) + " -> " +
+                          graph::describe(g, edge.dst) + " goes from stage " + std::to_string(a) +
+                          " back to stage " + std::to_string(b) +
+                          ": the stages are not convex, not acyclic, or not listed in topological order");
+    }
+    if (!chain) {
+      result[{a, b}].push_back(static_cast<graph::EdgeId>(e));
+    } else {
+      for (int k = a; k < b; ++k) result[{k, k + 1}].push_back(static_cast<graph::EdgeId>(e));
+    }
+  }
+  return result;
+}
+
 void validate_plan(const Plan& plan, const graph::OpGraph& g) {
   const std::string fingerprint = g.fingerprint();
   if (plan.graph_fingerprint != fingerprint) {
@@ -93,19 +115,7 @@ void validate_plan(const Plan& plan, const graph::OpGraph& g) {
   }
   // Crossing operator edges must go forward in stage order: that makes the stage graph acyclic
   // (hence every stage convex) and the stage list a topological order of it.
-  std::map<std::pair<int, int>, std::vector<graph::EdgeId>> expected;
-  for (std::size_t e = 0; e < g.num_edges(); ++e) {
-    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
-    int a = stage_of[edge.src], b = stage_of[edge.dst];
-    if (a == b) continue;
-    if (a > b) {
-      throw PlanningError("operator edge " + graph::describe(g, edge.src) + " -> " +
-                          graph::describe(g, edge.dst) + " goes from " + stage_name(a) +
-                          " back to " + stage_name(b) +
-                          ": the stages are not convex, not acyclic, or not listed in topological order");
-    }
-    expected[{a, b}].push_back(static_cast<graph::EdgeId>(e));
-  }
+  const auto expected = implied_stage_edges(g, stage_of, plan.chain);
   if (plan.edges.size() != expected.size()) {
     throw PlanningError("the plan lists " + std::to_string(plan.edges.size()) +
                         " stage edges, the operator edges crossing its stages make " +

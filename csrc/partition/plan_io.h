@@ -17,7 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "graph/op_graph.h"
 #include "partition/plan.h"
@@ -30,6 +33,15 @@ inline constexpr int kPlanSchemaVersion = 1;
 // count and the depth. Throws PlanningError naming the first problem found (the stage, the
 // operator, the numbers). O(V + E + S log S).
 void validate_plan(const Plan& plan, const graph::OpGraph& graph);
+
+// The stage edges that a stage assignment implies, keyed by (src, dst), each with the operator
+// edges it carries in OpGraph edge order. For a graph plan, every operator edge that crosses
+// from stage a to stage b rides on the edge (a, b). For a chain (Plan::chain), the stages talk
+// only to their neighbours: an operator edge from a to b > a + 1 is relayed, riding on every
+// edge (k, k + 1) for a <= k < b, as chain pipelines forward skip tensors. Throws PlanningError
+// naming an operator edge that goes from a later stage back to an earlier one.
+std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(
+    const graph::OpGraph& graph, const std::vector<int>& stage_of, bool chain);
 
 nlohmann::json to_json(const Plan& plan, const graph::OpGraph& graph);
 // Reads and validates; any problem (malformed field, unknown operator, a plan for another graph,

@@ -99,17 +99,21 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                 p = node_stage[a.name]
                 if p == s:
                     continue
-                if (p, s) not in index:
+                # A chain plan (the sequential baseline) has only edges k -> k + 1: a value that
+                # skips stages is relayed by each stage in between (received, sent on unchanged).
+                hops = [(p, s)] if (p, s) in index else [(k, k + 1) for k in range(p, s)]
+                if any(h not in index for h in hops):
                     raise PlanningError(
                         f"operator {n.name!r} (stage {s}) reads {a.name!r} from stage {p}, but the plan "
                         f"has no stage edge {p} -> {s}"
                     )
-                e = index[(p, s)]
-                stages[s].in_values.setdefault(e, [])
-                stages[p].out_values.setdefault(e, [])
-                if a.name not in stages[s].in_values[e]:
-                    stages[s].in_values[e].append(a.name)
-                    stages[p].out_values[e].append(a.name)
+                for src, dst in hops:
+                    e = index[(src, dst)]
+                    stages[dst].in_values.setdefault(e, [])
+                    stages[src].out_values.setdefault(e, [])
+                    if a.name not in stages[dst].in_values[e]:
+                        stages[dst].in_values[e].append(a.name)
+                        stages[src].out_values[e].append(a.name)
         if n.op == "call_module":
             for pname, p in gm.get_submodule(str(n.target)).named_parameters(remove_duplicate=False):
                 _claim(param_stage, p, f"{n.target}.{pname}", s)
