@@ -16,6 +16,9 @@
 #include "schedule/check.h"
 #include "schedule/generate.h"
 #include "schedule/schedule_json.h"
+#if GRAPHPIPE_WITH_CUDA
+#include "runtime/cuda/cuda_streams.h"
+#endif
 
 namespace py = pybind11;
 
@@ -82,6 +85,12 @@ void bind_runtime(py::module_& m) {
       "Generates and checks the schedule (JSON text) of a stage-level plan: the stages' devices, the "
       "stage edges (src, dst), micro-batches and a policy ('1f1b', 'fill_drain', '1f1b_greedy').");
 
+#if GRAPHPIPE_WITH_CUDA
+  m.attr("runtime_with_cuda") = true;
+#else
+  m.attr("runtime_with_cuda") = false;
+#endif
+
   py::class_<runtime::InstructionTiming>(m, "InstructionTiming")
       .def_readonly("token", &runtime::InstructionTiming::token)
       .def_readonly("start", &runtime::InstructionTiming::start)
@@ -110,6 +119,20 @@ void bind_runtime(py::module_& m) {
                              })
       .def("schedule_table", [](const runtime::Executor& e) { return e.schedule().to_string(); })
       .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"))
+      .def(
+          "use_cuda",
+          [](runtime::Executor& e, int device) {
+#if GRAPHPIPE_WITH_CUDA
+            runtime::cuda::use_cuda(e, static_cast<c10::DeviceIndex>(device));
+#else
+            (void)e;
+            throw Error("graphpipe was built without its CUDA path (GPU " + std::to_string(device) +
+                        " asked for): rebuild with -DGRAPHPIPE_WITH_CUDA=ON against a CUDA build of torch");
+#endif
+          },
+          py::arg("device"),
+          "Transfers on their own CUDA stream of GPU `device`, ordered with events; receive buffers "
+          "on that GPU (runtime/cuda/cuda_streams.h). Needs the CUDA build.")
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
       .def(
           "run",

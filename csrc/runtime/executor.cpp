@@ -125,7 +125,7 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
     case OpKind::recv_activation: {
       std::vector<at::Tensor> buffers;
       for (std::size_t k = 0; k < spec.size(); ++k) {
-        auto t = at::empty(spec[k].sizes(), spec[k].options().device(at::kCPU));
+        auto t = at::empty(spec[k].sizes(), spec[k].options().device(device_));
         buffers.push_back(t);
         add(false, false, k, t);
       }
@@ -148,7 +148,7 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
           buffers.emplace_back();
           continue;
         }
-        auto t = at::empty(spec[k].sizes(), spec[k].options().device(at::kCPU));
+        auto t = at::empty(spec[k].sizes(), spec[k].options().device(device_));
         buffers.push_back(t);
         add(false, true, k, t);
       }
@@ -254,7 +254,14 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
           post(ins_list[j], train, ops, landed);
           ++j;
         }
-        transport_.exchange(ops);
+        if (hooks_.enter) hooks_.enter();
+        try {
+          transport_.exchange(ops);
+        } catch (...) {
+          if (hooks_.exit) hooks_.exit();
+          throw;
+        }
+        if (hooks_.exit) hooks_.exit();
         for (auto& [r, tensors] : landed) {
           auto& st = state_[r.micro_batch];
           if (r.kind == OpKind::recv_activation) {

@@ -46,6 +46,14 @@ struct StageOutput {
 // (micro_batch, tensors per incoming edge in in_edges() order) -> outputs.
 using ForwardFn = std::function<StageOutput(int, std::vector<std::vector<at::Tensor>>&)>;
 
+// Called around every communication batch: enter() before the first operation is posted,
+// exit() after every wait returned (also when one threw). The CUDA path (cuda/cuda_streams.h)
+// uses them to run transfers on their own stream, ordered against compute with events.
+struct TransferHooks {
+  std::function<void()> enter;
+  std::function<void()> exit;
+};
+
 struct InstructionTiming {
   std::string token;
   double start = 0.0;  // seconds since the start of run()
@@ -68,6 +76,10 @@ class Executor {
   // those of the transferred tensors (meta tensors are fine). Must be set before run().
   void set_edge_specs(std::vector<std::vector<at::Tensor>> specs);
   void set_timeout(std::chrono::milliseconds timeout) { transport_.set_timeout(timeout); }
+  // Where receive buffers are allocated: CPU (default, Gloo) or the stage's GPU (NCCL).
+  void set_device(c10::Device device) { device_ = device; }
+  c10::Device device() const { return device_; }
+  void set_transfer_hooks(TransferHooks hooks) { hooks_ = std::move(hooks); }
 
   // Runs this rank's program once; returns per-instruction timings when `record`.
   std::vector<InstructionTiming> run(const ForwardFn& forward, bool train, bool record = false);
@@ -93,6 +105,8 @@ class Executor {
   std::vector<int> in_edges_, out_edges_;
   std::vector<std::vector<at::Tensor>> specs_;
   Transport transport_;
+  c10::Device device_{c10::kCPU};
+  TransferHooks hooks_;
   std::map<int, MicroBatchState> state_;
 };
 

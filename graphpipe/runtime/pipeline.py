@@ -55,6 +55,7 @@ class Pipeline:
         plan: Any = None,
         timeout: float = DEFAULT_TIMEOUT,
         devices: Any = None,
+        device: Any = None,
         leaf_modules: Any = (),
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -98,6 +99,10 @@ class Pipeline:
             int(self.plan.get("num_devices", 0) or 0),
         )
         self.executor = _C.Executor(self.schedule_json, self.rank, self.group, self.timeout)
+        self.device = self._pick_device(device)
+        if self.device.type == "cuda":
+            # CUDA path: transfers on their own stream, ordered with events (NCCL backend).
+            self.executor.use_cuda(self.device.index if self.device.index is not None else torch.cuda.current_device())
         self._meta = meta_copy(traced.module)
         self._signature = inspect.signature(model.forward)
         self._model_name = type(model).__name__
@@ -115,6 +120,13 @@ class Pipeline:
                 "graphpipe.wrap was called with different plans, models or schedules on different "
                 "ranks; every rank must pass the same model, example inputs and options"
             )
+
+    def _pick_device(self, device: Any) -> torch.device:
+        if device is not None:
+            return torch.device(device)
+        for p in self.module.parameters():
+            return p.device
+        return torch.device("cpu")
 
     def _partition_on_rank0(self, partitioner: str, micro_batches: int | None, devices: Any) -> dict[str, Any]:
         """Rank 0 partitions and broadcasts the plan, so every rank runs the same one (and a
@@ -173,6 +185,8 @@ class Pipeline:
 
     def _prepare(self, inputs: Any) -> tuple[list[dict[str, Any]], int]:
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        if self.device.type != "cpu":
+            args = _to_device(args, self.device)
         chunks = microbatch.split(args, self.num_micro_batches, "inputs")
         values = [self._placeholder_values(c) for c in chunks]
         mbs = microbatch.batch_size(args) // self.num_micro_batches
@@ -215,6 +229,8 @@ class Pipeline:
         applied to the whole batch; zero them and step your optimizer as in ordinary training.
         """
         values, mbs = self._prepare(inputs)
+        if self.device.type != "cpu":
+            targets = _to_device(targets, self.device)
         targets_mb = microbatch.split(targets, self.num_micro_batches, "targets")
         if microbatch.batch_size(targets, "targets") != mbs * self.num_micro_batches:
             raise InputError("targets and inputs have different batch sizes")
@@ -231,7 +247,7 @@ class Pipeline:
 
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
         self.last_timings = self.executor.run(fn, True, record)
-        total = torch.stack(losses).sum() if losses else torch.zeros(())
+        total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
         total = total.to(torch.float32) if not total.is_floating_point() else total
         buf = total.clone().reshape(1)
         dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
@@ -299,6 +315,12 @@ class Pipeline:
         self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=strict)
 
 
+def _to_device(value: Any, device: torch.device) -> Any:
+    from torch.utils import _pytree as pytree
+
+    return pytree.tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, value)
+
+
 def _no_stage(m: int, received: list[list[torch.Tensor]]) -> tuple[list, None]:
     return [], None
 
@@ -313,10 +335,25 @@ def wrap(
     micro_batches: int | None = None,
     plan: Any = None,
     timeout: float = DEFAULT_TIMEOUT,
+    devices: Any = None,
+    device: Any = None,
     **kwargs: Any,
 ) -> Pipeline:
     """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
-    default process group). Every rank calls it with the same arguments. See :class:`Pipeline`."""
+    default process group). Every rank calls it with the same arguments.
+
+    Args:
+        model, example_inputs: the model and a batch it accepts (traced with torch.fx).
+        loss_fn: ``loss_fn(output, targets)`` -> scalar; mean-reduced losses give full-batch
+            gradients (each micro-batch's loss is scaled by 1/micro_batches).
+        partitioner: "graphpipe", "metis" or "sequential" (rank 0 runs it); ignored with plan=.
+        schedule: "1f1b", "fill_drain" or "1f1b_greedy".
+        micro_batches: number of micro-batches per step (default: the partitioner's choice).
+        plan: a Plan, plan JSON text or file, or dict (graphpipe.runtime.manual_plan).
+        timeout: seconds every wait on a peer may take before PipelineTimeout.
+        devices: the partitioner's Devices (default: world CPU ranks, documented constants).
+        device: where this rank's stage runs (default: where its parameters are).
+    """
     return Pipeline(
         model,
         example_inputs,
@@ -327,5 +364,7 @@ def wrap(
         micro_batches=micro_batches,
         plan=plan,
         timeout=timeout,
+        devices=devices,
+        device=device,
         **kwargs,
     )

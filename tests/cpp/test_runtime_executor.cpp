@@ -1,0 +1,245 @@
+// The runtime's Executor and Transport from C++ alone: ranks are threads and the process group
+// is an in-memory loopback (rendezvous semantics like Gloo's: a send completes only once its
+// receive is posted, FIFO per (src, dst, tag)), so no Python and no Gloo headers are needed.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "runtime/errors.h"
+#include "runtime/executor.h"
+#include "schedule/generate.h"
+#include "schedule_plans.h"
+
+using namespace graphpipe;
+using runtime::Executor;
+using runtime::StageOutput;
+
+namespace {
+
+struct Mailbox;
+
+class LoopbackWork : public c10d::Work {
+ public:
+  LoopbackWork(std::shared_ptr<Mailbox> box) : box_(std::move(box)) {}
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
+  bool done = false;
+
+ private:
+  std::shared_ptr<Mailbox> box_;
+};
+
+struct Pending {
+  at::Tensor tensor;
+  c10::intrusive_ptr<LoopbackWork> work;
+};
+
+struct Mailbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool closed = false;
+  std::map<std::tuple<int, int, int>, std::deque<Pending>> sends, recvs;
+
+  void match(const std::tuple<int, int, int>& key) {
+    auto& s = sends[key];
+    auto& r = recvs[key];
+    while (!s.empty() && !r.empty()) {
+      if (r.front().tensor.sizes() != s.front().tensor.sizes()) {
+        closed = true;  // like a Gloo size mismatch: the pair is broken
+      } else {
+        r.front().tensor.copy_(s.front().tensor);
+      }
+      s.front().work->done = true;
+      r.front().work->done = true;
+      s.pop_front();
+      r.pop_front();
+    }
+    cv.notify_all();
+  }
+};
+
+bool LoopbackWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(box_->mu);
+  if (!box_->cv.wait_for(lock, timeout, [&] { return done || box_->closed; })) {
+    throw std::runtime_error("Timed out waiting " + std::to_string(timeout.count()) + "ms for the peer");
+  }
+  if (!done) throw std::runtime_error("Connection closed by peer");
+  return true;
+}
+
+bool LoopbackWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(box_->mu);
+  return done;
+}
+
+class LoopbackGroup : public c10d::ProcessGroup {
+ public:
+  LoopbackGroup(std::shared_ptr<Mailbox> box, int rank, int size) : ProcessGroup(rank, size), box_(std::move(box)) {}
+  const std::string getBackendName() const override { return "loopback"; }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return post(true, tensors.at(0).clone(), getRank(), dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return post(false, tensors.at(0), src, getRank(), tag);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> post(bool send, at::Tensor t, int src, int dst, int tag) {
+    auto work = c10::make_intrusive<LoopbackWork>(box_);
+    std::lock_guard<std::mutex> lock(box_->mu);
+    auto key = std::make_tuple(src, dst, tag);
+    (send ? box_->sends : box_->recvs)[key].push_back({std::move(t), work});
+    box_->match(key);
+    return work;
+  }
+  std::shared_ptr<Mailbox> box_;
+};
+
+// Two stages: stage 0 computes h = x W0 (and sends h and an integer tensor), stage 1 the loss
+// sum((h W1)^2) / M per micro-batch. Compared with sum over the whole batch / M in one thread.
+struct TwoStageModel {
+  at::Tensor x = at::randn({8, 4});
+  at::Tensor w0 = at::randn({4, 3}).requires_grad_(true);
+  at::Tensor w1 = at::randn({3, 2}).requires_grad_(true);
+  int M = 4;
+
+  std::vector<std::vector<at::Tensor>> specs() const {
+    auto meta = at::TensorOptions().device(at::kMeta);
+    return {{at::empty({2, 3}, meta), at::empty({2}, meta.dtype(at::kLong))}};
+  }
+  runtime::ForwardFn stage0() {
+    return [this](int m, std::vector<std::vector<at::Tensor>>& in) {
+      EXPECT_TRUE(in.empty());
+      StageOutput out;
+      auto xm = x.narrow(0, 2 * m, 2);
+      out.edges = {{at::matmul(xm, w0), at::arange(2, at::kLong) + m}};
+      return out;
+    };
+  }
+  runtime::ForwardFn stage1() {
+    return [this](int m, std::vector<std::vector<at::Tensor>>& in) {
+      EXPECT_EQ(in.size(), 1u);
+      EXPECT_TRUE(in[0][0].requires_grad());
+      EXPECT_FALSE(in[0][1].requires_grad());
+      EXPECT_EQ(in[0][1][0].item<long>(), m);
+      StageOutput out;
+      out.loss = at::matmul(in[0][0], w1).pow(2).sum() / M;
+      return out;
+    };
+  }
+};
+
+schedule::Schedule two_stage_schedule(int M, const std::string& policy) {
+  return schedule::generate(graphpipe::testing::chain_plan(2, M), policy);
+}
+
+}  // namespace
+
+class RuntimeExecutor : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RuntimeExecutor, TwoThreadsEqualOneProcess) {
+  at::manual_seed(0);
+  TwoStageModel model;
+  auto box = std::make_shared<Mailbox>();
+  auto sched = two_stage_schedule(model.M, GetParam());
+  Executor e0(sched, 0, c10::make_intrusive<LoopbackGroup>(box, 0, 2), std::chrono::milliseconds(5000));
+  Executor e1(sched, 1, c10::make_intrusive<LoopbackGroup>(box, 1, 2), std::chrono::milliseconds(5000));
+  e0.set_edge_specs(model.specs());
+  e1.set_edge_specs(model.specs());
+  EXPECT_EQ(e0.stage(), 0);
+  EXPECT_EQ(e1.in_edges(), std::vector<int>{0});
+  std::exception_ptr failure;
+  std::thread t1([&] {
+    try {
+      e1.run(model.stage1(), true);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  auto timings = e0.run(model.stage0(), true, /*record=*/true);
+  t1.join();
+  if (failure) std::rethrow_exception(failure);
+  EXPECT_EQ(timings.size(), e0.program().size());
+
+  auto g0 = model.w0.grad().clone();
+  auto g1 = model.w1.grad().clone();
+  auto w0 = model.w0.detach().clone().requires_grad_(true);
+  auto w1 = model.w1.detach().clone().requires_grad_(true);
+  auto loss = at::matmul(at::matmul(model.x, w0), w1).pow(2).sum() / model.M;
+  torch::autograd::backward({loss});
+  EXPECT_TRUE(at::allclose(g0, w0.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(g1, w1.grad(), 1e-5, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, RuntimeExecutor, ::testing::Values("1f1b", "fill_drain", "1f1b_greedy"));
+
+TEST(RuntimeTransport, MissingPeerTimesOutNamingPeerAndInstruction) {
+  TwoStageModel model;
+  auto box = std::make_shared<Mailbox>();
+  Executor e0(two_stage_schedule(2, "1f1b"), 0, c10::make_intrusive<LoopbackGroup>(box, 0, 2),
+              std::chrono::milliseconds(200));
+  e0.set_edge_specs(model.specs());
+  auto start = std::chrono::steady_clock::now();
+  try {
+    e0.run(model.stage0(), true);
+    FAIL() << "no timeout";
+  } catch (const runtime::PipelineTimeout& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("peer rank 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("0SF0e0"), std::string::npos) << message;
+    EXPECT_NE(message.find("edge 0"), std::string::npos) << message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(400));
+}
+
+TEST(RuntimeTransport, BrokenPeerIsPeerError) {
+  TwoStageModel model;
+  auto box = std::make_shared<Mailbox>();
+  box->closed = true;
+  Executor e1(two_stage_schedule(2, "1f1b"), 1, c10::make_intrusive<LoopbackGroup>(box, 1, 2),
+              std::chrono::milliseconds(2000));
+  e1.set_edge_specs(model.specs());
+  try {
+    e1.run(model.stage1(), true);
+    FAIL() << "no error";
+  } catch (const runtime::PipelineTimeout&) {
+    FAIL() << "a closed connection is not a timeout";
+  } catch (const runtime::PeerError& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("peer rank 0 failed during 1RF0e0"), std::string::npos) << message;
+  }
+}
+
+TEST(RuntimeExecutor, WrongShapeNamesTheEdge) {
+  TwoStageModel model;
+  auto box = std::make_shared<Mailbox>();
+  Executor e0(two_stage_schedule(2, "1f1b"), 0, c10::make_intrusive<LoopbackGroup>(box, 0, 2),
+              std::chrono::milliseconds(200));
+  auto specs = model.specs();
+  specs[0][0] = at::empty({2, 5}, at::TensorOptions().device(at::kMeta));
+  e0.set_edge_specs(specs);
+  try {
+    e0.run(model.stage0(), true);
+    FAIL() << "no mismatch";
+  } catch (const runtime::TransferMismatch& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("tensor 0 of edge 0 (stage 0 -> stage 1)"), std::string::npos) << message;
+    EXPECT_NE(message.find("[2, 3]"), std::string::npos) << message;
+  }
+}
+
+TEST(RuntimeExecutor, RankGroupMismatchIsRejected) {
+  auto box = std::make_shared<Mailbox>();
+  EXPECT_THROW(Executor(two_stage_schedule(2, "1f1b"), 1, c10::make_intrusive<LoopbackGroup>(box, 0, 2),
+                        std::chrono::milliseconds(100)),
+               Error);
+}
