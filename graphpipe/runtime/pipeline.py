@@ -222,11 +222,13 @@ class Pipeline:
 
         return forward
 
-    def step(self, inputs: Any, targets: Any, *, record: bool = False) -> torch.Tensor:
+    def step(self, inputs: Any, targets: Any, *, optimizer: Any = None, record: bool = False) -> torch.Tensor:
         """One training iteration over a batch; returns the full-batch loss (on every rank).
 
         Gradients accumulate into this rank's parameters (``.grad``), as if ``loss_fn`` had been
-        applied to the whole batch; zero them and step your optimizer as in ordinary training.
+        applied to the whole batch; zero them and step your optimizer as in ordinary training,
+        or pass ``optimizer`` (over ``pipe.parameters()``): it is stepped and zeroed after the
+        iteration. ``record=True`` keeps per-instruction timestamps (see ``measured_tasks``).
         """
         values, mbs = self._prepare(inputs)
         if self.device.type != "cpu":
@@ -251,6 +253,9 @@ class Pipeline:
         total = total.to(torch.float32) if not total.is_floating_point() else total
         buf = total.clone().reshape(1)
         dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad()
         return buf[0]
 
     def eval_forward(self, inputs: Any) -> Any:

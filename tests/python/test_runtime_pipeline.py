@@ -83,6 +83,7 @@ def test_hand_plan_matches_single_process(hand_results: list[Any], name: str) ->
 
 def _api_worker(rank: int, world: int) -> dict[str, Any]:
     import graphpipe
+    import graphpipe.viz
     from graphpipe.errors import InputError
     from graphpipe.models import default_loss
 
@@ -105,6 +106,15 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     out["full_equal"] = all(torch.equal(full[k], v) for k, v in pipe.full_state_dict().items())
     pipe.step(*batches[0], record=True)
     out["timings"] = [(t.token, t.start, t.end) for t in pipe.last_timings]
+    tasks = pipe.measured_tasks()
+    out["task_ranks"] = sorted({t["rank"] for t in tasks})
+    out["trace_events"] = len(graphpipe.viz.chrome_trace(tasks, source="graphpipe runtime")["traceEvents"])
+    out["num_tasks"] = len(tasks)
+    opt = torch.optim.SGD(list(pipe.parameters()), lr=0.1)
+    before = [p.detach().clone() for p in pipe.parameters()]
+    pipe.step(*batches[1], optimizer=opt)
+    out["optimizer_stepped"] = all(not torch.equal(a, p) for a, p in zip(before, pipe.parameters()))
+    out["grads_zeroed"] = all(p.grad is None or not p.grad.any() for p in pipe.parameters())
     # a second batch size (other micro-batch size) re-propagates the shapes
     loss = pipe.step(tuple(t[:4] for t in batches[1][0]), batches[1][1][:4])
     out["small_batch_loss"] = loss
@@ -123,6 +133,8 @@ def test_pipeline_api() -> None:
         assert v["full_equal"]
         assert v["timings"] and all(end >= start for _, start, end in v["timings"])
         assert {tok[-3:] for tok, _, _ in v["timings"]} >= {"OPT"}
+        assert v["task_ranks"] == [0, 1, 2] and v["trace_events"] > v["num_tasks"] > 0
+        assert v["optimizer_stepped"] and v["grads_zeroed"]
     shard_keys = [k for v in values for k in v["shard_keys"]]
     assert sorted(shard_keys) == sorted(values[0]["model_keys"])  # each entry on exactly one rank
     assert len({float(v["small_batch_loss"]) for v in values}) == 1
