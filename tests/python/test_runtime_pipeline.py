@@ -7,6 +7,7 @@ several tensors per edge, edges that skip stages and stages with several produce
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -138,3 +139,69 @@ def test_pipeline_api() -> None:
     shard_keys = [k for v in values for k in v["shard_keys"]]
     assert sorted(shard_keys) == sorted(values[0]["model_keys"])  # each entry on exactly one rank
     assert len({float(v["small_batch_loss"]) for v in values}) == 1
+
+
+class _TwoBranchBN(torch.nn.Module):
+    """Two branches with BatchNorm (batch-dependent), joined by a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU()) for _ in range(2)
+        )
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.branches[0](a), self.branches[1](b)], dim=1))
+
+
+def _bn_batches() -> list[Any]:
+    g = torch.Generator().manual_seed(7)
+    return [((torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)), torch.randn(8, 1, generator=g))
+            for _ in range(3)]
+
+
+def _bn_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.runtime import manual_plan
+    from graphpipe.trace import trace_module
+
+    torch.manual_seed(3)
+    model = _TwoBranchBN()
+    example = _bn_batches()[0][0]
+    graph = trace_module(copy.deepcopy(model), example).graph  # tracing runs BatchNorm: use a copy
+    assignment = {}
+    for i in range(graph.num_nodes):
+        node = graph.node(i)
+        if node.module.startswith("branches."):
+            assignment[node.name] = int(node.module.split(".")[1])
+        elif node.module or node.name.startswith("cat"):
+            assignment[node.name] = 2
+    pipe = graphpipe.wrap(model, example, torch.nn.MSELoss(), plan=manual_plan(graph, assignment, MICRO_BATCHES), timeout=60)
+    opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)
+    losses = [pipe.step(x, y, optimizer=opt) for x, y in _bn_batches()]
+    return {"losses": torch.stack(losses), "state": pipe.full_state_dict()}
+
+
+def test_batchnorm_equals_gradient_accumulation_over_micro_batches() -> None:
+    results = run_ranks(_bn_worker, 3, timeout=120)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    torch.manual_seed(3)
+    model = _TwoBranchBN()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for (a, b), y in _bn_batches():
+        opt.zero_grad()
+        total = torch.zeros(())
+        for m in range(MICRO_BATCHES):
+            sl = slice(2 * m, 2 * m + 2)
+            loss = torch.nn.functional.mse_loss(model(a[sl], b[sl]), y[sl]) / MICRO_BATCHES
+            loss.backward()
+            total += loss.detach()
+        opt.step()
+        losses.append(total)
+    got = results[0].value
+    torch.testing.assert_close(got["losses"], torch.stack(losses))
+    for k, v in model.state_dict().items():  # parameters and BatchNorm running statistics
+        torch.testing.assert_close(got["state"][k], v, msg=lambda m, k=k: f"{k}: {m}")
