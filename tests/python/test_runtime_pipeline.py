@@ -205,3 +205,30 @@ def test_batchnorm_equals_gradient_accumulation_over_micro_batches() -> None:
     torch.testing.assert_close(got["losses"], torch.stack(losses))
     for k, v in model.state_dict().items():  # parameters and BatchNorm running statistics
         torch.testing.assert_close(got["state"][k], v, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _single_rank_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+
+    def failing_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise ValueError("boom in loss_fn")
+
+    pipe = graphpipe.wrap(model, example, failing_loss, partitioner="sequential", micro_batches=2, timeout=10)
+    out: dict[str, Any] = {"stages": len(pipe.plan["stages"])}
+    try:
+        pipe.step(*batches[0])
+    except ValueError as exc:  # the Python exception crosses the C++ executor unchanged
+        out["error"] = str(exc)
+    pipe.loss_fn = default_loss("candle_uno")
+    out["loss"] = pipe.step(*batches[0])
+    return out
+
+
+def test_single_rank_and_python_errors_cross_the_executor() -> None:
+    (r,) = run_ranks(_single_rank_worker, 1, timeout=120)
+    assert r.ok, f"{r.error_type}: {r.message}\n{r.traceback}"
+    assert r.value["stages"] == 1 and r.value["error"] == "boom in loss_fn"
+    torch.testing.assert_close(r.value["loss"], reference("candle_uno")["losses"][0])
