@@ -215,15 +215,18 @@ def train_rank(
     schedule: str = "1f1b",
     lr: float = 0.01,
     device: torch.device | None = None,
+    group: Any = None,
 ) -> tuple[list[float], list[float]]:
     """Trains this rank's stage on ``batches``; returns (losses, seconds) per iteration.
 
-    Losses are known on the last rank only (others return NaN), as in torch's API.
+    ``group`` holds the pipeline's ranks (default: all); iterations are timed between barriers
+    of the default group, so ranks outside the pipeline can idle in step. Losses are known on
+    the last rank only (others return NaN), as in torch's API.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     device = device or torch.device("cpu")
-    stage = PipelineStage(stage_module, rank, world, device)
+    stage = PipelineStage(stage_module, rank, world, device, group=group)
     kind = {"1f1b": Schedule1F1B, "fill_drain": ScheduleGPipe, "gpipe": ScheduleGPipe}[schedule]
     sched = kind(stage, micro_batches, loss_fn=loss_fn)
     params = [p for p in stage_module.parameters() if p.requires_grad]
@@ -247,7 +250,7 @@ def train_rank(
             optimizer.step()
         dist.barrier()
         seconds.append(time.perf_counter() - start)
-        losses.append(float(torch.stack(step_losses).mean()) if step_losses else float("nan"))
+        losses.append(float(torch.stack(step_losses).detach().mean()) if step_losses else float("nan"))
     return losses, seconds
 
 

@@ -1,0 +1,86 @@
+"""Emulation: a stage's compute replaced by a wait of its predicted duration; transfers stay real.
+
+On a machine with fewer cores than ranks, real compute would time-share the cores and measure
+the machine, not the pipeline. In emulation each micro-batch's forward sleeps for the stage's
+``forward_seconds`` and its backward for ``backward_seconds`` (the plan's figures, from the
+profiled cost model, the same ones the simulator uses), and produces zero tensors of the real
+shapes, so every point-to-point transfer, the schedule's order and the executor's waits are the
+real ones. Sleeping ranks use no CPU, so 4 to 16 ranks fit on 2 cores, and the measured
+iteration time shows the runtime's scheduling efficiency against the simulator's prediction.
+Losses and gradients are meaningless in this mode; every report of it says "emulated".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+__all__ = ["EmulatedStage", "emulate_stage"]
+
+
+class _Wait(torch.autograd.Function):
+    """Outputs zeros shaped like the real outputs; its backward waits, then returns zeros."""
+
+    @staticmethod
+    def forward(ctx: Any, backward_seconds: float, specs: list, *inputs: torch.Tensor) -> Any:  # noqa: D102
+        ctx.backward_seconds = backward_seconds
+        ctx.input_specs = [(t.shape, t.dtype) for t in inputs]
+        outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
+        for t in outs:
+            if not t.is_floating_point():
+                ctx.mark_non_differentiable(t)
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:  # noqa: D102
+        time.sleep(ctx.backward_seconds)
+        return (None, None, *[torch.zeros(s, dtype=d) if d.is_floating_point else None
+                             for s, d in ctx.input_specs])
+
+
+class EmulatedStage(nn.Module):
+    """Wraps a stage module: the first call runs it for real (to learn its outputs' shapes),
+    later calls wait ``forward_seconds`` and return zeros of those shapes."""
+
+    def __init__(self, real: nn.Module, forward_seconds: float, backward_seconds: float) -> None:
+        super().__init__()
+        self.real = real
+        self.forward_seconds = float(forward_seconds)
+        self.backward_seconds = float(backward_seconds)
+        # Keeps the backward alive even when no input needs a gradient (a source stage).
+        self.anchor = nn.Parameter(torch.zeros(()))
+        self._spec: Any = None
+        self._leaves: list[Any] = []
+
+    def forward(self, *args: Any) -> Any:
+        if self._spec is None:
+            with torch.no_grad():
+                result = self.real(*args)
+            leaves, self._spec = pytree.tree_flatten(result)
+            self._leaves = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
+        time.sleep(self.forward_seconds)
+        tensor_specs = [leaf for leaf in self._leaves if isinstance(leaf, tuple)]
+        floats = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        outs = iter(_Wait.apply(self.backward_seconds, tensor_specs, self.anchor, *floats))
+        leaves = [next(outs) if isinstance(leaf, tuple) else leaf for leaf in self._leaves]
+        return pytree.tree_unflatten(leaves, self._spec)
+
+
+def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seconds: float | None = None) -> None:
+    """Switches this rank's stage of a ``graphpipe.wrap`` pipeline to emulation.
+
+    The durations (per micro-batch) default to the plan's predicted ``forward_seconds`` and
+    ``backward_seconds`` of the stage.
+    """
+    stage = pipe._stage
+    if stage is None:
+        return
+    figures = pipe.plan["stages"][stage.index]
+    fwd = figures.get("forward_seconds", 0.0) if forward_seconds is None else forward_seconds
+    bwd = figures.get("backward_seconds", 0.0) if backward_seconds is None else backward_seconds
+    stage.module = EmulatedStage(stage.module, fwd, bwd)
+    pipe.module = stage.module
