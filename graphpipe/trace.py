@@ -280,6 +280,9 @@ def trace_module(
 
     counter = FlopCounterMode(display=False)
     recorder = _Recorder(gm, counter)
+    # The measuring run must not change the model: a training-mode forward would update
+    # BatchNorm running statistics (and its batch counter), so buffers are put back afterwards.
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), counter:
             recorder.run(*values)
@@ -290,6 +293,10 @@ def trace_module(
             f"running the traced {type(model).__name__} on the example inputs failed: {exc} "
             f"(at {_user_frame(exc)}). Check that example_inputs are what forward() expects."
         ) from exc
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
     _check_outputs(recorder.outputs)
 
     graph = _C.OpGraph()

@@ -317,3 +317,11 @@ def test_cli_inspect(tmp_path) -> None:
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+
+
+def test_tracing_leaves_batchnorm_statistics_alone() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    graphpipe.trace(model, torch.randn(16, 4) * 5 + 3)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
