@@ -69,13 +69,8 @@ class Pipeline:
         self.loss_fn = loss_fn
         self.timeout = float(timeout)
         args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-        # Tracing runs the model once; undo what that did to its buffers (BatchNorm running
-        # statistics), so that wrapping does not change the model's state.
-        saved = {k: b.detach().clone() for k, b in model.named_buffers()}
+        # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
         traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
-        with torch.no_grad():
-            for k, b in model.named_buffers():
-                b.copy_(saved[k])
         self.graph = traced.graph
         if plan is None:
             plan = self._partition_on_rank0(partitioner, micro_batches, devices)
