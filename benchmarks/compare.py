@@ -157,11 +157,14 @@ def reference_losses(spec: str, steps: int) -> list[float]:
     return out
 
 
-def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...]) -> tuple[list[Variant], dict]:
+def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...],
+                  calibration: tuple[float, float, float]) -> tuple[list[Variant], dict]:
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=profile_batches, repeats=3, warmup=1)
+    latency, bandwidth, overhead = calibration
     devices = graphpipe.devices(world, "cpu")
+    devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
     plans = {p: graphpipe.plan(graph, devices, p, memory_limit=memory_limit) for p in ("graphpipe", "sequential")}
     seq = plans["sequential"]
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
@@ -181,7 +184,8 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
                    "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
                    "predicted_iteration_seconds": p.predicted_iteration_seconds}
             for name, p in plans.items()}
-    sims = {name: graphpipe.simulate(p, devices).iteration_seconds for name, p in plans.items()}
+    sims = {name: graphpipe.simulate(p, devices, task_overhead_seconds=overhead).iteration_seconds
+            for name, p in plans.items()}
     for name in info:
         info[name]["simulated_iteration_seconds"] = sims[name]
     return variants, info
@@ -231,6 +235,14 @@ def main() -> None:
 
     from tqdm import tqdm
 
+    from calibrate import dispatch_overhead, link
+
+    latency, bandwidth = link()
+    overhead = dispatch_overhead()
+    calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
+                   "task_overhead_seconds": overhead}
+    print(f"calibration: link latency {latency * 1e6:.0f} us, bandwidth {bandwidth / 1e9:.2f} GB/s, "
+          f"runtime dispatch {overhead * 1e6:.0f} us per forward/backward", file=sys.stderr)
     rows: list[dict] = []
     jobs = [(m, w) for m in args.models for w in args.world]
     bar = tqdm(total=len(jobs) * 5, desc=f"compare ({mode})", unit="run", file=sys.stderr)
@@ -238,7 +250,8 @@ def main() -> None:
         spec = BENCH_SPECS.get(name, name)
         batch = build_model(spec)[1][0].shape[0]
         profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        variants, plans = make_variants(spec, world, args.memory_limit, profile_batches)
+        variants, plans = make_variants(spec, world, args.memory_limit, profile_batches,
+                                        (latency, bandwidth, overhead))
         reference = reference_losses(spec, 1)[0]
         results = {}
         for variant in variants:
@@ -270,7 +283,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "benchmark": "compare", "mode": mode, "machine": platform.platform(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "commit": git_commit(), "steps": args.steps, "warmup": args.warmup,
-        "rows": rows}, indent=1))
+        "calibration": calibration, "rows": rows}, indent=1))
     print(f"wrote {out}")
     write_png(rows, Path(args.png), mode)
 

@@ -27,6 +27,7 @@ def simulate(
     *,
     overlap: bool = True,
     device_kind: str = "cpu",
+    task_overhead_seconds: float = 0.0,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -36,6 +37,7 @@ def simulate(
             ``device_kind``). Stage times come from the plan; transfers from the devices' links.
         schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
         overlap: whether transfers overlap computation (own streams) or block the rank.
+        task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated).
 
     Returns:
         A ``SimResult``: iteration time, throughput, per-rank busy/idle/bubble shares, peak
@@ -44,4 +46,4 @@ def simulate(
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
     sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
-    return _C.simulate(plan, sched, devices, overlap=overlap)
+    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds)

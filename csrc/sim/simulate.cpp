@@ -152,8 +152,8 @@ class Replay {
   double compute_seconds(const Instruction& i) const {
     const auto& stage = plan_.stages[i.stage];
     switch (i.kind) {
-      case OpKind::forward: return stage.forward_seconds;
-      case OpKind::backward: return stage.backward_seconds;
+      case OpKind::forward: return stage.forward_seconds + options_.task_overhead_seconds;
+      case OpKind::backward: return stage.backward_seconds + options_.task_overhead_seconds;
       case OpKind::optimizer_step:
         return devices_.memory_bandwidth > 0.0
                    ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth

@@ -88,6 +88,9 @@ struct StageStats {
 struct SimOptions {
   bool overlap = true;
   double optimizer_traffic_factor = 4.0;  // bytes moved per parameter byte by the optimizer step
+  // A runtime's fixed cost of dispatching one forward or backward (its bookkeeping, a call into
+  // the stage module), added to every compute task; measured by a calibration, 0 by default.
+  double task_overhead_seconds = 0.0;
 };
 
 struct SimResult {

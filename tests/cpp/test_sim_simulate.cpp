@@ -59,6 +59,17 @@ TEST(Simulate, ChainWithFreeCommunicationTakesMPlusSMinusOneSteps) {
   }
 }
 
+TEST(Simulate, TaskOverheadLengthensEveryComputeTask) {
+  // A dispatch overhead o per forward and per backward turns f + b into f + b + 2o on every
+  // step of the chain: 4 stages, 8 micro-batches, o = 0.25 -> 11 * 3.5 = 38.5 s.
+  const int S = 4, M = 8;
+  auto plan = chain_plan(S, M, 1.0, 2.0, 1000.0);
+  SimOptions options;
+  options.task_overhead_seconds = 0.25;
+  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), devices(S), options);
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5);
+}
+
 TEST(Simulate, OneFOneBHoldsStagesToSinkFillDrainHoldsAll) {
   const int S = 4, M = 8;
   auto plan = chain_plan(S, M);
