@@ -1,5 +1,7 @@
 #include "runtime/executor.h"
 
+#include <tuple>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -241,46 +243,94 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       ins_list.push_back(ins);
     }
   }
+
+  // Transfers are posted when the program reaches them and waited for only when needed: a
+  // receive just before the compute that reads it, a send at the end of the run (or once seen
+  // complete). A compute thus never waits for transfers of other micro-batches that happen to
+  // sit in the same run of transfer instructions, which is what the simulator assumes too.
+  // Posting stays in program order, so every pair of ranks still posts in the schedule's one
+  // order; and waiting less than check.h's batch model never makes a schedule hang.
+  struct InFlight {
+    Instruction ins;
+    std::vector<Transport::Posted> posted;
+    std::vector<at::Tensor> tensors;  // receive buffers
+    double start = 0.0;
+  };
+  std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
+  std::vector<InFlight> sends;
+  auto key = [](OpKind kind, int mb, int edge) { return std::make_tuple(static_cast<int>(kind), mb, edge); };
+  auto finish = [&](InFlight& f) {
+    if (hooks_.enter) hooks_.enter();
+    try {
+      for (const auto& p : f.posted) transport_.wait(p);
+    } catch (...) {
+      if (hooks_.exit) hooks_.exit();
+      throw;
+    }
+    if (hooks_.exit) hooks_.exit();
+    if (record) timings.push_back({schedule::to_token(f.ins), f.start, now()});
+  };
+  auto land = [&](OpKind kind, int mb, int edge) {
+    auto it = receives.find(key(kind, mb, edge));
+    if (it == receives.end()) return;
+    finish(it->second);
+    auto& st = state_[mb];
+    auto tensors = std::move(it->second.tensors);
+    if (kind == OpKind::recv_activation) {
+      if (train) {
+        for (auto& t : tensors) {
+          if (carries_grad(t)) t.requires_grad_(true);
+        }
+      }
+      st.received[edge] = std::move(tensors);
+    } else {
+      st.grads[edge] = std::move(tensors);
+    }
+    receives.erase(it);
+  };
+  auto reap_sends = [&](bool all) {
+    std::vector<InFlight> left;
+    for (auto& f : sends) {
+      bool done = true;
+      for (const auto& p : f.posted) done = done && p.work->isCompleted();
+      if (all || done) {
+        finish(f);
+      } else {
+        left.push_back(std::move(f));
+      }
+    }
+    sends = std::move(left);
+  };
+
   try {
-    std::size_t i = 0;
-    while (i < ins_list.size()) {
-      const auto& ins = ins_list[i];
+    for (const auto& ins : ins_list) {
       if (schedule::is_transfer(ins.kind)) {
-        std::size_t j = i;
         std::vector<TransferOp> ops;
         std::vector<std::pair<Instruction, std::vector<at::Tensor>>> landed;
-        const double start = record ? now() : 0.0;
-        while (j < ins_list.size() && schedule::is_transfer(ins_list[j].kind)) {
-          post(ins_list[j], train, ops, landed);
-          ++j;
-        }
+        post(ins, train, ops, landed);
+        InFlight f{ins, {}, {}, record ? now() : 0.0};
         if (hooks_.enter) hooks_.enter();
         try {
-          transport_.exchange(ops);
+          f.posted = transport_.post(std::move(ops));
         } catch (...) {
           if (hooks_.exit) hooks_.exit();
           throw;
         }
         if (hooks_.exit) hooks_.exit();
-        for (auto& [r, tensors] : landed) {
-          auto& st = state_[r.micro_batch];
-          if (r.kind == OpKind::recv_activation) {
-            if (train) {
-              for (auto& t : tensors) {
-                if (carries_grad(t)) t.requires_grad_(true);
-              }
-            }
-            st.received[r.edge] = std::move(tensors);
-          } else {
-            st.grads[r.edge] = std::move(tensors);
-          }
+        if (ins.kind == OpKind::recv_activation || ins.kind == OpKind::recv_gradient) {
+          f.tensors = std::move(landed.front().second);
+          receives[key(ins.kind, ins.micro_batch, ins.edge)] = std::move(f);
+        } else {
+          sends.push_back(std::move(f));
         }
-        if (record) {
-          const double end = now();
-          for (std::size_t k = i; k < j; ++k) timings.push_back({schedule::to_token(ins_list[k]), start, end});
-        }
-        i = j;
         continue;
+      }
+      if (ins.kind == OpKind::forward) {
+        for (int e : in_edges_) land(OpKind::recv_activation, ins.micro_batch, e);
+      } else if (ins.kind == OpKind::backward) {
+        for (int e : out_edges_) land(OpKind::recv_gradient, ins.micro_batch, e);
+      } else {
+        reap_sends(true);  // the optimizer step closes the iteration: nothing stays in flight
       }
       const double start = record ? now() : 0.0;
       if (ins.kind == OpKind::forward) {
@@ -290,8 +340,13 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
         backward(ins);
       }
       if (record) timings.push_back({schedule::to_token(ins), start, now()});
-      ++i;
+      reap_sends(false);
     }
+    while (!receives.empty()) {
+      auto& [k, f] = *receives.begin();
+      land(f.ins.kind, f.ins.micro_batch, f.ins.edge);
+    }
+    reap_sends(true);
   } catch (...) {
     state_.clear();
     throw;

@@ -12,7 +12,8 @@
 //       grad (their received gradients), then drop the stash of that micro-batch's outputs;
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
 //   OPT nothing: the user's optimizer steps after run().
-// Consecutive transfers form one communication batch, posted together (transport.h).
+// Transfers are posted in program order and waited for lazily: a receive right before the
+// compute that reads it, a send at the end of the run (transport.h, executor.cpp).
 // Only floating tensors carry gradients, decided by the declared dtype on both ends, so a sender
 // and a receiver always agree on which tensors travel back; a tensor that does not require grad
 // on the sending side just ignores its gradient.

@@ -1,12 +1,11 @@
 // Transport: point-to-point batches over a torch.distributed (c10d) process group.
 //
-// One call to exchange() is one communication batch (a maximal run of consecutive transfer
-// instructions of a rank's program, schedule/check.h): every send and receive is posted first,
-// then each Work is waited on with the time left until a deadline `timeout` after posting. This
-// is what makes Gloo's rendezvous sends safe (a send completes only once its receive is posted,
-// so send().wait() before a receive would deadlock two ranks that exchange). The schedule
-// guarantees that every pair of ranks posts its transfers in one order, and tags separate edges
-// and directions, so messages match FIFO.
+// post() starts sends and receives without waiting; wait() then waits for one posted operation,
+// at most `timeout` from the moment it is called. Posting before waiting is what makes Gloo's
+// rendezvous sends safe (a send completes only once its receive is posted, so send().wait()
+// before a receive would deadlock two ranks that exchange). exchange() is one communication
+// batch: post all, then wait for all. The schedule guarantees that every pair of ranks posts
+// its transfers in one order, and tags separate edges and directions, so messages match FIFO.
 //
 // Failures become runtime errors (runtime/errors.h) that name this rank, the peer and the
 // operation's description: PipelineTimeout when the deadline passes, PeerError otherwise.
@@ -43,7 +42,17 @@ class Transport {
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
-  // Posts every op, then waits for all of them (see above). Throws PeerError/PipelineTimeout.
+  // A posted operation: the op (its tensor stays alive while in flight) and its Work.
+  struct Posted {
+    TransferOp op;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  // Starts every op; throws PeerError if the process group refuses one.
+  std::vector<Posted> post(std::vector<TransferOp> ops);
+  // Waits for one posted op, at most the timeout; throws PeerError/PipelineTimeout.
+  void wait(const Posted& posted);
+  // Posts every op, then waits for all of them. Throws PeerError/PipelineTimeout.
   void exchange(std::vector<TransferOp>& ops);
 
  private:
