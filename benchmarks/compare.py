@@ -61,7 +61,7 @@ BENCH_SPECS = {
     "candle_uno": "candle_uno:branches=4,feature_in=512,width=512,depth=4,top_width=512,top_depth=2,batch=64",
     "transformer": "transformer:depth=8,seq=32,hidden=128,heads=4,ffn=256,batch=32",
 }
-LR = 0.01
+LR = 0.001
 
 
 @dataclass
@@ -118,7 +118,7 @@ def graphpipe_rank(rank: int, world: int, spec: str, variant: Variant, steps: in
 def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool) -> dict:
     import torch.distributed as dist
 
-    from baselines.torch_pipelining import chain_stage_modules, train_rank
+    from baselines.torch_pipelining import chain_stage_modules, pin_integer_consumers, train_rank
     from graphpipe.trace import trace_module
 
     model, inputs, data = _batches(spec, steps)
@@ -130,7 +130,8 @@ def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, e
             dist.barrier()
         return {"losses": [float("nan")] * len(data), "seconds": [], "peak_rss": _peak_rss_bytes()}
     traced = trace_module(model, inputs)
-    stage = chain_stage_modules(traced.module, variant.labels, k)[rank]
+    labels = pin_integer_consumers(traced.module, variant.labels, traced.placeholder_values)
+    stage = chain_stage_modules(traced.module, labels, k)[rank]
     if emulate:  # the same waits as graphpipe's emulated stages: the sequential plan's figures
         from graphpipe.runtime.emulate import EmulatedStage
 
@@ -197,7 +198,8 @@ def run_variant(spec: str, world: int, variant: Variant, steps: int, warmup: int
     results = run_ranks(fn, world, spec, variant, warmup + steps, emulate, timeout=timeout)
     failed = [r for r in results if not r.ok]
     if failed:
-        first = failed[0]
+        # Report the rank that failed first, not the ones that lost their connection to it.
+        first = min(failed, key=lambda r: ("closed by peer" in r.message or "PeerError" in r.error_type, r.rank))
         return {"error": f"rank {first.rank}: {first.error_type}: {first.message}"}
     seconds = [max(r.value["seconds"][i] for r in results if r.value["seconds"]) for i in range(warmup + steps)]
     measured = seconds[warmup:]
@@ -222,7 +224,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(BENCH_SPECS), help="names in BENCH_SPECS or model specs")
     parser.add_argument("--world", type=int, nargs="+", default=[2], help="world sizes (default 2)")
-    parser.add_argument("--steps", type=int, default=6, help="measured iterations")
+    parser.add_argument("--steps", type=int, default=10, help="measured iterations")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
     parser.add_argument("--emulate", action="store_true", help="stage compute replaced by profiled waits")

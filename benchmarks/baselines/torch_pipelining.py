@@ -124,6 +124,38 @@ class ChainStage(nn.Module):
         )
 
 
+def pin_integer_consumers(gm: fx.GraphModule, stage_of: dict[str, int], example_values: Sequence[Any]) -> dict[str, int]:
+    """Moves operators that read an integer tensor made on an earlier stage onto that stage.
+
+    torch.distributed.pipelining (2.13) delivers integer tensors (DLRM's embedding indices)
+    as garbage across stage boundaries on Gloo, even carried as float64 (pytorch #183024 is the
+    upstream report of its non-float handling). A user of that library must keep such tensors
+    inside one stage; this does it for the baseline, so only float activations cross. Returns
+    the adjusted labelling (still a chain).
+    """
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    ShapeProp(gm).propagate(*example_values)
+
+    def is_integer(node: fx.Node) -> bool:
+        meta = node.meta.get("tensor_meta")
+        return meta is not None and hasattr(meta, "dtype") and not meta.dtype.is_floating_point
+
+    labels = dict(stage_of)
+    order = [n for n in gm.graph.nodes if n.name in labels]
+    for node in order:
+        # All model inputs enter the chain at stage 0.
+        sources = [0 if a.op == "placeholder" else labels.get(a.name, 0)
+                   for a in node.all_input_nodes if is_integer(a)]
+        if sources and min(sources) < labels[node.name]:
+            labels[node.name] = min(sources)
+    for node in order:  # keep the labelling monotone along edges
+        earlier = [labels[a.name] for a in node.all_input_nodes if a.name in labels]
+        if earlier and max(earlier) > labels[node.name]:
+            labels[node.name] = max(earlier)
+    return labels
+
+
 def chain_stage_modules(
     gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int
 ) -> list[ChainStage]:
@@ -278,7 +310,9 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
     try:
         model, inputs, batches = _check_setup(spec, steps)
         traced = trace_module(model, inputs)
-        stages = chain_stage_modules(traced.module, balanced_chain_labels(traced.graph, world), world)
+        labels = pin_integer_consumers(traced.module, balanced_chain_labels(traced.graph, world),
+                                       traced.placeholder_values)
+        stages = chain_stage_modules(traced.module, labels, world)
         losses, _ = train_rank(stages[rank], rank, world, batches, default_loss(spec), micro_batches, schedule)
         if rank == world - 1:
             with open(out_path, "w") as f:
