@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe._ext import _C
 from graphpipe.runtime.testing import run_ranks
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
@@ -121,7 +120,6 @@ def _results(world: int) -> list[Any]:
     return _RESULTS[world]
 
 
-@pytest.mark.skipif(not hasattr(_C, "partition"), reason="the partitioner bindings (_C.partition) are not built")
 @pytest.mark.parametrize("name,partitioner,schedule,world", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_pipeline_matches_single_process(name: str, partitioner: str, schedule: str, world: int) -> None:
     results = _results(world)
