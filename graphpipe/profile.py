@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from graphpipe._ext import _C
 from graphpipe.errors import GraphError, InputError
@@ -29,33 +30,18 @@ __all__ = ["profile"]
 
 
 def _take_rows(value: Any, rows: torch.Tensor, batch: int) -> Any:
-    if isinstance(value, torch.Tensor):
-        if value.dim() > 0 and value.shape[0] == batch:
-            return value.index_select(0, rows.to(value.device))
-        return value
-    if isinstance(value, tuple):
-        return tuple(_take_rows(v, rows, batch) for v in value)
-    if isinstance(value, list):
-        return [_take_rows(v, rows, batch) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _take_rows(v, rows, batch) for k, v in value.items()}
-    return value
+    """Rows ``rows`` of every tensor whose leading dimension is the batch."""
+    return pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: t.index_select(0, rows.to(t.device)) if t.dim() > 0 and t.shape[0] == batch else t,
+        value,
+    )
 
 
-def _leafify(value: Any) -> Any:
-    """Detached copies; floating tensors require grad so the backward reaches them."""
-    if isinstance(value, torch.Tensor):
-        copy = value.detach()
-        if copy.is_floating_point():
-            copy.requires_grad_(True)
-        return copy
-    if isinstance(value, tuple):
-        return tuple(_leafify(v) for v in value)
-    if isinstance(value, list):
-        return [_leafify(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _leafify(v) for k, v in value.items()}
-    return value
+def _leafify(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy; floating tensors require grad so the backward reaches them."""
+    copy = t.detach()
+    return copy.requires_grad_(True) if copy.is_floating_point() else copy
 
 
 def _callable(gm: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
@@ -153,7 +139,7 @@ def profile(
             fn = _callable(gm, node)
             args = fx.node.map_arg(node.args, lambda a: env[a])
             kwargs = fx.node.map_arg(node.kwargs, lambda a: env[a])
-            args, kwargs = _leafify(args), _leafify(kwargs)
+            args, kwargs = pytree.tree_map_only(torch.Tensor, _leafify, (args, kwargs))
 
             def forward() -> Any:
                 return fn(*args, **kwargs)
@@ -183,14 +169,4 @@ def profile(
 
 
 def _to(value: Any, dev: torch.device) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return value.to(dev)
-    if isinstance(value, tuple):
-        return tuple(_to(v, dev) for v in value)
-    if isinstance(value, list):
-        return [_to(v, dev) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _to(v, dev) for k, v in value.items()}
-    return value
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(dev), value)
