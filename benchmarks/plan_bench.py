@@ -10,7 +10,7 @@ micro-batches it holds in flight).
 
 Both tables are printed; everything is written to results/plan_bench.json.
 
-    GRAPHPIPE_EXT_DIR=build/h3 python3 benchmarks/plan_bench.py [--quick] [--out results/plan_bench.json]
+    python3 benchmarks/plan_bench.py [--quick] [--out results/plan_bench.json]
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import os
 import random
 import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from graphpipe._ext import _C  # noqa: E402
 
