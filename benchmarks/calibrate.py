@@ -3,8 +3,11 @@
 Two figures the simulator cannot know: the point-to-point link of the process group (latency
 and bandwidth of a Gloo send/recv pair between two local ranks, by ping-pong), and graphpipe's
 runtime cost of dispatching one forward or backward (a one-rank pipeline whose stage compute is
-emulated with zero-length waits, so only the runtime's own work is timed). compare.py uses them
-for the simulated figures it sets beside measured ones; neither comes from the runs compared.
+emulated with zero-length waits, so only the runtime's own work is timed). Both are measured
+with as many ranks running at once as the runs they describe (``concurrency``): with more ranks
+than cores, every rank's own CPU work is slowed by the others, and so are these figures.
+compare.py uses them for the simulated figures it sets beside measured ones; neither comes from
+the runs compared.
 
     python benchmarks/calibrate.py
 """
@@ -27,6 +30,12 @@ SMALL, LARGE = 4, 4 << 20  # bytes
 def _pingpong(rank: int, world: int, repeats: int) -> dict[int, float]:
     import torch.distributed as dist
 
+    # Ranks pair up (0-1, 2-3, ...) and ping-pong at the same time.
+    peer = rank ^ 1
+    if peer >= world:
+        for _ in range(2 * repeats):
+            dist.barrier()
+        return {}
     out = {}
     for size in (SMALL, LARGE):
         buf = torch.zeros(size // 4)
@@ -34,34 +43,42 @@ def _pingpong(rank: int, world: int, repeats: int) -> dict[int, float]:
         for _ in range(repeats):
             dist.barrier()
             start = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
+            if rank % 2 == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
             else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
             samples.append((time.perf_counter() - start) / 2)
         out[size] = statistics.median(samples)
     return out
 
 
-def link(repeats: int = 30) -> tuple[float, float]:
-    """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks."""
-    results = run_ranks(_pingpong, 2, repeats, timeout=120)
+def link(repeats: int = 30, concurrency: int = 2) -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
+    with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs)."""
+    world = max(2, concurrency)
+    results = run_ranks(_pingpong, world, repeats, timeout=300)
     if not all(r.ok for r in results):
         raise RuntimeError(f"link calibration failed: {[r.message for r in results if not r.ok]}")
-    times = results[0].value
-    latency = times[SMALL]
-    bandwidth = LARGE / max(times[LARGE] - latency, 1e-9)
+    timed = [r.value for r in results if r.value]
+    latency = statistics.median(t[SMALL] for t in timed)
+    large = statistics.median(t[LARGE] for t in timed)
+    bandwidth = LARGE / max(large - latency, 1e-9)
     return latency, bandwidth
 
 
 def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int) -> float:
+    import torch.distributed as dist
+
     from graphpipe.runtime.emulate import emulate_stage
 
+    # Every rank runs its own one-rank pipeline (a group of its own), all at the same time.
+    groups = [dist.new_group([r]) for r in range(world)]
     torch.manual_seed(0)
     model, inputs = build_model(spec)
-    pipe = graphpipe.wrap(model, inputs, default_loss(spec), micro_batches=micro_batches, partitioner="sequential")
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), group=groups[rank], micro_batches=micro_batches,
+                          partitioner="sequential")
     emulate_stage(pipe, 0.0, 0.0)
     targets = model.example_targets(inputs[0].shape[0])
     samples = []
@@ -72,18 +89,21 @@ def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int) 
     return statistics.median(samples[1:]) / (2 * micro_batches)
 
 
-def dispatch_overhead(spec: str = "candle_uno:batch=16", micro_batches: int = 8, steps: int = 12) -> float:
-    """Seconds of runtime work per forward or backward task (one rank, zero-length compute)."""
-    results = run_ranks(_dispatch, 1, spec, micro_batches, steps, timeout=120)
-    if not results[0].ok:
-        raise RuntimeError(f"dispatch calibration failed: {results[0].message}")
-    return float(results[0].value)
+def dispatch_overhead(spec: str = "candle_uno:batch=16", micro_batches: int = 8, steps: int = 12,
+                      concurrency: int = 1) -> float:
+    """Seconds of runtime work per forward or backward task (zero-length compute), with
+    ``concurrency`` one-rank pipelines running at once (median over them)."""
+    results = run_ranks(_dispatch, max(1, concurrency), spec, micro_batches, steps, timeout=300)
+    if not all(r.ok for r in results):
+        raise RuntimeError(f"dispatch calibration failed: {[r.message for r in results if not r.ok]}")
+    return float(statistics.median(r.value for r in results))
 
 
 def calibrated_devices(count: int) -> tuple[Any, float, dict[str, float]]:
-    """CPU devices with measured links, the measured dispatch overhead, and the raw figures."""
-    latency, bandwidth = link()
-    overhead = dispatch_overhead()
+    """CPU devices with measured links, the measured dispatch overhead, and the raw figures,
+    all measured with ``count`` ranks at once."""
+    latency, bandwidth = link(concurrency=count)
+    overhead = dispatch_overhead(concurrency=count)
     devices = graphpipe.devices(count, "cpu")
     devices.set_node_links(count, bandwidth, latency, bandwidth, latency)
     return devices, overhead, {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
@@ -91,6 +111,8 @@ def calibrated_devices(count: int) -> tuple[Any, float, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    _, _, figures = calibrated_devices(2)
-    for key, value in figures.items():
-        print(f"{key}: {value:.6g}")
+    import sys
+
+    for count in [int(a) for a in sys.argv[1:]] or [2]:
+        _, _, figures = calibrated_devices(count)
+        print(f"{count} ranks: " + ", ".join(f"{key} {value:.6g}" for key, value in figures.items()))

@@ -239,12 +239,16 @@ def main() -> None:
 
     from calibrate import dispatch_overhead, link
 
-    latency, bandwidth = link()
-    overhead = dispatch_overhead()
-    calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                   "task_overhead_seconds": overhead}
-    print(f"calibration: link latency {latency * 1e6:.0f} us, bandwidth {bandwidth / 1e9:.2f} GB/s, "
-          f"runtime dispatch {overhead * 1e6:.0f} us per forward/backward", file=sys.stderr)
+    # The simulator's link and dispatch figures, measured with as many ranks at once as each run.
+    calibration: dict[int, dict[str, float]] = {}
+    for world in sorted(set(args.world)):
+        latency, bandwidth = link(concurrency=world)
+        overhead = dispatch_overhead(concurrency=world)
+        calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
+                              "task_overhead_seconds": overhead}
+        print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
+              f"{bandwidth / 1e9:.2f} GB/s, runtime dispatch {overhead * 1e6:.0f} us per forward/backward",
+              file=sys.stderr)
     rows: list[dict] = []
     jobs = [(m, w) for m in args.models for w in args.world]
     bar = tqdm(total=len(jobs) * 5, desc=f"compare ({mode})", unit="run", file=sys.stderr)
@@ -252,8 +256,10 @@ def main() -> None:
         spec = BENCH_SPECS.get(name, name)
         batch = build_model(spec)[1][0].shape[0]
         profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
+        c = calibration[world]
         variants, plans = make_variants(spec, world, args.memory_limit, profile_batches,
-                                        (latency, bandwidth, overhead))
+                                        (c["link_latency_seconds"], c["link_bandwidth_bytes_per_second"],
+                                         c["task_overhead_seconds"]))
         reference = reference_losses(spec, 1)[0]
         results = {}
         for variant in variants:
