@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 
 import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
 
 #: Benchmark sizes: big enough on a CPU core that compute, not per-operator overhead, dominates;
 #: small enough that the default run takes a few minutes on 2 cores.
@@ -78,15 +78,6 @@ class Variant:
 
 # ---- per-rank work -------------------------------------------------------------------------
 
-def _batches(spec: str, steps: int) -> tuple[Any, tuple, list]:
-    torch.manual_seed(0)
-    model, inputs = build_model(spec)
-    generator = torch.Generator().manual_seed(1)
-    batch = inputs[0].shape[0]
-    data = [(model.example_inputs(batch, generator), model.example_targets(batch, generator)) for _ in range(steps)]
-    return model, inputs, data
-
-
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -94,7 +85,7 @@ def _peak_rss_bytes() -> int:
 def graphpipe_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool) -> dict:
     import torch.distributed as dist
 
-    model, inputs, data = _batches(spec, steps)
+    model, inputs, data = seeded_batches(spec, steps)
     pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=variant.plan_json, schedule=variant.schedule)
     if emulate:
         from graphpipe.runtime.emulate import emulate_stage
@@ -121,7 +112,7 @@ def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, e
     from baselines.torch_pipelining import chain_stage_modules, pin_integer_consumers, train_rank
     from graphpipe.trace import trace_module
 
-    model, inputs, data = _batches(spec, steps)
+    model, inputs, data = seeded_batches(spec, steps)
     k = variant.num_stages
     group = dist.new_group(list(range(k))) if k < world else None  # collective: every rank calls it
     if rank >= k:  # more ranks than chain stages: this rank idles, joining the barriers
@@ -145,17 +136,8 @@ def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, e
 # ---- orchestration -------------------------------------------------------------------------
 
 def reference_losses(spec: str, steps: int) -> list[float]:
-    model, _, data = _batches(spec, steps)
-    loss_fn = default_loss(spec)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    out = []
-    for x, y in data:
-        optimizer.zero_grad()
-        loss = loss_fn(model(*x), y)
-        loss.backward()
-        optimizer.step()
-        out.append(float(loss))
-    return out
+    model, _, data = seeded_batches(spec, steps)
+    return reference_training(model, data, default_loss(spec), LR)
 
 
 def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...],

@@ -303,12 +303,13 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
     import json
 
     from graphpipe.models import default_loss
+    from graphpipe.runtime.testing import seeded_batches
     from graphpipe.trace import trace_module
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
-        model, inputs, batches = _check_setup(spec, steps)
+        model, inputs, batches = seeded_batches(spec, steps)
         traced = trace_module(model, inputs)
         labels = pin_integer_consumers(traced.module, balanced_chain_labels(traced.graph, world),
                                        traced.placeholder_values)
@@ -321,17 +322,6 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
         dist.destroy_process_group()
 
 
-def _check_setup(spec: str, steps: int) -> tuple[nn.Module, tuple, list]:
-    from graphpipe.models import build_model
-
-    torch.manual_seed(0)
-    model, inputs = build_model(spec)
-    generator = torch.Generator().manual_seed(1)
-    batch = inputs[0].shape[0]
-    batches = [(model.example_inputs(batch, generator), model.example_targets(batch, generator)) for _ in range(steps)]
-    return model, inputs, batches
-
-
 def main() -> None:
     """Self-check: N ranks of torch.distributed.pipelining vs single-process training (losses)."""
     import argparse
@@ -342,6 +332,7 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     from graphpipe.models import default_loss
+    from graphpipe.runtime.testing import reference_training, seeded_batches
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model", help="model spec, e.g. dlrm or mmt:branches=2")
@@ -351,16 +342,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
 
-    model, _, batches = _check_setup(args.model, args.steps)
-    loss_fn = default_loss(args.model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    reference = []
-    for inputs, target in batches:
-        optimizer.zero_grad()
-        loss = loss_fn(model(*inputs), target)
-        loss.backward()
-        optimizer.step()
-        reference.append(float(loss))
+    model, _, batches = seeded_batches(args.model, args.steps)
+    reference = reference_training(model, batches, default_loss(args.model), lr=0.01)
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "losses.json")
         mp.spawn(_check_worker, nprocs=args.world, join=True,

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["RankResult", "run_ranks"]
+__all__ = ["RankResult", "reference_training", "run_ranks", "seeded_batches"]
 
 
 @dataclass
@@ -88,3 +88,29 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
                 results[r] = RankResult(r, False, error_type=kind, message=f"rank {r} gave no result (exit code {code})")
         q.close()
         return [results[r] for r in range(world)]
+
+
+def seeded_batches(spec: str, steps: int, model_seed: int = 0, data_seed: int = 1) -> tuple[Any, tuple, list]:
+    """(model, example inputs, [(inputs, targets)] * steps) of a ``graphpipe.models`` spec, the
+    same in every process that asks: the model from ``model_seed``, the batches from ``data_seed``."""
+    from graphpipe.models import build_model
+
+    torch.manual_seed(model_seed)
+    model, inputs = build_model(spec)
+    generator = torch.Generator().manual_seed(data_seed)
+    batch = inputs[0].shape[0]
+    data = [(model.example_inputs(batch, generator), model.example_targets(batch, generator)) for _ in range(steps)]
+    return model, inputs, data
+
+
+def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], lr: float) -> list[float]:
+    """Plain single-process SGD over ``batches``: the losses every pipeline must reproduce."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(model(*inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
