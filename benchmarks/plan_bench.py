@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 from graphpipe._ext import _C  # noqa: E402

@@ -17,11 +17,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 

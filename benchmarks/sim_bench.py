@@ -16,8 +16,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 from graphpipe._ext import _C  # noqa: E402
 
 SIZES = [(4, 16), (8, 64), (16, 128), (32, 256), (64, 512)]

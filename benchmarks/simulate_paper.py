@@ -43,8 +43,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/simulate_paper.json")
     args = parser.parse_args()
     rows = []
-    header = (f"| model | GPUs | partitioner | stages | depth | micro-batches | samples/s | vs sequential "
-              f"| first-stage memory GiB | plan s |")
+    header = ("| model | GPUs | partitioner | stages | depth | micro-batches | samples/s | vs sequential "
+              "| first-stage memory GiB | plan s |")
     print(header)
     print("|" + "---|" * 10)
     for name in args.models:
