@@ -112,5 +112,5 @@ def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], l
         loss = loss_fn(model(*inputs), targets)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
