@@ -207,6 +207,8 @@ def main() -> None:
     parser.add_argument("--world", type=int, nargs="+", default=[2], help="world sizes (default 2)")
     parser.add_argument("--steps", type=int, default=10, help="measured iterations")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
+                        help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")
     parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
     parser.add_argument("--emulate", action="store_true", help="stage compute replaced by profiled waits")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per variant before giving up")
@@ -234,7 +236,7 @@ def main() -> None:
     jobs = [(m, w) for m in args.models for w in args.world]
     bar = tqdm(total=len(jobs) * 5, desc=f"compare ({mode})", unit="run", file=sys.stderr)
     for name, world in jobs:
-        spec = BENCH_SPECS.get(name, name)
+        spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
         batch = build_model(spec)[1][0].shape[0]
         profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
         c = calibration[world]
