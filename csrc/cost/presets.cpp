@@ -67,32 +67,32 @@ double measure_bandwidth() {
 
 }  // namespace
 
-Devices v100(int count, int per_node) {
+namespace {
+
+// A GPU preset: per-device figures plus NVLink-class links inside a node, slower ones across.
+Devices gpu(const char* name, int count, int per_node, double memory, double flops, double bandwidth,
+            double overhead, double intra_bw, double intra_lat, double inter_bw, double inter_lat) {
   check_count(count);
   Devices d;
-  d.name = "v100";
+  d.name = name;
   d.count = count;
-  d.memory_bytes = 16 * GiB;
-  d.flops_per_second = 62.5e12;
-  d.memory_bandwidth = 900e9;
-  d.op_overhead_seconds = 10e-6;
-  set_node_links(d, per_node, 50e9, 5e-6, 12.5e9, 10e-6);
+  d.memory_bytes = memory;
+  d.flops_per_second = flops;
+  d.memory_bandwidth = bandwidth;
+  d.op_overhead_seconds = overhead;
+  set_node_links(d, per_node, intra_bw, intra_lat, inter_bw, inter_lat);
   d.validate();
   return d;
 }
 
+}  // namespace
+
+Devices v100(int count, int per_node) {
+  return gpu("v100", count, per_node, 16 * GiB, 62.5e12, 900e9, 10e-6, 50e9, 5e-6, 12.5e9, 10e-6);
+}
+
 Devices h100(int count, int per_node) {
-  check_count(count);
-  Devices d;
-  d.name = "h100";
-  d.count = count;
-  d.memory_bytes = 80 * GiB;
-  d.flops_per_second = 495e12;
-  d.memory_bandwidth = 3.35e12;
-  d.op_overhead_seconds = 5e-6;
-  set_node_links(d, per_node, 450e9, 3e-6, 50e9, 8e-6);
-  d.validate();
-  return d;
+  return gpu("h100", count, per_node, 80 * GiB, 495e12, 3.35e12, 5e-6, 450e9, 3e-6, 50e9, 8e-6);
 }
 
 Devices cpu_rank(int count, bool measure) {
