@@ -113,12 +113,7 @@ def timing_table(quick: bool) -> list[dict]:
                             "stages_max": stages,
                             "partitioner": name,
                             "plan_seconds": seconds,
-                            "result": plan.partitioner,
-                            "stages": plan.num_stages,
-                            "depth": plan.depth,
-                            "micro_batch_size": plan.micro_batch_size,
-                            "bottleneck_ms_per_sample": plan.bottleneck_seconds_per_sample * 1e3,
-                            "step_ms": plan.predicted_iteration_seconds * 1e3,
+                            **_figures(plan),
                         }
                     )
                     print(
@@ -130,10 +125,19 @@ def timing_table(quick: bool) -> list[dict]:
     return rows
 
 
+def _figures(plan) -> dict:
+    """The plan-level figures both tables report."""
+    return {
+        "result": plan.partitioner,
+        "stages": plan.num_stages,
+        "depth": plan.depth,
+        "micro_batch_size": plan.micro_batch_size,
+        "bottleneck_ms_per_sample": plan.bottleneck_seconds_per_sample * 1e3,
+        "step_ms": plan.predicted_iteration_seconds * 1e3,
+    }
+
+
 def model_table(batch: int) -> list[dict]:
-    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphpipe", "trace.py")):
-        print("graphpipe/trace.py not found: skipping the paper-model table")
-        return []
     from graphpipe.models import build_model
     from graphpipe.trace import trace
 
@@ -157,12 +161,7 @@ def model_table(batch: int) -> list[dict]:
                         "branches": widest,
                         "devices": count,
                         "partitioner": name,
-                        "result": plan.partitioner,
-                        "stages": plan.num_stages,
-                        "depth": plan.depth,
-                        "micro_batch_size": plan.micro_batch_size,
-                        "bottleneck_ms_per_sample": plan.bottleneck_seconds_per_sample * 1e3,
-                        "step_ms": plan.predicted_iteration_seconds * 1e3,
+                        **_figures(plan),
                         "first_stage_activation_mib": first.activation_bytes * first.in_flight / MiB,
                         "max_memory_gib": max(s.memory_bytes for s in plan.stages) / 1024.0 / MiB,
                         "plan_seconds": seconds,
