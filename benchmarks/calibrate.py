@@ -27,7 +27,12 @@ from graphpipe.runtime.testing import run_ranks
 SMALL, LARGE = 4, 4 << 20  # bytes
 
 
-def _pingpong(rank: int, world: int, repeats: int) -> dict[int, float]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _pingpong(rank: int, world: int, repeats: int, device: str = "cpu") -> dict[int, float]:
     import torch.distributed as dist
 
     # Ranks pair up (0-1, 2-3, ...) and ping-pong at the same time.
@@ -38,10 +43,11 @@ def _pingpong(rank: int, world: int, repeats: int) -> dict[int, float]:
         return {}
     out = {}
     for size in (SMALL, LARGE):
-        buf = torch.zeros(size // 4)
+        buf = torch.zeros(size // 4, device=device)
         samples = []
         for _ in range(repeats):
             dist.barrier()
+            _sync(device)
             start = time.perf_counter()
             if rank % 2 == 0:
                 dist.send(buf, peer)
@@ -49,26 +55,42 @@ def _pingpong(rank: int, world: int, repeats: int) -> dict[int, float]:
             else:
                 dist.recv(buf, peer)
                 dist.send(buf, peer)
+            _sync(device)
             samples.append((time.perf_counter() - start) / 2)
         out[size] = statistics.median(samples)
     return out
 
 
-def link(repeats: int = 30, concurrency: int = 2) -> tuple[float, float]:
+def _in_group(fn: Any, *args: Any) -> list[Any]:
+    """Runs ``fn(rank, world, *args)`` on every rank of the initialised default process group
+    (a ``torchrun`` launch) and returns every rank's value, on every rank."""
+    import torch.distributed as dist
+
+    value = fn(dist.get_rank(), dist.get_world_size(), *args)
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def link(repeats: int = 30, concurrency: int = 2, *, in_group: bool = False,
+         device: str = "cpu") -> tuple[float, float]:
     """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
-    with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs)."""
-    world = max(2, concurrency)
-    results = run_ranks(_pingpong, world, repeats, timeout=300)
-    if not all(r.ok for r in results):
-        raise RuntimeError(f"link calibration failed: {[r.message for r in results if not r.ok]}")
-    timed = [r.value for r in results if r.value]
+    with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs).
+    ``in_group``: measure on the ranks of the current process group instead of spawning."""
+    if in_group:
+        timed = [v for v in _in_group(_pingpong, repeats, device) if v]
+    else:
+        results = run_ranks(_pingpong, max(2, concurrency), repeats, device, timeout=300)
+        if not all(r.ok for r in results):
+            raise RuntimeError(f"link calibration failed: {[r.message for r in results if not r.ok]}")
+        timed = [r.value for r in results if r.value]
     latency = statistics.median(t[SMALL] for t in timed)
     large = statistics.median(t[LARGE] for t in timed)
     bandwidth = LARGE / max(large - latency, 1e-9)
     return latency, bandwidth
 
 
-def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int) -> float:
+def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int, device: str = "cpu") -> float:
     import torch.distributed as dist
 
     from graphpipe.runtime.emulate import emulate_stage
@@ -77,23 +99,27 @@ def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int) 
     groups = [dist.new_group([r]) for r in range(world)]
     torch.manual_seed(0)
     model, inputs = build_model(spec)
-    pipe = graphpipe.wrap(model, inputs, default_loss(spec), group=groups[rank], micro_batches=micro_batches,
-                          partitioner="sequential")
+    pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), group=groups[rank],
+                          micro_batches=micro_batches, partitioner="sequential")
     emulate_stage(pipe, 0.0, 0.0)
     targets = model.example_targets(inputs[0].shape[0])
     samples = []
     for _ in range(steps):
         start = time.perf_counter()
         pipe.step(inputs, targets)
+        _sync(device)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples[1:]) / (2 * micro_batches)
 
 
 def dispatch_overhead(spec: str = "candle_uno:batch=16", micro_batches: int = 8, steps: int = 12,
-                      concurrency: int = 1) -> float:
+                      concurrency: int = 1, *, in_group: bool = False, device: str = "cpu") -> float:
     """Seconds of runtime work per forward or backward task (zero-length compute), with
-    ``concurrency`` one-rank pipelines running at once (median over them)."""
-    results = run_ranks(_dispatch, max(1, concurrency), spec, micro_batches, steps, timeout=300)
+    ``concurrency`` one-rank pipelines running at once (median over them). ``in_group``: one
+    pipeline on every rank of the current process group instead of spawning."""
+    if in_group:
+        return float(statistics.median(_in_group(_dispatch, spec, micro_batches, steps, device)))
+    results = run_ranks(_dispatch, max(1, concurrency), spec, micro_batches, steps, device, timeout=300)
     if not all(r.ok for r in results):
         raise RuntimeError(f"dispatch calibration failed: {[r.message for r in results if not r.ok]}")
     return float(statistics.median(r.value for r in results))

@@ -11,21 +11,29 @@ dtype (float32) and number of ranks:
                          the model cut at the sequential plan's cut points, at the sequential
                          plan's micro-batch count (and at the graph plan's, marked "@graph M")
 
-Each variant runs on freshly spawned ranks (Gloo on CPU, one torch thread each): warm-up
-iterations, then measured ones; we report samples/s (median and min-max spread), peak resident
-memory per rank, and ratios to each baseline, and check that every variant's first-step loss
-equals single-process training's. Plans are made once, in this process, from a profiled graph
-(graphpipe.profile at several batch sizes on this machine), with the same memory limit for every
-partitioner. Output: a markdown table on stdout, JSON (machine, torch, commit, every figure) and
-a PNG chart.
+Every variant is measured in ``--rounds`` interleaved rounds (variant A, B, C, D, then A, B, C,
+D again, ...), each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under
+``torchrun``, on the launched ranks: warm-up iterations, then measured ones, pooled over the
+rounds. Interleaving spreads the machine's slow drifts over all variants alike, so the ratios
+compare like with like. We report samples/s (median and min-max spread), peak memory per rank
+(resident memory on CPU, allocated memory on GPU), and ratios to each baseline, and check that
+every variant's first-step loss equals single-process training's. Plans are made once, on rank
+0, from a profiled graph (graphpipe.profile at several batch sizes on this machine), with the
+same memory limit for every partitioner. Output: a markdown table on stdout, JSON (machine,
+torch, commit, every figure) and a PNG chart.
 
 ``--emulate`` replaces each stage's compute by a wait of its profiled duration (transfers stay
 real), so that 4 to 16 ranks fit on a small machine; every output of that mode says
 "emulated", and the measured iteration time is compared with the simulator's.
 
-    python benchmarks/compare.py                          # defaults: 4 models, 2 ranks
+``--device cuda`` runs every rank on its own GPU with NCCL (profiling on the GPU too, planning
+with the ``--gpu-kind`` preset and the measured links).
+
+    python benchmarks/compare.py                          # defaults: 4 models, 2 CPU ranks
     python benchmarks/compare.py --models candle_uno --world 2 3 --steps 10
     python benchmarks/compare.py --emulate --world 4 8
+    torchrun --nproc-per-node 2 benchmarks/compare.py     # the launched ranks (Gloo on CPU)
+    torchrun --nproc-per-node 8 benchmarks/compare.py --device cuda --size paper
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
-from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
+from graphpipe.runtime.testing import RankResult, reference_training, run_ranks, seeded_batches  # noqa: E402
 
 #: Benchmark sizes: big enough on a CPU core that compute, not per-operator overhead, dominates;
 #: small enough that the default run takes a few minutes on 2 cores.
@@ -61,6 +70,7 @@ BENCH_SPECS = {
     "transformer": "transformer:depth=8,seq=32,hidden=128,heads=4,ffn=256,batch=32",
 }
 LR = 0.001
+PEER_BUILD_FAILED = "a peer rank could not build this variant"
 
 
 @dataclass
@@ -77,48 +87,48 @@ class Variant:
 
 # ---- per-rank work -------------------------------------------------------------------------
 
-def _peak_rss_bytes() -> int:
+def _rank_device(device: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def graphpipe_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool) -> dict:
-    import torch.distributed as dist
-
-    model, inputs, data = seeded_batches(spec, steps)
-    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=variant.plan_json, schedule=variant.schedule)
+def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emulate: bool,
+                       device: torch.device) -> Any:
+    pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=variant.plan_json,
+                          schedule=variant.schedule, device=device)
     if emulate:
         from graphpipe.runtime.emulate import emulate_stage
 
         emulate_stage(pipe)
-    optimizer = torch.optim.SGD(list(pipe.parameters()), lr=LR) if list(pipe.parameters()) else None
-    losses, seconds = [], []
-    for x, y in data:
-        dist.barrier()
-        start = time.perf_counter()
+    params = list(pipe.parameters())
+    optimizer = torch.optim.SGD(params, lr=LR) if params else None
+
+    def step(x: Any, y: Any) -> float:
         loss = pipe.step(x, y)
         if optimizer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        dist.barrier()
-        seconds.append(time.perf_counter() - start)
-        losses.append(float(loss))
-    return {"losses": losses, "seconds": seconds, "peak_rss": _peak_rss_bytes()}
+        return float(loss)
+
+    return step
 
 
-def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool) -> dict:
+def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any, emulate: bool,
+                   device: torch.device) -> Any:
     import torch.distributed as dist
 
-    from baselines.torch_pipelining import chain_stage_modules, pin_integer_consumers, train_rank
+    from baselines.torch_pipelining import chain_stage_modules, make_stepper, pin_integer_consumers
     from graphpipe.trace import trace_module
 
-    model, inputs, data = seeded_batches(spec, steps)
     k = variant.num_stages
     group = dist.new_group(list(range(k))) if k < world else None  # collective: every rank calls it
     if rank >= k:  # more ranks than chain stages: this rank idles, joining the barriers
-        for _ in data:
-            dist.barrier()
-            dist.barrier()
-        return {"losses": [float("nan")] * len(data), "seconds": [], "peak_rss": _peak_rss_bytes()}
+        return lambda x, y: float("nan")
     traced = trace_module(model, inputs)
     labels = pin_integer_consumers(traced.module, variant.labels, traced.placeholder_values)
     stage = chain_stage_modules(traced.module, labels, k)[rank]
@@ -127,9 +137,47 @@ def torch_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, e
 
         figures = json.loads(variant.plan_json)["stages"][rank]
         stage = EmulatedStage(stage, figures["forward_seconds"], figures["backward_seconds"])
-    losses, seconds = train_rank(stage, rank, k, data, default_loss(spec), variant.micro_batches,
-                                 variant.schedule, lr=LR, group=group)
-    return {"losses": losses, "seconds": seconds, "peak_rss": _peak_rss_bytes()}
+    return make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
+                        device=device, group=group)
+
+
+def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool,
+                 device: str = "cpu") -> dict:
+    """Builds ``variant`` on this rank and runs ``steps`` iterations, each timed between two
+    barriers of the whole group: {"losses", "seconds", "peak_memory"}. Every rank calls it."""
+    import torch.distributed as dist
+
+    dev = _rank_device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    model, inputs, data = seeded_batches(spec, steps)
+    failure: Exception | None = None
+    try:
+        if variant.runtime == "graphpipe":
+            step = _graphpipe_stepper(spec, variant, model, inputs, emulate, dev)
+        else:
+            step = _torch_stepper(rank, world, spec, variant, model, inputs, emulate, dev)
+    except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
+        failure = exc
+    # Every rank learns whether every other could build its part before any rank waits on a
+    # peer: a variant that one rank refuses (torch's 1F1B with fewer micro-batches than stages)
+    # then fails everywhere at once instead of leaving the others in a barrier.
+    built = torch.tensor([0 if failure else 1], device=dev)
+    dist.all_reduce(built, op=dist.ReduceOp.MIN)
+    if failure is not None:
+        raise failure
+    if int(built.item()) == 0:
+        raise RuntimeError(PEER_BUILD_FAILED)
+    losses, seconds = [], []
+    for x, y in data:
+        dist.barrier()
+        start = time.perf_counter()
+        losses.append(step(x, y))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        dist.barrier()
+        seconds.append(time.perf_counter() - start)
+    return {"losses": losses, "seconds": seconds, "peak_memory": _peak_memory_bytes(dev)}
 
 
 # ---- orchestration -------------------------------------------------------------------------
@@ -140,12 +188,14 @@ def reference_losses(spec: str, steps: int) -> list[float]:
 
 
 def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...],
-                  calibration: tuple[float, float, float]) -> tuple[list[Variant], dict]:
+                  calibration: dict[str, float], device: str = "cpu", gpu_kind: str = "h100",
+                  ) -> tuple[list[Variant], dict]:
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
-    graphpipe.profile(graph, model, inputs, batch_sizes=profile_batches, repeats=3, warmup=1)
-    latency, bandwidth, overhead = calibration
-    devices = graphpipe.devices(world, "cpu")
+    profile_device = "cuda" if device == "cuda" else "cpu"
+    graphpipe.profile(graph, model, inputs, device=profile_device, batch_sizes=profile_batches, repeats=3, warmup=1)
+    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
+    devices = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu")
     devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
     plans = {p: graphpipe.plan(graph, devices, p, memory_limit=memory_limit) for p in ("graphpipe", "sequential")}
     seq = plans["sequential"]
@@ -166,6 +216,7 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
                    "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
                    "predicted_iteration_seconds": p.predicted_iteration_seconds}
             for name, p in plans.items()}
+    overhead = calibration["task_overhead_seconds"]
     sims = {name: graphpipe.simulate(p, devices, task_overhead_seconds=overhead).iteration_seconds
             for name, p in plans.items()}
     for name in info:
@@ -173,24 +224,65 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
     return variants, info
 
 
-def run_variant(spec: str, world: int, variant: Variant, steps: int, warmup: int, emulate: bool,
-                timeout: float) -> dict:
-    fn = graphpipe_rank if variant.runtime == "graphpipe" else torch_rank
-    results = run_ranks(fn, world, spec, variant, warmup + steps, emulate, timeout=timeout)
+@dataclass
+class Launch:
+    """How ranks come to be: spawned by this script per run, or launched once by torchrun."""
+
+    torchrun: bool
+    device: str  # "cpu" or "cuda"
+    timeout: float
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if self.torchrun else 0
+
+    def run(self, world: int, variant: Variant, spec: str, steps: int, emulate: bool) -> list[RankResult]:
+        """``measure_rank`` on every rank; every rank's result (on every rank under torchrun)."""
+        if not self.torchrun:
+            return run_ranks(measure_rank, world, spec, variant, steps, emulate, self.device,
+                             timeout=self.timeout, backend=self.backend)
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        try:
+            mine = RankResult(rank, True, measure_rank(rank, world, spec, variant, steps, emulate, self.device))
+        except Exception as exc:  # noqa: BLE001 - every rank learns every rank's failure
+            mine = RankResult(rank, False, error_type=type(exc).__name__, message=str(exc))
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        return gathered
+
+
+def run_variant(spec: str, world: int, variant: Variant, launch: Launch, rounds: list[int], warmup: int,
+                emulate: bool, round_index: int, pooled: dict) -> None:
+    """One round of ``variant``: warm-up plus ``rounds[round_index]`` measured iterations, pooled
+    into ``pooled`` (seconds, first loss from round 0, peak memory per rank, or an error)."""
+    if "error" in pooled:
+        return
+    results = launch.run(world, variant, spec, warmup + rounds[round_index], emulate)
     failed = [r for r in results if not r.ok]
     if failed:
         # Report the rank that failed first, not the ones that lost their connection to it.
-        first = min(failed, key=lambda r: ("closed by peer" in r.message or "PeerError" in r.error_type, r.rank))
-        return {"error": f"rank {first.rank}: {first.error_type}: {first.message}"}
-    seconds = [max(r.value["seconds"][i] for r in results if r.value["seconds"]) for i in range(warmup + steps)]
-    measured = seconds[warmup:]
-    losses = next((r.value["losses"] for r in results if r.value["losses"] and r.value["losses"][0] == r.value["losses"][0]), [])
-    return {
-        "iteration_seconds": measured,
-        "median_seconds": statistics.median(measured),
-        "first_loss": losses[0] if losses else float("nan"),
-        "peak_rss_bytes": [r.value["peak_rss"] for r in results],
-    }
+        first = min(failed, key=lambda r: (PEER_BUILD_FAILED in r.message or "closed by peer" in r.message
+                                           or "PeerError" in r.error_type, r.rank))
+        pooled.clear()
+        pooled["error"] = f"rank {first.rank}: {first.error_type}: {first.message}"
+        return
+    steps = warmup + rounds[round_index]
+    seconds = [max(r.value["seconds"][i] for r in results) for i in range(steps)]
+    pooled.setdefault("iteration_seconds", []).extend(seconds[warmup:])
+    if round_index == 0:
+        losses = [r.value["losses"][0] for r in results if r.value["losses"][0] == r.value["losses"][0]]
+        pooled["first_loss"] = losses[0] if losses else float("nan")
+    peaks = [r.value["peak_memory"] for r in results]
+    pooled["peak_memory_bytes"] = [max(a, b) for a, b in zip(pooled.get("peak_memory_bytes", peaks), peaks)]
+    pooled["median_seconds"] = statistics.median(pooled["iteration_seconds"])
 
 
 def git_commit() -> str:
@@ -201,59 +293,106 @@ def git_commit() -> str:
         return ""
 
 
+def _launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
+    """The simulator's link and dispatch figures, measured with as many ranks at once as each run."""
+    from calibrate import dispatch_overhead, link
+
+    calibration: dict[int, dict[str, float]] = {}
+    for world in worlds:
+        latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
+        overhead = dispatch_overhead(concurrency=world, in_group=launch.torchrun, device=launch.device)
+        calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
+                              "task_overhead_seconds": overhead}
+        if launch.rank == 0:
+            print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
+                  f"{bandwidth / 1e9:.2f} GB/s, runtime dispatch {overhead * 1e6:.0f} us per forward/backward",
+                  file=sys.stderr)
+    return calibration
+
+
+def split_steps(steps: int, rounds: int) -> list[int]:
+    """Measured iterations per round: ``steps`` spread over ``rounds`` (at least 1 each)."""
+    rounds = max(1, min(rounds, steps))
+    return [steps // rounds + (1 if i < steps % rounds else 0) for i in range(rounds)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(BENCH_SPECS), help="names in BENCH_SPECS or model specs")
-    parser.add_argument("--world", type=int, nargs="+", default=[2], help="world sizes (default 2)")
-    parser.add_argument("--steps", type=int, default=10, help="measured iterations")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--world", type=int, nargs="+", default=[2],
+                        help="world sizes (default 2; under torchrun, the launched world)")
+    parser.add_argument("--steps", type=int, default=12, help="measured iterations per variant, over all rounds")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="interleaved rounds per variant (each with its own warm-up)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
                         help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")
     parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
-    parser.add_argument("--emulate", action="store_true", help="stage compute replaced by profiled waits")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per variant before giving up")
+    parser.add_argument("--emulate", action="store_true", help="stage compute replaced by profiled waits (CPU)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cpu: Gloo CPU ranks (default); cuda: one GPU per rank, NCCL")
+    parser.add_argument("--gpu-kind", default="h100", help="device preset the planner uses with --device cuda")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before giving up")
     parser.add_argument("--out", default="results/compare.json")
     parser.add_argument("--png", default="results/compare.png")
     args = parser.parse_args()
+    if args.device == "cuda" and args.emulate:
+        parser.error("--emulate replaces compute by CPU waits; use it with --device cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to this process")
     torch.set_num_threads(1)
     mode = "emulated" if args.emulate else "measured"
+    launch = Launch(_launched_by_torchrun(), args.device, args.timeout)
+    if launch.torchrun:
+        import datetime
+
+        import torch.distributed as dist
+
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(launch.backend, timeout=datetime.timedelta(seconds=args.timeout))
+        args.world = [dist.get_world_size()]
+    lead = launch.rank == 0
+    worlds = sorted(set(args.world))
+    calibration = calibrate(worlds, launch)
+    rounds = split_steps(args.steps, args.rounds)
 
     from tqdm import tqdm
 
-    from calibrate import dispatch_overhead, link
-
-    # The simulator's link and dispatch figures, measured with as many ranks at once as each run.
-    calibration: dict[int, dict[str, float]] = {}
-    for world in sorted(set(args.world)):
-        latency, bandwidth = link(concurrency=world)
-        overhead = dispatch_overhead(concurrency=world)
-        calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                              "task_overhead_seconds": overhead}
-        print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
-              f"{bandwidth / 1e9:.2f} GB/s, runtime dispatch {overhead * 1e6:.0f} us per forward/backward",
-              file=sys.stderr)
     rows: list[dict] = []
-    jobs = [(m, w) for m in args.models for w in args.world]
-    bar = tqdm(total=len(jobs) * 5, desc=f"compare ({mode})", unit="run", file=sys.stderr)
+    jobs = [(m, w) for m in args.models for w in worlds]
+    bar = tqdm(total=len(jobs) * 5 * len(rounds), desc=f"compare ({mode})", unit="run", file=sys.stderr,
+               disable=not lead)
     for name, world in jobs:
         spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
         batch = build_model(spec)[1][0].shape[0]
         profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        c = calibration[world]
-        variants, plans = make_variants(spec, world, args.memory_limit, profile_batches,
-                                        (c["link_latency_seconds"], c["link_bandwidth_bytes_per_second"],
-                                         c["task_overhead_seconds"]))
-        reference = reference_losses(spec, 1)[0]
-        results = {}
-        for variant in variants:
-            bar.set_postfix_str(f"{name} x{world} {variant.name}")
-            results[variant.name] = run_variant(spec, world, variant, args.steps, args.warmup, args.emulate, args.timeout)
-            bar.update(1)
+        shared: list[Any] = [None]
+        if lead:  # rank 0 profiles and plans; under torchrun the others receive its plans
+            variants, plans = make_variants(spec, world, args.memory_limit, profile_batches, calibration[world],
+                                            args.device, args.gpu_kind)
+            shared = [(variants, plans, reference_losses(spec, 1)[0])]
+        if launch.torchrun:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(shared, src=0)
+        variants, plans, reference = shared[0]
+        results: dict[str, dict] = {v.name: {} for v in variants}
+        for round_index in range(len(rounds)):  # A B C D, A B C D, ...: drifts hit every variant alike
+            for variant in variants:
+                bar.set_postfix_str(f"{name} x{world} {variant.name} (round {round_index + 1})")
+                run_variant(spec, world, variant, launch, rounds, args.warmup, args.emulate, round_index,
+                            results[variant.name])
+                bar.update(1)
         base = {k: v.get("median_seconds") for k, v in results.items()}
         for variant in variants:
             r = results[variant.name]
             row = {"model": name, "spec": spec, "world": world, "variant": variant.name, "mode": mode,
-                   "batch": batch, "micro_batches": variant.micro_batches, **r}
+                   "device": args.device, "batch": batch, "micro_batches": variant.micro_batches, **r}
             if "median_seconds" in r:
                 row["samples_per_second"] = batch / r["median_seconds"]
                 row["spread"] = [batch / max(r["iteration_seconds"]), batch / min(r["iteration_seconds"])]
@@ -268,31 +407,39 @@ def main() -> None:
                 row["plan"] = plans[key]
             rows.append(row)
     bar.close()
-    print_table(rows, mode)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "compare", "mode": mode, "machine": platform.platform(), "cpus": os.cpu_count(),
-        "torch": torch.__version__, "commit": git_commit(), "steps": args.steps, "warmup": args.warmup,
-        "calibration": calibration, "rows": rows}, indent=1))
-    print(f"wrote {out}")
-    write_png(rows, Path(args.png), mode)
+    if lead:
+        print_table(rows, mode)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "benchmark": "compare", "mode": mode, "device": args.device, "machine": platform.platform(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
+            "launch": "torchrun" if launch.torchrun else "spawn", "steps": args.steps, "rounds": rounds,
+            "warmup": args.warmup, "calibration": calibration, "rows": rows}, indent=1))
+        print(f"wrote {out}")
+        write_png(rows, Path(args.png), mode)
+    if launch.torchrun:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def print_table(rows: list[dict], mode: str) -> None:
-    print(f"\n### graph vs sequential pipelines ({mode}; samples/s, median of measured iterations)\n")
-    print("| model | ranks | variant | M | samples/s (min-max) | vs graphpipe/sequential | vs torch/1f1b | vs torch/gpipe | loss ok | peak RSS/rank MiB |")
+    print(f"\n### graph vs sequential pipelines ({mode}; samples/s, median of measured iterations; "
+          "peak memory: resident on CPU, allocated on GPU)\n")
+    print("| model | ranks | variant | M | samples/s (min-max) | vs graphpipe/sequential | vs torch/1f1b | vs torch/gpipe | loss ok | peak memory/rank MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['micro_batches']} | failed: {r['error'][:80]} | | | | | |")
             continue
         ratio = lambda k: f"{r[k]:.2f}x" if k in r else "-"  # noqa: E731
-        rss = max(r["peak_rss_bytes"]) / 2**20
+        memory = max(r["peak_memory_bytes"]) / 2**20
         print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['micro_batches']} | "
               f"{r['samples_per_second']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) | "
               f"{ratio('speedup_vs_graphpipe/sequential')} | {ratio('speedup_vs_torch/1f1b')} | "
-              f"{ratio('speedup_vs_torch/gpipe')} | { {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {rss:.0f} |")
+              f"{ratio('speedup_vs_torch/gpipe')} | { {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
     for r in rows:
         if r["variant"].startswith("graphpipe/") and "plan" in r and "median_seconds" in r:
             p = r["plan"]

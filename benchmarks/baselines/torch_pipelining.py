@@ -7,8 +7,9 @@ forwarded through the stages in between, exactly as DESIGN.md §1 describes for 
 All model inputs enter at stage 0 and the loss is computed on the last stage.
 
 ``chain_stage_modules`` builds the per-stage modules from a traced ``fx.GraphModule`` and a
-node -> stage labelling (``torch.fx.passes.split_module`` does the cutting); ``train_rank`` runs
-training iterations on one rank of an initialised Gloo/NCCL process group.
+node -> stage labelling (``torch.fx.passes.split_module`` does the cutting); ``make_stepper``
+returns one rank's training step and ``train_rank`` runs training iterations, on one rank of an
+initialised Gloo/NCCL process group.
 """
 
 from __future__ import annotations
@@ -237,6 +238,54 @@ def chain_stage_modules(
     return stages
 
 
+def make_stepper(
+    stage_module: nn.Module,
+    rank: int,
+    world: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    micro_batches: int,
+    schedule: str = "1f1b",
+    lr: float = 0.01,
+    device: torch.device | None = None,
+    group: Any = None,
+) -> Callable[[tuple[torch.Tensor, ...], torch.Tensor], float]:
+    """This rank's training step under torch.distributed.pipelining: ``step(inputs, target)``
+    runs one iteration (schedule + SGD update) and returns the mean loss, known on the last
+    rank only (NaN elsewhere, as in torch's API). Every rank of ``group`` (default: all) calls
+    it in step."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    device = device or torch.device("cpu")
+    stage_module = stage_module.to(device)
+    stage = PipelineStage(stage_module, rank, world, device, group=group)
+    kind = {"1f1b": Schedule1F1B, "fill_drain": ScheduleGPipe, "gpipe": ScheduleGPipe}[schedule]
+    sched = kind(stage, micro_batches, loss_fn=loss_fn)
+    params = [p for p in stage_module.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=lr) if params else None
+
+    def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
+        if optimizer:
+            optimizer.zero_grad(set_to_none=True)
+        step_losses: list[torch.Tensor] = []
+        if rank == 0:
+            inputs = tuple(t.to(device) for t in inputs)
+        if rank == world - 1:
+            target = target.to(device)
+        if rank == 0 and world == 1:
+            sched.step(*inputs, target=target, losses=step_losses)
+        elif rank == 0:
+            sched.step(*inputs)
+        elif rank == world - 1:
+            sched.step(target=target, losses=step_losses)
+        else:
+            sched.step()
+        if optimizer:
+            optimizer.step()
+        return float(torch.stack(step_losses).detach().mean()) if step_losses else float("nan")
+
+    return step
+
+
 def train_rank(
     stage_module: nn.Module,
     rank: int,
@@ -255,34 +304,14 @@ def train_rank(
     of the default group, so ranks outside the pipeline can idle in step. Losses are known on
     the last rank only (others return NaN), as in torch's API.
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    device = device or torch.device("cpu")
-    stage = PipelineStage(stage_module, rank, world, device, group=group)
-    kind = {"1f1b": Schedule1F1B, "fill_drain": ScheduleGPipe, "gpipe": ScheduleGPipe}[schedule]
-    sched = kind(stage, micro_batches, loss_fn=loss_fn)
-    params = [p for p in stage_module.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=lr) if params else None
+    step = make_stepper(stage_module, rank, world, loss_fn, micro_batches, schedule, lr, device, group)
     losses, seconds = [], []
     for inputs, target in batches:
-        if optimizer:
-            optimizer.zero_grad(set_to_none=True)
         dist.barrier()
         start = time.perf_counter()
-        step_losses: list[torch.Tensor] = []
-        if rank == 0 and world == 1:
-            sched.step(*inputs, target=target, losses=step_losses)
-        elif rank == 0:
-            sched.step(*inputs)
-        elif rank == world - 1:
-            sched.step(target=target, losses=step_losses)
-        else:
-            sched.step()
-        if optimizer:
-            optimizer.step()
+        losses.append(step(inputs, target))
         dist.barrier()
         seconds.append(time.perf_counter() - start)
-        losses.append(float(torch.stack(step_losses).detach().mean()) if step_losses else float("nan"))
     return losses, seconds
 
 

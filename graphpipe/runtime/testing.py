@@ -1,4 +1,5 @@
-"""Runs a function on N local CPU ranks (Gloo over a FileStore), for tests and examples.
+"""Runs a function on N local ranks (Gloo over a FileStore; NCCL, one GPU per rank, on request),
+for tests, examples and benchmarks.
 
 Every rank is a fresh spawned process with ``torch.set_num_threads(1)``; results travel back
 through ``torch.save`` files, errors as (type name, message, traceback). Every wait has a
@@ -32,13 +33,16 @@ class RankResult:
     seconds: float = 0.0  # from the rank's start to its result
 
 
-def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., Any], args: tuple, q: Any) -> None:
+def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., Any], args: tuple, q: Any,
+           backend: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     start = time.monotonic()
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
         value = fn(rank, world, *args)
         torch.save(value, os.path.join(out_dir, f"rank{rank}.pt"))
         q.put((rank, True, "", "", "", time.monotonic() - start))
@@ -50,15 +54,19 @@ def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., An
         os._exit(0)  # never wait for a broken process group to shut down
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0) -> list[RankResult]:
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
+              backend: str = "gloo") -> list[RankResult]:
     """Calls ``fn(rank, world, *args)`` on ``world`` spawned ranks; one result per rank (a rank
-    that neither returned nor raised within ``timeout`` seconds reports ``TimeoutError``)."""
+    that neither returned nor raised within ``timeout`` seconds reports ``TimeoutError``).
+    ``backend="nccl"`` gives rank r the GPU r (modulo the GPUs present) before joining."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"run_ranks: backend must be 'gloo' or 'nccl', got {backend!r}")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="graphpipe-ranks-") as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(r, world, store, tmp, fn, args, q), daemon=True)
+            ctx.Process(target=_entry, args=(r, world, store, tmp, fn, args, q, backend), daemon=True)
             for r in range(world)
         ]
         for p in procs:
