@@ -10,7 +10,6 @@ each rank's model on its device and use the NCCL backend (``--backend nccl``).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 
 import torch
@@ -50,8 +49,7 @@ def main() -> None:
         torch.save(pipe.state_dict(), os.path.join(args.checkpoint, f"rank{rank}.pt"))
     # The pipeline's C++ executor holds the process group: release it before the group is
     # destroyed, not during interpreter shutdown (which once aborted a rank under load).
-    del pipe, optimizer
-    gc.collect()
+    pipe.close()
     dist.barrier()
     dist.destroy_process_group()
 

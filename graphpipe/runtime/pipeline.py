@@ -122,6 +122,31 @@ class Pipeline:
                 "ranks; every rank must pass the same model, example inputs and options"
             )
 
+    # ---- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases the C++ executor, and with it this pipeline's handle on the process group
+        (and, on GPUs, its transfer stream). Call it, or leave a ``with`` block, before
+        ``torch.distributed.destroy_process_group()``: a process group that outlives the
+        interpreter's shutdown through a leftover handle can abort the process. Idempotent;
+        the pipeline cannot step afterwards, its parameters and state dicts stay readable."""
+        self.executor = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self.executor is None
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _executor(self) -> Any:
+        if self.executor is None:
+            raise InputError("this pipeline was closed (Pipeline.close); wrap the model again to train it")
+        return self.executor
+
     def _pick_device(self, device: Any) -> torch.device:
         if device is not None:
             return torch.device(device)
@@ -167,7 +192,7 @@ class Pipeline:
 
     def schedule_table(self) -> str:
         """The schedule as a table (one row per rank)."""
-        return self.executor.schedule_table()
+        return self._executor().schedule_table()
 
     # ---- running -------------------------------------------------------------------------
     def _placeholder_values(self, args: tuple) -> dict[str, Any]:
@@ -194,7 +219,7 @@ class Pipeline:
         if mbs not in self._layouts:
             self._layouts[mbs] = propagate_layouts(self._meta, self._stages, values[0])
         if self._specs_for != mbs:
-            self.executor.set_edge_specs([layout.specs for layout in self._layouts[mbs][0]])
+            self._executor().set_edge_specs([layout.specs for layout in self._layouts[mbs][0]])
             self._specs_for = mbs
         return values, mbs
 
@@ -249,7 +274,7 @@ class Pipeline:
             return scaled
 
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
-        self.last_timings = self.executor.run(fn, True, record)
+        self.last_timings = self._executor().run(fn, True, record)
         total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
         total = total.to(torch.float32) if not total.is_floating_point() else total
         buf = total.clone().reshape(1)
@@ -270,7 +295,7 @@ class Pipeline:
 
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
         with torch.no_grad():
-            self.executor.run(fn, False, False)
+            self._executor().run(fn, False, False)
         box = [microbatch.merge([outputs[m] for m in range(self.num_micro_batches)]) if outputs else None]
         dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self.group)
         return box[0]

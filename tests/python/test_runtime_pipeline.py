@@ -119,6 +119,16 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     # a second batch size (other micro-batch size) re-propagates the shapes
     loss = pipe.step(tuple(t[:4] for t in batches[1][0]), batches[1][1][:4])
     out["small_batch_loss"] = loss
+    with pipe:  # leaving the block closes the pipeline: no more steps, state stays readable
+        pass
+    out["closed"] = pipe.closed
+    try:
+        pipe.step(*batches[1])
+        out["step_after_close"] = "no error"
+    except InputError as exc:
+        out["step_after_close"] = str(exc)
+    out["shard_after_close"] = sorted(pipe.state_dict()) == out["shard_keys"]
+    pipe.close()  # idempotent
     return out
 
 
@@ -139,6 +149,9 @@ def test_pipeline_api() -> None:
     shard_keys = [k for v in values for k in v["shard_keys"]]
     assert sorted(shard_keys) == sorted(values[0]["model_keys"])  # each entry on exactly one rank
     assert len({float(v["small_batch_loss"]) for v in values}) == 1
+    for v in values:
+        assert v["closed"] and v["shard_after_close"]
+        assert "closed" in v["step_after_close"]
 
 
 class _TwoBranchBN(torch.nn.Module):
