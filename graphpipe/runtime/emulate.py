@@ -1,13 +1,17 @@
 """Emulation: a stage's compute replaced by a wait of its predicted duration; transfers stay real.
 
 On a machine with fewer cores than ranks, real compute would time-share the cores and measure
-the machine, not the pipeline. In emulation each micro-batch's forward sleeps for the stage's
+the machine, not the pipeline. In emulation each micro-batch's forward waits for the stage's
 ``forward_seconds`` and its backward for ``backward_seconds`` (the plan's figures, from the
 profiled cost model, the same ones the simulator uses), and produces zero tensors of the real
 shapes, so every point-to-point transfer, the schedule's order and the executor's waits are the
 real ones. Sleeping ranks use no CPU, so 4 to 16 ranks fit on 2 cores, and the measured
 iteration time shows the runtime's scheduling efficiency against the simulator's prediction.
 Losses and gradients are meaningless in this mode; every report of it says "emulated".
+
+A plain ``time.sleep(d)`` returns 0.1-0.2 ms late on Linux (timer slack and wake-up latency),
+which over the tens of tasks on a pipeline's critical path is a few percent the simulator does
+not know of; :func:`wait` therefore sleeps until shortly before the deadline and spins the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +23,23 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["EmulatedStage", "emulate_stage"]
+__all__ = ["EmulatedStage", "emulate_stage", "wait"]
+
+#: How long before the deadline the coarse sleep ends; the rest is spun. Covers the usual
+#: oversleep of time.sleep while costing at most this much CPU per wait.
+SPIN_SECONDS = 300e-6
+
+
+def wait(seconds: float) -> None:
+    """Returns ``seconds`` after the call, within a few microseconds (sleeps, then spins)."""
+    if seconds <= 0.0:
+        return
+    deadline = time.perf_counter() + seconds
+    coarse = seconds - SPIN_SECONDS
+    if coarse > 0.0:
+        time.sleep(coarse)
+    while time.perf_counter() < deadline:
+        pass
 
 
 class _Wait(torch.autograd.Function):
@@ -37,7 +57,7 @@ class _Wait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # noqa: D102
-        time.sleep(ctx.backward_seconds)
+        wait(ctx.backward_seconds)
         return (None, None, *[torch.zeros(s, dtype=d) if d.is_floating_point else None
                              for s, d in ctx.input_specs])
 
@@ -62,7 +82,7 @@ class EmulatedStage(nn.Module):
                 result = self.real(*args)
             leaves, self._spec = pytree.tree_flatten(result)
             self._leaves = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
-        time.sleep(self.forward_seconds)
+        wait(self.forward_seconds)
         tensor_specs = [leaf for leaf in self._leaves if isinstance(leaf, tuple)]
         floats = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
         outs = iter(_Wait.apply(self.backward_seconds, tensor_specs, self.anchor, *floats))
