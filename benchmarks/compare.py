@@ -97,14 +97,14 @@ def _peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emulate: bool,
+def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emulate: float | None,
                        device: torch.device) -> Any:
     pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=variant.plan_json,
                           schedule=variant.schedule, device=device)
-    if emulate:
+    if emulate is not None:
         from graphpipe.runtime.emulate import emulate_stage
 
-        emulate_stage(pipe)
+        emulate_stage(pipe, scale=emulate)
     params = list(pipe.parameters())
     optimizer = torch.optim.SGD(params, lr=LR) if params else None
 
@@ -118,7 +118,8 @@ def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emu
     return step
 
 
-def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any, emulate: bool,
+def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any,
+                   emulate: float | None,
                    device: torch.device) -> Any:
     import torch.distributed as dist
 
@@ -132,19 +133,21 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
     traced = trace_module(model, inputs)
     labels = pin_integer_consumers(traced.module, variant.labels, traced.placeholder_values)
     stage = chain_stage_modules(traced.module, labels, k)[rank]
-    if emulate:  # the same waits as graphpipe's emulated stages: the sequential plan's figures
+    if emulate is not None:  # the same waits as graphpipe's emulated stages: the sequential plan's figures
         from graphpipe.runtime.emulate import EmulatedStage
 
         figures = json.loads(variant.plan_json)["stages"][rank]
-        stage = EmulatedStage(stage, figures["forward_seconds"], figures["backward_seconds"])
+        stage = EmulatedStage(stage, emulate * figures["forward_seconds"], emulate * figures["backward_seconds"])
     return make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
                         device=device, group=group)
 
 
-def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: bool,
+def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: float | None,
                  device: str = "cpu") -> dict:
     """Builds ``variant`` on this rank and runs ``steps`` iterations, each timed between two
-    barriers of the whole group: {"losses", "seconds", "peak_memory"}. Every rank calls it."""
+    barriers of the whole group: {"losses", "seconds", "peak_memory"}. Every rank calls it.
+    ``emulate``: None computes for real; a number s emulates every stage's compute by waits of
+    s x its predicted duration (1: the plan's figures, 0: no compute, the runtime alone)."""
     import torch.distributed as dist
 
     dev = _rank_device(device)
@@ -217,11 +220,21 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
                    "predicted_iteration_seconds": p.predicted_iteration_seconds}
             for name, p in plans.items()}
     overhead = calibration["task_overhead_seconds"]
-    sims = {name: graphpipe.simulate(p, devices, task_overhead_seconds=overhead).iteration_seconds
-            for name, p in plans.items()}
-    for name in info:
-        info[name]["simulated_iteration_seconds"] = sims[name]
+    for name, p in plans.items():
+        info[name]["simulated_iteration_seconds"] = graphpipe.simulate(
+            p, devices, task_overhead_seconds=overhead).iteration_seconds
+        info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
+            zero_compute(p, graph), devices, task_overhead_seconds=overhead).iteration_seconds
     return variants, info
+
+
+def zero_compute(plan: Any, graph: Any) -> Any:
+    """The same plan with every stage's forward and backward time set to zero: what the
+    simulator predicts of the runtime alone (dispatch, transfers)."""
+    text = json.loads(plan.to_json(graph))
+    for stage in text["stages"]:
+        stage["forward_seconds"] = stage["backward_seconds"] = 0.0
+    return graphpipe.Plan.from_json(json.dumps(text), graph)
 
 
 @dataclass
@@ -242,7 +255,7 @@ class Launch:
 
         return dist.get_rank() if self.torchrun else 0
 
-    def run(self, world: int, variant: Variant, spec: str, steps: int, emulate: bool) -> list[RankResult]:
+    def run(self, world: int, variant: Variant, spec: str, steps: int, emulate: float | None) -> list[RankResult]:
         """``measure_rank`` on every rank; every rank's result (on every rank under torchrun)."""
         if not self.torchrun:
             return run_ranks(measure_rank, world, spec, variant, steps, emulate, self.device,
@@ -260,7 +273,7 @@ class Launch:
 
 
 def run_variant(spec: str, world: int, variant: Variant, launch: Launch, rounds: list[int], warmup: int,
-                emulate: bool, round_index: int, pooled: dict) -> None:
+                emulate: float | None, round_index: int, pooled: dict) -> None:
     """One round of ``variant``: warm-up plus ``rounds[round_index]`` measured iterations, pooled
     into ``pooled`` (seconds, first loss from round 0, peak memory per rank, or an error)."""
     if "error" in pooled:
@@ -328,7 +341,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="measured iterations per variant, over all rounds")
     parser.add_argument("--rounds", type=int, default=2,
                         help="interleaved rounds per variant (each with its own warm-up)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up iterations per round")
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
                         help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")
     parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
@@ -365,7 +378,7 @@ def main() -> None:
 
     rows: list[dict] = []
     jobs = [(m, w) for m in args.models for w in worlds]
-    bar = tqdm(total=len(jobs) * 5 * len(rounds), desc=f"compare ({mode})", unit="run", file=sys.stderr,
+    bar = tqdm(total=len(jobs) * (5 * len(rounds) + (2 if args.emulate else 0)), desc=f"compare ({mode})", unit="run", file=sys.stderr,
                disable=not lead)
     for name, world in jobs:
         spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
@@ -382,11 +395,23 @@ def main() -> None:
             dist.broadcast_object_list(shared, src=0)
         variants, plans, reference = shared[0]
         results: dict[str, dict] = {v.name: {} for v in variants}
+        zero: dict[str, dict] = {}
+        if args.emulate:
+            # Calibration runs, apart from the measured ones: each graphpipe plan emulated with
+            # no compute at all measures the runtime's own cost of that schedule (dispatch,
+            # transfers, the step's set-up and loss broadcast, the barriers that time it), which
+            # the simulator models only in part; the difference is added to the prediction.
+            for variant in variants:
+                if variant.runtime == "graphpipe":
+                    bar.set_postfix_str(f"{name} x{world} {variant.name} (zero-compute calibration)")
+                    zero[variant.name] = {}
+                    run_variant(spec, world, variant, launch, [rounds[0]], args.warmup, 0.0, 0,
+                                zero[variant.name])
         for round_index in range(len(rounds)):  # A B C D, A B C D, ...: drifts hit every variant alike
             for variant in variants:
                 bar.set_postfix_str(f"{name} x{world} {variant.name} (round {round_index + 1})")
-                run_variant(spec, world, variant, launch, rounds, args.warmup, args.emulate, round_index,
-                            results[variant.name])
+                run_variant(spec, world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
+                            round_index, results[variant.name])
                 bar.update(1)
         base = {k: v.get("median_seconds") for k, v in results.items()}
         for variant in variants:
@@ -404,7 +429,15 @@ def main() -> None:
                         row[f"speedup_vs_{other}"] = base[other] / r["median_seconds"]
             if variant.runtime == "graphpipe":
                 key = "graphpipe" if variant.name == "graphpipe/graph" else "sequential"
-                row["plan"] = plans[key]
+                row["plan"] = dict(plans[key])
+                z = zero.get(variant.name, {})
+                if "median_seconds" in z:
+                    plan = row["plan"]
+                    plan["zero_compute_seconds"] = z["median_seconds"]
+                    plan["simulated_calibrated_seconds"] = (plan["simulated_iteration_seconds"] + z["median_seconds"]
+                                                            - plan["simulated_zero_compute_seconds"])
+                    if "median_seconds" in r:
+                        plan["simulator_error"] = r["median_seconds"] / plan["simulated_calibrated_seconds"] - 1.0
             rows.append(row)
     bar.close()
     if lead:
@@ -443,9 +476,18 @@ def print_table(rows: list[dict], mode: str) -> None:
     for r in rows:
         if r["variant"].startswith("graphpipe/") and "plan" in r and "median_seconds" in r:
             p = r["plan"]
-            print(f"- {r['model']} x{r['world']} {r['variant']}: {p['partitioner']}, {p['stages']} stages, depth "
-                  f"{p['depth']}, {p['micro_batches']} x {p['micro_batch_size']}; simulated "
-                  f"{1e3 * p['simulated_iteration_seconds']:.1f} ms vs {mode} {1e3 * r['median_seconds']:.1f} ms")
+            line = (f"- {r['model']} x{r['world']} {r['variant']}: {p['partitioner']}, {p['stages']} stages, depth "
+                    f"{p['depth']}, {p['micro_batches']} x {p['micro_batch_size']}; simulated "
+                    f"{1e3 * p['simulated_iteration_seconds']:.1f} ms vs {mode} {1e3 * r['median_seconds']:.1f} ms")
+            if "simulator_error" in p:
+                line += (f"; with the runtime's zero-compute cost ({1e3 * p['zero_compute_seconds']:.1f} ms measured, "
+                         f"{1e3 * p['simulated_zero_compute_seconds']:.1f} ms simulated) the simulator predicts "
+                         f"{1e3 * p['simulated_calibrated_seconds']:.1f} ms: error {100 * p['simulator_error']:+.1f}%")
+            print(line)
+    errors = [r["plan"]["simulator_error"] for r in rows if "simulator_error" in r.get("plan", {})]
+    if errors:
+        print(f"- simulator vs {mode}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} runs, "
+              f"worst {100 * max(errors, key=abs):+.1f}%")
 
 
 def write_png(rows: list[dict], path: Path, mode: str) -> None:

@@ -90,11 +90,13 @@ class EmulatedStage(nn.Module):
         return pytree.tree_unflatten(leaves, self._spec)
 
 
-def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seconds: float | None = None) -> None:
+def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seconds: float | None = None,
+                  scale: float = 1.0) -> None:
     """Switches this rank's stage of a ``graphpipe.wrap`` pipeline to emulation.
 
     The durations (per micro-batch) default to the plan's predicted ``forward_seconds`` and
-    ``backward_seconds`` of the stage.
+    ``backward_seconds`` of the stage, times ``scale`` (0 measures the runtime alone: its
+    dispatch, transfers and per-step work, with no compute).
     """
     stage = pipe._stage
     if stage is None:
@@ -102,5 +104,5 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     figures = pipe.plan["stages"][stage.index]
     fwd = figures.get("forward_seconds", 0.0) if forward_seconds is None else forward_seconds
     bwd = figures.get("backward_seconds", 0.0) if backward_seconds is None else backward_seconds
-    stage.module = EmulatedStage(stage.module, fwd, bwd)
+    stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale)
     pipe.module = stage.module
