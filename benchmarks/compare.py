@@ -405,7 +405,8 @@ def main() -> None:
                 if variant.runtime == "graphpipe":
                     bar.set_postfix_str(f"{name} x{world} {variant.name} (zero-compute calibration)")
                     zero[variant.name] = {}
-                    run_variant(spec, world, variant, launch, [rounds[0]], args.warmup, 0.0, 0,
+                    # (zero-compute steps take milliseconds: at least 10 for a steady median)
+                    run_variant(spec, world, variant, launch, [max(10, rounds[0])], args.warmup, 0.0, 0,
                                 zero[variant.name])
         for round_index in range(len(rounds)):  # A B C D, A B C D, ...: drifts hit every variant alike
             for variant in variants:
