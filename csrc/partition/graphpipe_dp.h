@@ -3,24 +3,41 @@
 // decomposition tree x device count that says whether every stage can meet the target within
 // the memory limit, and with which least pipeline depth.
 //
-// State (memoised per target): a fragment of the tree (a whole subtree; a suffix of a series
-// node's children; a suffix of a parallel node's branches), the devices it may use, and d, the
-// depth of the stages after it (its stages hold min(internal depth + d, M) micro-batches in
-// flight under 1F1B). Value: the least internal depth that meets the target, or infeasible.
-//   - base: the fragment as one stage on one device;
+// State (memoised per target): a fragment of the tree, the devices it may use (at most n), and
+// d, the depth of the stages after it (its stages hold min(internal depth + d, M) micro-batches
+// in flight under 1F1B). Value: the least internal depth that meets the target, or infeasible.
+// Fragments and their moves:
+//   - subtree: the whole subtree as one stage on one device, or decomposed;
 //   - series suffix i..m: children i..p as one stage, then i+1.. recursively; or child i
-//     decomposed on n1 devices with the rest on n - n1 (every split n1 + n2 = n is tried), the
-//     rest's depth added to child i's d;
-//   - parallel: branches (sorted by compute, largest first) each get their own devices and
-//     stages (depth = the deepest branch), or a run of consecutive branches shares one stage.
-// The least depth of the rest is always the best choice for what precedes it (a smaller d only
-// relaxes memory), so the recursion is exact for this family of partitions: stages that are
-// unions of consecutive series children, whole subtrees, or runs of parallel branches.
-// The search stops when hi / lo <= 1 + tolerance; the plan is the one for hi.
+//     decomposed on n1 devices with the rest on n - n1, the rest's depth added to child i's d;
+//   - parallel suffix: branches (sorted by compute, largest first) each get their own devices
+//     and stages (depth = the deepest branch), or a run of consecutive branches shares a stage;
+//   - fork (series suffix i..m whose child q is a parallel node): children i..q-1 and the first
+//     items of one of q's two largest branches as one stage; then ("inside") the rest of that
+//     branch and the other branches run beside each other, and the join (child q+1 on) either
+//     starts its own stages, or shares one stage with the tail of one of the two largest branches
+//     (that branch's earlier stages beside the others), or with the fork branch's rest and the
+//     whole other largest branch. Such a join stage holds child q+1 alone or as many of the
+//     following children as fit. A branch's items: its children when it is a series node, else
+//     the branch itself.
+// Forks and joins keep multi-branch models from spending a device on a small operator before or
+// after the branches (an input split, a concatenation and head), which the paper's family
+// (stages = unions of consecutive series children, whole subtrees, or runs of parallel
+// branches) cannot avoid. The least depth of the rest is always the best choice for what
+// precedes it (a smaller d only relaxes memory), and depth never grows with the devices a part
+// may use, so device splits are searched by bisection; the recursion is exact for this family.
+//
+// Search: bisection on the target until hi / lo <= 1 + tolerance, after galloping up from the
+// lower bound max(largest operator, total compute / devices). The step time is
+// (M + depth - 1) x slowest stage, so a shallower plan at a slightly larger target can be
+// faster: for each depth below the least target's, the least target reaching it is bisected
+// too, but only up to the target where that depth stops paying off, with at most
+// max(16, probes of the first search) more probes. Every such plan is returned.
 //
 // Graphs that are not series-parallel have no tree; the caller falls back to METIS (documented
-// in partitioner.h). Cost per target: O(states x (L + n)) with L the children a stage can hold
-// within the target; states are tree positions x devices x the d values actually reached.
+// in partitioner.h). Cost per target: O(states x (L + log n)) with L the children a stage can
+// hold within the target; states are tree positions x devices x the d values actually reached,
+// the fork and join ones also x fork head lengths.
 #pragma once
 
 #include <optional>
@@ -31,9 +48,13 @@
 
 namespace graphpipe::partition {
 
-// The assignment of the best plan found, or nullopt when no stage layout of this family fits in
-// memory at this micro-batch size. At most min(max_stages, 255) devices are used.
+// The assignment of the least-bottleneck plan found, or nullopt when no stage layout of this
+// family fits in memory at this micro-batch size. At most min(max_stages, 255) devices are used.
 std::optional<std::vector<int>> graphpipe_assignment(const Problem& problem,
                                                      const graph::SPTree& tree, double tolerance);
+// That plan first, then the shallower plans found at larger targets, each strictly shallower
+// than the one before; empty when nothing fits.
+std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,
+                                                    double tolerance);
 
 }  // namespace graphpipe::partition

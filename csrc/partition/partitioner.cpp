@@ -136,6 +136,44 @@ std::vector<int> best_start(const Problem& problem, const std::vector<std::vecto
   return best;
 }
 
+// The operators in the series-parallel tree's order: series children in turn, and each parallel
+// node's branches one after another, largest compute first (or smallest first), so that every
+// branch is a contiguous run. A topological order.
+std::vector<graph::NodeId> branch_order(const Problem& p, const graph::SPTree& tree, bool smallest_first) {
+  std::vector<double> weight(tree.nodes.size(), 0.0);
+  for (std::size_t t = 0; t < tree.nodes.size(); ++t) {
+    const graph::SPNode& node = tree.nodes[t];
+    if (node.kind == graph::SPNode::Kind::leaf) weight[t] = p.compute[node.op];
+    for (int c : node.children) weight[t] += weight[c];  // children come before their parent
+  }
+  std::vector<graph::NodeId> order;
+  order.reserve(p.num_nodes());
+  std::vector<int> todo{tree.root};
+  while (!todo.empty()) {
+    const graph::SPNode& node = tree.nodes[todo.back()];
+    todo.pop_back();
+    if (node.kind == graph::SPNode::Kind::leaf) {
+      order.push_back(node.op);
+      continue;
+    }
+    std::vector<int> children = node.children;
+    if (node.kind == graph::SPNode::Kind::parallel) {
+      std::stable_sort(children.begin(), children.end(), [&](int a, int b) {
+        return smallest_first ? weight[a] < weight[b] : weight[a] > weight[b];
+      });
+    }
+    todo.insert(todo.end(), children.rbegin(), children.rend());
+  }
+  return order;
+}
+
+// The sequential DP's cut of `order` (instead of the graph's own topological order).
+std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
+  p.order = std::move(order);
+  for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
+  return sequential_assignment(p);
+}
+
 }  // namespace
 
 std::vector<std::string> partitioner_names() { return {"graphpipe", "metis", "sequential", "manual"}; }
@@ -207,20 +245,27 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
     } else if (!sp->is_series_parallel) {
       assignment = fallback(problem, metis_starts);
     } else {
-      auto dp = graphpipe_assignment(problem, sp->tree, o.tolerance);
-      if (dp) {
-        // Candidates: the DP's plan, and (its stages never cut across parallel branches) the
-        // sequential chain evaluated as a graph; each as is and refined. Refinement lowers the
-        // bottleneck but may deepen the stage graph, so the predicted step decides.
-        std::vector<int> chain = sequential_assignment(problem);
-        std::vector<std::vector<int>> options{*dp};
-        if (!chain.empty()) options.push_back(chain);
-        if (o.refine) {
-          options.push_back(refine(problem, *dp));
-          if (!chain.empty()) options.push_back(refine(problem, chain));
+      auto dp = graphpipe_assignments(problem, sp->tree, o.tolerance);
+      if (!dp.empty()) {
+        // Candidates, the DP's first: its plans (least bottleneck first, then the shallower
+        // ones), the first refined; then cuts of three topological orders evaluated as graphs
+        // (the graph's own order, and the tree's order with each parallel node's branches one
+        // after another, largest or smallest first), each as is and refined. The DP's family
+        // does not hold every convex partition (a stage with the tail of one branch and the head
+        // of the next, for example), and such cuts do. Refinement lowers the bottleneck but may
+        // deepen the stage graph, so the predicted step decides (ties: the earlier candidate).
+        std::vector<std::vector<int>> options = dp;
+        if (o.refine) options.push_back(refine(problem, dp.front()));
+        const std::size_t chains_from = options.size();
+        for (int order = 0; order < 3; ++order) {
+          std::vector<int> chain = order == 0 ? sequential_assignment(problem)
+                                              : chain_along(problem, branch_order(problem, sp->tree, order == 2));
+          if (chain.empty()) continue;
+          options.push_back(chain);
+          if (o.refine) options.push_back(refine(problem, chain));
         }
         std::size_t pick = best_by_step(problem, options);
-        bool from_chain = !chain.empty() && (pick == 1 || pick == 3);
+        bool from_chain = pick >= chains_from;
         assignment = std::move(options[pick]);
         if (from_chain) used = "graphpipe(chain)";
       } else {
