@@ -13,6 +13,8 @@ namespace graphpipe::partition {
 
 namespace {
 
+constexpr int kOperatorsPerPart = 3;
+
 // Scales values to integers summing to about `target`, each at least 1.
 std::vector<idx_t> scaled(const std::vector<double>& values, double target) {
   double total = 0.0;
@@ -32,6 +34,18 @@ std::vector<int> metis_parts(const Problem& p, int k, int seed) {
   const idx_t n = static_cast<idx_t>(g.num_nodes());
   if (n == 0) return {};
   k = std::max(1, std::min<int>(k, static_cast<int>(n)));
+  if (k == static_cast<int>(n)) {
+    // The only partition into n parts: one operator each.
+    std::vector<int> parts(n);
+    for (idx_t v = 0; v < n; ++v) parts[v] = static_cast<int>(v);
+    return parts;
+  }
+  // METIS 5.1's initial k-way partitioning bisects recursively; with parts close to the
+  // operator count (CANDLE-Uno's 72 operators into 25 or more) a bisection runs out of
+  // vertices, prints "***Cannot bisect a graph with 0 vertices!" on stdout and leaves parts
+  // empty. Ask for at most a third of the operator count; metis_assignment splits the stages
+  // back up to k.
+  k = std::min(k, std::max(1, static_cast<int>(n) / kOperatorsPerPart));
   if (k == 1) return std::vector<int>(n, 0);  // METIS 5.1 crashes on one part
 
   std::vector<double> compute(p.compute.begin(), p.compute.end());

@@ -7,8 +7,11 @@
 // METIS integers); two vertex constraints (ncon = 2): compute time and memory (static bytes +
 // one micro-batch of activations), each scaled so that it sums to about 1e6, at least 1 per
 // operator; imbalance tolerances 5% on compute and 50% on memory. METIS's seed is fixed, so
-// the same input gives the same parts. Guards for METIS 5.1's faults: k = 1 is answered without
-// calling METIS (it crashes), k is capped at the operator count, and empty parts are dropped.
+// the same input gives the same parts. Guards for METIS 5.1's faults, answered without asking
+// METIS for them: no operator (no parts), k = 1 (it crashes), k >= the operator count (one
+// operator per part), and more than a third of the operator count (its recursive bisection runs
+// out of vertices, prints "***Cannot bisect a graph with 0 vertices!" and leaves parts empty):
+// METIS gets V / 3 parts and split_to makes k stages of them. Empty parts are dropped.
 // A METIS failure (return code) is a PlanningError. Cost: METIS's O((V + E) log k), then O(V + E).
 #pragma once
 
@@ -18,7 +21,8 @@
 
 namespace graphpipe::partition {
 
-// Raw METIS parts 0..k-1 (possibly cyclic, possibly with unused labels).
+// Raw METIS parts 0..k-1 (possibly cyclic, possibly with unused labels; at most max(1, V / 3)
+// labels used unless k >= V).
 std::vector<int> metis_parts(const Problem& problem, int k, int seed = 0);
 // Parts repaired to an acyclic stage graph and split back up to min(k, V) stages.
 std::vector<int> metis_assignment(const Problem& problem, int k, int seed = 0);
