@@ -6,7 +6,13 @@ onto 4 to 64 stages of V100-class devices (memory limit lifted: only planning sp
 DLRM and CANDLE-Uno (traced on the meta device) onto 8 and 32 V100-class devices and compares
 the graph partitioners with the sequential (chain) baseline: pipeline depth, bottleneck time per
 sample, predicted step, and first-stage activation memory (activations of one micro-batch x the
-micro-batches it holds in flight).
+micro-batches it holds in flight). Each planner picks its own micro-batch size, and the graph
+plan spends the memory its smaller depth frees on larger micro-batches, so the table also has
+graphpipe re-planned at the sequential plan's micro-batch size ("@seq mb"): first-stage
+activation memory like for like. A verdict line per model and device count says whether the
+graph plan is shallower, has the lower bottleneck, the lower first-stage activation memory at
+the same micro-batch size, and stages that run in parallel (two stages neither of which reaches
+the other in the stage graph).
 
 Both tables are printed; everything is written to results/plan_bench.json.
 
@@ -137,11 +143,45 @@ def _figures(plan) -> dict:
     }
 
 
-def model_table(batch: int) -> list[dict]:
+def parallel_stage_pairs(plan) -> int:
+    """Pairs of stages neither of which reaches the other in the plan's stage graph."""
+    count = plan.num_stages
+    successors: list[list[int]] = [[] for _ in range(count)]
+    for edge in plan.edges:
+        successors[edge.src].append(edge.dst)
+    reach = [0] * count  # bit mask of the stages each stage reaches
+    for s in reversed(range(count)):  # stages are in a topological order
+        for t in successors[s]:
+            reach[s] |= (1 << t) | reach[t]
+    return sum(
+        1
+        for a in range(count)
+        for b in range(a + 1, count)
+        if not (reach[a] >> b) & 1 and not (reach[b] >> a) & 1
+    )
+
+
+def _model_row(model: str, g, widest: int, count: int, name: str, plan, seconds: float) -> dict:
+    first = plan.stages[0]
+    return {
+        "model": model,
+        "operators": g.num_nodes,
+        "branches": widest,
+        "devices": count,
+        "partitioner": name,
+        **_figures(plan),
+        "first_stage_activation_mib": first.activation_bytes * first.in_flight / MiB,
+        "max_memory_gib": max(s.memory_bytes for s in plan.stages) / 1024.0 / MiB,
+        "plan_seconds": seconds,
+        "parallel_stage_pairs": parallel_stage_pairs(plan),
+    }
+
+
+def model_table(batch: int) -> tuple[list[dict], list[dict]]:
     from graphpipe.models import build_model
     from graphpipe.trace import trace
 
-    rows = []
+    rows, verdicts = [], []
     for model in ("mmt", "dlrm", "candle_uno"):
         spec = f"{model}:size=paper,device=meta,batch={batch}"
         m, x = build_model(spec)
@@ -149,34 +189,59 @@ def model_table(batch: int) -> list[dict]:
         widest = g.series_parallel().tree.widest_parallel()
         for count in (8, 32):
             devices = _C.Devices.v100(count)
+            made = {}
             for name in PARTITIONERS:
                 start = time.perf_counter()
                 plan = _C.partition(g, devices, partitioner=name, batch_size=batch)
-                seconds = time.perf_counter() - start
-                first = plan.stages[0]
-                rows.append(
-                    {
-                        "model": model,
-                        "operators": g.num_nodes,
-                        "branches": widest,
-                        "devices": count,
-                        "partitioner": name,
-                        **_figures(plan),
-                        "first_stage_activation_mib": first.activation_bytes * first.in_flight / MiB,
-                        "max_memory_gib": max(s.memory_bytes for s in plan.stages) / 1024.0 / MiB,
-                        "plan_seconds": seconds,
-                    }
-                )
+                made[name] = _model_row(model, g, widest, count, name, plan, time.perf_counter() - start)
+                rows.append(made[name])
+            # graphpipe at the sequential plan's micro-batch size: first-stage memory like for like
+            seq_mb = made["sequential"]["micro_batch_size"]
+            start = time.perf_counter()
+            plan = _C.partition(g, devices, partitioner="graphpipe", batch_size=batch, micro_batch_size=seq_mb)
+            same_mb = _model_row(model, g, widest, count, "graphpipe@seq_mb", plan, time.perf_counter() - start)
+            rows.append(same_mb)
+            graph, seq = made["graphpipe"], made["sequential"]
+            verdicts.append(
+                {
+                    "model": model,
+                    "devices": count,
+                    "depth_graph": graph["depth"],
+                    "depth_sequential": seq["depth"],
+                    "shallower": graph["depth"] < seq["depth"],
+                    "lower_bottleneck": graph["bottleneck_ms_per_sample"] < seq["bottleneck_ms_per_sample"],
+                    "micro_batch_size_compared": seq_mb,
+                    "first_stage_activation_mib_graph_same_mb": same_mb["first_stage_activation_mib"],
+                    "first_stage_activation_mib_sequential": seq["first_stage_activation_mib"],
+                    "lower_first_stage_activation_same_mb": same_mb["first_stage_activation_mib"]
+                    < seq["first_stage_activation_mib"],
+                    "parallel_stage_pairs": graph["parallel_stage_pairs"],
+                    "parallel_stages": graph["parallel_stage_pairs"] > 0,
+                }
+            )
     print(f"\nPaper-size models on V100-class devices, mini-batch {batch} (act0 = first-stage activations x in-flight)")
-    header = f"{'model':11s} {'dev':>3s} {'partitioner':20s} {'stages':>6s} {'depth':>5s} {'mb':>4s} {'ms/sample':>10s} {'step ms':>9s} {'act0 MiB':>9s} {'peak GiB':>8s}"
+    header = f"{'model':11s} {'dev':>3s} {'partitioner':24s} {'stages':>6s} {'depth':>5s} {'mb':>4s} {'ms/sample':>10s} {'step ms':>9s} {'act0 MiB':>9s} {'peak GiB':>8s}"
     print(header)
     for r in rows:
+        label = r["result"] + (" @seq mb" if r["partitioner"] == "graphpipe@seq_mb" else "")
         print(
-            f"{r['model']:11s} {r['devices']:3d} {r['result']:20s} {r['stages']:6d} {r['depth']:5d} "
+            f"{r['model']:11s} {r['devices']:3d} {label:24s} {r['stages']:6d} {r['depth']:5d} "
             f"{r['micro_batch_size']:4d} {r['bottleneck_ms_per_sample']:10.4f} {r['step_ms']:9.2f} "
             f"{r['first_stage_activation_mib']:9.1f} {r['max_memory_gib']:8.2f}"
         )
-    return rows
+        if r["partitioner"] == "graphpipe@seq_mb":
+            v = next(v for v in verdicts if v["model"] == r["model"] and v["devices"] == r["devices"])
+            yes = {True: "yes", False: "NO"}
+            print(
+                f"  verdict: depth graph < sequential {yes[v['shallower']]} ({v['depth_graph']} vs "
+                f"{v['depth_sequential']}); bottleneck graph < sequential {yes[v['lower_bottleneck']]}; "
+                f"act0 at mb {v['micro_batch_size_compared']} graph < sequential "
+                f"{yes[v['lower_first_stage_activation_same_mb']]} "
+                f"({v['first_stage_activation_mib_graph_same_mb']:.1f} vs "
+                f"{v['first_stage_activation_mib_sequential']:.1f} MiB); parallel stages "
+                f"{yes[v['parallel_stages']]} ({v['parallel_stage_pairs']} pairs)"
+            )
+    return rows, verdicts
 
 
 def main() -> None:
@@ -187,10 +252,10 @@ def main() -> None:
     args = parser.parse_args()
     print("Planning time on synthetic graphs (V100-class devices, mini-batch 64)")
     timing = timing_table(args.quick)
-    models = model_table(args.batch)
+    models, verdicts = model_table(args.batch)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"timing": timing, "models": models}, f, indent=2)
+        json.dump({"timing": timing, "models": models, "verdicts": verdicts}, f, indent=2)
     print(f"\nwrote {args.out}")
 
 
