@@ -1,0 +1,101 @@
+// The graphpipe DP on its own (partition/graphpipe_dp.h): every plan it returns is a valid
+// partition that fits, the shallower plans are strictly shallower, and fork and join stages let
+// a multi-branch model use every device instead of one each for its input and its head.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cost/presets.h"
+#include "graph/series_parallel.h"
+#include "partition/evaluate.h"
+#include "partition/graphpipe_dp.h"
+#include "partition/problem.h"
+#include "test_partition_graphs.h"
+
+namespace graph = graphpipe::graph;
+namespace cost = graphpipe::cost;
+namespace pt = graphpipe::partition;
+namespace tst = graphpipe::testing;
+
+TEST(PartitionGraphpipeDp, PlansAreValidFitAndGetShallower) {
+  int plans = 0, shallower = 0;
+  for (int seed = 0; seed < 120; ++seed) {
+    const auto g = tst::random_sp_graph(9000 + seed, 6 + seed % 50);
+    const int k = 2 + seed % 9;
+    const double limit = seed % 3 == 0 ? 2.0 * g.total_param_bytes() : 16e9;
+    cost::Devices d = cost::v100(k);
+    cost::CostModel model(g, d);
+    auto sp = graph::decompose_series_parallel(g);
+    ASSERT_TRUE(sp.is_series_parallel);
+    for (std::int64_t mb : {1, 4}) {
+      pt::Problem p = pt::make_problem(model, 16, mb, k, limit, {});
+      int depth = 1 << 30;
+      for (const auto& assignment : pt::graphpipe_assignments(p, sp.tree, 1e-3)) {
+        ++plans;
+        pt::Evaluation ev = pt::evaluate(p, assignment);  // throws on a missing or unused label
+        EXPECT_TRUE(ev.acyclic) << "seed " << seed;
+        EXPECT_TRUE(ev.fits()) << "seed " << seed << ": the DP's memory accounting disagrees with evaluate()";
+        EXPECT_LE(ev.num_stages, k) << "seed " << seed;
+        EXPECT_LT(ev.depth, depth) << "seed " << seed << ": a later plan must be shallower";
+        shallower += depth != (1 << 30);
+        depth = ev.depth;
+      }
+    }
+  }
+  EXPECT_GT(plans, 200);
+  EXPECT_GT(shallower, 0);
+}
+
+// Input -> 4 branches of 8 equal layers -> concatenation -> head, onto 8 devices: the paper's
+// family must give the input and the head a stage each (or merge them with all branches), so
+// only 6 devices remain for 4 branches and the slowest stage holds a whole branch. With fork
+// and join stages the input shares a stage with the first half of one branch and the head with
+// the second half of another: 8 stages of half a branch each.
+TEST(PartitionGraphpipeDp, ForkAndJoinStagesUseEveryDevice) {
+  graph::OpGraph g;
+  auto node = [&](const std::string& name, double gflops) {
+    graph::Node n;
+    n.name = name;
+    n.op = "call_module";
+    n.target = "Linear";
+    n.module = name;
+    n.forward_flops = gflops * 1e9;
+    n.param_bytes = gflops > 0.1 ? 4 << 20 : 0;
+    n.output_bytes = 4096;
+    return g.add_node(n);
+  };
+  const auto input = node("input", 0.01);
+  std::vector<graph::NodeId> ends;
+  for (int b = 0; b < 4; ++b) {
+    graph::NodeId prev = input;
+    for (int l = 0; l < 8; ++l) {
+      auto v = node("b" + std::to_string(b) + "_" + std::to_string(l), 4.0);
+      g.add_edge(prev, v, 4096);
+      prev = v;
+    }
+    ends.push_back(prev);
+  }
+  const auto cat = node("cat", 0.01);
+  for (auto e : ends) g.add_edge(e, cat, 4096);
+  g.add_edge(cat, node("head", 0.05), 4096);
+  g.trace_batch_size = 8;
+
+  cost::Devices d = cost::v100(8);
+  cost::CostModel model(g, d);
+  pt::Problem p = pt::make_problem(model, 8, 1, 8, d.memory_bytes, {});
+  auto sp = graph::decompose_series_parallel(g);
+  auto plan = pt::graphpipe_assignment(p, sp.tree, 1e-4);
+  ASSERT_TRUE(plan);
+  pt::Evaluation ev = pt::evaluate(p, *plan);
+  EXPECT_EQ(ev.num_stages, 8);
+  EXPECT_EQ(ev.depth, 4);  // fork stage, half branch, (half branch), join stage
+  double branch = 0.0;
+  for (int l = 0; l < 8; ++l) branch += p.compute[*g.find("b0_" + std::to_string(l))];
+  EXPECT_LT(ev.bottleneck, 0.6 * branch) << "the slowest stage should hold about half a branch";
+  for (const char* small : {"input", "head"}) {
+    const int stage = ev.stage_of[*g.find(small)];
+    int members = static_cast<int>(std::count(ev.stage_of.begin(), ev.stage_of.end(), stage));
+    EXPECT_GT(members, 2) << small << " should share its stage with branch layers";
+  }
+}
