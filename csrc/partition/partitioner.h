@@ -2,16 +2,17 @@
 // runs one partitioner for every candidate micro-batch size and returns the best Plan.
 //
 // Partitioners (all judged by the same cost model, memory limit and micro-batch freedom):
-//   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h), then
-//                boundary refinement (refine.h). The DP's stages never cut across parallel
-//                branches, so the sequential DP's cut of one topological order is evaluated
-//                too, as a graph (independent segments run in parallel): of the DP's plan and
-//                that cut, each as is and refined, the least predicted step wins (the plan's
-//                partitioner reads "graphpipe(chain)" when it came from the cut). A graph that is not series-parallel, and a
-//                micro-batch size at which no layout of the DP's family fits in memory, fall
-//                back to the better of two refined starts: METIS's layout and the sequential
-//                DP's chain (logged at info level; the plan's partitioner then reads
-//                "graphpipe(fallback)").
+//   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h: its plans
+//                of least slowest stage and the shallower ones found at larger targets), and
+//                the sequential DP's cuts of three topological orders (the graph's, and the
+//                tree's with branches largest-first and smallest-first) evaluated as graphs
+//                (independent segments run in parallel); each cut and the first DP plan also
+//                refined (refine.h). The least predicted step wins, ties to the DP (the plan's
+//                partitioner reads "graphpipe(chain)" when a cut won). A graph that is not
+//                series-parallel, and a micro-batch size at which no layout of the DP's family
+//                fits in memory, fall back to the better of two refined starts: METIS's layout
+//                and the sequential DP's chain (logged at info level; the plan's partitioner
+//                then reads "graphpipe(fallback)").
 //   "metis"      METIS k-way with k = stages (metis.h), repaired to an acyclic stage graph,
 //                then refined per micro-batch size. METIS runs once, at the middle candidate
 //                micro-batch size.
