@@ -389,7 +389,8 @@ def main() -> None:
 
     rows: list[dict] = []
     jobs = [(m, w) for m in args.models for w in worlds]
-    bar = tqdm(total=len(jobs) * (5 * len(rounds) + (2 if args.emulate else 0)), desc=f"compare ({mode})", unit="run", file=sys.stderr,
+    per_job = 4 * len(rounds) + (2 if args.emulate else 0)  # grows by a round per extra variant
+    bar = tqdm(total=len(jobs) * per_job, desc=f"compare ({mode})", unit="run", file=sys.stderr,
                disable=not lead)
     for name, world in jobs:
         spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
@@ -405,6 +406,7 @@ def main() -> None:
 
             dist.broadcast_object_list(shared, src=0)
         variants, plans, reference = shared[0]
+        bar.total += (len(variants) - 4) * len(rounds)
         results: dict[str, dict] = {v.name: {} for v in variants}
         zero: dict[str, dict] = {}
         if args.emulate:

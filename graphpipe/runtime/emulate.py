@@ -9,9 +9,10 @@ real ones. Sleeping ranks use no CPU, so 4 to 16 ranks fit on 2 cores, and the m
 iteration time shows the runtime's scheduling efficiency against the simulator's prediction.
 Losses and gradients are meaningless in this mode; every report of it says "emulated".
 
-A plain ``time.sleep(d)`` returns 0.1-0.2 ms late on Linux (timer slack and wake-up latency),
-which over the tens of tasks on a pipeline's critical path is a few percent the simulator does
-not know of; :func:`wait` therefore sleeps until shortly before the deadline and spins the rest.
+A plain ``time.sleep(d)`` returns 0.1-0.2 ms late on Linux (the default 50 us timer slack and
+wake-up latency), which over the tens of tasks on a pipeline's critical path is a few percent
+the simulator does not know of; :func:`wait` therefore asks for a 1 us timer slack (Linux
+``prctl``), sleeps until shortly before the deadline and spins the rest.
 """
 
 from __future__ import annotations
@@ -26,14 +27,33 @@ from torch.utils import _pytree as pytree
 __all__ = ["EmulatedStage", "emulate_stage", "wait"]
 
 #: How long before the deadline the coarse sleep ends; the rest is spun. Covers the usual
-#: oversleep of time.sleep while costing at most this much CPU per wait.
-SPIN_SECONDS = 300e-6
+#: oversleep of time.sleep (with a 1 us timer slack) while costing little CPU per wait: with
+#: more ranks than cores, spinning ranks take the cores from ranks with real work.
+SPIN_SECONDS = 100e-6
+
+_PR_SET_TIMERSLACK = 29
+_slack_set = False
+
+
+def _tight_timer_slack() -> None:
+    """Linux: this thread's sleeps may end 1 us late instead of the default 50 us."""
+    global _slack_set
+    if _slack_set:
+        return
+    _slack_set = True
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the spin covers the oversleep
+        pass
 
 
 def wait(seconds: float) -> None:
     """Returns ``seconds`` after the call, within a few microseconds (sleeps, then spins)."""
     if seconds <= 0.0:
         return
+    _tight_timer_slack()
     deadline = time.perf_counter() + seconds
     coarse = seconds - SPIN_SECONDS
     if coarse > 0.0:
