@@ -39,6 +39,7 @@ with the ``--gpu-kind`` preset and the measured links).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -172,6 +173,9 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     if int(built.item()) == 0:
         raise RuntimeError(PEER_BUILD_FAILED)
     losses, seconds = [], []
+    # No garbage-collection pauses inside timed iterations (the same for every variant).
+    gc.collect()
+    gc.disable()
     for x, y in data:
         dist.barrier()
         start = time.perf_counter()
@@ -180,6 +184,7 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
             torch.cuda.synchronize(dev)
         dist.barrier()
         seconds.append(time.perf_counter() - start)
+    gc.enable()
     return {"losses": losses, "seconds": seconds, "peak_memory": _peak_memory_bytes(dev)}
 
 
@@ -341,8 +346,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(BENCH_SPECS), help="names in BENCH_SPECS or model specs")
     parser.add_argument("--world", type=int, nargs="+", default=[2],
                         help="world sizes (default 2; under torchrun, the launched world)")
-    parser.add_argument("--steps", type=int, default=12, help="measured iterations per variant, over all rounds")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--steps", type=int, default=24, help="measured iterations per variant, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per variant (each with its own warm-up)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
