@@ -9,12 +9,14 @@ Environment variables:
   GRAPHPIPE_BUILD_TESTS  1 (default) builds the GoogleTest binaries too; 0 skips them.
   GRAPHPIPE_WITH_CUDA    1 builds the CUDA/NCCL runtime path (needs a CUDA build of torch).
   GRAPHPIPE_BUILD_TYPE   CMake build type (default Release).
+  GRAPHPIPE_CMAKE_ARGS   extra CMake arguments (shell-quoted), e.g. library paths on a GPU machine.
   MAX_JOBS               parallel compile jobs (default: number of CPUs).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +55,7 @@ class CMakeBuild(build_ext):
             f"-DGRAPHPIPE_BUILD_TESTS={'ON' if os.environ.get('GRAPHPIPE_BUILD_TESTS', '1') == '1' else 'OFF'}",
             f"-DGRAPHPIPE_WITH_CUDA={'ON' if os.environ.get('GRAPHPIPE_WITH_CUDA', '0') == '1' else 'OFF'}",
         ]
+        args += shlex.split(os.environ.get("GRAPHPIPE_CMAKE_ARGS", ""))
         generator = ["-G", "Ninja"] if _has_ninja() else []
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *generator, *args], check=True)

@@ -133,6 +133,9 @@ void bind_runtime(py::module_& m) {
           py::arg("device"),
           "Transfers on their own CUDA stream of GPU `device`, ordered with events; receive buffers "
           "on that GPU (runtime/cuda/cuda_streams.h). Needs the CUDA build.")
+      .def("set_host_staging", &runtime::Executor::set_host_staging, py::arg("on"),
+           "Send and receive GPU tensors through CPU copies, for a backend that moves only CPU "
+           "memory (Gloo), e.g. several ranks sharing one GPU (runtime/transport.h).")
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
       .def(
           "run",

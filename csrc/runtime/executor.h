@@ -79,6 +79,8 @@ class Executor {
   void set_timeout(std::chrono::milliseconds timeout) { transport_.set_timeout(timeout); }
   // Where receive buffers are allocated: CPU (default, Gloo) or the stage's GPU (NCCL).
   void set_device(c10::Device device) { device_ = device; }
+  // GPU stages over a CPU-only backend (Gloo): transfers go through host copies (transport.h).
+  void set_host_staging(bool on) { transport_.set_host_staging(on); }
   c10::Device device() const { return device_; }
   void set_transfer_hooks(TransferHooks hooks) { hooks_ = std::move(hooks); }
 

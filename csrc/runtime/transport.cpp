@@ -38,10 +38,19 @@ std::vector<Transport::Posted> Transport::post(std::vector<TransferOp> ops) {
   std::vector<Posted> posted;
   posted.reserve(ops.size());
   for (auto& op : ops) {
+    at::Tensor staged_target;
+    if (host_staging_ && !op.tensor.is_cpu()) {
+      if (op.send) {
+        op.tensor = op.tensor.to(at::kCPU);
+      } else {
+        staged_target = op.tensor;
+        op.tensor = at::empty(staged_target.sizes(), staged_target.options().device(at::kCPU));
+      }
+    }
     std::vector<at::Tensor> tensors{op.tensor};
     try {
       auto work = op.send ? group_->send(tensors, op.peer, op.tag) : group_->recv(tensors, op.peer, op.tag);
-      posted.push_back(Posted{std::move(op), std::move(work)});
+      posted.push_back(Posted{std::move(op), std::move(work), std::move(staged_target)});
     } catch (const std::exception& e) {
       throw PeerError("rank " + std::to_string(me) + ": posting " + op.what + " with peer rank " +
                       std::to_string(op.peer) + " failed: " + first_line(e.what()));
@@ -59,7 +68,10 @@ void Transport::wait(const Posted& posted) {
   } catch (const std::exception& e) {
     failure = first_line(e.what());
   }
-  if (done && failure.empty()) return;
+  if (done && failure.empty()) {
+    if (posted.staged_target.defined()) posted.staged_target.copy_(op.tensor);
+    return;
+  }
   const int me = rank();
   std::ostringstream message;
   const double seconds = static_cast<double>(timeout_.count()) / 1000.0;

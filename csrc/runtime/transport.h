@@ -11,6 +11,13 @@
 // operation's description: PipelineTimeout when the deadline passes, PeerError otherwise.
 // Gloo needs CPU, contiguous tensors; exchange() does not copy, the caller passes them so.
 // Cost: one c10d send/recv per tensor; no allocation besides the Work handles.
+//
+// Host staging (set_host_staging): for a backend that moves only CPU memory (Gloo) under stages
+// that compute on a GPU, each GPU tensor travels through a CPU copy: a send copies to the host
+// when it is posted (on the current stream, so after the kernels that produced it), a receive
+// lands in a CPU buffer and wait() copies it into the GPU tensor on the current stream. That
+// costs two copies and a host synchronisation per transfer; NCCL needs none of it. It exists for
+// GPUs without NCCL between them, e.g. several ranks sharing one GPU, which NCCL refuses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,11 +48,15 @@ class Transport {
   int size() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  void set_host_staging(bool on) { host_staging_ = on; }
+  bool host_staging() const { return host_staging_; }
 
-  // A posted operation: the op (its tensor stays alive while in flight) and its Work.
+  // A posted operation: the op (its tensor, the one on the wire, stays alive while in flight),
+  // its Work and, for a host-staged receive, the device tensor wait() copies the result into.
   struct Posted {
     TransferOp op;
     c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor staged_target;
   };
 
   // Starts every op; throws PeerError if the process group refuses one.
@@ -58,6 +69,7 @@ class Transport {
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::chrono::milliseconds timeout_;
+  bool host_staging_ = false;
 };
 
 }  // namespace graphpipe::runtime

@@ -69,6 +69,11 @@ class Pipeline:
         self.loss_fn = loss_fn
         self.timeout = float(timeout)
         args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        # The trace runs the model once: example inputs go where its parameters are (a model on
+        # a GPU may be given CPU example inputs, as step() may be given CPU batches).
+        home = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if home.type != "cpu":
+            args = _to_device(tuple(args), home)
         # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
         traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
         self.graph = traced.graph
@@ -101,9 +106,19 @@ class Pipeline:
         )
         self.executor = _C.Executor(self.schedule_json, self.rank, self.group, self.timeout)
         self.device = self._pick_device(device)
+        backend = str(dist.get_backend(self.group)).lower()
         if self.device.type == "cuda":
-            # CUDA path: transfers on their own stream, ordered with events (NCCL backend).
+            # CUDA path: transfers on their own stream, ordered with events. NCCL moves GPU
+            # memory itself; a CPU-only backend (Gloo) gets host-staged copies, which is what lets
+            # several ranks share one GPU (NCCL refuses two ranks on one device).
             self.executor.use_cuda(self.device.index if self.device.index is not None else torch.cuda.current_device())
+            if "nccl" not in backend:
+                self.executor.set_host_staging(True)
+        elif self._stage is not None and self.device.type == "cpu" and backend == "nccl":
+            raise InputError(
+                "this rank's stage is on the CPU but the process group's backend is NCCL, which moves "
+                "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
+            )
         self._meta = meta_copy(traced.module)
         self._signature = inspect.signature(model.forward)
         self._model_name = type(model).__name__
