@@ -42,6 +42,7 @@ void bind_partition(py::module_& m) {
       .def_readwrite("dst", &StageEdge::dst)
       .def_readwrite("edges", &StageEdge::edges)
       .def_readwrite("bytes", &StageEdge::bytes)
+      .def_readwrite("tensors", &StageEdge::tensors)
       .def("__repr__", [](const StageEdge& e) {
         return "<StageEdge " + std::to_string(e.src) + " -> " + std::to_string(e.dst) + ">";
       });

@@ -45,6 +45,8 @@ struct StageEdge {
   int dst = 0;                          // consuming stage
   std::vector<graph::EdgeId> edges;     // operator edges carried, in OpGraph edge order
   double bytes = 0.0;                   // bytes per micro-batch (forward; backward sends the same)
+  int tensors = 1;                      // tensors per micro-batch, one per producing operator: the
+                                        // runtime sends each on its own, so each pays the latency
 };
 
 struct Plan {

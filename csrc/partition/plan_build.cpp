@@ -83,6 +83,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
       bytes = std::max(bytes, p.edge_bytes[e]);
     }
     for (const auto& [producer, bytes] : per_producer) se.bytes += bytes;
+    se.tensors = tensors_carried(g, ids);
     plan.edges.push_back(std::move(se));
   }
   plan.depth = ev.depth;

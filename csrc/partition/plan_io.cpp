@@ -18,6 +18,12 @@ std::string stage_name(int s) { return "stage " + std::to_string(s); }
 
 }  // namespace
 
+int tensors_carried(const graph::OpGraph& g, const std::vector<graph::EdgeId>& edges) {
+  std::set<graph::NodeId> producers;
+  for (graph::EdgeId e : edges) producers.insert(g.edge(e).src);
+  return std::max<int>(1, static_cast<int>(producers.size()));
+}
+
 std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(
     const graph::OpGraph& g, const std::vector<int>& stage_of, bool chain) {
   std::map<std::pair<int, int>, std::vector<graph::EdgeId>> result;
@@ -132,6 +138,10 @@ void validate_plan(const Plan& plan, const graph::OpGraph& g) {
                           " operator edges, the crossing edges between those stages are " +
                           std::to_string(it->second.size()) + " others");
     }
+    if (se.tensors != tensors_carried(g, se.edges)) {
+      throw PlanningError(name + " says it sends " + std::to_string(se.tensors) + " tensors, its operator edges come from " +
+                          std::to_string(tensors_carried(g, se.edges)) + " producers");
+    }
   }
   std::vector<int> longest(num_stages, 1);
   for (auto it = expected.rbegin(); it != expected.rend(); ++it) {
@@ -164,7 +174,7 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
   }
   nlohmann::json edges = nlohmann::json::array();
   for (const StageEdge& se : plan.edges) {
-    edges.push_back({{"src", se.src}, {"dst", se.dst}, {"edges", se.edges}, {"bytes", se.bytes}});
+    edges.push_back({{"src", se.src}, {"dst", se.dst}, {"edges", se.edges}, {"bytes", se.bytes}, {"tensors", se.tensors}});
   }
   return {{"format", "graphpipe.plan"},
           {"schema_version", kPlanSchemaVersion},
@@ -248,10 +258,21 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
     se.src = jf::get<int>(edges[i], "src", where);
     se.dst = jf::get<int>(edges[i], "dst", where);
     se.bytes = jf::non_negative<double>(edges[i], "bytes", where);
+    // Optional (plans written before it existed): then derived from the operator edges below.
+    se.tensors = 0;
+    if (edges[i].contains("tensors")) {
+      se.tensors = jf::get<int>(edges[i], "tensors", where);
+      if (se.tensors < 1) throw FormatError(where + ".tensors: must be at least 1, got " + std::to_string(se.tensors));
+    }
     const auto& ids = jf::array(jf::field(edges[i], "edges", where), where + ".edges");
     for (const auto& id : ids) {
       if (!id.is_number_integer()) throw FormatError(where + ".edges: expected integers");
       se.edges.push_back(id.get<graph::EdgeId>());
+    }
+    if (se.tensors == 0) {
+      const bool known = std::all_of(se.edges.begin(), se.edges.end(),
+                                     [&](graph::EdgeId e) { return e >= 0 && static_cast<std::size_t>(e) < g.num_edges(); });
+      se.tensors = known ? tensors_carried(g, se.edges) : 1;  // unknown edges fail validation below
     }
     plan.edges.push_back(std::move(se));
   }

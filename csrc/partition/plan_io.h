@@ -43,6 +43,10 @@ void validate_plan(const Plan& plan, const graph::OpGraph& graph);
 std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(
     const graph::OpGraph& graph, const std::vector<int>& stage_of, bool chain);
 
+// How many tensors a stage edge carrying `edges` sends per micro-batch: one per producing
+// operator (a value read by several operators downstream crosses once). StageEdge::tensors.
+int tensors_carried(const graph::OpGraph& graph, const std::vector<graph::EdgeId>& edges);
+
 nlohmann::json to_json(const Plan& plan, const graph::OpGraph& graph);
 // Reads and validates; any problem (malformed field, unknown operator, a plan for another graph,
 // a tampered stage list) is a FormatError naming it.

@@ -203,7 +203,10 @@ class Replay {
         t.start = pair_free_[p];
         t.cause = pair_last_[p];
       }
-      t.end = t.start + devices_.transfer_seconds(a.rank, b.rank, plan_.edges[send.edge].bytes);
+      // Each tensor of the edge is its own send/recv (the runtime's), so each pays the latency.
+      const auto& se = plan_.edges[send.edge];
+      const double latency = a.rank == b.rank ? 0.0 : devices_.link_latency[a.rank][b.rank];
+      t.end = t.start + devices_.transfer_seconds(a.rank, b.rank, se.bytes) + (se.tensors - 1) * latency;
       tasks_.push_back(t);
       const int index = static_cast<int>(tasks_.size()) - 1;
       pair_free_[p] = t.end;

@@ -9,7 +9,8 @@
 // longest path, and the critical path is that path, task by task.
 //
 // Durations: forward/backward from Stage::forward_seconds / backward_seconds (one micro-batch);
-// a transfer takes Devices::transfer_seconds(src rank, dst rank, StageEdge::bytes) and occupies
+// a transfer takes Devices::transfer_seconds(src rank, dst rank, StageEdge::bytes), plus one more
+// link latency for each tensor after the first (the runtime sends every tensor on its own), and occupies
 // its ordered link (one transfer at a time per src -> dst pair, in schedule order); the optimizer
 // step takes optimizer_traffic_factor * param_bytes / memory_bandwidth (it is memory bound; 0
 // when the devices give no memory bandwidth).

@@ -108,6 +108,15 @@ TEST(PartitionPlanIo, RejectsTamperedFiles) {
   doc["edges"].erase(0);
   expect_format_error(doc, f.g, "stage edges");
   doc = good;
+  doc["edges"][0]["tensors"] = doc["edges"][0]["tensors"].get<int>() + 1;
+  expect_format_error(doc, f.g, "tensors");
+  doc = good;
+  for (auto& edge : doc["edges"]) edge.erase("tensors");  // written before the field: derived
+  EXPECT_EQ(pt::to_json(pt::loads_plan(doc.dump(), f.g), f.g), good);
+  doc = good;
+  doc["edges"][0]["tensors"] = 0;
+  expect_format_error(doc, f.g, "$.edges[0].tensors: must be at least 1");
+  doc = good;
   doc["schema_version"] = 2;
   expect_format_error(doc, f.g, "$.schema_version");
   doc = good;

@@ -116,6 +116,15 @@ TEST(Simulate, OneMicroBatchOverASlowLink) {
   }
 }
 
+TEST(Simulate, EveryTensorOfAnEdgePaysTheLatency) {
+  // As above with three tensors on the edge, each its own send: every transfer takes 3 x 0.5 s,
+  // so the iteration is 2 x 1 s longer.
+  auto plan = chain_plan(2, 1, 1.0, 2.0, 1.0);
+  plan.edges[0].tensors = 3;
+  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), devices(2, 0.5));
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, 9.0);
+}
+
 TEST(Simulate, OverlapHidesTransfersBehindCompute) {
   // Two stages, two micro-batches, f = b = 1, 0.5 s links. 1F1B programs:
   //   rank 0: F0 [SF0] F1 [SF1 RB0] B0 [RB1] B1     rank 1: [RF0] F0 B0 [RF1 SB0] F1 B1 [SB1]
