@@ -24,7 +24,9 @@ torch, commit, every figure) and a PNG chart.
 
 ``--emulate`` replaces each stage's compute by a wait of its profiled duration (transfers stay
 real), so that 4 to 16 ranks fit on a small machine; every output of that mode says
-"emulated", and the measured iteration time is compared with the simulator's.
+"emulated", and the measured iteration time is compared with the simulator's. The optimizer
+step is emulated too: after each iteration a rank waits for its stage's simulated optimizer
+step (the emulated zero gradients would make the real one free, where the simulator charges it).
 
 ``--device cuda`` runs every rank on its own GPU with NCCL (profiling on the GPU too, planning
 with the ``--gpu-kind`` preset and the measured links).
@@ -84,6 +86,9 @@ class Variant:
     labels: dict[str, int] = field(default_factory=dict)
     num_stages: int = 0
     note: str = ""
+    # Emulation: per stage, the simulated optimizer step, which the emulated runs wait for too
+    # (their zero gradients would make the real step free, where the simulator charges it).
+    optimizer_seconds: list[float] = field(default_factory=list)
 
 
 # ---- per-rank work -------------------------------------------------------------------------
@@ -116,7 +121,23 @@ def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emu
             optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
+    if emulate is not None and pipe._stage is not None:
+        return _with_emulated_optimizer(step, variant, pipe._stage.index)
     return step
+
+
+def _with_emulated_optimizer(step: Any, variant: Variant, stage: int) -> Any:
+    """``step`` followed by a wait of the stage's simulated optimizer step (emulation)."""
+    from graphpipe.runtime.emulate import wait
+
+    seconds = variant.optimizer_seconds[stage] if stage < len(variant.optimizer_seconds) else 0.0
+
+    def emulated(x: Any, y: Any) -> float:
+        loss = step(x, y)
+        wait(seconds)
+        return loss
+
+    return emulated
 
 
 def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any,
@@ -139,8 +160,9 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
 
         figures = json.loads(variant.plan_json)["stages"][rank]
         stage = EmulatedStage(stage, emulate * figures["forward_seconds"], emulate * figures["backward_seconds"])
-    return make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
+    step = make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
                         device=device, group=group)
+    return _with_emulated_optimizer(step, variant, rank) if emulate is not None else step
 
 
 def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: float | None,
@@ -229,11 +251,23 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
             for name, p in plans.items()}
     overhead = calibration["task_overhead_seconds"]
     for name, p in plans.items():
-        info[name]["simulated_iteration_seconds"] = graphpipe.simulate(
-            p, devices, task_overhead_seconds=overhead).iteration_seconds
+        result = graphpipe.simulate(p, devices, task_overhead_seconds=overhead)
+        info[name]["simulated_iteration_seconds"] = result.iteration_seconds
+        info[name]["optimizer_seconds"] = optimizer_seconds(result, p.num_stages)
         info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
             zero_compute(p, graph), devices, task_overhead_seconds=overhead).iteration_seconds
+    for v in variants:
+        v.optimizer_seconds = info["graphpipe" if v.name == "graphpipe/graph" else "sequential"]["optimizer_seconds"]
     return variants, info
+
+
+def optimizer_seconds(result: Any, num_stages: int) -> list[float]:
+    """Per stage, the duration of its optimizer step in a simulation."""
+    out = [0.0] * num_stages
+    for task in result.tasks:
+        if task.kind == "optimizer":
+            out[task.stage] = task.end - task.start
+    return out
 
 
 def zero_compute(plan: Any, graph: Any) -> Any:
