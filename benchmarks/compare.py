@@ -112,25 +112,45 @@ def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emu
 
         emulate_stage(pipe, scale=emulate)
     params = list(pipe.parameters())
-    optimizer = torch.optim.SGD(params, lr=LR) if params else None
+    optimizer: Any = torch.optim.SGD(params, lr=LR) if params else None
+    if emulate is not None and pipe._stage is not None:
+        optimizer = _EmulatedOptimizer(optimizer, _optimizer_wait(variant, pipe._stage.index))
 
     def step(x: Any, y: Any) -> float:
-        loss = pipe.step(x, y)
-        if optimizer:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        # optimizer= steps it as soon as this rank's part is done (before the loss broadcast)
+        return float(pipe.step(x, y, optimizer=optimizer))
 
-    if emulate is not None and pipe._stage is not None:
-        return _with_emulated_optimizer(step, variant, pipe._stage.index)
     return step
+
+
+def _optimizer_wait(variant: Variant, stage: int) -> float:
+    return variant.optimizer_seconds[stage] if stage < len(variant.optimizer_seconds) else 0.0
+
+
+class _EmulatedOptimizer:
+    """Emulation: the real optimizer's step (free on zero gradients), then a wait of the stage's
+    simulated optimizer step."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def step(self) -> None:
+        from graphpipe.runtime.emulate import wait
+
+        if self.inner is not None:
+            self.inner.step()
+        wait(self.seconds)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.inner is not None:
+            self.inner.zero_grad(set_to_none=set_to_none)
 
 
 def _with_emulated_optimizer(step: Any, variant: Variant, stage: int) -> Any:
     """``step`` followed by a wait of the stage's simulated optimizer step (emulation)."""
     from graphpipe.runtime.emulate import wait
 
-    seconds = variant.optimizer_seconds[stage] if stage < len(variant.optimizer_seconds) else 0.0
+    seconds = _optimizer_wait(variant, stage)
 
     def emulated(x: Any, y: Any) -> float:
         loss = step(x, y)

@@ -268,8 +268,11 @@ class Pipeline:
 
         Gradients accumulate into this rank's parameters (``.grad``), as if ``loss_fn`` had been
         applied to the whole batch; zero them and step your optimizer as in ordinary training,
-        or pass ``optimizer`` (over ``pipe.parameters()``): it is stepped and zeroed after the
-        iteration. ``record=True`` keeps per-instruction timestamps (see ``measured_tasks``).
+        or pass ``optimizer`` (over ``pipe.parameters()``): it is stepped and zeroed as soon as
+        this rank's part of the iteration is done, before the loss is broadcast. That is faster:
+        the broadcast waits for the rank that computes the loss, so an optimizer stepped after
+        ``step`` returns cannot overlap the other ranks' remaining backward work (the simulator
+        assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``).
         """
         values, mbs = self._prepare(inputs)
         if self.device.type != "cpu":
@@ -293,10 +296,10 @@ class Pipeline:
         total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
         total = total.to(torch.float32) if not total.is_floating_point() else total
         buf = total.clone().reshape(1)
-        dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
-        if optimizer is not None:
+        if optimizer is not None:  # local work: before the broadcast, which may wait for peers
             optimizer.step()
             optimizer.zero_grad()
+        dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
         return buf[0]
 
     def eval_forward(self, inputs: Any) -> Any:
