@@ -107,6 +107,11 @@ double CostModel::transfer_seconds(int src, int dst, double bytes) const {
   return devices_.transfer_seconds(src, dst, bytes);
 }
 
+double CostModel::optimizer_seconds(graph::NodeId node) const {
+  if (devices_.memory_bandwidth <= 0.0) return 0.0;
+  return kOptimizerTrafficFactor * static_cast<double>(graph_->node(node).param_bytes) / devices_.memory_bandwidth;
+}
+
 double CostModel::static_bytes(graph::NodeId node) const {
   const graph::Node& n = graph_->node(node);
   return static_cast<double>(n.param_bytes) * (2.0 + optimizer_state_factor(optimizer_)) +

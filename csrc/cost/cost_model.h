@@ -18,6 +18,8 @@
 //   static  = params x (1 + 1 gradient + optimizer factor) + buffers, factor sgd 0, momentum 1,
 //             adam 2;
 //   peak    = static + activations of one micro-batch x in-flight micro-batches (in_flight.h).
+// Optimizer step, once per iteration: memory bound, kOptimizerTrafficFactor x parameter bytes
+// over the device's memory bandwidth (read the parameter, its gradient and state, write back).
 // All queries are O(1) except profile interpolation, O(log P) in the profile length.
 #pragma once
 
@@ -30,6 +32,9 @@
 namespace graphpipe::cost {
 
 enum class Optimizer { sgd, momentum, adam };
+
+// Bytes of memory traffic per parameter byte of an optimizer step (the simulator's default too).
+inline constexpr double kOptimizerTrafficFactor = 4.0;
 
 // Per-parameter copies of optimizer state: sgd 0, momentum 1, adam 2.
 double optimizer_state_factor(Optimizer optimizer);
@@ -60,6 +65,8 @@ class CostModel {
 
   // Weights, gradients, optimizer state and buffers the node's stage holds for it.
   double static_bytes(graph::NodeId node) const;
+  // The node's share of the optimizer step (seconds, once per iteration).
+  double optimizer_seconds(graph::NodeId node) const;
   // Activation bytes the node stashes for one micro-batch (its output).
   double activation_bytes(graph::NodeId node, std::int64_t micro_batch) const;
   // static + activations_per_micro_batch x in_flight.

@@ -9,7 +9,7 @@
 namespace graphpipe::partition {
 
 double Evaluation::iteration_seconds(const Problem& problem) const {
-  return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck;
+  return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail;
 }
 
 namespace {
@@ -120,6 +120,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
     s.backward += p.backward[v];
     s.static_bytes += p.static_bytes[v];
     s.activation_bytes += p.act_bytes[v];
+    s.optimizer += p.optimizer[v];
   }
   for (std::size_t e = 0; e < g.num_edges(); ++e) {
     const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
@@ -156,6 +157,10 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
     for (; it != order_edges.end() && it->first == s; ++it) longest[s] = std::max(longest[s], longest[it->second] + 1);
   }
   ev.depth = k ? *std::max_element(longest.begin(), longest.end()) : 0;
+  // Backward work upstream of each stage (stages are numbered topologically, edges by src).
+  std::vector<double> upstream(k, 0.0);
+  for (const auto& [a, b] : order_edges) upstream[b] = std::max(upstream[b], upstream[a] + ev.stages[a].backward);
+  for (int s = 0; s < k; ++s) ev.optimizer_tail = std::max(ev.optimizer_tail, ev.stages[s].optimizer - upstream[s]);
   std::vector<int> in_flight = p.in_flight(k, order_edges, p.num_micro_batches);
   if (static_cast<int>(in_flight.size()) != k) {
     throw PlanningError("the in-flight rule returned " + std::to_string(in_flight.size()) +

@@ -19,6 +19,7 @@ namespace graphpipe::partition {
 
 struct StageFigures {
   double forward = 0.0, backward = 0.0, transfer = 0.0;
+  double optimizer = 0.0;         // the stage's optimizer step, once per iteration
   double static_bytes = 0.0;
   double activation_bytes = 0.0;  // one micro-batch, received tensors included
   int in_flight = 1;
@@ -35,10 +36,14 @@ struct Evaluation {
   std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
   int depth = 0;
   double bottleneck = 0.0;             // slowest stage time per micro-batch
+  // How far the optimizer steps reach past the pipeline's end: a stage steps after its last
+  // backward, which comes before the backwards still to run on the stages upstream of it (the
+  // longest such path); max over stages of (its step - that upstream backward work), >= 0.
+  double optimizer_tail = 0.0;
   double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
   int worst_memory_stage = -1;         // the stage with that overflow
   bool fits() const { return max_overflow <= 0.0; }
-  // (num_micro_batches + depth - 1) x bottleneck
+  // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail
   double iteration_seconds(const Problem& problem) const;
 };
 

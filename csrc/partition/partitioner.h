@@ -23,8 +23,9 @@
 //   "manual"     the user's mapping (manual.h).
 // Micro-batch size: the given one, or the one derived from num_micro_batches, or else every power
 // of two dividing the mini-batch; for each the partitioner's plan is evaluated and the plan with
-// the least predicted step time (num_micro_batches + depth - 1) x slowest stage wins (ties:
-// lower bottleneck, then smaller micro-batch).
+// the least predicted step time (num_micro_batches + depth - 1) x slowest stage, plus the part
+// of the optimizer steps that outlasts the pipeline (evaluate.h), wins (ties: lower bottleneck,
+// then smaller micro-batch).
 //
 // Errors (PlanningError unless said): an empty graph; a cyclic graph (GraphError naming the
 // cycle); zero devices; more devices than operators (a stage needs at least one operator and

@@ -62,8 +62,9 @@ struct Plan {
   // slowest stage's (forward + backward + transfer) / micro_batch_size
   double bottleneck_seconds_per_sample = 0.0;
   int depth = 0;                        // stages on the longest path of the stage graph
-  // (num_micro_batches + depth - 1) x the slowest stage's time per micro-batch: the 1F1B
-  // estimate of one training step that the partitioners use to choose the micro-batch size.
+  // (num_micro_batches + depth - 1) x the slowest stage's time per micro-batch, plus the part of
+  // the optimizer steps that outlasts the pipeline (evaluate.h): the 1F1B estimate of one
+  // training step that the partitioners use to choose the micro-batch size and the plan.
   double predicted_iteration_seconds = 0.0;
   double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under
   std::string optimizer;                // "sgd", "momentum" or "adam": sets the memory figures

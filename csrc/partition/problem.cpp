@@ -33,6 +33,7 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
   p.backward.resize(n);
   p.compute.resize(n);
   p.static_bytes.resize(n);
+  p.optimizer.resize(n);
   p.act_bytes.resize(n);
   for (std::size_t v = 0; v < n; ++v) {
     auto id = static_cast<graph::NodeId>(v);
@@ -40,6 +41,7 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
     p.backward[v] = model.backward_seconds(id, micro_batch_size);
     p.compute[v] = p.forward[v] + p.backward[v];
     p.static_bytes[v] = model.static_bytes(id);
+    p.optimizer[v] = model.optimizer_seconds(id);
     p.act_bytes[v] = model.activation_bytes(id, micro_batch_size);
   }
   p.edge_seconds.resize(g.num_edges());

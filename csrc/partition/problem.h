@@ -39,6 +39,7 @@ struct Problem {
   std::vector<int> position;         // position[v] = index of v in order
   std::vector<double> forward, backward, compute;  // compute = forward + backward
   std::vector<double> static_bytes;  // weights + grads + optimizer state + buffers
+  std::vector<double> optimizer;     // the operator's share of the optimizer step, per iteration
   std::vector<double> act_bytes;     // output activations, one micro-batch
   std::vector<double> edge_seconds;  // one transfer of the edge's tensor
   std::vector<double> edge_bytes;    // bytes of the edge's tensor, one micro-batch

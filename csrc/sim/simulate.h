@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cost/cost_model.h"
 #include "cost/devices.h"
 #include "partition/plan.h"
 #include "schedule/schedule.h"
@@ -88,7 +89,7 @@ struct StageStats {
 
 struct SimOptions {
   bool overlap = true;
-  double optimizer_traffic_factor = 4.0;  // bytes moved per parameter byte by the optimizer step
+  double optimizer_traffic_factor = cost::kOptimizerTrafficFactor;  // bytes moved per parameter byte
   // A runtime's fixed cost of dispatching one forward or backward (its bookkeeping, a call into
   // the stage module), added to every compute task; measured by a calibration, 0 by default.
   double task_overhead_seconds = 0.0;
