@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 COMPARE = Path(__file__).resolve().parents[2] / "benchmarks" / "compare.py"
 ARGS = ["--models", "candle_uno:size=small", "--steps", "3", "--rounds", "2", "--warmup", "1"]
@@ -70,12 +71,8 @@ def test_compare_under_torchrun(tmp_path: Path) -> None:
     check_report(out, "torchrun")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_compare_rejects_cuda_without_gpu(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
     result = subprocess.run([sys.executable, str(COMPARE), "--device", "cuda"], capture_output=True, text=True,
                             timeout=120, cwd=tmp_path)
     assert result.returncode != 0

@@ -21,31 +21,17 @@ import torch
 
 from graphpipe import _C
 from graphpipe.runtime.testing import run_ranks
+# The gold test's model, batches and training constants: the GPU runs are the CPU gold cases.
+from test_runtime_gold import LR, MICRO_BATCHES, make_model
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and bool(getattr(_C, "runtime_with_cuda", False))),
     reason="needs a GPU and graphpipe built with GRAPHPIPE_WITH_CUDA=1",
 )
 
-STEPS = 3
-BATCH = 8
-MICRO_BATCHES = 4
-LR = 0.05
 # Stages run micro-batches of BATCH / MICRO_BATCHES where the reference runs the whole batch;
 # GPU kernels for other batch sizes may sum in another order, so float32 agrees to rounding.
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-def _batches(name: str) -> tuple[torch.nn.Module, tuple, list[tuple[Any, Any]]]:
-    from graphpipe.models import build_model
-
-    torch.manual_seed(1234)
-    model, example = build_model(f"{name}:batch={BATCH}")
-    batches = []
-    for k in range(STEPS):
-        g = torch.Generator().manual_seed(100 + k)
-        batches.append((model.example_inputs(BATCH, generator=g), model.example_targets(BATCH, generator=g)))
-    return model, example, batches
 
 
 def _reference(name: str) -> dict[str, Any]:
@@ -54,7 +40,7 @@ def _reference(name: str) -> dict[str, Any]:
     from graphpipe.runtime.pipeline import _to_device
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    model, _, batches = _batches(name)
+    model, _, batches = make_model(name)
     model = model.cuda()
     loss_fn = default_loss(name)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -76,7 +62,7 @@ def _train(rank: int, world: int, name: str, partitioner: str, schedule: str) ->
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
-    model, example, batches = _batches(name)
+    model, example, batches = make_model(name)
     model = model.to(device)
     with graphpipe.wrap(model, example, default_loss(name), partitioner=partitioner, schedule=schedule,
                         micro_batches=MICRO_BATCHES, timeout=60.0, device=device) as pipe:
@@ -139,7 +125,7 @@ def _nccl_with_cpu_stage(rank: int, world: int) -> str:
     import graphpipe
     from graphpipe.models import default_loss
 
-    model, example, _ = _batches("mmt")
+    model, example, _ = make_model("mmt")
     try:
         graphpipe.wrap(model, example, default_loss("mmt"), micro_batches=MICRO_BATCHES, timeout=30.0)
     except graphpipe.InputError as exc:
