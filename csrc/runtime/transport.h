@@ -49,7 +49,6 @@ class Transport {
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   void set_host_staging(bool on) { host_staging_ = on; }
-  bool host_staging() const { return host_staging_; }
 
   // A posted operation: the op (its tensor, the one on the wire, stays alive while in flight),
   // its Work and, for a host-staged receive, the device tensor wait() copies the result into.
