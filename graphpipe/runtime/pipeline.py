@@ -114,7 +114,7 @@ class Pipeline:
             self.executor.use_cuda(self.device.index if self.device.index is not None else torch.cuda.current_device())
             if "nccl" not in backend:
                 self.executor.set_host_staging(True)
-        elif self._stage is not None and self.device.type == "cpu" and backend == "nccl":
+        elif self._stage is not None and self.device.type == "cpu" and "nccl" in backend:
             raise InputError(
                 "this rank's stage is on the CPU but the process group's backend is NCCL, which moves "
                 "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
