@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "graph/series_parallel.h"
+#include "partition/downset.h"
 #include "partition/evaluate.h"
 #include "partition/graphpipe_dp.h"
 #include "partition/metis.h"
@@ -207,11 +208,17 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
   std::vector<std::vector<int>> metis_starts;
   // graphpipe without a usable tree: the better of METIS's start and the topological-order DP's
   // (sequential) start, both refined.
-  auto fallback = [&](const Problem& problem, const std::vector<std::vector<int>>& metis) {
+  // On a small graph the exact down-set plans join in, judged by the predicted step; `used`
+  // names what won.
+  auto fallback = [&](const Problem& problem, const std::vector<std::vector<int>>& metis, std::string& used) {
     std::vector<std::vector<int>> starts = metis;
     std::vector<int> chain = sequential_assignment(problem);
     if (!chain.empty()) starts.push_back(std::move(chain));
-    return best_start(problem, starts, o.refine);
+    std::vector<std::vector<int>> options{best_start(problem, starts, o.refine)};
+    for (std::vector<int>& exact : downset_plans(problem)) options.push_back(std::move(exact));
+    const std::size_t pick = best_by_step(problem, options);
+    used = pick == 0 ? "graphpipe(fallback)" : "graphpipe(downset)";
+    return std::move(options[pick]);
   };
   auto make_metis_starts = [&](const Problem& problem) {
     metis_starts.push_back(metis_assignment(problem, max_stages, o.seed));
@@ -243,7 +250,7 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
     } else if (o.partitioner == "metis") {
       assignment = best_start(problem, metis_starts, o.refine);
     } else if (!sp->is_series_parallel) {
-      assignment = fallback(problem, metis_starts);
+      assignment = fallback(problem, metis_starts, used);
     } else {
       auto dp = graphpipe_assignments(problem, sp->tree, o.tolerance);
       if (!dp.empty()) {
@@ -264,14 +271,18 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
           options.push_back(chain);
           if (o.refine) options.push_back(refine(problem, chain));
         }
-        std::size_t pick = best_by_step(problem, options);
-        bool from_chain = pick >= chains_from;
+        const std::size_t exact_from = options.size();
+        for (std::vector<int>& exact : downset_plans(problem)) options.push_back(std::move(exact));
+        const std::size_t pick = best_by_step(problem, options);
         assignment = std::move(options[pick]);
-        if (from_chain) used = "graphpipe(chain)";
+        if (pick >= exact_from) {
+          used = "graphpipe(downset)";
+        } else if (pick >= chains_from) {
+          used = "graphpipe(chain)";
+        }
       } else {
         if (metis_starts.empty()) make_metis_starts(problem);
-        assignment = fallback(problem, metis_starts);
-        used = "graphpipe(fallback)";
+        assignment = fallback(problem, metis_starts, used);
       }
     }
     if (assignment.empty()) {

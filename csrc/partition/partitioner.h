@@ -7,12 +7,16 @@
 //                the sequential DP's cuts of three topological orders (the graph's, and the
 //                tree's with branches largest-first and smallest-first) evaluated as graphs
 //                (independent segments run in parallel); each cut and the first DP plan also
-//                refined (refine.h). The least predicted step wins, ties to the DP (the plan's
-//                partitioner reads "graphpipe(chain)" when a cut won). A graph that is not
+//                refined (refine.h); and on graphs of at most 64 operators and 1024 down-sets,
+//                the exact down-set DP's plans (downset.h: for every depth bound the least
+//                slowest stage over all acyclic partitions). The least predicted step wins, ties
+//                to the DP (the plan's partitioner reads "graphpipe(chain)" when a cut won,
+//                "graphpipe(downset)" when an exact plan did). A graph that is not
 //                series-parallel, and a micro-batch size at which no layout of the DP's family
-//                fits in memory, fall back to the better of two refined starts: METIS's layout
-//                and the sequential DP's chain (logged at info level; the plan's partitioner
-//                then reads "graphpipe(fallback)").
+//                fits in memory, fall back to the better of two refined starts, METIS's layout
+//                and the sequential DP's chain, weighed by step against the down-set plans where
+//                they exist (logged at info level; the plan's partitioner then reads
+//                "graphpipe(fallback)" or "graphpipe(downset)").
 //   "metis"      METIS k-way with k = stages (metis.h), repaired to an acyclic stage graph,
 //                then refined per micro-batch size. METIS runs once, at the middle candidate
 //                micro-batch size.

@@ -4,33 +4,30 @@
 // are evaluated with the same evaluator the partitioners use. The micro-batch size is fixed, so
 // that all compare the same quantities: the slowest stage (the time per sample of the paper and
 // of the binary search, x the micro-batch size) and the predicted step, (M + depth - 1) x slowest
-// stage, which partition() minimises over its candidates.
+// stage + optimizer tail, which partition() minimises over its candidates.
 //
-// Asserted, each against the exhaustive optimum of the same figure:
-//   - on every graph, the best of graphpipe, metis and sequential is within 5% in slowest stage;
-//   - on every series-parallel graph of 6-9 operators, graphpipe's predicted step is within its
-//     binary-search tolerance (1e-4) of the least step (like with like: graphpipe trades a
-//     slightly slower stage for a shallower stage graph when the step says so, so its slowest
-//     stage alone may be above the least one);
-//   - on the 12-operator graphs, the best partitioner within 5% in slowest stage and graphpipe
-//     within 5% in step. Not within tolerance: seed 2's optimal first stage holds the input, the
-//     head of one branch and part of a parallel node nested in the other, which neither the DP's
-//     family nor the cuts of the partitioner's three orders contain (2.2% above).
-// Reported, not asserted: the best partitioner against the least step (the DAG fallback, METIS
-// and the sequential cut minimise the slowest stage, not depth), and the DP's own first plan
-// against the least slowest stage.
+// The figure the partitioners are judged by is the predicted step (its time per sample is the
+// step over the mini-batch): it is what partition() minimises, and the slowest stage alone is
+// not, because a shallower stage graph can pay for a slightly slower stage. Asserted, against
+// the exhaustive least step:
+//   - on every graph, series-parallel or not, graphpipe's predicted step is within its
+//     binary-search tolerance (1e-4): 6-9 operators on 2-4 stages, and 12 operators on 3 and 4
+//     stages;
+//   - hence the best of graphpipe, metis and sequential is within 5% (asserted as well, with
+//     every partitioner's figure in the message).
+// Reported, not asserted: the best partitioner's slowest stage against the least slowest stage
+// (graphpipe may trade it for depth; METIS and the sequential cut aim at it but are heuristics,
+// up to +5.7% here), and the series-parallel DP's own first plan against the least slowest
+// stage. That the slowest stage is exact for every depth bound where the down-set DP runs is
+// asserted in test_partition_downset.cpp.
 //
-// History: graphpipe used to miss its tolerance in slowest stage on two series-parallel graphs
-// here (seeds 10 and 46, n = 8, k = 3: +0.7% and +2.9%). Not an objective mismatch: on both, the
-// exhaustive least slowest stage and least step are the same partition, and the DP's family
-// (stages = unions of consecutive series children, whole subtrees or runs of parallel branches)
-// did not hold it. Seed 46, S(n0, P(S(n1, n4), S(n2, n3, n5, n6)), n7): {n0, n1, n4},
-// {n2, n3, n5}, {n6, n7}, a stage with the input and a whole branch and one with a branch's tail
-// and the output. Seed 10, S(n0, P(n1, S(n2, n4), S(n3, n5, n6)), n7) at a tight memory limit:
-// {n0, n3}, {n2, n5, n6}, {n1, n4, n7}, whose middle stage holds the head of one branch and the
-// tail of another. The DP now has fork and join stages (graphpipe_dp.h) and the partitioner also
-// cuts the tree's branch-by-branch orders (partitioner.cpp). Against the least step, graphpipe
-// missed its tolerance on 6 of these 30 graphs before (up to +16.6%: depth ignored), none after.
+// History: the series-parallel DP (graphpipe_dp.h) alone holds only its family of layouts, and
+// the cuts of three topological orders do not hold every interleaving of branches. With those
+// alone graphpipe missed its tolerance on 12-operator series-parallel graphs on 6 of 30 at 3
+// stages (up to +3.8%) and more at 4 stages (up to +11%: optimal plans of depth 3 on 4 stages,
+// whose stages each hold pieces of two branches). The exact down-set DP (downset.h) closed that
+// for graphs of up to 64 operators and 1024 down-sets; it is tested on its own in
+// test_partition_downset.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -155,27 +152,27 @@ TEST(PartitionOptimality, BestPartitionerWithinFivePercentOfExhaustive) {
     worst = std::max(worst, ratio);
     EXPECT_GE(ratio, 1.0 - 1e-9) << "seed " << seed << ": better than exhaustive?";
     EXPECT_GE(r.best_step() / r.reference.step, 1.0 - 1e-9) << "seed " << seed << ": better than exhaustive?";
-    EXPECT_LE(ratio, 1.05) << "seed " << seed << " n=" << n << " k=" << k << ", slowest stage: graphpipe "
-                           << r.graphpipe.bottleneck << " metis " << r.metis.bottleneck << " sequential "
-                           << r.sequential.bottleneck << " exhaustive " << r.reference.bottleneck;
     within += ratio <= 1.05;
+    EXPECT_LE(r.best_step() / r.reference.step, 1.05)
+        << "seed " << seed << " n=" << n << " k=" << k << ", step: graphpipe " << r.graphpipe.step << " metis "
+        << r.metis.step << " sequential " << r.sequential.step << " exhaustive " << r.reference.step;
     worst_step = std::max(worst_step, r.best_step() / r.reference.step);
     within_step += r.best_step() <= 1.05 * r.reference.step;
-    if (!sp) continue;
-    ++sp_cases;
     const double graphpipe_ratio = r.graphpipe.step / r.reference.step;
     worst_graphpipe = std::max(worst_graphpipe, graphpipe_ratio);
     EXPECT_TRUE(within_tolerance(r.graphpipe.step, r.reference.step))
-        << "graphpipe's step above its tolerance of the least step: seed " << seed << ", n=" << n << ", k=" << k
-        << ", ratio " << graphpipe_ratio;
+        << "graphpipe's step above its tolerance of the least step: seed " << seed << (sp ? " (sp)" : " (dag)")
+        << ", n=" << n << ", k=" << k << ", ratio " << graphpipe_ratio;
     graphpipe_within += within_tolerance(r.graphpipe.step, r.reference.step);
+    if (!sp) continue;
+    ++sp_cases;
     worst_dp = std::max(worst_dp, r.dp_bottleneck / r.reference.bottleneck);
     dp_within += within_tolerance(r.dp_bottleneck, r.reference.bottleneck);
   }
   std::printf("slowest stage: best partitioner within 5%% on %d/%d graphs (worst ratio %.4f)\n", within, cases, worst);
-  std::printf("step: graphpipe within its tolerance on %d/%d series-parallel graphs (worst %.4f); best partitioner "
+  std::printf("step: graphpipe within its tolerance on %d/%d graphs (worst %.6f); best partitioner "
               "within 5%% on %d/%d graphs (worst %.4f)\n",
-              graphpipe_within, sp_cases, worst_graphpipe, within_step, cases, worst_step);
+              graphpipe_within, cases, worst_graphpipe, within_step, cases, worst_step);
   std::printf("slowest stage: the DP's own first plan within its tolerance on %d/%d series-parallel graphs "
               "(worst %.4f)\n",
               dp_within, sp_cases, worst_dp);
@@ -183,17 +180,21 @@ TEST(PartitionOptimality, BestPartitionerWithinFivePercentOfExhaustive) {
   EXPECT_GE(sp_cases, 25);
 }
 
-TEST(PartitionOptimality, TwelveOperatorsThreeStages) {
-  for (unsigned seed = 0; seed < 4; ++seed) {
-    const bool sp = seed % 2 == 0;
+TEST(PartitionOptimality, TwelveOperatorsThreeAndFourStages) {
+  int cases = 0;
+  double worst = 1.0;
+  for (unsigned seed = 0; seed < 12; ++seed) {
+    const bool sp = seed % 3 != 2;  // two series-parallel graphs for each other DAG
+    const int k = 3 + static_cast<int>(seed % 2);
     auto g = sp ? tst::random_sp_graph(2000 + seed, 12) : tst::random_dag(2000 + seed, 12);
-    Result r = compare(g, 3, 16e9);
+    Result r = compare(g, k, 16e9);
     ASSERT_LT(r.reference.step, kInf);
-    EXPECT_LE(r.best_bottleneck() / r.reference.bottleneck, 1.05) << "seed " << seed;
-    if (sp) {
-      EXPECT_LE(r.graphpipe.step / r.reference.step, 1.05) << "seed " << seed;
-      std::printf("12 operators, seed %u: graphpipe's step / least step %.4f\n", seed,
-                  r.graphpipe.step / r.reference.step);
-    }
+    ++cases;
+    EXPECT_TRUE(within_tolerance(r.graphpipe.step, r.reference.step))
+        << "seed " << seed << (sp ? " (sp)" : " (dag)") << ", k=" << k << ": graphpipe's step / least step "
+        << r.graphpipe.step / r.reference.step;
+    worst = std::max(worst, r.graphpipe.step / r.reference.step);
   }
+  std::printf("12 operators, 3 and 4 stages: graphpipe's step / least step at worst %.6f over %d graphs\n", worst,
+              cases);
 }
