@@ -33,9 +33,24 @@ class RankResult:
     seconds: float = 0.0  # from the rank's start to its result
 
 
+def _thread_lock_for_tqdm() -> None:
+    """torch.fx's Interpreter opens a (disabled) tqdm bar, and tqdm's class lock is by default a
+    multiprocessing lock, a named semaphore registered with the parent's resource tracker. A rank
+    ends in ``os._exit``, which skips the finalizer that unregisters it, so every run left a
+    "leaked semaphore" warning at the caller's exit. A rank is one process: a thread lock does."""
+    import threading
+
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., Any], args: tuple, q: Any,
            backend: str) -> None:
     torch.set_num_threads(1)
+    _thread_lock_for_tqdm()
     import torch.distributed as dist
 
     start = time.monotonic()
