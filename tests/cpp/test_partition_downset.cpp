@@ -26,23 +26,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // least[d]: the least slowest stage over the acyclic partitions into at most k stages that fit,
 // of depth at most d (d = 1..k).
 std::vector<double> exhaustive_by_depth(const pt::Problem& p, int k) {
-  const int n = static_cast<int>(p.num_nodes());
-  std::vector<int> labels(n, 0), assignment(n, 0);
   std::vector<double> least(k + 1, kInf);
-  auto visit = [&](auto& self, int i, int used) -> void {
-    if (i == n) {
-      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
-      pt::Evaluation ev = pt::evaluate(p, assignment);
-      if (!ev.acyclic || !ev.fits()) return;
-      for (int d = ev.depth; d <= k; ++d) least[d] = std::min(least[d], ev.bottleneck);
-      return;
-    }
-    for (int l = 0; l <= std::min(used, k - 1); ++l) {
-      labels[i] = l;
-      self(self, i + 1, std::max(used, l + 1));
-    }
-  };
-  visit(visit, 0, 0);
+  tst::for_each_valid_partition(p, k, [&](const pt::Evaluation& ev) {
+    for (int d = ev.depth; d <= k; ++d) least[d] = std::min(least[d], ev.bottleneck);
+  });
   return least;
 }
 
@@ -116,29 +103,12 @@ TEST(PartitionDownset, TightMemoryPlansFitAndNeverBeatExhaustive) {
 
 TEST(PartitionDownset, DeclinesGraphsBeyondItsBudget) {
   cost::Devices d = cost::v100(4);
-  // A chain has n + 1 down-sets: 40 operators are well within the budget.
-  {
-    std::mt19937 rng(3);
-    graph::OpGraph chain;
-    for (int i = 0; i < 40; ++i) {
-      chain.add_node(tst::random_node(rng, i));
-      if (i) chain.add_edge(i - 1, i, 1e4);
-    }
-    chain.trace_batch_size = 8;
+  // A chain has n + 1 down-sets: 40 operators are well within the budget; 65 are beyond the
+  // 64-operator limit.
+  for (int n : {40, 65}) {
+    auto chain = tst::random_chain(3, n);
     cost::CostModel model(chain, d);
-    EXPECT_FALSE(pt::downset_plans(pt::make_problem(model, 8, 2, 4, 16e9, {})).empty());
-  }
-  // 65 operators: beyond the 64-operator limit.
-  {
-    std::mt19937 rng(4);
-    graph::OpGraph chain;
-    for (int i = 0; i < 65; ++i) {
-      chain.add_node(tst::random_node(rng, i));
-      if (i) chain.add_edge(i - 1, i, 1e4);
-    }
-    chain.trace_batch_size = 8;
-    cost::CostModel model(chain, d);
-    EXPECT_TRUE(pt::downset_plans(pt::make_problem(model, 8, 2, 4, 16e9, {})).empty());
+    EXPECT_EQ(pt::downset_plans(pt::make_problem(model, 8, 2, 4, 16e9, {})).empty(), n > 64) << n << " operators";
   }
   // Eleven independent branches of one operator between a source and a sink: 2^11 + 2 down-sets.
   {

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "graph/op_graph.h"
+#include "partition/evaluate.h"
 #include "partition/plan.h"
+#include "partition/problem.h"
 
 namespace graphpipe::testing {
 
@@ -84,6 +86,41 @@ inline graph::OpGraph random_dag(unsigned seed, int n) {
   }
   g.trace_batch_size = 16;
   return g;
+}
+
+// A chain of n random operators.
+inline graph::OpGraph random_chain(unsigned seed, int n) {
+  std::mt19937 rng(seed);
+  graph::OpGraph g;
+  for (int i = 0; i < n; ++i) {
+    g.add_node(random_node(rng, i));
+    if (i) g.add_edge(i - 1, i, 1e4);
+  }
+  g.trace_batch_size = 8;
+  return g;
+}
+
+// Exhaustive search: calls visit(evaluation) for every partition of the operators into at most
+// k stages (restricted growth strings along the topological order, so each partition once)
+// whose stage graph is acyclic and which fits in memory.
+template <class Visit>
+void for_each_valid_partition(const partition::Problem& p, int k, Visit visit) {
+  const int n = static_cast<int>(p.num_nodes());
+  std::vector<int> labels(n, 0);  // by topological position
+  std::vector<int> assignment(n, 0);
+  auto walk = [&](auto& self, int i, int used) -> void {
+    if (i == n) {
+      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
+      partition::Evaluation ev = partition::evaluate(p, assignment);
+      if (ev.acyclic && ev.fits()) visit(ev);
+      return;
+    }
+    for (int l = 0; l <= std::min(used, k - 1); ++l) {
+      labels[i] = l;
+      self(self, i + 1, std::max(used, l + 1));
+    }
+  };
+  walk(walk, 0, 0);
 }
 
 // Independent checks of a plan (not using validate_plan): "" when all hold, else the problem.

@@ -60,26 +60,11 @@ struct Reference {
 };
 
 Reference exhaustive(const pt::Problem& p, int k) {
-  const int n = static_cast<int>(p.num_nodes());
-  std::vector<int> labels(n, 0);  // by topological position
-  std::vector<int> assignment(n, 0);
   Reference best;
-  auto visit = [&](auto& self, int i, int used) -> void {
-    if (i == n) {
-      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
-      pt::Evaluation ev = pt::evaluate(p, assignment);
-      if (ev.acyclic && ev.fits()) {
-        best.step = std::min(best.step, ev.iteration_seconds(p));
-        best.bottleneck = std::min(best.bottleneck, ev.bottleneck);
-      }
-      return;
-    }
-    for (int l = 0; l <= std::min(used, k - 1); ++l) {
-      labels[i] = l;
-      self(self, i + 1, std::max(used, l + 1));
-    }
-  };
-  visit(visit, 0, 0);
+  tst::for_each_valid_partition(p, k, [&](const pt::Evaluation& ev) {
+    best.step = std::min(best.step, ev.iteration_seconds(p));
+    best.bottleneck = std::min(best.bottleneck, ev.bottleneck);
+  });
   return best;
 }
 
