@@ -239,7 +239,7 @@ def reference_losses(spec: str, steps: int) -> list[float]:
 
 def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...],
                   calibration: dict[str, float], device: str = "cpu", gpu_kind: str = "h100",
-                  slowdown: float = 1.0, host_cores: int = 0) -> tuple[list[Variant], dict]:
+                  slowdown: float = 1.0) -> tuple[list[Variant], dict]:
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     profile_device = "cuda" if device == "cuda" else "cpu"
@@ -276,19 +276,6 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
         info[name]["optimizer_seconds"] = optimizer_seconds(result, p.num_stages)
         info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
             zero_compute(p, graph), devices, task_overhead_seconds=overhead).iteration_seconds
-        if host_cores:
-            # The same prediction with the ranks sharing this machine's cores: uncontended link and
-            # dispatch figures, and the simulator's processor sharing where ranks contend.
-            alone = graphpipe.devices(world, "cpu")
-            alone.relative_speed = devices.relative_speed
-            alone.set_node_links(world, calibration["uncontended_link_bandwidth_bytes_per_second"],
-                                 calibration["uncontended_link_latency_seconds"],
-                                 calibration["uncontended_link_bandwidth_bytes_per_second"],
-                                 calibration["uncontended_link_latency_seconds"])
-            info[name]["host_cores"] = host_cores
-            info[name]["simulated_shared_host_seconds"] = graphpipe.simulate(
-                p, alone, task_overhead_seconds=calibration["uncontended_task_overhead_seconds"],
-                host_cores=host_cores).iteration_seconds
     for v in variants:
         v.optimizer_seconds = info["graphpipe" if v.name == "graphpipe/graph" else "sequential"]["optimizer_seconds"]
     return variants, info
@@ -390,22 +377,11 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
     from calibrate import dispatch_overhead, link
 
     calibration: dict[int, dict[str, float]] = {}
-    alone: dict[str, float] = {}
-    if not launch.torchrun and launch.device == "cpu":
-        # One pair, one pipeline: the figures of a rank that has the machine to itself, for the
-        # simulator's shared-host model (it adds the contention itself).
-        latency, bandwidth = link(concurrency=2)
-        alone = {"uncontended_link_latency_seconds": latency, "uncontended_link_bandwidth_bytes_per_second": bandwidth,
-                 "uncontended_task_overhead_seconds": dispatch_overhead(concurrency=1)}
-        if launch.rank == 0:
-            print(f"calibration, uncontended: link latency {latency * 1e6:.0f} us, bandwidth {bandwidth / 1e9:.2f} "
-                  f"GB/s, runtime dispatch {alone['uncontended_task_overhead_seconds'] * 1e6:.0f} us per "
-                  f"forward/backward", file=sys.stderr)
     for world in worlds:
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
         overhead = dispatch_overhead(concurrency=world, in_group=launch.torchrun, device=launch.device)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                              "task_overhead_seconds": overhead, **alone}
+                              "task_overhead_seconds": overhead}
         if launch.rank == 0:
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
                   f"{bandwidth / 1e9:.2f} GB/s, runtime dispatch {overhead * 1e6:.0f} us per forward/backward",
@@ -481,11 +457,8 @@ def main() -> None:
         profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
         shared: list[Any] = [None]
         if lead:  # rank 0 profiles and plans; under torchrun the others receive its plans
-            # Emulated ranks spawned here share this machine's cores: also predict with that.
-            shared_host = (os.cpu_count() or 1) if args.emulate and "uncontended_task_overhead_seconds" in \
-                calibration[world] else 0
             variants, plans = make_variants(spec, world, args.memory_limit, profile_batches, calibration[world],
-                                            args.device, args.gpu_kind, args.slowdown, shared_host)
+                                            args.device, args.gpu_kind, args.slowdown)
             shared = [(variants, plans, reference_losses(spec, 1)[0])]
         if launch.torchrun:
             import torch.distributed as dist
@@ -538,8 +511,6 @@ def main() -> None:
                                                             - plan["simulated_zero_compute_seconds"])
                     if "median_seconds" in r:
                         plan["simulator_error"] = r["median_seconds"] / plan["simulated_calibrated_seconds"] - 1.0
-                if "simulated_shared_host_seconds" in row["plan"] and "median_seconds" in r:
-                    row["plan"]["shared_host_error"] = r["median_seconds"] / row["plan"]["simulated_shared_host_seconds"] - 1.0
             rows.append(row)
     bar.close()
     if lead:
@@ -577,7 +548,7 @@ def print_table(rows: list[dict], mode: str) -> None:
               f"{ratio('speedup_vs_graphpipe/sequential')} | {ratio('speedup_vs_torch/1f1b')} | "
               f"{ratio('speedup_vs_torch/gpipe')} | { {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
     short = mode.split(",")[0]
-    raw, calibrated, shared = [], [], []
+    raw, calibrated = [], []
     for r in rows:
         if r["variant"].startswith("graphpipe/") and "plan" in r and "median_seconds" in r:
             p = r["plan"]
@@ -592,13 +563,8 @@ def print_table(rows: list[dict], mode: str) -> None:
                 line += (f"; with the runtime's zero-compute cost ({1e3 * p['zero_compute_seconds']:.1f} ms measured, "
                          f"{1e3 * p['simulated_zero_compute_seconds']:.1f} ms simulated) the simulator predicts "
                          f"{1e3 * p['simulated_calibrated_seconds']:.1f} ms ({100 * p['simulator_error']:+.1f}%)")
-            if "shared_host_error" in p:
-                shared.append(p["shared_host_error"])
-                line += (f"; with the ranks sharing {p['host_cores']} cores (uncontended figures) it predicts "
-                         f"{1e3 * p['simulated_shared_host_seconds']:.1f} ms ({100 * p['shared_host_error']:+.1f}%)")
             print(line)
-    for label, errors in (("simulator", raw), ("simulator + zero-compute calibration", calibrated),
-                          ("simulator with the shared host", shared)):
+    for label, errors in (("simulator", raw), ("simulator + zero-compute calibration", calibrated)):
         if errors:
             print(f"- {label} vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} "
                   f"runs, within 20% in {sum(abs(e) <= 0.20 for e in errors)}, worst {100 * max(errors, key=abs):+.1f}%")
