@@ -28,8 +28,6 @@ def simulate(
     overlap: bool = True,
     device_kind: str = "cpu",
     task_overhead_seconds: float = 0.0,
-    host_cores: int = 0,
-    host_runs_compute: bool = False,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -40,12 +38,6 @@ def simulate(
         schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
         overlap: whether transfers overlap computation (own streams) or block the rank.
         task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated).
-        host_cores: 0, or the cores of one host that all ranks share (emulating more ranks than
-            cores): the ranks' CPU work (dispatch, transfers at both ends, and the compute with
-            ``host_runs_compute``) is then slowed where more ranks need a core than there are;
-            pass uncontended overhead and link figures with it.
-        host_runs_compute: whether stage compute runs on those cores (real CPU compute) or not
-            (emulated compute, a sleep).
 
     Returns:
         A ``SimResult``: iteration time, throughput, per-rank busy/idle/bubble shares, peak
@@ -54,5 +46,4 @@ def simulate(
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
     sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
-    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds,
-                       host_cores=host_cores, host_runs_compute=host_runs_compute)
+    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds)

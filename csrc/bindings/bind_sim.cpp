@@ -132,20 +132,16 @@ void bind_sim(py::module_& m) {
   m.def(
       "simulate",
       [](const partition::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
-         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, int host_cores,
-         bool host_runs_compute) {
+         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds) {
         sim::SimOptions options;
         options.overlap = overlap;
         options.optimizer_traffic_factor = optimizer_traffic_factor;
         options.task_overhead_seconds = task_overhead_seconds;
-        options.host_cores = host_cores;
-        options.host_runs_compute = host_runs_compute;
         py::gil_scoped_release release;
         return sim::simulate(plan, schedule, devices, options);
       },
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
       py::arg("optimizer_traffic_factor") = 4.0, py::arg("task_overhead_seconds") = 0.0,
-      py::arg("host_cores") = 0, py::arg("host_runs_compute") = false,
       "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h).");
 }
 

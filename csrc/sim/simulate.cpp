@@ -1,13 +1,11 @@
 #include "sim/simulate.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <sstream>
 
 #include "schedule/check.h"
-#include "sim/host_contention.h"
 
 namespace graphpipe::sim {
 
@@ -91,22 +89,11 @@ void check_inputs(const Plan& plan, const Schedule& s, const cost::Devices& devi
   }
 }
 
-// How much longer each task's CPU work takes than alone (host_contention.h); 1 everywhere
-// without a shared host.
-struct Stretch {
-  std::vector<double> compute;   // [stage][micro-batch][forward, backward]
-  std::vector<double> transfer;  // [activation, gradient][edge][micro-batch]
-  std::size_t compute_slot(int stage, int mb, bool backward, int M) const {
-    return (static_cast<std::size_t>(stage) * M + mb) * 2 + backward;
-  }
-};
-
-// Replays the schedule's programs, timing every task. One object per replay.
+// Replays the schedule's programs, timing every task. One object per simulate() call.
 class Replay {
  public:
-  Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options,
-         const Stretch& stretch)
-      : plan_(plan), s_(s), devices_(devices), options_(options), stretch_(stretch), R_(s.num_ranks()),
+  Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options)
+      : plan_(plan), s_(s), devices_(devices), options_(options), R_(s.num_ranks()),
         M_(s.num_micro_batches) {
     const std::size_t E = s.edges.size();
     transfer_task_.assign(2 * E * M_, -1);
@@ -162,18 +149,11 @@ class Replay {
     return (static_cast<std::size_t>(gradient) * s_.edges.size() + edge) * M_ + mb;
   }
 
-  // Compute and dispatch of a forward or backward, the latter stretched, or both when the host
-  // runs the compute.
   double compute_seconds(const Instruction& i) const {
     const auto& stage = plan_.stages[i.stage];
-    const bool backward = i.kind == OpKind::backward;
-    if (i.kind == OpKind::forward || backward) {
-      const double stretch = stretch_.compute[stretch_.compute_slot(i.stage, i.micro_batch, backward, M_)];
-      const double compute = backward ? stage.backward_seconds : stage.forward_seconds;
-      return options_.host_runs_compute ? (compute + options_.task_overhead_seconds) * stretch
-                                        : compute + options_.task_overhead_seconds * stretch;
-    }
     switch (i.kind) {
+      case OpKind::forward: return stage.forward_seconds + options_.task_overhead_seconds;
+      case OpKind::backward: return stage.backward_seconds + options_.task_overhead_seconds;
       case OpKind::optimizer_step:
         return devices_.memory_bandwidth > 0.0
                    ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
@@ -226,8 +206,7 @@ class Replay {
       // Each tensor of the edge is its own send/recv (the runtime's), so each pays the latency.
       const auto& se = plan_.edges[send.edge];
       const double latency = a.rank == b.rank ? 0.0 : devices_.link_latency[a.rank][b.rank];
-      const double stretch = stretch_.transfer[transfer_slot(send.kind, send.edge, send.micro_batch)];
-      t.end = t.start + (devices_.transfer_seconds(a.rank, b.rank, se.bytes) + (se.tensors - 1) * latency) * stretch;
+      t.end = t.start + devices_.transfer_seconds(a.rank, b.rank, se.bytes) + (se.tensors - 1) * latency;
       tasks_.push_back(t);
       const int index = static_cast<int>(tasks_.size()) - 1;
       pair_free_[p] = t.end;
@@ -330,7 +309,6 @@ class Replay {
   const Schedule& s_;
   const cost::Devices& devices_;
   const SimOptions& options_;
-  const Stretch& stretch_;
   const int R_;
   const int M_;
   std::vector<Task> tasks_;
@@ -344,45 +322,6 @@ class Replay {
   std::vector<std::deque<Posted>> sends_, recvs_;
   std::vector<std::vector<int>> in_edges_, out_edges_;  // per stage
 };
-
-// The fixed point of SimOptions::host_cores: each CPU task stretched by its mean number of busy
-// ranks over the cores, halfway from the last stretch (damped, so that tasks that trade places
-// on the timeline do not oscillate), replayed until no stretch moves by more than 0.1%.
-void settle_host_contention(const Plan& plan, const Schedule& s, const cost::Devices& devices,
-                            const SimOptions& options, Stretch& stretch, std::vector<Task>& tasks) {
-  constexpr int kMaxReplays = 30;
-  const int M = s.num_micro_batches;
-  const double cores = options.host_cores;
-  for (int replay = 0; replay < kMaxReplays; ++replay) {
-    std::vector<CpuDemand> demands;
-    std::vector<double*> slots;
-    for (const Task& t : tasks) {
-      if (t.kind == TaskKind::forward || t.kind == TaskKind::backward) {
-        const bool backward = t.kind == TaskKind::backward;
-        double* slot = &stretch.compute[stretch.compute_slot(t.stage, t.micro_batch, backward, M)];
-        const double cpu = options.host_runs_compute ? t.end - t.start : options.task_overhead_seconds * *slot;
-        demands.push_back({t.start, t.start + cpu, t.rank, -1});
-        slots.push_back(slot);
-      } else if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
-        const std::size_t slot = (static_cast<std::size_t>(t.kind == TaskKind::gradient) * s.edges.size() + t.edge) * M +
-                                 t.micro_batch;
-        demands.push_back({t.start, t.end, t.rank, t.peer});
-        slots.push_back(&stretch.transfer[slot]);
-      }
-    }
-    const std::vector<double> busy = mean_busy_ranks(demands, s.num_ranks());
-    double moved = 0.0;
-    for (std::size_t k = 0; k < demands.size(); ++k) {
-      if (!(demands[k].end > demands[k].start)) continue;
-      const double target = std::max(1.0, busy[k] / cores);
-      const double next = 0.5 * (*slots[k] + target);
-      moved = std::max(moved, std::abs(next - *slots[k]) / *slots[k]);
-      *slots[k] = next;
-    }
-    tasks = Replay(plan, s, devices, options, stretch).run();
-    if (moved < 1e-3) break;
-  }
-}
 
 }  // namespace
 
@@ -414,14 +353,9 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   check_inputs(plan, s, devices);
   schedule::require_deadlock_free(s);  // validates too
 
-  if (options.host_cores < 0) throw PlanningError("host_cores must not be negative");
   SimResult result;
   result.overlap = options.overlap;
-  const int M = s.num_micro_batches;
-  Stretch stretch{std::vector<double>(static_cast<std::size_t>(s.num_stages()) * M * 2, 1.0),
-                  std::vector<double>(2 * s.edges.size() * M, 1.0)};
-  result.tasks = Replay(plan, s, devices, options, stretch).run();
-  if (options.host_cores > 0) settle_host_contention(plan, s, devices, options, stretch, result.tasks);
+  result.tasks = Replay(plan, s, devices, options).run();
   const auto& tasks = result.tasks;
 
   int last = -1;

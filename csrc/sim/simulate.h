@@ -15,8 +15,6 @@
 // step takes optimizer_traffic_factor * param_bytes / memory_bandwidth (it is memory bound; 0
 // when the devices give no memory bandwidth).
 //
-// With SimOptions::host_cores, the ranks' CPU work shares that many cores (host_contention.h).
-//
 // Two communication models:
 //   overlap = false  The runtime's blocking semantics (check.h): a rank posts each batch of
 //                    consecutive sends/receives and waits for all of them; a transfer starts once
@@ -95,15 +93,6 @@ struct SimOptions {
   // A runtime's fixed cost of dispatching one forward or backward (its bookkeeping, a call into
   // the stage module), added to every compute task; measured by a calibration, 0 by default.
   double task_overhead_seconds = 0.0;
-  // A host CPU shared by all ranks (host_contention.h), for emulation with more ranks than
-  // cores. 0: every rank has a host of its own, nothing is shared. Otherwise the ranks' CPU work
-  // (each forward's and backward's dispatch overhead, every transfer at both ends, and with
-  // host_runs_compute the compute itself) shares this many cores, and each such task is
-  // stretched by its mean number of busy ranks over the cores (at least 1), found by replaying
-  // the schedule until the stretches settle. The figures given (overhead, link latency and
-  // bandwidth) must then be uncontended ones.
-  int host_cores = 0;
-  bool host_runs_compute = false;  // true: compute runs on the host's cores (CPU stages, not emulated)
 };
 
 struct SimResult {
