@@ -503,6 +503,9 @@ def main() -> None:
             if variant.runtime == "graphpipe":
                 key = "graphpipe" if variant.name == "graphpipe/graph" else "sequential"
                 row["plan"] = dict(plans[key])
+                # The plan itself (stage times included), so the simulator's figures can be
+                # recomputed from the report alone, e.g. with another machine model.
+                row["plan"]["json"] = json.loads(variant.plan_json) if variant.plan_json else None
                 z = zero.get(variant.name, {})
                 if "median_seconds" in z:
                     plan = row["plan"]

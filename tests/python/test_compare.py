@@ -1,5 +1,6 @@
 """The main job's script, end to end on tiny models: spawned ranks and a torchrun launch both
-produce every variant, interleaved over rounds, with first-step losses equal to one process."""
+produce every variant, interleaved over rounds, with first-step losses equal to one process; an
+emulated run reports the simulator's predictions beside the emulated times."""
 
 from __future__ import annotations
 
@@ -77,3 +78,31 @@ def test_compare_rejects_cuda_without_gpu(tmp_path: Path) -> None:
                             timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     assert "no CUDA device" in result.stderr
+
+
+def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
+    # Emulation: no loss check (stages compute nothing), and for each graphpipe plan the raw and
+    # the zero-compute calibrated simulator beside the emulated time, and the plan itself, from
+    # which the simulator's figure can be recomputed.
+    out = tmp_path / "compare.json"
+    result = subprocess.run(
+        [sys.executable, str(COMPARE), *ARGS, "--world", "2", "--emulate", "--out", str(out),
+         "--png", str(tmp_path / "c.png")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "emulated"
+    checked = 0
+    for row in report["rows"]:
+        if not row["variant"].startswith("graphpipe/"):
+            continue
+        assert row["loss_matches_reference"] is None
+        plan = row["plan"]
+        assert plan["simulated_iteration_seconds"] > 0 and plan["zero_compute_seconds"] > 0
+        assert plan["simulator_error"] == pytest.approx(row["median_seconds"] / plan["simulated_calibrated_seconds"] - 1)
+        stages = plan["json"]["stages"]
+        assert len(stages) == plan["stages"] and all(s["forward_seconds"] > 0 for s in stages)
+        checked += 1
+    assert checked == 2
+    assert "simulator + zero-compute calibration vs emulated" in result.stdout
