@@ -550,6 +550,18 @@ def print_table(rows: list[dict], mode: str) -> None:
               f"{r['samples_per_second']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) | "
               f"{ratio('speedup_vs_graphpipe/sequential')} | {ratio('speedup_vs_torch/1f1b')} | "
               f"{ratio('speedup_vs_torch/gpipe')} | { {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
+    # Where both planners made pipelines of the same depth and micro-batching that the simulator
+    # times within 2% of each other, graphpipe/graph vs graphpipe/sequential is a parity check.
+    plans = {(r["model"], r["world"], r["variant"]): r["plan"] for r in rows if "plan" in r}
+    for (model, world, variant), graph in plans.items():
+        seq = plans.get((model, world, "graphpipe/sequential"))
+        if variant != "graphpipe/graph" or seq is None:
+            continue
+        if (graph["depth"], graph["micro_batches"]) == (seq["depth"], seq["micro_batches"]) and \
+                abs(graph["simulated_iteration_seconds"] / seq["simulated_iteration_seconds"] - 1) <= 0.02:
+            print(f"- {model} x{world}: both plans are {graph['depth']} deep with {graph['micro_batches']} "
+                  "micro-batches and simulated within 2% of each other: graphpipe/graph vs graphpipe/sequential "
+                  "is a parity check, its ratio the noise of this machine")
     short = mode.split(",")[0]
     raw, calibrated = [], []
     for r in rows:

@@ -106,3 +106,22 @@ def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
         checked += 1
     assert checked == 2
     assert "simulator + zero-compute calibration vs emulated" in result.stdout
+
+
+def test_table_marks_equal_pipelines_as_a_parity_check(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(COMPARE.parent))
+    import compare
+
+    def row(variant: str, depth: int, micro_batches: int, simulated: float) -> dict:
+        return {"model": "m", "world": 2, "variant": variant, "micro_batches": micro_batches,
+                "samples_per_second": 10.0, "spread": [9.0, 11.0], "peak_memory_bytes": [1 << 20] * 2,
+                "loss_matches_reference": True, "median_seconds": 0.1,
+                "plan": {"depth": depth, "micro_batches": micro_batches, "simulated_iteration_seconds": simulated,
+                         "partitioner": "x", "stages": depth, "micro_batch_size": 1}}
+
+    compare.print_table([row("graphpipe/graph", 2, 4, 0.100), row("graphpipe/sequential", 2, 4, 0.101)], "measured")
+    assert "m x2: both plans are 2 deep" in capsys.readouterr().out
+    for graph in (row("graphpipe/graph", 2, 4, 0.090), row("graphpipe/graph", 1, 4, 0.100),
+                  row("graphpipe/graph", 2, 8, 0.100)):
+        compare.print_table([graph, row("graphpipe/sequential", 2, 4, 0.100)], "measured")
+        assert "parity check" not in capsys.readouterr().out
