@@ -263,13 +263,19 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
   // ranked by their predicted step, (M + r - 1) x slowest stage + that tail, not by the slowest
   // stage alone: a slightly slower stage elsewhere may shorten the first layer's optimizer step.
   std::vector<double> step(static_cast<std::size_t>(K + 1) * (K + 1), kInf);
-  auto first_layer_tail = [&](const Layer& layer, int r, int s) {
-    const Grouping grouping = groupings(layer, r)[s];
-    std::vector<double> optimizer(s, 0.0);
-    for (int q = 0; q < layer.count; ++q) {
-      optimizer[grouping.group[q]] += component_figures[parts[layer.first + q]].optimizer;
+  // For s = 1..most, the largest optimizer step among the layer's stages grouped into s.
+  auto first_layer_tails = [&](const Layer& layer, int r, int most) {
+    std::vector<double> tails(most + 1, 0.0);
+    const std::vector<Grouping> all_groupings = groupings(layer, r);
+    for (int s = 1; s <= most && s < static_cast<int>(all_groupings.size()); ++s) {
+      if (all_groupings[s].group.empty()) continue;  // no grouping into s stages fits
+      std::vector<double> optimizer(s, 0.0);
+      for (int q = 0; q < layer.count; ++q) {
+        optimizer[all_groupings[s].group[q]] += component_figures[parts[layer.first + q]].optimizer;
+      }
+      tails[s] = *std::max_element(optimizer.begin(), optimizer.end());
     }
-    return *std::max_element(optimizer.begin(), optimizer.end());
+    return tails;
   };
   std::vector<char> reached(d);  // down-sets from which r - 1 layers can finish
   for (int r = 1; r <= K; ++r) {
@@ -282,6 +288,7 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
       if (!reached[layer.to] || (r == 1) != (layer.to == all)) continue;
       const double* least = slowest_of(l, r);
       const int most = std::min(layer.count, K - (r - 1));
+      const std::vector<double> tails = layer.from == 0 ? first_layer_tails(layer, r, most) : std::vector<double>{};
       for (int s = 1; s <= most; ++s) {
         if (least[s] == kInf) continue;
         const double layer_slowest = least[s];
@@ -293,7 +300,7 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
           if (layer.from == 0) {
             double& predicted = step[static_cast<std::size_t>(r) * (K + 1) + c];
             const double candidate =
-                static_cast<double>(p.num_micro_batches + r - 1) * value + first_layer_tail(layer, r, s);
+                static_cast<double>(p.num_micro_batches + r - 1) * value + tails[s];
             if (!(candidate < predicted)) continue;
             predicted = candidate;
           } else if (!(value < best[here])) {
