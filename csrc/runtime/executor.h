@@ -13,7 +13,10 @@
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
 //   OPT nothing: the user's optimizer steps after run().
 // Transfers are posted in program order and waited for lazily: a receive right before the
-// compute that reads it, a send at the end of the run (transport.h, executor.cpp).
+// compute that reads it, a send at the end of the run (transport.h, executor.cpp). Over a
+// backend that matches by tag (Gloo), receives are posted one ahead: reaching a receive also
+// posts the next one of the same kind over the same edge, so that a rendezvous send finds its
+// receive waiting (executor.cpp says why).
 // Only floating tensors carry gradients, decided by the declared dtype on both ends, so a sender
 // and a receiver always agree on which tensors travel back; a tensor that does not require grad
 // on the sending side just ignores its gradient.

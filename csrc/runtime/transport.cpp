@@ -32,6 +32,7 @@ Transport::~Transport() = default;
 
 int Transport::rank() const { return group_->getRank(); }
 int Transport::size() const { return group_->getSize(); }
+bool Transport::matches_by_tag() const { return group_->getBackendName() == "gloo"; }
 
 std::vector<Transport::Posted> Transport::post(std::vector<TransferOp> ops) {
   const int me = rank();

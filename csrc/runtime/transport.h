@@ -46,6 +46,10 @@ class Transport {
 
   int rank() const;
   int size() const;
+  // Whether the backend matches a receive to a send by (peer, tag) rather than by the order of
+  // all operations between the pair (Gloo: yes; NCCL: no). Only then may a rank post receives of
+  // different tags out of the schedule's order.
+  bool matches_by_tag() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   void set_host_staging(bool on) { host_staging_ = on; }

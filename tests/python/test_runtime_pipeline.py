@@ -132,6 +132,22 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _assert_receives_posted_one_ahead(timings: list[tuple[str, float, float]]) -> None:
+    """Over Gloo a receive of micro-batch m is posted when the program reaches the receive of
+    m - 1 over the same edge, so before the compute of m - 1 starts (a recorded transfer starts
+    when it is posted)."""
+    import re
+
+    start = {tok: s for tok, s, _ in timings}
+    compute = {"RF": "F", "RB": "B"}
+    receives = [m.groups() for m in (re.fullmatch(r"(\d+)(RF|RB)(\d+)e(\d+)", tok) for tok in start) if m]
+    assert receives, "this rank received nothing"
+    for stage, kind, mb, edge in receives:
+        if int(mb) > 0:
+            before = f"{stage}{compute[kind]}{int(mb) - 1}"
+            assert start[f"{stage}{kind}{mb}e{edge}"] <= start[before], (kind, mb, timings)
+
+
 def test_pipeline_api() -> None:
     results = run_ranks(_api_worker, 3, timeout=180)
     for r in results:
@@ -144,6 +160,7 @@ def test_pipeline_api() -> None:
         assert v["full_equal"]
         assert v["timings"] and all(end >= start for _, start, end in v["timings"])
         assert {tok[-3:] for tok, _, _ in v["timings"]} >= {"OPT"}
+        _assert_receives_posted_one_ahead(v["timings"])
         assert v["task_ranks"] == [0, 1, 2] and v["trace_events"] > v["num_tasks"] > 0
         assert v["optimizer_stepped"] and v["grads_zeroed"]
     shard_keys = [k for v in values for k in v["shard_keys"]]
