@@ -185,6 +185,26 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
     return _with_emulated_optimizer(step, variant, rank) if emulate is not None else step
 
 
+def keep_freed_memory() -> None:
+    """glibc malloc: freed blocks stay in the process for reuse, none is handed back to the OS.
+
+    By default glibc serves large blocks with mmap and trims the heap after frees, so every step
+    gives the gradient buffers back and faults them in again: on the 2-core machine, DLRM's
+    embedding gradients cost 6000-9500 page faults (15-18 ms of kernel time) at random steps of
+    a 20 ms iteration, and the measured steps spread from 21 to 39 ms. With a 1 GiB mmap and trim
+    threshold the faults stop after the first step. Applied in every process of every variant
+    (graphpipe's and torch's alike); a no-op where there is no glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
 def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: float | None,
                  device: str = "cpu") -> dict:
     """Builds ``variant`` on this rank and runs ``steps`` iterations, each timed between two
@@ -193,6 +213,7 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     s x its predicted duration (1: the plan's figures, 0: no compute, the runtime alone)."""
     import torch.distributed as dist
 
+    keep_freed_memory()
     dev = _rank_device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -245,11 +266,15 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
     profile_device = "cuda" if device == "cuda" else "cpu"
     graphpipe.profile(graph, model, inputs, device=profile_device, batch_sizes=profile_batches, repeats=3, warmup=1)
     latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
-    devices = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu")
+    # CPU ranks: this machine's measured throughput and memory bandwidth (the optimizer step is
+    # priced by the latter; the preset's documented 5 GB/s made it 8x too slow here).
+    devices = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
     devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
     # An emulated device `slowdown` times slower than this core: the planner, the simulator and
-    # the emulated waits (the plan's stage times) all see the same, longer compute.
+    # the emulated waits (the plan's stage times and optimizer steps) all see the same, longer
+    # compute and memory traffic.
     devices.relative_speed = devices.relative_speed / slowdown
+    devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     plans = {p: graphpipe.plan(graph, devices, p, memory_limit=memory_limit) for p in ("graphpipe", "sequential")}
     seq = plans["sequential"]
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
@@ -423,6 +448,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to this process")
     torch.set_num_threads(1)
+    keep_freed_memory()  # the profiles rank 0 takes see the same allocator as the runs
     if args.slowdown != 1.0 and not args.emulate:
         parser.error("--slowdown applies to --emulate runs only")
     if args.slowdown < 1.0:
