@@ -82,6 +82,20 @@ class _TimedRun(fx.Interpreter):
         return result
 
 
+def _timed_backward(output: Any, sync: Callable[[], None]) -> float | None:
+    """Seconds of the backward from ``output``'s tensors that need a gradient (all-ones output
+    gradients); None when none does."""
+    outs = [t for t in iter_tensors(output) if t.requires_grad]
+    if not outs:
+        return None
+    grads = [torch.ones_like(t) for t in outs]
+    sync()
+    start = time.perf_counter()
+    torch.autograd.backward(outs, grads)
+    sync()
+    return time.perf_counter() - start
+
+
 def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], None], warmup: int,
                       repeats: int) -> tuple[dict[str, float], float, dict[str, Any]]:
     """Runs the graph forward and backward ``warmup + repeats`` times, as in training.
@@ -94,20 +108,14 @@ def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], 
     env: dict[str, Any] = {}
     for i in range(warmup + repeats):
         run = _TimedRun(gm, sync)
-        out = run.run(*values)  # as training sees them: the inputs need no gradient
-        outs = [t for t in iter_tensors(out) if t.requires_grad]
-        if outs:
-            grads = [torch.ones_like(t) for t in outs]
-            sync()
-            start = time.perf_counter()
-            torch.autograd.backward(outs, grads)
-            sync()
-            if i >= warmup:
-                backward.append(time.perf_counter() - start)
-        if i >= warmup:
-            for name, seconds in run.seconds.items():
-                forward.setdefault(name, []).append(seconds)
+        whole = _timed_backward(run.run(*values), sync)  # as in training: inputs need no gradient
         env = run.env
+        if i < warmup:
+            continue
+        if whole is not None:
+            backward.append(whole)
+        for name, seconds in run.seconds.items():
+            forward.setdefault(name, []).append(seconds)
     medians = {name: statistics.median(samples) for name, samples in forward.items()}
     return medians, (statistics.median(backward) if backward else 0.0), env
 
@@ -200,17 +208,8 @@ def profile(
 
             bwd = 0.0
             if any(t.requires_grad for t in iter_tensors(forward())):
-                bwd_samples = []
-                for i in range(warmup + repeats):
-                    outs = [t for t in iter_tensors(forward()) if t.requires_grad]
-                    grads = [torch.ones_like(t) for t in outs]
-                    sync()
-                    start = time.perf_counter()
-                    torch.autograd.backward(outs, grads)
-                    sync()
-                    if i >= warmup:
-                        bwd_samples.append(time.perf_counter() - start)
-                bwd = statistics.median(bwd_samples)
+                samples = [_timed_backward(forward(), sync) or 0.0 for _ in range(warmup + repeats)]
+                bwd = statistics.median(samples[warmup:])
             timed.append((node_id, forward_in_place.get(name, 0.0), bwd))
         backward = _scale_to_total([t[2] for t in timed], whole_backward)
         for (node_id, fwd, _), bwd in zip(timed, backward):
