@@ -3,8 +3,8 @@
 For each batch size the whole traced graph runs ``warmup + repeats`` times, forward and backward,
 as in training. The forward times each operator where it stands in that run (the median per
 operator is kept): timed alone in a tight loop, an operator runs with its code and data hot in
-the caches, and the sum of such timings fell 20-50% short of a real forward on the benchmark
-models (more for graphs of many small operators). The backward cannot be split by operator
+the caches, and the sum of such timings fell 15-58% short of a real forward on the benchmark
+models, most for graphs of many small operators (benchmarks/profile_bench.py). The backward cannot be split by operator
 inside one autograd pass, so each operator's backward is timed alone (on detached copies of its
 captured inputs, a fresh forward each time, only the backward inside the timer) and the
 operators' backward times are then scaled together so that they add up to the measured
@@ -206,10 +206,9 @@ def profile(
             def forward() -> Any:
                 return fn(*args, **kwargs)
 
-            bwd = 0.0
-            if any(t.requires_grad for t in iter_tensors(forward())):
-                samples = [_timed_backward(forward(), sync) or 0.0 for _ in range(warmup + repeats)]
-                bwd = statistics.median(samples[warmup:])
+            samples = [_timed_backward(forward(), sync) for _ in range(warmup + repeats)]
+            kept = [t for t in samples[warmup:] if t is not None]  # none: no output needs a gradient
+            bwd = statistics.median(kept) if kept else 0.0
             timed.append((node_id, forward_in_place.get(name, 0.0), bwd))
         backward = _scale_to_total([t[2] for t in timed], whole_backward)
         for (node_id, fwd, _), bwd in zip(timed, backward):
