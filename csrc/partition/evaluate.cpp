@@ -12,6 +12,10 @@ double Evaluation::iteration_seconds(const Problem& problem) const {
   return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail;
 }
 
+bool predicted_faster(double step, double bottleneck, double best_step, double best_bottleneck) {
+  return step < best_step * (1.0 - 1e-12) || (step <= best_step * (1.0 + 1e-12) && bottleneck < best_bottleneck);
+}
+
 namespace {
 
 // Finds one cycle of the label graph (adjacency lists), for the message of a cyclic result.

@@ -50,4 +50,12 @@ struct Evaluation {
 // Throws PlanningError when labels are out of range or a label is unused.
 Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment);
 
+// How every choice between plans that fit ranks them (the graphpipe portfolio's winner, the
+// driver's micro-batch size): whether a plan of predicted step `step` and slowest stage
+// `bottleneck` beats the best so far. It does when its step is shorter by more than a relative
+// 1e-12, or equal within that and its slowest stage is lower; the margin keeps rounding in sums
+// of the same figures from deciding. When neither holds the best so far stays, so a full tie
+// goes to the candidate seen first.
+bool predicted_faster(double step, double bottleneck, double best_step, double best_bottleneck);
+
 }  // namespace graphpipe::partition

@@ -1,5 +1,5 @@
-// The graphpipe partitioner (Jeon et al., ASPLOS 2025, §2 of DESIGN.md): binary search on the
-// target stage time, and for each target a dynamic program over the series-parallel
+// The graphpipe partitioner (Jeon et al., ASPLOS 2025; docs/design.md §4.2): binary search on
+// the target stage time, and for each target a dynamic program over the series-parallel
 // decomposition tree x device count that says whether every stage can meet the target within
 // the memory limit, and with which least pipeline depth.
 //
@@ -35,9 +35,9 @@
 // max(16, probes of the first search) more probes. Every such plan is returned.
 //
 // Graphs that are not series-parallel have no tree; the caller falls back to METIS (documented
-// in partitioner.h). Cost per target: O(states x (L + log n)) with L the children a stage can
-// hold within the target; states are tree positions x devices x the d values actually reached,
-// the fork and join ones also x fork head lengths.
+// in graphpipe_portfolio.h). Cost per target: O(states x (L + log n)) with L the children a
+// stage can hold within the target; states are tree positions x devices x the d values actually
+// reached, the fork and join ones also x fork head lengths.
 #pragma once
 
 #include <optional>

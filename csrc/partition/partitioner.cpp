@@ -1,22 +1,20 @@
 #include "partition/partitioner.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <optional>
+#include <memory>
+#include <utility>
 
 #include "common/error.h"
 #include "common/log.h"
-#include "graph/series_parallel.h"
-#include "partition/downset.h"
+#include "cost/cost_model.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_dp.h"
-#include "partition/metis.h"
+#include "partition/partitioner_interface.h"
 #include "partition/plan_build.h"
 #include "partition/problem.h"
-#include "partition/refine.h"
-#include "partition/sequential.h"
+#include "partition/registry.h"
 
 namespace graphpipe::partition {
 
@@ -55,7 +53,7 @@ std::int64_t resolve_micro_batch(std::int64_t batch, const Options& o) {
   return fixed;
 }
 
-void check_inputs(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+void check_graph_and_devices(const graph::OpGraph& g, const cost::Devices& devices) {
   if (g.num_nodes() == 0) throw PlanningError("cannot partition an empty graph");
   g.validate();  // GraphError naming a cycle
   if (devices.count < 1) {
@@ -67,10 +65,9 @@ void check_inputs(const graph::OpGraph& g, const cost::Devices& devices, const O
                         " operators: every stage needs an operator and data parallelism inside a "
                         "stage is not supported yet; use at most " + std::to_string(g.num_nodes()) + " devices");
   }
-  auto names = partitioner_names();
-  if (std::find(names.begin(), names.end(), o.partitioner) == names.end()) {
-    throw PlanningError("unknown partitioner '" + o.partitioner + "': choose graphpipe, metis, sequential or manual");
-  }
+}
+
+void check_search_options(const Options& o) {
   if (o.max_stages < 0) throw PlanningError("max_stages must not be negative");
   if (!(o.tolerance > 0.0)) throw PlanningError("the binary-search tolerance must be positive");
 }
@@ -96,229 +93,89 @@ void check_memory_bounds(const cost::CostModel& model, double limit, int devices
   }
 }
 
-// The candidate with the least predicted step among those that fit (the least overflow if none
-// fits), then the lower bottleneck, then the earlier one (determinism).
-std::size_t best_by_step(const Problem& problem, const std::vector<std::vector<int>>& candidates) {
-  std::size_t best = 0;
-  double best_overflow = 0.0, best_step = 0.0, best_bottleneck = 0.0;
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
-    Evaluation ev = evaluate(problem, candidates[i]);
-    double overflow = std::max(ev.max_overflow, 0.0);
-    double step = ev.iteration_seconds(problem);
-    bool better = i == 0 || overflow < best_overflow ||
-                  (overflow == best_overflow && (step < best_step * (1.0 - 1e-12) ||
-                                                 (step <= best_step * (1.0 + 1e-12) && ev.bottleneck < best_bottleneck)));
-    if (better) {
-      best = i;
-      best_overflow = overflow;
-      best_step = step;
-      best_bottleneck = ev.bottleneck;
-    }
-  }
-  return best;
-}
+// The fastest fitting candidate over micro-batch sizes, and the nearest miss for the message
+// when none fits.
+struct Choice {
+  std::vector<int> assignment;  // empty until a candidate fits
+  std::int64_t micro_batch_size = 0;
+  double step = std::numeric_limits<double>::infinity();
+  double bottleneck = 0.0;
+  std::string partitioner;
 
-// Refines every start and keeps the best: fits in memory first, then the lower bottleneck,
-// then the earlier start (determinism).
-std::vector<int> best_start(const Problem& problem, const std::vector<std::vector<int>>& starts, bool refine_them) {
-  std::vector<int> best;
-  double best_overflow = 0.0, best_bottleneck = 0.0;
-  for (const auto& start : starts) {
-    std::vector<int> candidate = refine_them ? refine(problem, start) : start;
-    Evaluation ev = evaluate(problem, candidate);
-    double overflow = std::max(ev.max_overflow, 0.0);
-    if (best.empty() || overflow < best_overflow ||
-        (overflow == best_overflow && ev.bottleneck < best_bottleneck)) {
-      best = std::move(candidate);
-      best_overflow = overflow;
-      best_bottleneck = ev.bottleneck;
-    }
-  }
-  return best;
-}
-
-// The operators in the series-parallel tree's order: series children in turn, and each parallel
-// node's branches one after another, largest compute first (or smallest first), so that every
-// branch is a contiguous run. A topological order.
-std::vector<graph::NodeId> branch_order(const Problem& p, const graph::SPTree& tree, bool smallest_first) {
-  std::vector<double> weight(tree.nodes.size(), 0.0);
-  for (std::size_t t = 0; t < tree.nodes.size(); ++t) {
-    const graph::SPNode& node = tree.nodes[t];
-    if (node.kind == graph::SPNode::Kind::leaf) weight[t] = p.compute[node.op];
-    for (int c : node.children) weight[t] += weight[c];  // children come before their parent
-  }
-  std::vector<graph::NodeId> order;
-  order.reserve(p.num_nodes());
-  std::vector<int> todo{tree.root};
-  while (!todo.empty()) {
-    const graph::SPNode& node = tree.nodes[todo.back()];
-    todo.pop_back();
-    if (node.kind == graph::SPNode::Kind::leaf) {
-      order.push_back(node.op);
-      continue;
-    }
-    std::vector<int> children = node.children;
-    if (node.kind == graph::SPNode::Kind::parallel) {
-      std::stable_sort(children.begin(), children.end(), [&](int a, int b) {
-        return smallest_first ? weight[a] < weight[b] : weight[a] > weight[b];
-      });
-    }
-    todo.insert(todo.end(), children.rbegin(), children.rend());
-  }
-  return order;
-}
-
-// The sequential DP's cut of `order` (instead of the graph's own topological order).
-std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
-  p.order = std::move(order);
-  for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
-  return sequential_assignment(p);
-}
-
-}  // namespace
-
-std::vector<std::string> partitioner_names() { return {"graphpipe", "metis", "sequential", "manual"}; }
-
-Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
-  check_inputs(g, devices, o);
-  cost::CostModel model(g, devices, o.optimizer);
-  const std::int64_t batch = resolve_batch(g, o);
-  const auto candidates = micro_batch_candidates(batch, resolve_micro_batch(batch, o));
-  const double limit = o.memory_limit > 0.0 ? o.memory_limit : devices.memory_bytes;
-  if (o.memory_limit < 0.0) throw PlanningError("memory_limit must not be negative");
-  const int max_stages = std::min(o.max_stages > 0 ? std::min(o.max_stages, devices.count) : devices.count,
-                                  static_cast<int>(g.num_nodes()));
-  check_memory_bounds(model, limit, max_stages);
-
-  auto problem_for = [&](std::int64_t mb) {
-    Problem problem = make_problem(model, batch, mb, max_stages, limit, o.in_flight);
-    problem.chain = o.partitioner == "sequential";
-    return problem;
-  };
-  std::string name = o.partitioner;
-  std::optional<graph::SPDecomposition> sp;
-  std::vector<int> manual_base;
-  if (o.partitioner == "graphpipe") {
-    sp = graph::decompose_series_parallel(g);
-    if (!sp->is_series_parallel) {
-      log::info("graphpipe: the graph is not series-parallel (" + sp->report + "); falling back to the better of metis and a refined topological-order DP");
-      name = "graphpipe(fallback)";
-    }
-  }
-  std::vector<std::vector<int>> metis_starts;
-  // graphpipe without a usable tree: the better of METIS's start and the topological-order DP's
-  // (sequential) start, both refined.
-  // On a small graph the exact down-set plans join in, judged by the predicted step; `used`
-  // names what won.
-  auto fallback = [&](const Problem& problem, const std::vector<std::vector<int>>& metis, std::string& used) {
-    std::vector<std::vector<int>> starts = metis;
-    std::vector<int> chain = sequential_assignment(problem);
-    if (!chain.empty()) starts.push_back(std::move(chain));
-    std::vector<std::vector<int>> options{best_start(problem, starts, o.refine)};
-    for (std::vector<int>& exact : downset_plans(problem)) options.push_back(std::move(exact));
-    const std::size_t pick = best_by_step(problem, options);
-    used = pick == 0 ? "graphpipe(fallback)" : "graphpipe(downset)";
-    return std::move(options[pick]);
-  };
-  auto make_metis_starts = [&](const Problem& problem) {
-    metis_starts.push_back(metis_assignment(problem, max_stages, o.seed));
-  };
-  if (o.partitioner == "metis" || (sp && !sp->is_series_parallel)) {
-    make_metis_starts(problem_for(candidates[candidates.size() / 2]));
-  }
-  if (o.partitioner == "manual") manual_base = manual_assignment(g, o.manual, devices.count);
-
-  struct Best {
-    std::vector<int> assignment;
-    std::int64_t mb = 0;
-    double iteration = std::numeric_limits<double>::infinity();
-    double bottleneck = 0.0;
-    std::string name;
-  } best;
   double least_overflow = std::numeric_limits<double>::infinity();
   double overflow_need = 0.0;
   int overflow_stage = -1;
-  std::int64_t overflow_mb = 0;
-  for (std::int64_t mb : candidates) {
-    Problem problem = problem_for(mb);
-    std::vector<int> assignment;
-    std::string used = name;
-    if (o.partitioner == "sequential") {
-      assignment = sequential_assignment(problem);
-    } else if (o.partitioner == "manual") {
-      assignment = manual_base;
-    } else if (o.partitioner == "metis") {
-      assignment = best_start(problem, metis_starts, o.refine);
-    } else if (!sp->is_series_parallel) {
-      assignment = fallback(problem, metis_starts, used);
-    } else {
-      auto dp = graphpipe_assignments(problem, sp->tree, o.tolerance);
-      if (!dp.empty()) {
-        // Candidates, the DP's first: its plans (least bottleneck first, then the shallower
-        // ones), the first refined; then cuts of three topological orders evaluated as graphs
-        // (the graph's own order, and the tree's order with each parallel node's branches one
-        // after another, largest or smallest first), each as is and refined. The DP's family
-        // does not hold every convex partition (a stage with the tail of one branch and the head
-        // of the next, for example), and such cuts do. Refinement lowers the bottleneck but may
-        // deepen the stage graph, so the predicted step decides (ties: the earlier candidate).
-        std::vector<std::vector<int>> options = dp;
-        if (o.refine) options.push_back(refine(problem, dp.front()));
-        const std::size_t chains_from = options.size();
-        for (int order = 0; order < 3; ++order) {
-          std::vector<int> chain = order == 0 ? sequential_assignment(problem)
-                                              : chain_along(problem, branch_order(problem, sp->tree, order == 2));
-          if (chain.empty()) continue;
-          options.push_back(chain);
-          if (o.refine) options.push_back(refine(problem, chain));
-        }
-        const std::size_t exact_from = options.size();
-        for (std::vector<int>& exact : downset_plans(problem)) options.push_back(std::move(exact));
-        const std::size_t pick = best_by_step(problem, options);
-        assignment = std::move(options[pick]);
-        if (pick >= exact_from) {
-          used = "graphpipe(downset)";
-        } else if (pick >= chains_from) {
-          used = "graphpipe(chain)";
-        }
-      } else {
-        if (metis_starts.empty()) make_metis_starts(problem);
-        assignment = fallback(problem, metis_starts, used);
-      }
-    }
-    if (assignment.empty()) {
-      // Sequential found no chain that fits; evaluate the single-stage plan for the message.
-      assignment.assign(g.num_nodes(), 0);
-    }
-    Evaluation ev = evaluate(problem, assignment);
-    if (!ev.acyclic) {
-      build_plan(problem, assignment, used);  // throws, naming the cycle
-    }
+  std::int64_t overflow_micro_batch_size = 0;
+
+  // Micro-batch sizes are offered in ascending order, so a full tie keeps the smaller one.
+  void offer(const Problem& problem, CandidatePlan candidate, const Evaluation& ev) {
     if (!ev.fits()) {
       if (ev.max_overflow < least_overflow) {
         least_overflow = ev.max_overflow;
         overflow_stage = ev.worst_memory_stage;
         overflow_need = ev.stages[ev.worst_memory_stage].memory;
-        overflow_mb = mb;
+        overflow_micro_batch_size = problem.micro_batch_size;
       }
-      continue;
+      return;
     }
-    double iteration = ev.iteration_seconds(problem);
-    bool better = iteration < best.iteration * (1.0 - 1e-12) ||
-                  (iteration <= best.iteration * (1.0 + 1e-12) && ev.bottleneck < best.bottleneck);
-    if (best.assignment.empty() || better) {
-      best = {std::move(assignment), mb, iteration, ev.bottleneck, used};
+    const double candidate_step = ev.iteration_seconds(problem);
+    if (assignment.empty() || predicted_faster(candidate_step, ev.bottleneck, step, bottleneck)) {
+      assignment = std::move(candidate.assignment);
+      micro_batch_size = problem.micro_batch_size;
+      step = candidate_step;
+      bottleneck = ev.bottleneck;
+      partitioner = std::move(candidate.partitioner);
     }
+  }
+};
+
+}  // namespace
+
+Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+  check_graph_and_devices(g, devices);
+  std::unique_ptr<Partitioner> partitioner = make_partitioner(o.partitioner);  // unknown name: PlanningError
+  check_search_options(o);
+  cost::CostModel model(g, devices, o.optimizer);
+  const std::int64_t batch = resolve_batch(g, o);
+  std::vector<std::int64_t> micro_batch_sizes = micro_batch_candidates(batch, resolve_micro_batch(batch, o));
+  if (o.memory_limit < 0.0) throw PlanningError("memory_limit must not be negative");
+  const double limit = o.memory_limit > 0.0 ? o.memory_limit : devices.memory_bytes;
+  const int max_stages = std::min(o.max_stages > 0 ? std::min(o.max_stages, devices.count) : devices.count,
+                                  static_cast<int>(g.num_nodes()));
+  check_memory_bounds(model, limit, max_stages);
+
+  const PartitionRequest request{.graph = g,
+                                 .devices = devices,
+                                 .options = o,
+                                 .model = model,
+                                 .batch_size = batch,
+                                 .micro_batch_sizes = std::move(micro_batch_sizes),
+                                 .memory_limit = limit,
+                                 .max_stages = max_stages,
+                                 .chain = partitioner->plans_chains()};
+  partitioner->prepare(request);
+
+  Choice best;
+  for (std::int64_t mb : request.micro_batch_sizes) {
+    Problem problem = request.problem(mb);
+    CandidatePlan candidate = partitioner->plan(request, problem);
+    // No layout fits at this size (the sequential DP's answer): the single stage stands in, so
+    // that the message can say by how much the nearest plan misses.
+    if (candidate.assignment.empty()) candidate.assignment.assign(g.num_nodes(), 0);
+    Evaluation ev = evaluate(problem, candidate.assignment);
+    if (!ev.acyclic) build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
+    best.offer(problem, std::move(candidate), ev);
   }
   if (best.assignment.empty()) {
     throw PlanningError("the model does not fit in memory: the best " + o.partitioner + " plan (micro-batch size " +
-                        std::to_string(overflow_mb) + ") needs " + gib(overflow_need) + " on stage " +
-                        std::to_string(overflow_stage) + ", the limit is " + gib(limit) + " per device (over by " +
-                        gib(least_overflow) +
+                        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) +
+                        " on stage " + std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) +
+                        " per device (over by " + gib(best.least_overflow) +
                         "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
   }
-  Plan plan = build_plan(problem_for(best.mb), best.assignment, best.name);
-  log::info(best.name + ": " + std::to_string(plan.stages.size()) + " stages, depth " + std::to_string(plan.depth) +
-            ", micro-batch " + std::to_string(plan.micro_batch_size));
+  Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner);
+  log::info(best.partitioner + ": " + std::to_string(plan.stages.size()) + " stages, depth " +
+            std::to_string(plan.depth) + ", micro-batch " + std::to_string(plan.micro_batch_size));
   return plan;
 }
 

@@ -1,75 +1,48 @@
-// partition(): the front door of csrc/partition. Given an OpGraph, the devices and Options, it
-// runs one partitioner for every candidate micro-batch size and returns the best Plan.
+// partition(): the front door of csrc/partition. Given an OpGraph, the devices and Options
+// (options.h), it asks one partitioner for a plan at every candidate micro-batch size and returns
+// the best Plan. How the partitioners fit together and where they come from: docs/design.md §4.
 //
-// Partitioners (all judged by the same cost model, memory limit and micro-batch freedom):
-//   "graphpipe"  binary search + DP over the series-parallel tree (graphpipe_dp.h: its plans
-//                of least slowest stage and the shallower ones found at larger targets), and
-//                the sequential DP's cuts of three topological orders (the graph's, and the
-//                tree's with branches largest-first and smallest-first) evaluated as graphs
-//                (independent segments run in parallel); each cut and the first DP plan also
-//                refined (refine.h); and on graphs of at most 64 operators and 1024 down-sets,
-//                the exact down-set DP's plans (downset.h: for every depth bound the least
-//                slowest stage over all acyclic partitions). The least predicted step wins, ties
-//                to the DP (the plan's partitioner reads "graphpipe(chain)" when a cut won,
-//                "graphpipe(downset)" when an exact plan did). A graph that is not
-//                series-parallel, and a micro-batch size at which no layout of the DP's family
-//                fits in memory, fall back to the better of two refined starts, METIS's layout
-//                and the sequential DP's chain, weighed by step against the down-set plans where
-//                they exist (logged at info level; the plan's partitioner then reads
-//                "graphpipe(fallback)" or "graphpipe(downset)").
-//   "metis"      METIS k-way with k = stages (metis.h), repaired to an acyclic stage graph,
-//                then refined per micro-batch size. METIS runs once, at the middle candidate
-//                micro-batch size.
-//   "sequential" contiguous cuts of one topological order (sequential.h), run as a chain
-//                (Plan::chain: depth = stages, 1F1B in-flight by chain position), like
-//                PipeDream and every chain pipeline; skip tensors forwarded through the stages in
-//                between are not charged (which favours the baseline).
-//   "manual"     the user's mapping (manual.h).
+// Partitioners, looked up by name in the registry (registry.h), all judged by the same cost
+// model, memory limit and micro-batch freedom:
+//   "graphpipe"   the portfolio of series-parallel DP, cuts of topological orders, refinement
+//                 and exact down-set plans, with its fallback (graphpipe_portfolio.h)
+//   "metis"       METIS k-way, repaired to an acyclic stage graph and refined (metis_partitioner.h)
+//   "sequential"  the chain baseline: contiguous cuts of one topological order
+//                 (sequential_partitioner.h)
+//   "manual"      the user's mapping of modules to stages (manual_partitioner.h)
+//
 // Micro-batch size: the given one, or the one derived from num_micro_batches, or else every power
-// of two dividing the mini-batch; for each the partitioner's plan is evaluated and the plan with
-// the least predicted step time (num_micro_batches + depth - 1) x slowest stage, plus the part
-// of the optimizer steps that outlasts the pipeline (evaluate.h), wins (ties: lower bottleneck,
-// then smaller micro-batch).
+// of two dividing the mini-batch (problem.h). For each, the partitioner's candidate is evaluated
+// (evaluate.h), and of those that fit in memory the plan with the least predicted step,
+// (num_micro_batches + depth - 1) x slowest stage plus the part of the optimizer steps that
+// outlasts the pipeline, wins (ties: the lower slowest stage, then the smaller micro-batch;
+// predicted_faster in evaluate.h). The micro-batch size is chosen here, once for all
+// partitioners, because it trades the bubble against per-micro-batch overheads and memory in the
+// same way whatever made the stages.
 //
-// Errors (PlanningError unless said): an empty graph; a cyclic graph (GraphError naming the
-// cycle); zero devices; more devices than operators (a stage needs at least one operator and
-// data parallelism inside a stage is not supported yet); a bad batch / micro-batch combination;
-// an unknown partitioner or optimizer; a model that does not fit, with the stage, its need,
-// the limit and the excess.
+// Errors (PlanningError unless said), in the order they are checked: an empty graph; a cyclic
+// graph (GraphError naming the cycle); zero devices; more devices than operators (a stage needs
+// at least one operator and data parallelism inside a stage is not supported yet); an unknown
+// partitioner (naming the registered ones); a negative max_stages or a non-positive tolerance;
+// a bad batch / micro-batch combination or memory limit; a model whose static memory cannot fit
+// (one operator, or all of them on all devices); the partitioner's own input errors (a bad
+// manual mapping); a plan whose stages feed each other in a cycle; a model that does not fit at
+// any micro-batch size, with the stage, its need, the limit and the excess.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "cost/cost_model.h"
 #include "cost/devices.h"
-#include "cost/in_flight.h"
 #include "graph/op_graph.h"
-#include "partition/manual.h"
+#include "partition/options.h"
 #include "partition/plan.h"
 
 namespace graphpipe::partition {
 
-struct Options {
-  std::string partitioner = "graphpipe";
-  std::int64_t batch_size = 0;          // 0: the graph's trace_batch_size
-  std::int64_t micro_batch_size = 0;    // 0: chosen (or from num_micro_batches)
-  std::int64_t num_micro_batches = 0;   // 0: chosen
-  double memory_limit = 0.0;            // bytes per device; 0: Devices::memory_bytes
-  cost::Optimizer optimizer = cost::Optimizer::adam;
-  ManualMapping manual;                 // for "manual"
-  int max_stages = 0;                   // 0: one per device
-  double tolerance = 1e-3;              // graphpipe's binary search, relative
-  int seed = 0;                         // METIS seed
-  bool refine = true;                   // boundary refinement for graphpipe and metis
-  cost::InFlightRule in_flight;         // empty: 1F1B depth rule
-};
-
 Plan partition(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
 
-// The names accepted in Options::partitioner.
+// The names accepted in Options::partitioner: the registry's (registry.h), in its order.
 std::vector<std::string> partitioner_names();
 
 }  // namespace graphpipe::partition

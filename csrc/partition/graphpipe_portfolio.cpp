@@ -1,0 +1,158 @@
+#include "partition/graphpipe_portfolio.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "common/log.h"
+#include "partition/downset.h"
+#include "partition/evaluate.h"
+#include "partition/graphpipe_dp.h"
+#include "partition/metis.h"
+#include "partition/refine.h"
+#include "partition/sequential.h"
+
+namespace graphpipe::partition {
+
+namespace {
+
+const std::string kDp(GraphpipePortfolio::kName);
+const std::string kChain = kDp + "(chain)";
+const std::string kDownset = kDp + "(downset)";
+const std::string kFallback = kDp + "(fallback)";
+
+// The fallback's start: every start refined (when asked), then the one that fits in memory (the
+// least overflow otherwise), then the lower slowest stage; on a tie the earlier start, so the
+// result does not depend on anything but the inputs.
+std::vector<int> best_start(const Problem& problem, const std::vector<std::vector<int>>& starts, bool refine_them) {
+  std::vector<int> best;
+  double best_overflow = 0.0, best_bottleneck = 0.0;
+  for (const auto& start : starts) {
+    std::vector<int> candidate = refine_them ? refine(problem, start) : start;
+    Evaluation ev = evaluate(problem, candidate);
+    double overflow = std::max(ev.max_overflow, 0.0);
+    if (best.empty() || overflow < best_overflow ||
+        (overflow == best_overflow && ev.bottleneck < best_bottleneck)) {
+      best = std::move(candidate);
+      best_overflow = overflow;
+      best_bottleneck = ev.bottleneck;
+    }
+  }
+  return best;
+}
+
+// The operators in the series-parallel tree's order: series children in turn, and each parallel
+// node's branches one after another, largest compute first (or smallest first), so that every
+// branch is a contiguous run and a cut of the order can give a branch's tail and the next
+// branch's head one stage. A topological order.
+std::vector<graph::NodeId> branch_order(const Problem& p, const graph::SPTree& tree, bool smallest_first) {
+  std::vector<double> weight(tree.nodes.size(), 0.0);
+  for (std::size_t t = 0; t < tree.nodes.size(); ++t) {
+    const graph::SPNode& node = tree.nodes[t];
+    if (node.kind == graph::SPNode::Kind::leaf) weight[t] = p.compute[node.op];
+    for (int c : node.children) weight[t] += weight[c];  // children come before their parent
+  }
+  std::vector<graph::NodeId> order;
+  order.reserve(p.num_nodes());
+  std::vector<int> todo{tree.root};
+  while (!todo.empty()) {
+    const graph::SPNode& node = tree.nodes[todo.back()];
+    todo.pop_back();
+    if (node.kind == graph::SPNode::Kind::leaf) {
+      order.push_back(node.op);
+      continue;
+    }
+    std::vector<int> children = node.children;
+    if (node.kind == graph::SPNode::Kind::parallel) {
+      std::stable_sort(children.begin(), children.end(), [&](int a, int b) {
+        return smallest_first ? weight[a] < weight[b] : weight[a] > weight[b];
+      });
+    }
+    todo.insert(todo.end(), children.rbegin(), children.rend());
+  }
+  return order;
+}
+
+// The sequential DP's cut of `order` (instead of the graph's own topological order).
+std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
+  p.order = std::move(order);
+  for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
+  return sequential_assignment(p);
+}
+
+void add_downset_plans(const Problem& problem, std::vector<CandidatePlan>& candidates) {
+  for (std::vector<int>& exact : downset_plans(problem)) candidates.push_back({std::move(exact), kDownset});
+}
+
+}  // namespace
+
+std::size_t portfolio_winner(const Problem& problem, const std::vector<CandidatePlan>& candidates) {
+  std::size_t best = 0;
+  double best_overflow = 0.0, best_step = 0.0, best_bottleneck = 0.0;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    Evaluation ev = evaluate(problem, candidates[i].assignment);
+    double overflow = std::max(ev.max_overflow, 0.0);
+    double step = ev.iteration_seconds(problem);
+    if (i == 0 || overflow < best_overflow ||
+        (overflow == best_overflow && predicted_faster(step, ev.bottleneck, best_step, best_bottleneck))) {
+      best = i;
+      best_overflow = overflow;
+      best_step = step;
+      best_bottleneck = ev.bottleneck;
+    }
+  }
+  return best;
+}
+
+void GraphpipePortfolio::prepare(const PartitionRequest& request) {
+  sp_ = graph::decompose_series_parallel(request.graph);
+  if (!sp_->is_series_parallel) {
+    log::info("graphpipe: the graph is not series-parallel (" + sp_->report +
+              "); falling back to the better of metis and a refined topological-order DP");
+    const auto& sizes = request.micro_batch_sizes;
+    metis_starts_.push_back(
+        metis_assignment(request.problem(sizes[sizes.size() / 2]), request.max_stages, request.options.seed));
+  }
+}
+
+std::vector<CandidatePlan> GraphpipePortfolio::fallback_candidates(const PartitionRequest& request,
+                                                                   const Problem& problem) {
+  if (metis_starts_.empty()) metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
+  std::vector<std::vector<int>> starts = metis_starts_;
+  std::vector<int> chain = sequential_assignment(problem);
+  if (!chain.empty()) starts.push_back(std::move(chain));
+  std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback}};
+  add_downset_plans(problem, candidates);
+  return candidates;
+}
+
+std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
+  if (!sp_->is_series_parallel) return fallback_candidates(request, problem);
+  std::vector<std::vector<int>> dp = graphpipe_assignments(problem, sp_->tree, request.options.tolerance);
+  if (dp.empty()) return fallback_candidates(request, problem);
+  const bool refine_too = request.options.refine;
+  std::vector<CandidatePlan> candidates;
+  for (std::vector<int>& plan : dp) candidates.push_back({std::move(plan), kDp});
+  if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp});
+  for (int order = 0; order < 3; ++order) {
+    std::vector<int> chain = order == 0 ? sequential_assignment(problem)
+                                        : chain_along(problem, branch_order(problem, sp_->tree, order == 2));
+    if (chain.empty()) continue;
+    if (refine_too) {
+      std::vector<int> refined = refine(problem, chain);
+      candidates.push_back({std::move(chain), kChain});
+      candidates.push_back({std::move(refined), kChain});
+    } else {
+      candidates.push_back({std::move(chain), kChain});
+    }
+  }
+  add_downset_plans(problem, candidates);
+  return candidates;
+}
+
+CandidatePlan GraphpipePortfolio::plan(const PartitionRequest& request, const Problem& problem) {
+  std::vector<CandidatePlan> all = candidates(request, problem);
+  return std::move(all[portfolio_winner(problem, all)]);
+}
+
+}  // namespace graphpipe::partition

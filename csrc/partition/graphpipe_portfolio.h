@@ -1,0 +1,75 @@
+// The "graphpipe" partitioner: a portfolio of stage layouts at each micro-batch size, judged by
+// one rule (portfolio_winner) on the predicted step (docs/design.md §4.4).
+//
+// Why a portfolio: no single search covers every good plan. The series-parallel DP
+// (graphpipe_dp.h) is fast and handles large graphs, but its family of stages misses some convex
+// partitions (a stage holding the tail of one branch and the head of the next); cuts of a
+// topological order (sequential.h) find those; refinement (refine.h) lowers the slowest stage
+// but may deepen the stage graph; and on small graphs the exact down-set DP (downset.h) finds
+// plans that interleave branches. So all are tried, and the predicted step, which weighs depth
+// against the slowest stage, decides.
+//
+// Candidates on a series-parallel graph, in this order (the order breaks ties):
+//   1. the DP's plans: that of least slowest stage, then the shallower ones found at larger
+//      targets; and the first of them refined;                      label "graphpipe"
+//   2. the sequential DP's cuts of three topological orders, evaluated as graphs (independent
+//      segments run in parallel): the graph's own order, and the tree's order with each
+//      parallel node's branches one after another, largest compute first or smallest first;
+//      each as is and refined;                                       label "graphpipe(chain)"
+//   3. on graphs of at most 64 operators and 1024 down-sets, the exact down-set DP's plans
+//      (for every depth bound, the least slowest stage over all acyclic partitions);
+//                                                                    label "graphpipe(downset)"
+// Fallback, for a graph that is not series-parallel (logged at info level) and for a
+// micro-batch size at which no layout of the DP's family fits in memory: the better of two
+// refined starts, METIS's layout (metis.h; computed once, at the middle candidate micro-batch
+// size, or at the first size whose DP fails) and the sequential DP's chain, by fit and then
+// slowest stage;                                                     label "graphpipe(fallback)"
+// then the down-set plans where they exist, as in 3.
+// Refinement of the DP's plan and of the starts is skipped when Options::refine is off.
+//
+// The winner (portfolio_winner): the least predicted step, (M + depth - 1) x slowest stage +
+// optimizer tail (evaluate.h), among the candidates that fit in memory; ties to the earlier
+// candidate, so to the DP. Its label becomes Plan::partitioner, which says which part won.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "graph/series_parallel.h"
+#include "partition/partitioner_interface.h"
+
+namespace graphpipe::partition {
+
+// The portfolio's rule, written once: the index of the candidate that fits in memory (of least
+// overflow when none does) with the least predicted step (predicted_faster, evaluate.h: a step
+// shorter beyond rounding, then the lower slowest stage); on a full tie the earliest. Candidates
+// must be non-empty assignments; the list must not be empty.
+std::size_t portfolio_winner(const Problem& problem, const std::vector<CandidatePlan>& candidates);
+
+class GraphpipePortfolio final : public Partitioner {
+ public:
+  static constexpr std::string_view kName = "graphpipe";
+
+  // Decomposes the graph into its series-parallel tree; on a graph that is not series-parallel,
+  // logs why and computes the METIS start of the fallback.
+  void prepare(const PartitionRequest& request) override;
+  // candidates()[portfolio_winner(...)]
+  CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
+
+  // Every candidate the portfolio weighs at this micro-batch size, labelled, in the order above
+  // (the fallback's list when the graph is not series-parallel or no DP layout fits).
+  // prepare() must have run.
+  std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem);
+
+ private:
+  std::vector<CandidatePlan> fallback_candidates(const PartitionRequest& request, const Problem& problem);
+
+  std::optional<graph::SPDecomposition> sp_;
+  // METIS's start for the fallback: made in prepare() for a graph that is not series-parallel,
+  // else at the first micro-batch size whose DP finds nothing, then kept for the larger sizes.
+  std::vector<std::vector<int>> metis_starts_;
+};
+
+}  // namespace graphpipe::partition

@@ -1,0 +1,64 @@
+#include "partition/registry.h"
+
+#include <iterator>
+#include <string_view>
+
+#include "common/error.h"
+#include "partition/graphpipe_portfolio.h"
+#include "partition/manual_partitioner.h"
+#include "partition/metis_partitioner.h"
+#include "partition/partitioner.h"
+#include "partition/sequential_partitioner.h"
+
+namespace graphpipe::partition {
+
+namespace {
+
+struct Entry {
+  std::string_view name;
+  std::unique_ptr<Partitioner> (*make)();
+};
+
+template <class P>
+std::unique_ptr<Partitioner> make() {
+  return std::make_unique<P>();
+}
+
+// An explicit table rather than self-registration from each partitioner's file: the core is a
+// static library, and the linker drops object files that nothing references, so a partitioner
+// registering itself from a static initialiser would silently vanish from the registry.
+// The order is the order users read in partitioner_names() and in the error message.
+constexpr Entry kRegistry[] = {
+    {GraphpipePortfolio::kName, &make<GraphpipePortfolio>},
+    {MetisPartitioner::kName, &make<MetisPartitioner>},
+    {SequentialPartitioner::kName, &make<SequentialPartitioner>},
+    {ManualPartitioner::kName, &make<ManualPartitioner>},
+};
+
+// "a, b, c or d"
+std::string one_of(const std::vector<std::string>& names) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i) text += i + 1 == names.size() ? " or " : ", ";
+    text += names[i];
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> partitioner_names() {
+  std::vector<std::string> names;
+  names.reserve(std::size(kRegistry));
+  for (const Entry& entry : kRegistry) names.emplace_back(entry.name);
+  return names;
+}
+
+std::unique_ptr<Partitioner> make_partitioner(const std::string& name) {
+  for (const Entry& entry : kRegistry) {
+    if (entry.name == name) return entry.make();
+  }
+  throw PlanningError("unknown partitioner '" + name + "': choose " + one_of(partitioner_names()));
+}
+
+}  // namespace graphpipe::partition

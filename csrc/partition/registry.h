@@ -1,0 +1,26 @@
+// The registry of partitioners by name: the one list that partition() (partitioner.h),
+// partitioner_names() and the "unknown partitioner" error read, so a name accepted in one place
+// is accepted everywhere. Registered, in this order (the default first):
+//   "graphpipe"   graphpipe_portfolio.h
+//   "metis"       metis_partitioner.h
+//   "sequential"  sequential_partitioner.h
+//   "manual"      manual_partitioner.h
+// Adding a partitioner: implement Partitioner (partitioner_interface.h) in its own files and add
+// one line to the table in registry.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "partition/partitioner_interface.h"
+
+namespace graphpipe::partition {
+
+// A fresh instance of the partitioner registered as `name`. An unknown name is a PlanningError
+// "unknown partitioner '<name>': choose <every registered name>".
+std::unique_ptr<Partitioner> make_partitioner(const std::string& name);
+
+// partitioner_names() (declared in partitioner.h, where the bindings find it) lists the
+// registered names in the order above.
+
+}  // namespace graphpipe::partition
