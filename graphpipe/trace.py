@@ -50,10 +50,24 @@ class TracedModel:
     node_ids: dict[str, int] = field(default_factory=dict)  # fx node name -> OpGraph id
     placeholder_values: list[Any] = field(default_factory=list)
     batch_size: int = 1
+    #: forward() arguments fixed at trace time (None and Python scalars): name -> value. A call
+    #: with another value would run code the trace never saw, so the runtime refuses it.
+    specialized: dict[str, Any] = field(default_factory=dict)
 
 
 class _Tracer(fx.Tracer):
-    """fx tracer that also keeps user-named modules (or module classes) opaque."""
+    """fx tracer that keeps user-named modules (or module classes) opaque, records buffers read
+    directly in ``forward`` as ``get_attr`` nodes under their own names, and records the grad
+    mode each operator was traced under.
+
+    Why each: fx by default runs ``self.buffer.clone()`` eagerly during tracing and stores the
+    result as an anonymous ``_tensor_constantN`` (the buffer then leaves ``state_dict`` and stops
+    following updates); and fx does not record ``torch.no_grad()`` / ``torch.inference_mode()``
+    blocks at all, so without the mode in ``node.meta["grad_enabled"]`` the stages would compute
+    gradients that single-process training never computes.
+    """
+
+    proxy_buffer_attributes = True
 
     def __init__(self, leaf_modules: Iterable[str | type[nn.Module]] = ()) -> None:
         super().__init__()
@@ -66,6 +80,86 @@ class _Tracer(fx.Tracer):
         if self._leaf_types and isinstance(m, self._leaf_types):
             return True
         return super().is_leaf_module(m, module_qualified_name)
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        # A no_grad()/inference_mode() block really switches the mode while tracing (its
+        # __enter__ runs), so the current mode is the mode the operator runs under.
+        node.meta["grad_enabled"] = torch.is_grad_enabled()
+        return node
+
+
+def _setitem(target: torch.Tensor, key: Any, value: Any) -> torch.Tensor:
+    """``target[key] = value`` as an operator that returns the tensor it wrote to, so that the
+    operators after it can read the written tensor through a graph edge."""
+    target[key] = value
+    return target
+
+
+def _proxy_setitem(self: fx.Proxy, key: Any, value: Any) -> None:
+    # fx proxies do not support item assignment (`x[:, 0] = 0` raises TypeError): record it as a
+    # _setitem operator; _redirect_inplace_uses then points the later readers of `x` at it.
+    self.tracer.create_proxy("call_function", _setitem, (self, key, value), {})
+
+
+#: Python's augmented assignments; fx traces `x += y` on a proxy as `x = x + y` (a new tensor),
+#: but a leaf module or torch function may still be called with these.
+_INPLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+    operator.irshift, operator.imatmul, _setitem,
+})
+
+
+def mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` writes into the tensor it gets as first argument (and returns it):
+    ``x.add_(y)``, ``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``torch.relu_(x)``,
+    ``x[i] = v``."""
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.startswith("_")
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target in _INPLACE_OPERATORS:
+        return True
+    name = getattr(target, "__name__", "")
+    if name.endswith("_") and not name.startswith("_") and getattr(torch, name, None) is target:
+        return True
+    if getattr(torch.nn.functional, name, None) is target:
+        try:
+            bound = inspect.signature(target).bind(*node.args, **node.kwargs)
+        except (TypeError, ValueError):
+            return False
+        return bound.arguments.get("inplace") is True
+    return False
+
+
+def is_opaque_module(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A call of a user module kept whole (``leaf_modules``): what it does to its inputs is
+    unknown, so it is treated as possibly writing into them."""
+    if node.op != "call_module":
+        return False
+    return not type(gm.get_submodule(str(node.target))).__module__.startswith("torch.nn")
+
+
+def _redirect_inplace_uses(gm: fx.GraphModule) -> None:
+    """Points every operator that reads a tensor *after* an in-place write to it at the writing
+    operator. In one process the two names are the same tensor; in the graph the edge now says
+    that the reader depends on the write, so a partition that puts them on different stages
+    sends the written value (and no plan can run the reader before the write). Readers before
+    the write keep the old edge: they see the value as it was, on any stage."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        if not node.args or not isinstance(node.args[0], fx.Node) or not mutates_first_argument(gm, node):
+            continue
+        node.meta["inplace"] = True
+        written = node.args[0]
+        for user in list(written.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(written, node)
 
 
 def iter_tensors(value: Any) -> Iterable[torch.Tensor]:
@@ -140,10 +234,17 @@ def _user_frame(exc: BaseException) -> str:
     return "an unknown location"
 
 
-def _symbolic_trace(model: nn.Module, leaf_modules: Iterable[Any]) -> fx.GraphModule:
+def _symbolic_trace(
+    model: nn.Module, leaf_modules: Iterable[Any], specialized: Mapping[str, Any]
+) -> fx.GraphModule:
     tracer = _Tracer(leaf_modules)
+    had_setitem = "__setitem__" in vars(fx.Proxy)
+    fx.Proxy.__setitem__ = _proxy_setitem  # type: ignore[method-assign]
     try:
-        graph = tracer.trace(model)
+        # Traced under grad mode whatever the caller's mode, so that only the model's own
+        # no_grad() blocks mark operators as gradient-free.
+        with torch.enable_grad():
+            graph = tracer.trace(model, concrete_args=dict(specialized) or None)
     except Exception as exc:  # noqa: BLE001 - fx raises many types; all become TraceError
         where = _user_frame(exc)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -165,8 +266,36 @@ def _symbolic_trace(model: nn.Module, leaf_modules: Iterable[Any]) -> fx.GraphMo
         raise TraceError(
             f"cannot trace {type(model).__name__}: {message} (at {where}). {hint}"
         ) from exc
-    name = type(model).__name__
-    return fx.GraphModule(tracer.root, graph, name)
+    finally:
+        if not had_setitem:
+            del fx.Proxy.__setitem__
+    # fx guards each specialised argument with an assert operator; the runtime checks them
+    # before anything runs instead (they are not work to place on a stage).
+    for node in list(graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
+            graph.erase_node(node)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    _redirect_inplace_uses(gm)
+    gm.recompile()
+    return gm
+
+
+def _specialized_arguments(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """forward() arguments that are None or Python scalars in the example: fx fixes them at
+    these values (so `if mask is not None:` or `if flag:` trace as the example takes them)."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InputError(f"example inputs do not match {type(model).__name__}.forward: {exc}") from exc
+    bound.apply_defaults()
+    fixed: dict[str, Any] = {}
+    for name, param in inspect.signature(model.forward).parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        value = bound.arguments.get(name)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            fixed[name] = value
+    return fixed
 
 
 def _placeholder_values(
@@ -180,17 +309,17 @@ def _placeholder_values(
             f"example inputs do not match {type(model).__name__}.forward: {exc}"
         ) from exc
     bound.apply_defaults()
+    # Placeholders follow forward()'s parameters in order (fx renames a specialised one, e.g.
+    # `mask` becomes `mask_1`, so names cannot be matched).
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values: list[Any] = []
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        target = str(node.target)
-        if target.startswith("**"):
-            raise InputError(f"{type(model).__name__}.forward takes **{target[2:]}; pass keyword inputs by name")
-        if target.startswith("*"):
-            values.extend(bound.arguments.get(target[1:], ()))
+    for node, (name, param) in zip(placeholders, inspect.signature(model.forward).parameters.items()):
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            raise InputError(f"{type(model).__name__}.forward takes **{name}; pass keyword inputs by name")
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            values.extend(bound.arguments.get(name, ()))
         else:
-            values.append(bound.arguments.get(target))
+            values.append(bound.arguments.get(name))
     return values
 
 
@@ -275,7 +404,8 @@ def trace_module(
     """
     args, kwargs = _check_inputs(model, example_inputs, example_kwargs)
     batch = batch_size_of(args, kwargs)
-    gm = _symbolic_trace(model, leaf_modules)
+    specialized = _specialized_arguments(model, args, kwargs)
+    gm = _symbolic_trace(model, leaf_modules, specialized)
     values = _placeholder_values(gm, model, args, kwargs)
 
     counter = FlopCounterMode(display=False)
@@ -284,8 +414,12 @@ def trace_module(
     # BatchNorm running statistics (and its batch counter), so buffers are put back afterwards.
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        with torch.no_grad(), counter:
-            recorder.run(*values)
+        # On copies of the inputs: a model that writes into its inputs must not change the
+        # caller's example batch by being traced.
+        # ...and with the random generators put back: the run draws dropout masks, and a rank's
+        # later draws must be those the untraced model would have made.
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), counter:
+            recorder.run(*[_copy_tensors(v) for v in values])
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -302,7 +436,9 @@ def trace_module(
     graph = _C.OpGraph()
     graph.model_name = type(model).__name__
     graph.trace_batch_size = batch
-    traced = TracedModel(module=gm, graph=graph, placeholder_values=values, batch_size=batch)
+    traced = TracedModel(
+        module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized
+    )
 
     canonical = {id(p): name for name, p in model.named_parameters()}
     owned: set[int] = set()
@@ -380,6 +516,16 @@ def trace_module(
         raise TraceError(f"{type(model).__name__} returns no value computed from its operators")
     graph.validate()
     return traced
+
+
+def _copy_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copy_tensors(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _copy_tensors(v) for k, v in value.items()}
+    return value
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:

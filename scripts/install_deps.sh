@@ -28,7 +28,17 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0
   echo "== pip: installing ${TORCH_REQ}"
   python3 -m pip install -q "${TORCH_REQ}"
 fi
-python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel"
+python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel" "pillow"
+
+# torchvision (a test dependency: the model corpus of tests/python/test_corpus.py) in the release
+# that matches torch (torchvision 0.N+15 goes with torch 2.N). --no-deps, because its wheels
+# require the CUDA build of that torch; with a CPU torch its compiled operators do not load, which
+# the model classes never need (tests/python/corpus_models.py imports them without them).
+TV_REQ=$(python3 -c "import torch; major, minor = torch.__version__.split('+')[0].split('.')[:2]; print(f'torchvision==0.{int(minor) + 15}.*')")
+if ! python3 -c "import importlib.metadata as m, sys; v = m.version('torchvision'); sys.exit(0 if v.startswith('${TV_REQ#torchvision==}'.rstrip('*')) else 1)" 2>/dev/null; then
+  echo "== pip: installing ${TV_REQ} (no dependencies)"
+  python3 -m pip install -q --no-deps "${TV_REQ}"
+fi
 
 python3 - <<'PY'
 import os, sys, torch

@@ -4,8 +4,21 @@ Each operator (fx node) goes to the stage the plan puts it in. A value that an o
 ``c`` reads from an operator of stage ``p != c`` crosses the stage edge ``p -> c`` (edges that
 skip stages, several producers and consumers all follow from this rule; a value read by two
 stages travels on two edges). Model inputs (placeholders) never travel: every rank has the batch
-and each stage reads the inputs it needs. Parameters read through ``get_attr`` are copied into
-every stage that reads them.
+and each stage reads the inputs it needs. Parameters and buffers read through ``get_attr`` are
+held by every stage that reads them, under their original names. A parameter used by several
+stages (tied weights) is held by each of them; ``StageGraph.shared_params`` lists it, and the
+pipeline sums its gradient over those stages' ranks before the optimizer step.
+
+Faithfulness rules kept here (the tracer marks the operators, see ``graphpipe.trace``):
+
+- grad mode: operators traced inside ``torch.no_grad()`` / ``torch.inference_mode()`` run with
+  gradients off in their stage; the mode is switched where it changes and restored at the end of
+  the stage, wherever the cuts fall;
+- in-place writes: a stage that writes into a tensor in place (or calls a user leaf module,
+  whose writes are unknown) gets copies of its received activations, since autograd refuses
+  in-place writes to the leaf a received activation is; and a value that the stage sends on but
+  later overwrites in place is sent as it was when computed (a copy taken right then), as a
+  reader on another stage saw it in one process.
 
 A stage module is an ``fx.GraphModule`` built on the original traced module as root, so it holds
 the original submodules and parameters under their original qualified names; it takes
@@ -28,6 +41,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from graphpipe.errors import InputError, PlanningError
+from graphpipe.trace import is_opaque_module
 
 __all__ = ["StageModule", "StageGraph", "build_stages", "EdgeLayout", "propagate_layouts"]
 
@@ -49,6 +63,8 @@ class StageModule:
     is_output: bool = False                                   # computes the model output
     module: fx.GraphModule | None = None
     operators: list[str] = field(default_factory=list)
+    #: writes in place (or calls an opaque module): received activations are handed over as copies
+    copies_received: bool = False
 
 
 @dataclass
@@ -57,19 +73,27 @@ class StageGraph:
     edges: list[tuple[int, int]]
     placeholders: list[str]            # every placeholder of the traced graph, in order
     output_stage: int
+    #: parameters held by several stages: canonical name -> {stage: name in that stage's module}
+    shared_params: dict[str, dict[int, str]] = field(default_factory=dict)
+    #: some operator writes in place: every micro-batch of the inputs must be its own tensor
+    #: (micro-batches cut from one batch share its version counter)
+    copies_inputs: bool = False
 
 
 def _edge_index(edges: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
     return {e: i for i, e in enumerate(edges)}
 
 
-def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
-    """Stage modules of ``gm`` for ``plan`` (the plan's JSON form, see graphpipe.runtime.plan)."""
+def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
+    """Stage modules of ``gm`` for ``plan`` (a C++ Plan of ``graph``, the OpGraph traced from
+    ``gm``). The plan is validated against the graph by the C++ validator first, so every
+    operator has a stage and every value that crosses stages has its stage edge."""
+    plan.validate(graph)
     node_stage: dict[str, int] = {}
-    for s, stage in enumerate(plan["stages"]):
-        for name in stage["nodes"]:
-            node_stage[name] = s
-    edges = [(int(e["src"]), int(e["dst"])) for e in plan["edges"]]
+    for s, stage in enumerate(plan.stages):
+        for v in stage.nodes:
+            node_stage[graph.node(v).name] = s
+    edges = [(int(e.src), int(e.dst)) for e in plan.edges]
     index = _edge_index(edges)
     nodes = list(gm.graph.nodes)
     placeholders = [n.name for n in nodes if n.op == "placeholder"]
@@ -81,11 +105,13 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                 "(re-run the partitioner on this model)"
             )
     stages = [
-        StageModule(index=s, rank=int(st["devices"][0]), placeholders=[]) for s, st in enumerate(plan["stages"])
+        StageModule(index=s, rank=int(st.devices[0]), placeholders=[]) for s, st in enumerate(plan.stages)
     ]
     order = {n.name: i for i, n in enumerate(nodes)}
     getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}
-    param_stage: dict[int, tuple[int, str]] = {}
+    canonical = {id(p): name for name, p in gm.named_parameters()}
+    param_users: dict[int, dict[int, str]] = {}   # id(parameter) -> {stage: local name}
+    stateful_users: dict[str, set[int]] = {}       # module or buffer with state -> stages
     for n in compute:
         s = node_stage[n.name]
         stages[s].operators.append(n.name)
@@ -101,12 +127,8 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                     continue
                 # A chain plan (the sequential baseline) has only edges k -> k + 1: a value that
                 # skips stages is relayed by each stage in between (received, sent on unchanged).
+                # (The validated plan has every edge needed, partition/plan_io.h.)
                 hops = [(p, s)] if (p, s) in index else [(k, k + 1) for k in range(p, s)]
-                if any(h not in index for h in hops):
-                    raise PlanningError(
-                        f"operator {n.name!r} (stage {s}) reads {a.name!r} from stage {p}, but the plan "
-                        f"has no stage edge {p} -> {s}"
-                    )
                 for src, dst in hops:
                     e = index[(src, dst)]
                     stages[dst].in_values.setdefault(e, [])
@@ -115,8 +137,13 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                         stages[dst].in_values[e].append(a.name)
                         stages[src].out_values[e].append(a.name)
         if n.op == "call_module":
-            for pname, p in gm.get_submodule(str(n.target)).named_parameters(remove_duplicate=False):
-                _claim(param_stage, p, f"{n.target}.{pname}", s)
+            sub = gm.get_submodule(str(n.target))
+            for pname, p in sub.named_parameters(remove_duplicate=False):
+                param_users.setdefault(id(p), {}).setdefault(s, f"{n.target}.{pname}")
+            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
+                stateful_users.setdefault(f"module {n.target!r} ({type(sub).__name__})", set()).add(s)
+        if n.meta.get("inplace") or is_opaque_module(gm, n):
+            stages[s].copies_received = True
     for s, names in getattrs.items():
         for n in nodes:
             if n.name in names:
@@ -124,7 +151,23 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
                 for atom in str(n.target).split("."):
                     value = getattr(value, atom)
                 if isinstance(value, torch.nn.Parameter):
-                    _claim(param_stage, value, str(n.target), s)
+                    param_users.setdefault(id(value), {}).setdefault(s, str(n.target))
+                else:
+                    for user in n.users:
+                        if user.meta.get("inplace") and user.args[0] is n:
+                            stateful_users.setdefault(f"buffer {n.target!r} (written in place)", set()).add(s)
+    for what, users in stateful_users.items():
+        if len(users) > 1:
+            raise PlanningError(
+                f"the plan puts users of {what} on stages {sorted(users)}; each stage's rank would "
+                "update its own copy of that state and the copies would diverge. Put those "
+                "operators in one stage (graphpipe.runtime.manual_plan, or another partitioner)"
+            )
+    shared = {
+        canonical.get(pid, min(users.values())): users
+        for pid, users in param_users.items()
+        if len(users) > 1
+    }
     for st in stages:
         st.placeholders.sort(key=order.__getitem__)
         for values in (*st.in_values.values(), *st.out_values.values()):
@@ -140,16 +183,14 @@ def build_stages(gm: fx.GraphModule, plan: dict[str, Any]) -> StageGraph:
     stages[out_stage].is_output = True
     for st in stages:
         st.module = _stage_module(gm, st, nodes, getattrs[st.index], edges, output_node)
-    return StageGraph(stages=stages, edges=edges, placeholders=placeholders, output_stage=out_stage)
-
-
-def _claim(owner: dict[int, tuple[int, str]], p: torch.Tensor, name: str, stage: int) -> None:
-    first = owner.setdefault(id(p), (stage, name))
-    if first[0] != stage:
-        raise PlanningError(
-            f"parameter {first[1]!r} (also {name!r}) is used by stages {first[0]} and {stage}; "
-            "parameters shared across stages are not supported: put their users in one stage"
-        )
+    return StageGraph(
+        stages=stages,
+        edges=edges,
+        placeholders=placeholders,
+        output_stage=out_stage,
+        shared_params=dict(sorted(shared.items())),
+        copies_inputs=any(n.meta.get("inplace") or is_opaque_module(gm, n) for n in compute),
+    )
 
 
 def _stage_module(
@@ -162,15 +203,41 @@ def _stage_module(
 ) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
+    sent = {name for values in st.out_values.values() for name in values}
+    mine = set(st.operators) | getattrs
+    # Sent values that an operator of this stage later overwrites in place: sent as computed.
+    overwritten = {
+        n.args[0].name for n in nodes
+        if n.name in mine and n.meta.get("inplace") and n.args and isinstance(n.args[0], fx.Node)
+    } & sent
+    snapshot: dict[str, fx.Node] = {}
+
+    def define(name: str, node: fx.Node) -> None:
+        env[name] = node
+        if name in overwritten:
+            snapshot[name] = graph.call_method("clone", (node,))
+
     for name in st.placeholders:
-        env[name] = graph.placeholder(name)
+        define(name, graph.placeholder(name))
     for e in sorted(st.in_values):
         for name in st.in_values[e]:
-            env[name] = graph.placeholder(name)
-    mine = set(st.operators) | getattrs
+            define(name, graph.placeholder(name))
+    # Grad mode: the caller's mode where the model had it on, off inside its no_grad blocks.
+    outer: fx.Node | None = None
+    grad_on = True
     for n in nodes:
-        if n.name in mine:
-            env[n.name] = graph.node_copy(n, lambda a: env[a.name])
+        if n.name not in mine:
+            continue
+        wanted = n.op == "get_attr" or n.meta.get("grad_enabled", True)
+        if wanted != grad_on:
+            if outer is None:
+                outer = graph.call_function(torch.is_grad_enabled)
+            graph.call_function(torch._C._set_grad_enabled, (outer if wanted else False,))
+            grad_on = wanted
+        define(n.name, graph.node_copy(n, lambda a: env[a.name]))
+    if not grad_on:
+        graph.call_function(torch._C._set_grad_enabled, (outer,))
+    env.update(snapshot)
     results: list[Any] = []
     for e in sorted(st.out_values):
         results.extend(env[name] for name in st.out_values[e])

@@ -1,0 +1,101 @@
+"""Tied weights across stages: each stage that uses a parameter holds its own copy, and before
+every optimizer step the copies' gradients are summed over the ranks that hold them.
+
+In one process a tied parameter (say an input embedding reused as the output projection) gets
+one gradient, the sum of what each use contributes. With its users on different stages, each
+stage's rank computes the contribution of its own uses; an all-reduce (sum) in a process group
+of exactly those ranks gives every copy the full gradient, so identical optimizers keep the
+copies identical, as one parameter. The groups are made once (``torch.distributed.new_group``);
+each group's gradients travel as one flat tensor.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from graphpipe._ext import _C
+
+__all__ = ["SharedParameterSync"]
+
+
+class SharedParameterSync:
+    """Sums the gradients of parameters held by several stages (see the module docstring).
+
+    Args:
+        shared: canonical parameter name -> {stage: that parameter's name in the stage module}
+            (``StageGraph.shared_params``).
+        stage_ranks: rank (in ``group``) of each stage.
+        my_stage: this rank's stage (-1 if none).
+        module: this rank's stage module.
+        group: the pipeline's process group.
+        timeout: seconds an all-reduce may take before ``PipelineTimeout``.
+    """
+
+    def __init__(
+        self,
+        shared: Mapping[str, Mapping[int, str]],
+        stage_ranks: list[int],
+        my_stage: int,
+        module: nn.Module,
+        group: dist.ProcessGroup,
+        timeout: float,
+    ) -> None:
+        self.timeout = timeout
+        by_ranks: dict[tuple[int, ...], list[str]] = {}
+        for name, users in sorted(shared.items()):
+            ranks = tuple(sorted(stage_ranks[s] for s in users))
+            by_ranks.setdefault(ranks, []).append(name)
+        self._syncs: list[tuple[tuple[int, ...], dist.ProcessGroup, list[nn.Parameter]]] = []
+        for ranks, names in sorted(by_ranks.items()):
+            if my_stage < 0 or stage_ranks[my_stage] not in ranks:
+                continue  # only the members make the group (local synchronisation)
+            global_ranks = [_global_rank(group, r) for r in ranks]
+            sub = dist.new_group(
+                global_ranks,
+                timeout=datetime.timedelta(seconds=timeout),
+                use_local_synchronization=True,
+            )
+            params = [module.get_parameter(shared[n][my_stage]) for n in names]
+            self._syncs.append((ranks, sub, params))
+
+    @property
+    def active(self) -> bool:
+        """Whether this rank holds a parameter shared with another stage."""
+        return bool(self._syncs)
+
+    def all_reduce(self) -> None:
+        """Sums each shared parameter's gradient over its holders (a rank whose uses produced no
+        gradient contributes zeros)."""
+        for ranks, sub, params in self._syncs:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = _flatten_dense_tensors(grads)
+            work = dist.all_reduce(flat, group=sub, async_op=True)
+            try:
+                completed = work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+            except RuntimeError as exc:
+                raise _C.PeerError(
+                    f"graphpipe: summing the gradients of tied parameters with ranks {list(ranks)} "
+                    f"failed: {exc}"
+                ) from exc
+            if completed is False:
+                raise _C.PipelineTimeout(
+                    f"graphpipe: summing the gradients of tied parameters with ranks {list(ranks)} "
+                    f"did not finish within {self.timeout:g} s"
+                )
+            for p, summed in zip(params, _unflatten_dense_tensors(flat, grads)):
+                if p.grad is None:
+                    p.grad = summed
+                else:
+                    p.grad.copy_(summed)
+
+
+def _global_rank(group: dist.ProcessGroup, group_rank: int) -> int:
+    if group is dist.distributed_c10d._get_default_group():
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
