@@ -1,0 +1,238 @@
+"""One rank's failure is every rank's clear error, fast: no hang, no desync, no crash.
+
+- A rank that raises inside a step (forward, backward, loss, optimizer hook) and stays alive:
+  every other rank raises PeerError naming it and its exception within 5 s, with timeout=300.
+- A stuck output rank before the loss broadcast: PipelineTimeout at the timeout (5 s here).
+- A bad batch after good steps (another feature size, float64, an input missing or extra,
+  targets of another dtype or shape): the same InputError on every rank, and the next good step
+  gives single-process training's loss.
+- A rank whose model or options differ: InputError on every rank inside wrap, within 5 s.
+Each test prints the time the survivors took (pytest -s shows it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from graphpipe.runtime.testing import run_ranks
+from test_runtime_gold import make_model, reference
+
+FAILING = 1   # the rank that fails (holds a middle stage of the 3-rank sequential plan)
+FAST = 5.0    # seconds within which every survivor must have raised
+
+
+def _step_failure_worker(rank: int, world: int, where: str) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+    loss_fn = default_loss("candle_uno")
+    failing = FAILING
+    if where == "loss":
+        def loss_fn(output: Any, target: Any, base: Any = default_loss("candle_uno")) -> torch.Tensor:
+            if calls["steps"] == 1:
+                raise ValueError("bad loss on purpose")
+            return base(output, target)
+    pipe = graphpipe.wrap(model, example, loss_fn, partitioner="sequential", micro_batches=4, timeout=300)
+    if where == "loss":
+        failing = pipe.output_rank
+    calls = {"steps": 0}
+
+    class Broken(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+            if calls["steps"] == 1:
+                raise ValueError("bad optimizer on purpose")
+            return super().step(closure)
+
+    kind = Broken if (rank == failing and where == "optimizer") else torch.optim.SGD
+    optimizer = kind(pipe.parameters(), lr=0.01) if list(pipe.parameters()) else None
+    if rank == failing and where == "forward":
+        stage_forward = pipe.module.forward
+
+        def forward(*args: Any) -> Any:
+            if calls["steps"] == 1:
+                raise ValueError("bad forward on purpose")
+            return stage_forward(*args)
+
+        pipe.module.forward = forward
+    if rank == failing and where == "backward":
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            if calls["steps"] == 1:
+                raise ValueError("bad backward on purpose")
+            return grad
+
+        next(iter(pipe.parameters())).register_hook(hook)
+    out: dict[str, Any] = {"failing": failing}
+    for k, (inputs, targets) in enumerate(batches):
+        calls["steps"] = k
+        start = time.monotonic()
+        try:
+            pipe.step(inputs, targets, optimizer=optimizer)
+        except Exception as exc:  # noqa: BLE001 - what each rank saw is the result
+            out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+            break
+    if rank == failing:
+        time.sleep(2.0)  # stays alive after raising: the others must not depend on its exit
+    try:
+        pipe.step(*batches[0])
+    except Exception as exc:  # noqa: BLE001
+        out["after"] = (type(exc).__name__, str(exc))
+    return out
+
+
+@pytest.mark.parametrize("where", ["forward", "backward", "loss", "optimizer"])
+def test_rank_that_raises_fails_every_rank_fast(where: str) -> None:
+    results = run_ranks(_step_failure_worker, 3, where, timeout=120)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    failing = results[0].value["failing"]
+    times = {}
+    for r in results:
+        got = r.value
+        assert "error" in got, f"rank {r.rank} raised nothing"
+        if r.rank == failing:
+            assert got["error"] == "ValueError" and "on purpose" in got["message"]
+        else:
+            assert got["error"] == "PeerError", got
+            assert f"rank {failing}: ValueError: bad {where} on purpose" in got["message"], got["message"]
+            assert got["seconds"] < FAST, got
+            times[r.rank] = round(got["seconds"], 3)
+        # afterwards the pipeline refuses to go on, on every rank, naming the failure
+        assert got["after"][0] == "InputError" and f"rank {failing}: ValueError" in got["after"][1], got["after"]
+    print(f"\n{where}: rank {failing} raised; survivors raised PeerError after {times} s (timeout 300 s)")
+
+
+def _stuck_output_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential",
+                          micro_batches=4, timeout=FAST)
+
+    class Stuck(torch.optim.SGD):
+        def step(self, closure: Any = None) -> None:  # type: ignore[override]
+            time.sleep(3 * FAST)  # the output rank hangs before the loss broadcast
+
+    optimizer = Stuck(pipe.parameters(), lr=0.01) if rank == pipe.output_rank else None
+    start = time.monotonic()
+    try:
+        pipe.step(*batches[0], optimizer=optimizer)
+    except Exception as exc:  # noqa: BLE001
+        return {"output_rank": pipe.output_rank, "error": type(exc).__name__, "message": str(exc),
+                "seconds": time.monotonic() - start}
+    return {"output_rank": pipe.output_rank, "error": None}
+
+
+def test_stuck_output_rank_times_out_the_loss_broadcast() -> None:
+    results = run_ranks(_stuck_output_worker, 3, timeout=120)
+    output_rank = results[0].value["output_rank"]
+    times = {}
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        if r.rank == output_rank:
+            continue
+        got = r.value
+        assert got["error"] == "PipelineTimeout", got
+        assert "loss broadcast" in got["message"] and f"rank {output_rank}" in got["message"], got["message"]
+        assert FAST * 0.9 < got["seconds"] < FAST + 3.0, got
+        times[r.rank] = round(got["seconds"], 2)
+    print(f"\nstuck output rank {output_rank}: survivors raised PipelineTimeout after {times} s (timeout {FAST} s)")
+
+
+# ---- bad batches -------------------------------------------------------------------------------
+
+BAD_BATCHES = ["feature_size", "float64", "missing_input", "extra_input", "target_dtype", "target_shape"]
+
+
+def _bad_batch_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential",
+                          micro_batches=4, timeout=60)
+    inputs, targets = batches[0]
+    first = pipe.step(inputs, targets)  # a good step first
+    bad = {
+        "feature_size": ((torch.randn(inputs[0].shape[0], inputs[0].shape[1] + 1), *inputs[1:]), targets),
+        "float64": ((inputs[0].double(), *inputs[1:]), targets),
+        "missing_input": (tuple(inputs[:-1]), targets),
+        "extra_input": ((*inputs, inputs[-1]), targets),
+        "target_dtype": (inputs, targets.double()),
+        "target_shape": (inputs, targets.reshape(targets.shape[0], -1).repeat(1, 2)),
+    }
+    errors = {}
+    for name in BAD_BATCHES:
+        try:
+            pipe.step(*bad[name])
+            errors[name] = None
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = (type(exc).__name__, str(exc))
+    second = pipe.step(*batches[1])  # good again: in step, with the right loss
+    return {"first": first, "second": second, "errors": errors}
+
+
+def test_bad_batch_raises_input_error_everywhere_and_training_goes_on() -> None:
+    results = run_ranks(_bad_batch_worker, 3, timeout=180)
+    ref_model, _, batches = make_model("candle_uno")
+    from graphpipe.models import default_loss
+
+    with torch.no_grad():
+        expected_second = default_loss("candle_uno")(ref_model(*batches[1][0]), batches[1][1])
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        got = r.value
+        torch.testing.assert_close(got["first"], reference("candle_uno")["losses"][0])
+        for name in BAD_BATCHES:
+            assert got["errors"][name] is not None, f"{name}: accepted"
+            assert got["errors"][name][0] == "InputError", (name, got["errors"][name])
+        # no optimizer stepped in between, so the model is the initial one: the loss of batch 1
+        torch.testing.assert_close(got["second"], expected_second)
+    messages = [r.value["errors"] for r in results]
+    assert all(m == messages[0] for m in messages), "every rank must raise the same error"
+    print("\n" + "\n".join(f"{k}: {v[1]}" for k, v in messages[0].items()))
+
+
+# ---- ranks that disagree in wrap ---------------------------------------------------------------
+
+
+def _disagree_worker(rank: int, world: int, what: str) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    spec = "candle_uno:batch=8"
+    micro_batches = 4
+    if rank == 1 and what == "width":
+        spec = "candle_uno:batch=8,width=48"
+    if rank == 1 and what == "branches":
+        spec = "candle_uno:batch=8,branches=3"
+    if rank == 1 and what == "micro_batches":
+        micro_batches = 2
+    torch.manual_seed(0)
+    model, example = build_model(spec)
+    start = time.monotonic()
+    try:
+        graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential",
+                       micro_batches=micro_batches, timeout=300)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+@pytest.mark.parametrize("what", ["width", "branches", "micro_batches"])
+def test_rank_with_another_model_or_options_fails_wrap_everywhere(what: str) -> None:
+    results = run_ranks(_disagree_worker, 3, what, timeout=120)
+    times = {}
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        assert r.value["error"] == "InputError", (r.rank, r.value)
+        assert "rank 1" in r.value["message"], r.value["message"]
+        times[r.rank] = round(r.value["seconds"], 2)
+    slowest_gap = max(times.values()) - min(times.values())
+    assert slowest_gap < FAST, times
+    print(f"\n{what}: " + "; ".join(f"rank {r.rank}: {r.value['message'][:160]}" for r in results))
