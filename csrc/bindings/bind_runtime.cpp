@@ -1,6 +1,8 @@
-// graphpipe._C runtime bindings: the Executor (one rank's program over a c10d process group),
-// the runtime's error classes, and a schedule generator for stage-level plans that the Python
-// runtime (graphpipe/runtime) builds from a Plan.
+// graphpipe._C runtime bindings: the Executor (one rank's program of a Schedule over a c10d
+// process group), the timings it records, and the runtime's error classes.
+//
+// The Executor takes the Schedule object itself, the one graphpipe.schedule generates for the
+// Plan (and graphpipe.simulate predicts), so that what runs is what was simulated.
 //
 // Compiled against torch's bundled pybind11, so a torch.distributed ProcessGroup passes in as
 // c10::intrusive_ptr<c10d::ProcessGroup> and tensors as at::Tensor.
@@ -10,12 +12,10 @@
 #include <chrono>
 
 #include "bindings/bindings.h"
-#include "partition/plan.h"
 #include "runtime/errors.h"
 #include "runtime/executor.h"
 #include "schedule/check.h"
-#include "schedule/generate.h"
-#include "schedule/schedule_json.h"
+#include "schedule/instruction.h"
 #if GRAPHPIPE_WITH_CUDA
 #include "runtime/cuda/cuda_streams.h"
 #endif
@@ -31,34 +31,6 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
-// A stage-level Plan (what the scheduler reads: stages, their ranks and costs, stage edges).
-partition::Plan stage_plan(const std::vector<std::vector<int>>& stage_devices,
-                           const std::vector<std::pair<int, int>>& edges, std::int64_t num_micro_batches,
-                           std::int64_t micro_batch_size, const std::vector<double>& forward_seconds,
-                           const std::vector<double>& backward_seconds, int num_devices) {
-  partition::Plan plan;
-  plan.partitioner = "manual";
-  plan.num_micro_batches = num_micro_batches;
-  plan.micro_batch_size = micro_batch_size;
-  plan.batch_size = num_micro_batches * micro_batch_size;
-  plan.num_devices = num_devices;
-  for (std::size_t s = 0; s < stage_devices.size(); ++s) {
-    partition::Stage stage;
-    stage.id = static_cast<int>(s);
-    stage.devices = stage_devices[s];
-    stage.forward_seconds = s < forward_seconds.size() ? forward_seconds[s] : 1.0;
-    stage.backward_seconds = s < backward_seconds.size() ? backward_seconds[s] : 2.0;
-    plan.stages.push_back(std::move(stage));
-  }
-  for (const auto& [a, b] : edges) {
-    partition::StageEdge e;
-    e.src = a;
-    e.dst = b;
-    plan.edges.push_back(e);
-  }
-  return plan;
-}
-
 }  // namespace
 
 void bind_runtime(py::module_& m) {
@@ -67,46 +39,41 @@ void bind_runtime(py::module_& m) {
   py::register_exception<runtime::PipelineTimeout>(m, "PipelineTimeout", peer.ptr());
   py::register_exception<runtime::TransferMismatch>(m, "TransferMismatch", base.ptr());
 
-  m.def(
-      "runtime_schedule",
-      [](const std::vector<std::vector<int>>& stage_devices, const std::vector<std::pair<int, int>>& edges,
-         std::int64_t num_micro_batches, std::int64_t micro_batch_size, const std::string& policy,
-         const std::vector<double>& forward_seconds, const std::vector<double>& backward_seconds,
-         int num_devices) {
-        auto plan = stage_plan(stage_devices, edges, num_micro_batches, micro_batch_size, forward_seconds,
-                               backward_seconds, num_devices);
-        auto schedule = schedule::generate(plan, policy);
-        schedule::require_deadlock_free(schedule);
-        return schedule::dumps(schedule);
-      },
-      py::arg("stage_devices"), py::arg("edges"), py::arg("num_micro_batches"), py::arg("micro_batch_size"),
-      py::arg("policy"), py::arg("forward_seconds") = std::vector<double>{},
-      py::arg("backward_seconds") = std::vector<double>{}, py::arg("num_devices") = 0,
-      "Generates and checks the schedule (JSON text) of a stage-level plan: the stages' devices, the "
-      "stage edges (src, dst), micro-batches and a policy ('1f1b', 'fill_drain', '1f1b_greedy').");
-
 #if GRAPHPIPE_WITH_CUDA
   m.attr("runtime_with_cuda") = true;
 #else
   m.attr("runtime_with_cuda") = false;
 #endif
 
+  // A timing carries the instruction it measured (schedule/instruction.h), so readers use its
+  // fields rather than parsing the token.
   py::class_<runtime::InstructionTiming>(m, "InstructionTiming")
-      .def_readonly("token", &runtime::InstructionTiming::token)
+      .def_readonly("instruction", &runtime::InstructionTiming::instruction)
+      .def_property_readonly("kind", [](const runtime::InstructionTiming& t) { return t.instruction.kind; })
+      .def_property_readonly("stage", [](const runtime::InstructionTiming& t) { return t.instruction.stage; })
+      .def_property_readonly("micro_batch",
+                             [](const runtime::InstructionTiming& t) { return t.instruction.micro_batch; })
+      .def_property_readonly("edge", [](const runtime::InstructionTiming& t) { return t.instruction.edge; })
+      .def_property_readonly("token", [](const runtime::InstructionTiming& t) { return schedule::to_token(t.instruction); })
       .def_readonly("start", &runtime::InstructionTiming::start)
       .def_readonly("end", &runtime::InstructionTiming::end)
       .def("__repr__", [](const runtime::InstructionTiming& t) {
-        return "InstructionTiming(" + t.token + ", " + std::to_string(t.start) + ", " + std::to_string(t.end) + ")";
+        return "InstructionTiming(" + schedule::to_token(t.instruction) + ", " + std::to_string(t.start) + ", " +
+               std::to_string(t.end) + ")";
       });
 
   py::class_<runtime::Executor>(m, "Executor",
                                 "Runs one rank's instruction list of a schedule (runtime/executor.h).")
-      .def(py::init([](const std::string& schedule_json, int rank,
-                       c10::intrusive_ptr<c10d::ProcessGroup> group, double timeout_seconds) {
-             return std::make_unique<runtime::Executor>(schedule::loads(schedule_json), rank, std::move(group),
-                                                        to_ms(timeout_seconds));
+      .def(py::init([](const schedule::Schedule& schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                       double timeout_seconds) {
+             // Only a schedule proven not to hang runs: a hang across ranks would surface as a
+             // timeout far from its cause, the checker names the instruction instead.
+             schedule::require_deadlock_free(schedule);
+             return std::make_unique<runtime::Executor>(schedule, rank, std::move(group), to_ms(timeout_seconds));
            }),
-           py::arg("schedule_json"), py::arg("rank"), py::arg("group"), py::arg("timeout"))
+           py::arg("schedule"), py::arg("rank"), py::arg("group"), py::arg("timeout"),
+           "Runs `rank`'s program of `schedule` (a Schedule, e.g. graphpipe.schedule(plan, kind)); "
+           "raises ScheduleError if the schedule can hang.")
       .def_property_readonly("rank", &runtime::Executor::rank)
       .def_property_readonly("stage", &runtime::Executor::stage)
       .def_property_readonly("in_edges", &runtime::Executor::in_edges)
@@ -117,6 +84,9 @@ void bind_runtime(py::module_& m) {
                                for (const auto& ins : e.program()) tokens.push_back(schedule::to_token(ins));
                                return tokens;
                              })
+      // A copy: a reference would keep the executor, and with it the process group, alive.
+      .def_property_readonly(
+          "schedule", [](const runtime::Executor& e) { return e.schedule(); }, "The Schedule it runs (a copy).")
       .def("schedule_table", [](const runtime::Executor& e) { return e.schedule().to_string(); })
       .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"))
       .def(

@@ -268,7 +268,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       throw;
     }
     if (hooks_.exit) hooks_.exit();
-    if (record) timings.push_back({schedule::to_token(f.ins), f.start, now()});
+    if (record) timings.push_back({f.ins, f.start, now()});
   };
   auto land = [&](OpKind kind, int mb, int edge) {
     auto it = receives.find(key(kind, mb, edge));
@@ -371,7 +371,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       } else if (ins.kind == OpKind::backward) {
         backward(ins);
       }
-      if (record) timings.push_back({schedule::to_token(ins), start, now()});
+      if (record) timings.push_back({ins, start, now()});
       reap_sends(false);
     }
     while (!receives.empty()) {

@@ -58,8 +58,10 @@ struct TransferHooks {
   std::function<void()> exit;
 };
 
+// One executed instruction and when it ran; the instruction itself, so that readers (the
+// measured traces of graphpipe.runtime.measure) need not parse its token.
 struct InstructionTiming {
-  std::string token;
+  schedule::Instruction instruction;
   double start = 0.0;  // seconds since the start of run()
   double end = 0.0;
 };

@@ -1,6 +1,6 @@
 // check: proves that a schedule completes, or shows where it hangs.
 //
-// Blocking model (what the runtime does over Gloo/NCCL point-to-point, DESIGN.md §10):
+// Blocking model (what the runtime does over Gloo/NCCL point-to-point, docs/design.md §9):
 //   - Each rank runs its program in order. A compute instruction (forward, backward, optimizer)
 //     always finishes: its inputs were received by earlier instructions of the same rank.
 //   - A maximal run of consecutive sends and receives in a program is one *batch* (a "step"):

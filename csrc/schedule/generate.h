@@ -19,15 +19,16 @@
 // Per-stage micro-batch sizes (the paper's stages may use different sizes) are deferred: Plan
 // carries a single micro_batch_size, and every policy here assumes it.
 //
-// How orders are made deadlock-free (DESIGN.md §3): the generator list-schedules all tasks on a
-// global timeline (stage costs from the plan, transfers taken as instantaneous), rank by rank in
-// the policy's compute order. Every compute task and every transfer gets one position in one
-// global sequence; each rank's program is its part of that sequence: the send and the receive of
-// a transfer share a position. So every pair of ranks sees its transfers in the same order, and
-// under the blocking model of check.h the earliest unfinished instruction of the sequence can
-// always finish: the schedule completes. (The compute orders themselves cannot wait on each
-// other in a cycle: with W_s >= W_succ + 1 on every edge, ordering forward(s, m) by 2m - h_s and
-// backward(s, k) by 2k + h_s - 1 orders every dependency, including 1f1b's alternation.)
+// How orders are made deadlock-free (docs/design.md §5): the generator list-schedules all tasks
+// on a global timeline (stage costs from the plan, transfers taken as instantaneous), rank by
+// rank in the policy's compute order. Every compute task and every transfer gets one position in
+// one global sequence; each rank's program is its part of that sequence: the send and the
+// receive of a transfer share a position. So every pair of ranks sees its transfers in the same
+// order, and under the blocking model of check.h the earliest unfinished instruction of the
+// sequence can always finish: the schedule completes. (The compute orders themselves cannot
+// wait on each other in a cycle: with W_s >= W_succ + 1 on every edge, ordering forward(s, m) by
+// 2m - h_s and backward(s, k) by 2k + h_s - 1 orders every dependency, including 1f1b's
+// alternation.)
 //
 // Ranks: a stage runs on stage.devices[0]; one stage per rank (ScheduleError otherwise). The
 // schedule has max(plan.num_devices, highest rank + 1) ranks; ranks without a stage get empty

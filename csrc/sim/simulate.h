@@ -1,12 +1,12 @@
 // simulate: predicts how one training iteration of a Plan runs under a given Schedule.
 //
-// The model is the DAG of DESIGN.md §4 (Shi et al.): its nodes are tasks, namely a forward and a
-// backward per stage per micro-batch, a transfer per stage edge per micro-batch in each direction
-// (activation forward, gradient back), and an optimizer step per stage; its edges are data
-// dependencies, each rank's program order (the Schedule's, so the prediction is of what the
-// runtime will do, not of an idealised pipeline), and the FIFO order of transfers on each ordered
-// pair of ranks. Every task starts when its last predecessor ends; the iteration time is the
-// longest path, and the critical path is that path, task by task.
+// The model is the DAG of docs/design.md §6 (Shi et al.): its nodes are tasks, namely a forward
+// and a backward per stage per micro-batch, a transfer per stage edge per micro-batch in each
+// direction (activation forward, gradient back), and an optimizer step per stage; its edges are
+// data dependencies, each rank's program order (the Schedule's, so the prediction is of what the
+// runtime will do, not of an idealised pipeline), and the FIFO order of transfers on each
+// ordered pair of ranks. Every task starts when its last predecessor ends; the iteration time is
+// the longest path, and the critical path is that path, task by task.
 //
 // Durations: forward/backward from Stage::forward_seconds / backward_seconds (one micro-batch);
 // a transfer takes Devices::transfer_seconds(src rank, dst rank, StageEdge::bytes), plus one more

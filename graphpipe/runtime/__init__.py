@@ -5,7 +5,7 @@ from __future__ import annotations
 from graphpipe._ext import _C
 from graphpipe.runtime.microbatch import merge, split
 from graphpipe.runtime.pipeline import DEFAULT_TIMEOUT, Pipeline, wrap
-from graphpipe.runtime.plan import manual_plan, resolve_plan
+from graphpipe.runtime.plan import load_plan, manual_plan
 from graphpipe.runtime.stages import build_stages
 
 #: A peer rank died or failed during a transfer (the message names the peer, instruction, edge).
@@ -22,9 +22,9 @@ __all__ = [
     "TransferMismatch",
     "Pipeline",
     "build_stages",
+    "load_plan",
     "manual_plan",
     "merge",
-    "resolve_plan",
     "split",
     "wrap",
 ]

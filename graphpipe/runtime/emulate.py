@@ -121,8 +121,8 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     stage = pipe._stage
     if stage is None:
         return
-    figures = pipe.plan["stages"][stage.index]
-    fwd = figures.get("forward_seconds", 0.0) if forward_seconds is None else forward_seconds
-    bwd = figures.get("backward_seconds", 0.0) if backward_seconds is None else backward_seconds
+    figures = pipe.plan.stages[stage.index]
+    fwd = figures.forward_seconds if forward_seconds is None else forward_seconds
+    bwd = figures.backward_seconds if backward_seconds is None else backward_seconds
     stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale)
     pipe.module = stage.module

@@ -11,37 +11,38 @@ which is the alignment error of the merged trace. A transfer is drawn on its sen
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from graphpipe._ext import _C
 
 __all__ = ["tasks_from_timings", "stage_report"]
 
-_TOKEN = re.compile(r"^(\d+)(RF|SF|RB|SB|OPT|AR|F|B)(\d+)?(?:e(\d+))?$")
-_KINDS = {"F": "forward", "B": "backward", "SF": "activation", "SB": "gradient", "OPT": "optimizer"}
+_Op = _C.OpKind
+# The instructions drawn, by kind (receives are folded into their sends), as viz kinds.
+_KINDS = {_Op.forward: "forward", _Op.backward: "backward", _Op.send_activation: "activation",
+          _Op.send_gradient: "gradient", _Op.optimizer_step: "optimizer"}
 
 
 def tasks_from_timings(
     timings: list[Any], rank: int, edges: list[tuple[int, int]], stage_ranks: list[int]
 ) -> list[dict[str, Any]]:
-    """Task dicts of one rank's recorded instructions (receives are folded into their sends)."""
+    """Task dicts of one rank's recorded instructions (``_C.InstructionTiming``s, which carry
+    the instruction's kind, stage, micro-batch and edge)."""
     tasks = []
     for t in timings:
-        token, start, end = (t.token, t.start, t.end) if hasattr(t, "token") else t
-        m = _TOKEN.match(token)
-        if not m or m.group(2) not in _KINDS:
+        kind = _KINDS.get(t.kind)
+        if kind is None:
             continue
-        stage, code = int(m.group(1)), m.group(2)
-        mb = int(m.group(3)) if m.group(3) else -1
-        edge = int(m.group(4)) if m.group(4) else -1
+        stage, mb, edge = int(t.stage), int(t.micro_batch), int(t.edge)
         peer = -1
-        if code == "SF":
+        if t.kind == _Op.send_activation:
             peer = stage_ranks[edges[edge][1]]
-        elif code == "SB":
+        elif t.kind == _Op.send_gradient:
             peer = stage_ranks[edges[edge][0]]
-        names = {"F": f"F{mb} s{stage}", "B": f"B{mb} s{stage}", "SF": f"A{mb} e{edge}",
-                 "SB": f"G{mb} e{edge}", "OPT": f"OPT s{stage}"}
-        tasks.append({"name": names[code], "kind": _KINDS[code], "rank": rank, "peer": peer, "stage": stage,
-                      "micro_batch": mb, "edge": edge, "start": float(start), "end": float(end)})
+        names = {"forward": f"F{mb} s{stage}", "backward": f"B{mb} s{stage}", "activation": f"A{mb} e{edge}",
+                 "gradient": f"G{mb} e{edge}", "optimizer": f"OPT s{stage}"}
+        tasks.append({"name": names[kind], "kind": kind, "rank": rank, "peer": peer, "stage": stage,
+                      "micro_batch": mb, "edge": edge, "start": float(t.start), "end": float(t.end)})
     return tasks
 
 

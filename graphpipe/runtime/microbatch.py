@@ -10,7 +10,7 @@ import torch
 from graphpipe.errors import InputError
 from graphpipe.trace import iter_tensors
 
-__all__ = ["batch_size", "split", "merge"]
+__all__ = ["batch_size", "split", "merge", "copy"]
 
 
 def batch_size(value: Any, what: str = "inputs") -> int:
@@ -48,6 +48,20 @@ def _slice(value: Any, start: int, length: int) -> Any:
         return [_slice(v, start, length) for v in value]
     if isinstance(value, Mapping):
         return {k: _slice(v, start, length) for k, v in value.items()}
+    return value
+
+
+def copy(value: Any) -> Any:
+    """``value`` with every tensor replaced by its own copy (a micro-batch that shares no
+    storage or version counter with the batch it was cut from)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(copy(v) for v in value)
+    if isinstance(value, list):
+        return [copy(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: copy(v) for k, v in value.items()}
     return value
 
 

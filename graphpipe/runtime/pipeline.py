@@ -6,11 +6,16 @@ the batch is cut into the plan's micro-batches, the rank's instruction list from
 executed in C++ (graphpipe._C.Executor: point-to-point transfers over the process group, the
 backward through torch::autograd), and the full-batch loss is returned on every rank. The user's
 optimizer over ``pipe.parameters()`` steps afterwards.
+
+One currency: the plan is a C++ ``Plan`` on every rank, loaded and validated from the same JSON
+text by the C++ loader, and the schedule is the C++ ``Schedule`` that ``graphpipe.schedule``
+(and so ``graphpipe.simulate``) generates for it; the executor runs that object.
 """
 
 from __future__ import annotations
 
-import hashlib
+import datetime
+import gc
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,7 +27,10 @@ from torch import nn
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import microbatch
-from graphpipe.runtime.plan import partition_plan, resolve_plan, stage_devices
+from graphpipe.runtime.batch_check import BatchCheck
+from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
+from graphpipe.runtime.plan import check_runnable, load_plan, partition_plan, plan_json, stage_ranks
+from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
     StageGraph,
     build_stages,
@@ -31,6 +39,7 @@ from graphpipe.runtime.stages import (
     propagate_layouts,
     unflatten_values,
 )
+from graphpipe.simulation import schedule as generate_schedule
 from graphpipe.trace import trace_module
 
 __all__ = ["Pipeline", "wrap"]
@@ -68,6 +77,37 @@ class Pipeline:
         self.world_size = dist.get_world_size(self.group)
         self.loss_fn = loss_fn
         self.timeout = float(timeout)
+        self._global_ranks = [self._global(r) for r in range(self.world_size)]
+        self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
+        self._failure: str | None = None
+        self.executor: Any = None
+        self._pg: Any = None
+        # Everything rank-local is guarded: a rank that fails publishes its cause, and the others,
+        # polling the store in the exchanges below, raise naming it instead of waiting.
+        traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules))
+        if plan is None:
+            plan = self._partition_on_rank0(partitioner, micro_batches, devices)
+        plan_text = self._board.guard(lambda: plan_json(plan, traced.graph))
+        # Agreement first, so that a rank with another model is named as such rather than
+        # failing to read a plan made for a graph it does not have.
+        self._agree(traced, model, plan_text, schedule, micro_batches)
+        # Every rank reads the plan text through the C++ loader, which validates it against
+        # this rank's trace: a bad plan raises the loader's own error here, on every rank.
+        self.plan = self._board.guard(lambda: self._load_plan(plan_text, traced.graph, micro_batches))
+        self._board.guard(lambda: self._build(traced, model, schedule, device))
+        # The pipeline's own process group: its failure handling destroys it (closing this
+        # rank's connections is what wakes peers blocked on it), never the user's group. Every
+        # collective on it has the deadline.
+        backend = str(dist.get_backend(self.group)).lower()
+        self._pg = dist.new_group(
+            self._global_ranks,
+            timeout=datetime.timedelta(seconds=self.timeout),
+            backend=backend,
+            use_local_synchronization=True,
+        )
+        self._board.guard(lambda: self._connect(backend))
+
+    def _trace(self, model: nn.Module, example_inputs: Any, leaf_modules: Any) -> Any:
         args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
         # The trace runs the model once: example inputs go where its parameters are (a model on
         # a GPU may be given CPU example inputs, as step() may be given CPU batches).
@@ -77,12 +117,20 @@ class Pipeline:
         # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
         traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
         self.graph = traced.graph
-        if plan is None:
-            plan = self._partition_on_rank0(partitioner, micro_batches, devices)
-        self.plan = resolve_plan(plan, traced.graph, self.world_size, partitioner, micro_batches)
-        self.num_micro_batches = int(self.plan["num_micro_batches"])
+        self._example_args = tuple(args)
+        return traced
+
+    def _load_plan(self, plan_text: str, graph: Any, micro_batches: int | None) -> Any:
+        loaded = load_plan(plan_text, graph)
+        check_runnable(loaded, self.world_size, micro_batches)
+        return loaded
+
+    def _build(self, traced: Any, model: nn.Module, schedule: str, device: Any) -> None:
+        self.num_micro_batches = int(self.plan.num_micro_batches)
         self.schedule_kind = schedule
-        stages: StageGraph = build_stages(traced.module, self.plan)
+        # The very call graphpipe.simulate makes: the executor runs the schedule it predicts.
+        self.schedule = generate_schedule(self.plan, schedule)
+        stages: StageGraph = build_stages(traced.module, self.plan, traced.graph)
         self.edges = stages.edges
         self.placeholders = stages.placeholders
         self.output_rank = stages.stages[stages.output_stage].rank
@@ -92,21 +140,56 @@ class Pipeline:
             if st is not self._stage:
                 st.module = None
         self._stages = stages
-        fwd = [float(st.get("forward_seconds", 1.0) or 1.0) for st in self.plan["stages"]]
-        bwd = [float(st.get("backward_seconds", 2.0) or 2.0) for st in self.plan["stages"]]
-        self.schedule_json = _C.runtime_schedule(
-            stage_devices(self.plan),
-            self.edges,
-            self.num_micro_batches,
-            int(self.plan.get("micro_batch_size", 1) or 1),
-            schedule,
-            fwd,
-            bwd,
-            int(self.plan.get("num_devices", 0) or 0),
-        )
-        self.executor = _C.Executor(self.schedule_json, self.rank, self.group, self.timeout)
         self.device = self._pick_device(device)
         backend = str(dist.get_backend(self.group)).lower()
+        if self.device.type != "cuda" and self._stage is not None and "nccl" in backend:
+            raise InputError(
+                "this rank's stage is on the CPU but the process group's backend is NCCL, which moves "
+                "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
+            )
+        self._meta = meta_copy(traced.module)
+        self._specialized = traced.specialized
+        self._signature = inspect.signature(model.forward)
+        self._model_name = type(model).__name__
+        self._state_keys = list(model.state_dict().keys())
+        self._input_check = BatchCheck(self._model_name, self._placeholder_values(self._example_args))
+        self._layouts: dict[int, Any] = {}
+        self._specs_for: int | None = None
+        self.last_timings: list[Any] = []
+
+    def _agree(
+        self, traced: Any, model: nn.Module, plan_text: str, schedule: str, micro_batches: int | None
+    ) -> None:
+        """Every rank must run the same model, plan and options: each shares a description and
+        compares it with every other rank's, so a rank that differs fails here, on every rank,
+        naming the first difference, instead of desynchronising (or aborting) in a step."""
+        mine = {
+            "model operators": (traced.graph.num_nodes, traced.graph.fingerprint()),
+            "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
+            "example inputs": [(tuple(t.shape), str(t.dtype)) for t in flatten_values(list(traced.placeholder_values))],
+            "operator output bytes": [traced.graph.node(i).output_bytes for i in range(traced.graph.num_nodes)],
+            "plan": plan_text,
+            "schedule": schedule,
+            "micro_batches": micro_batches,
+            "timeout": self.timeout,
+        }
+        self._board.share("agreement", mine)
+        everyone = self._board.collect("agreement", what="model description")
+        for r, theirs in sorted(everyone.items()):
+            for field_name, value in mine.items():
+                if theirs.get(field_name) != value:
+                    raise InputError(
+                        f"graphpipe.wrap: rank {r} differs from rank {self.rank} in its {field_name}: "
+                        f"{_first_difference(theirs.get(field_name), value)}. Every rank must pass the "
+                        "same model, example inputs and options"
+                    )
+
+    def _connect(self, backend: str) -> None:
+        self._shared = SharedParameterSync(
+            self._stages.shared_params, [st.rank for st in self._stages.stages], self.stage, self.module,
+            self._pg, self.timeout,
+        )
+        self.executor = _C.Executor(self.schedule, self.rank, self._pg, self.timeout)
         if self.device.type == "cuda":
             # CUDA path: transfers on their own stream, ordered with events. NCCL moves GPU
             # memory itself; a CPU-only backend (Gloo) gets host-staged copies, which is what lets
@@ -114,37 +197,23 @@ class Pipeline:
             self.executor.use_cuda(self.device.index if self.device.index is not None else torch.cuda.current_device())
             if "nccl" not in backend:
                 self.executor.set_host_staging(True)
-        elif self._stage is not None and self.device.type == "cpu" and "nccl" in backend:
-            raise InputError(
-                "this rank's stage is on the CPU but the process group's backend is NCCL, which moves "
-                "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
-            )
-        self._meta = meta_copy(traced.module)
-        self._signature = inspect.signature(model.forward)
-        self._model_name = type(model).__name__
-        self._state_keys = list(model.state_dict().keys())
-        self._layouts: dict[int, Any] = {}
-        self._specs_for: int | None = None
-        self.last_timings: list[Any] = []
-        # Every rank must have built the same wiring: compare a digest once, so that a rank with
-        # another plan or model fails here with a clear message instead of hanging later.
-        digest = repr((self.plan["stages"], self.edges, schedule, self.num_micro_batches))
-        digests: list[Any] = [None] * self.world_size
-        dist.all_gather_object(digests, hashlib.sha256(digest.encode()).hexdigest(), group=self.group)
-        if len(set(digests)) != 1:
-            raise InputError(
-                "graphpipe.wrap was called with different plans, models or schedules on different "
-                "ranks; every rank must pass the same model, example inputs and options"
-            )
 
     # ---- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Releases the C++ executor, and with it this pipeline's handle on the process group
-        (and, on GPUs, its transfer stream). Call it, or leave a ``with`` block, before
+        """Releases the C++ executor and the pipeline's own process group (and, on GPUs, its
+        transfer stream). Call it, or leave a ``with`` block, before
         ``torch.distributed.destroy_process_group()``: a process group that outlives the
         interpreter's shutdown through a leftover handle can abort the process. Idempotent;
         the pipeline cannot step afterwards, its parameters and state dicts stay readable."""
         self.executor = None
+        self._shared = None
+        if self._pg is not None:
+            pg, self._pg = self._pg, None
+            try:
+                dist.destroy_process_group(pg)
+            except Exception:  # noqa: BLE001 - already gone with the default group
+                pass
+            gc.collect()  # the group closes its connections when its last handle goes
 
     @property
     def closed(self) -> bool:
@@ -158,9 +227,35 @@ class Pipeline:
         self.close()
 
     def _executor(self) -> Any:
+        if self._failure is not None:
+            raise InputError(
+                f"this pipeline stopped after a failure ({self._failure}); its ranks can no longer "
+                "be in step: build a new one with graphpipe.wrap"
+            )
         if self.executor is None:
             raise InputError("this pipeline was closed (Pipeline.close); wrap the model again to train it")
         return self.executor
+
+    def _live_group(self) -> Any:
+        """The pipeline's process group, for collectives outside a step (refuses a pipeline
+        that failed or was closed)."""
+        self._executor()
+        return self._pg
+
+    def _fail(self, exc: BaseException, during: str) -> BaseException:
+        """After an error inside a collective part of the pipeline: records the first failure
+        in the store, closes this rank's pipeline group (which wakes every peer blocked on this
+        rank), and returns what to raise: the error itself on the rank it started on, a
+        PeerError naming that rank and its cause elsewhere."""
+        if isinstance(exc, RuntimeError) and not isinstance(exc, _C.GraphpipeError):
+            exc = _collective_error(exc, self.rank, self.timeout, during)
+        cause = self._board.publish(exc)
+        self._failure = cause
+        self.close()
+        if cause.startswith(f"rank {self.rank}: "):
+            return exc
+        error_type = _C.PipelineTimeout if isinstance(exc, _C.PipelineTimeout) else _C.PeerError
+        return error_type(f"rank {self.rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
 
     def _pick_device(self, device: Any) -> torch.device:
         if device is not None:
@@ -169,17 +264,18 @@ class Pipeline:
             return p.device
         return torch.device("cpu")
 
-    def _partition_on_rank0(self, partitioner: str, micro_batches: int | None, devices: Any) -> dict[str, Any]:
-        """Rank 0 partitions and broadcasts the plan, so every rank runs the same one (and a
-        planning error reaches every rank instead of leaving the others waiting)."""
-        box: list[Any] = [None]
+    def _partition_on_rank0(self, partitioner: str, micro_batches: int | None, devices: Any) -> str:
+        """Rank 0 partitions and shares the plan's JSON text through the store, so every rank
+        runs the same one (and a planning error reaches every rank instead of leaving the others
+        waiting). Each rank then loads the text through the C++ loader."""
         if self.rank == 0:
             try:
-                box[0] = ("ok", partition_plan(self.graph, self.world_size, partitioner, micro_batches, devices))
+                made = partition_plan(self.graph, self.world_size, partitioner, micro_batches, devices)
+                value = ("ok", made.to_json(self.graph))
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-                box[0] = ("error", f"{type(exc).__name__}: {exc}")
-        dist.broadcast_object_list(box, src=self._global(0), group=self.group)
-        status, value = box[0]
+                value = ("error", f"{type(exc).__name__}: {exc}")
+            self._board.share("plan", value)
+        status, value = self._board.collect("plan", ranks=[0], what="plan")[0]
         if status != "ok":
             raise PlanningError(f"partitioning on rank 0 failed: {value}")
         return value
@@ -216,6 +312,15 @@ class Pipeline:
         except TypeError as exc:
             raise InputError(f"inputs do not match {self._model_name}.forward: {exc}") from exc
         bound.apply_defaults()
+        for name, fixed in self._specialized.items():
+            given = bound.arguments.get(name)
+            if not (given is fixed or (type(given) is type(fixed) and given == fixed)):
+                raise InputError(
+                    f"{self._model_name}.forward was traced with {name}={fixed!r} and is now given "
+                    f"{name}={_describe(given)}; graphpipe fixes arguments that are None or Python "
+                    "scalars at trace time: wrap the model with example inputs that pass this "
+                    "argument as it is passed in training"
+                )
         values: list[Any] = []
         for name, param in self._signature.parameters.items():
             if param.kind is inspect.Parameter.VAR_POSITIONAL:
@@ -225,10 +330,19 @@ class Pipeline:
         return dict(zip(self.placeholders, values))
 
     def _prepare(self, inputs: Any) -> tuple[list[dict[str, Any]], int]:
+        """Checks and splits a batch. Runs before anything is posted and raises the same
+        InputError on every rank for a bad batch (every rank has the whole batch), so the
+        pipeline stays in step and usable."""
+        self._executor()  # refuses a closed or failed pipeline
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        self._input_check.check_inputs(self._placeholder_values(args))
         if self.device.type != "cpu":
             args = _to_device(args, self.device)
         chunks = microbatch.split(args, self.num_micro_batches, "inputs")
+        if self._stages.copies_inputs:
+            # Micro-batches are views of one batch and share its version counter: a model that
+            # writes into its inputs would invalidate what autograd saved for the others.
+            chunks = [microbatch.copy(c) for c in chunks]
         values = [self._placeholder_values(c) for c in chunks]
         mbs = microbatch.batch_size(args) // self.num_micro_batches
         if mbs not in self._layouts:
@@ -251,8 +365,15 @@ class Pipeline:
         def forward(m: int, received: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
             args = [values[m][name] for name in st.placeholders]
             for e, tensors in zip(in_edges, received):
+                if st.copies_received:
+                    # A received activation is an autograd leaf, which may not be written in
+                    # place; its copy may, and the copy's gradient still reaches the leaf.
+                    tensors = [t.clone() if t.requires_grad else t for t in tensors]
                 args.extend(unflatten_values(layouts[e], tensors))
-            result = st.module(*args)
+            # The stage switches grad mode where the model has no_grad blocks: restore the
+            # caller's mode even when the stage raises.
+            with torch.set_grad_enabled(torch.is_grad_enabled()):
+                result = st.module(*args)
             outs, pos = [], 0
             for e in out_edges:
                 n = len(st.out_values.get(e, ()))
@@ -275,6 +396,7 @@ class Pipeline:
         assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``).
         """
         values, mbs = self._prepare(inputs)
+        self._input_check.check_targets(targets)
         if self.device.type != "cpu":
             targets = _to_device(targets, self.device)
         targets_mb = microbatch.split(targets, self.num_micro_batches, "targets")
@@ -292,15 +414,34 @@ class Pipeline:
             return scaled
 
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
-        self.last_timings = self._executor().run(fn, True, record)
-        total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
-        total = total.to(torch.float32) if not total.is_floating_point() else total
-        buf = total.clone().reshape(1)
-        if optimizer is not None:  # local work: before the broadcast, which may wait for peers
-            optimizer.step()
-            optimizer.zero_grad()
-        dist.broadcast(buf, src=self._global(self.output_rank), group=self.group)
-        return buf[0]
+        during = "in the pipelined forward and backward"
+        try:
+            self.last_timings = self._executor().run(fn, True, record)
+            during = "summing tied parameters' gradients"
+            if self._shared.active:
+                self._shared.all_reduce()
+            total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+            # Every rank broadcasts the same dtype (float64, exact for any float loss): a rank
+            # without the output does not know the loss's dtype, and a size mismatch aborts gloo.
+            buf = total.detach().to(torch.float64).reshape(1)
+            if optimizer is not None:  # local work: before the broadcast, which may wait for peers
+                during = "in the optimizer step"
+                optimizer.step()
+                optimizer.zero_grad()
+            during = f"in the loss broadcast from rank {self.output_rank}"
+            dist.broadcast(buf, src=self._global(self.output_rank), group=self._pg)
+        except BaseException as exc:
+            raise self._fail(exc, during) from exc
+        return buf[0].to(self._loss_dtype(mbs))
+
+    def _loss_dtype(self, mbs: int) -> torch.dtype:
+        """The dtype step() returns the loss in: the model output's floating dtype (which every
+        rank knows from shape propagation), float32 if it has none."""
+        output = self._layouts[mbs][1]
+        for t in flatten_values([output]):
+            if t.is_floating_point():
+                return t.dtype
+        return torch.float32
 
     def eval_forward(self, inputs: Any) -> Any:
         """Runs the model forward on a batch (no gradients); the merged output on every rank."""
@@ -312,10 +453,13 @@ class Pipeline:
             return None
 
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
-        with torch.no_grad():
-            self._executor().run(fn, False, False)
-        box = [microbatch.merge([outputs[m] for m in range(self.num_micro_batches)]) if outputs else None]
-        dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self.group)
+        try:
+            with torch.no_grad():
+                self._executor().run(fn, False, False)
+            box = [microbatch.merge([outputs[m] for m in range(self.num_micro_batches)]) if outputs else None]
+            dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self._pg)
+        except BaseException as exc:
+            raise self._fail(exc, "in eval_forward") from exc
         return box[0]
 
     def _global(self, group_rank: int) -> int:
@@ -328,25 +472,33 @@ class Pipeline:
         (``gather=True``, a collective) every rank's merged, on every rank."""
         from graphpipe.runtime.measure import tasks_from_timings
 
-        ranks = [devs[0] for devs in stage_devices(self.plan)]
+        ranks = stage_ranks(self.plan)
         local = tasks_from_timings(self.last_timings, self.rank, self.edges, ranks)
         if not gather:
             return local
         everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, local, group=self.group)
+        try:
+            dist.all_gather_object(everyone, local, group=self._live_group())
+        except BaseException as exc:
+            raise self._fail(exc, "gathering measured tasks") from exc
         return [t for tasks in everyone for t in (tasks or [])]
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's shard: its stage's parameters and buffers under the original names."""
-        return dict(self.module.state_dict())
+        """This rank's shard: its stage's parameters and buffers under the original names (the
+        entries of the original model's ``state_dict`` that this stage holds)."""
+        wanted = set(self._state_keys)
+        return {k: v for k, v in self.module.state_dict().items() if k in wanted}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict gathered from every rank (on every rank), in the
         original model's key order."""
         shards: list[Any] = [None] * self.world_size
         local = {k: v.detach().cpu() for k, v in self.state_dict().items()}
-        dist.all_gather_object(shards, local, group=self.group)
+        try:
+            dist.all_gather_object(shards, local, group=self._live_group())
+        except BaseException as exc:
+            raise self._fail(exc, "gathering the state dict") from exc
         merged: dict[str, torch.Tensor] = {}
         for shard in shards:
             merged.update(shard or {})
@@ -354,14 +506,45 @@ class Pipeline:
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Loads this rank's entries from a shard or a full state dict (original names)."""
-        own = self.module.state_dict()
+        own = self.state_dict()
         missing = [k for k in own if k not in state]
         if strict and missing:
             raise InputError(
                 f"state dict lacks {len(missing)} entries of rank {self.rank}'s stage, e.g. {missing[:3]}; "
                 "pass this rank's shard (state_dict()) or the full state dict"
             )
-        self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=strict)
+        self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=False)
+
+
+def _collective_error(exc: RuntimeError, rank: int, timeout: float, during: str) -> BaseException:
+    """A raw torch.distributed error as graphpipe's: PipelineTimeout for a deadline, PeerError
+    for a peer that went away."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return _C.PipelineTimeout(f"rank {rank}: timed out after {timeout:g} s {during}: {text}")
+    if "connection" in text.lower() or "closed" in text.lower() or "peer" in text.lower():
+        return _C.PeerError(f"rank {rank}: a peer left {during}: {text}")
+    return exc
+
+
+def _first_difference(theirs: Any, mine: Any) -> str:
+    """The first place where two descriptions differ, both sides shown."""
+    if isinstance(theirs, list) and isinstance(mine, list):
+        for i, (a, b) in enumerate(zip(theirs, mine)):
+            if a != b:
+                return f"entry {i} is {a!r} there and {b!r} here"
+        return f"{len(theirs)} entries there and {len(mine)} here"
+    text_a, text_b = repr(theirs), repr(mine)
+    if len(text_a) > 200 or len(text_b) > 200:
+        i = next((k for k, (a, b) in enumerate(zip(text_a, text_b)) if a != b), min(len(text_a), len(text_b)))
+        return f"...{text_a[max(0, i - 60):i + 60]}... there and ...{text_b[max(0, i - 60):i + 60]}... here"
+    return f"{text_a} there and {text_b} here"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return repr(value)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -398,7 +581,9 @@ def wrap(
         partitioner: "graphpipe", "metis" or "sequential" (rank 0 runs it); ignored with plan=.
         schedule: "1f1b", "fill_drain" or "1f1b_greedy".
         micro_batches: number of micro-batches per step (default: the partitioner's choice).
-        plan: a Plan, plan JSON text or file, or dict (graphpipe.runtime.manual_plan).
+        plan: a Plan (graphpipe.plan, graphpipe.runtime.manual_plan), plan JSON text or file, or
+            the JSON form as a dict; read and validated by the C++ loader (Plan.from_json) on
+            every rank, so a bad plan raises the loader's FormatError or PlanningError.
         timeout: seconds every wait on a peer may take before PipelineTimeout.
         devices: the partitioner's Devices (default: world CPU ranks, documented constants).
         device: where this rank's stage runs (default: where its parameters are).

@@ -1,5 +1,13 @@
-"""Gets the Plan the runtime executes, in its JSON form (partition/plan_io.h), from a partitioner,
-a Plan object, a JSON file or text, or a dict; and builds hand-made plans for tests."""
+"""Gets the C++ ``Plan`` the runtime executes, from a partitioner, a Plan object, a JSON file or
+text, or a dict; and builds hand-made plans for tests.
+
+The C++ Plan is the runtime's only form of a plan: whatever the user gives goes through the C++
+loader (``Plan.from_json``, partition/plan_io.h), which validates it against the traced graph,
+so a bad plan raises the same FormatError or PlanningError as loading it with
+``graphpipe.Plan.from_json`` does. Its JSON text (``plan.to_json(graph)``) is how ranks share
+and compare plans. What is checked here is only what the runtime adds to a valid plan: one rank
+per stage, ranks within the process group, the micro-batch count asked for.
+"""
 
 from __future__ import annotations
 
@@ -11,94 +19,75 @@ from typing import Any
 from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
 
-__all__ = ["resolve_plan", "manual_plan", "partition_plan", "stage_devices"]
+__all__ = ["plan_json", "load_plan", "manual_plan", "partition_plan", "check_runnable", "stage_ranks"]
 
 
-def _to_dict(plan: Any, graph: Any) -> dict[str, Any]:
+def plan_json(plan: Any, graph: Any) -> str:
+    """The JSON text of ``plan`` (a Plan, plan JSON text or file, or the JSON form as a dict),
+    as given: what ranks share and compare before each reads it with :func:`load_plan`."""
+    if isinstance(plan, _C.Plan):
+        return plan.to_json(graph)
     if isinstance(plan, Mapping):
-        return dict(plan)
+        return json.dumps(dict(plan), sort_keys=True)
     if isinstance(plan, (str, os.PathLike)):
         text = str(plan)
-        if not text.lstrip().startswith("{"):
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        return json.loads(text)
-    for attr in ("to_json", "dumps", "to_dict"):
-        method = getattr(plan, attr, None)
-        if method is None:
-            continue
-        try:
-            value = method(graph)
-        except TypeError:
-            value = method()
-        return json.loads(value) if isinstance(value, str) else dict(value)
-    dumps = getattr(_C, "dumps_plan", None) or getattr(_C, "plan_to_json", None)
-    if dumps is not None:
-        value = dumps(plan, graph)
-        return json.loads(value) if isinstance(value, str) else dict(value)
+        if text.lstrip().startswith("{"):
+            return text
+        with open(text, encoding="utf-8") as f:
+            return f.read()
     raise PlanningError(
         f"cannot read a plan from a {type(plan).__name__}; pass a graphpipe Plan, a plan JSON file "
         "or text, or its dict"
     )
 
 
+def load_plan(plan: Any, graph: Any) -> Any:
+    """The C++ Plan of ``plan`` (any form :func:`plan_json` takes), read and validated against
+    ``graph`` by the C++ loader. A Plan object goes through the loader too: one built or edited
+    by hand gets the same checks, and every rank then holds exactly what the text describes."""
+    return _C.Plan.from_json(plan_json(plan, graph), graph)
+
+
 def partition_plan(
     graph: Any, world_size: int, partitioner: str, micro_batches: int | None, devices: Any = None
-) -> dict[str, Any]:
-    """Runs a partitioner of the C++ core (graphpipe._C.partition) and returns the plan's dict.
+) -> Any:
+    """Runs a partitioner of the C++ core (graphpipe._C.partition) and returns its Plan.
 
     ``devices`` defaults to ``world_size`` CPU ranks with the documented constants (not measured,
     so that every rank that calls this gets the same plan)."""
-    fn = getattr(_C, "partition", None)
-    if fn is None:
-        raise PlanningError(
-            "this build of graphpipe has no partitioner bindings (graphpipe._C.partition); pass "
-            "plan=... (a Plan, plan JSON or graphpipe.runtime.manual_plan(...)) to graphpipe.wrap"
-        )
     if devices is None:
         devices = _C.Devices.cpu_rank(world_size, measure=False)
     kwargs: dict[str, Any] = {"partitioner": partitioner}
     if micro_batches:
         kwargs["num_micro_batches"] = int(micro_batches)
-    plan = fn(graph, devices, **kwargs)
-    return _to_dict(plan, graph)
+    return _C.partition(graph, devices, **kwargs)
 
 
-def resolve_plan(
-    plan: Any, graph: Any, world_size: int, partitioner: str, micro_batches: int | None
-) -> dict[str, Any]:
-    """The plan as a dict: stages (nodes by name, devices), edges (src, dst), micro-batching."""
-    if plan is None:
-        plan = partition_plan(graph, world_size, partitioner, micro_batches)
-    d = _to_dict(plan, graph)
-    for key in ("stages", "edges", "num_micro_batches"):
-        if key not in d:
-            raise PlanningError(f"the plan has no {key!r} field")
-    if micro_batches and int(d["num_micro_batches"]) != int(micro_batches):
+def check_runnable(plan: Any, world_size: int, micro_batches: int | None) -> None:
+    """Raises PlanningError if a valid plan cannot run on this process group: the runtime runs
+    each stage on one rank of the group, with the micro-batch count asked for."""
+    if micro_batches and int(plan.num_micro_batches) != int(micro_batches):
         raise PlanningError(
-            f"the plan splits the batch into {d['num_micro_batches']} micro-batches, but "
+            f"the plan splits the batch into {plan.num_micro_batches} micro-batches, but "
             f"micro_batches={micro_batches} was asked for"
         )
-    used = stage_devices(d)
-    if max(r for devs in used for r in devs) >= world_size:
-        raise PlanningError(
-            f"the plan places stages on ranks {sorted(r for devs in used for r in devs)}, but the "
-            f"process group has only {world_size} ranks"
-        )
-    return d
-
-
-def stage_devices(plan: Mapping[str, Any]) -> list[list[int]]:
-    out = []
-    for s, st in enumerate(plan["stages"]):
-        devs = [int(r) for r in st.get("devices", [s])]
-        if len(devs) != 1:
+    for stage in plan.stages:
+        if len(stage.devices) != 1:
             raise PlanningError(
-                f"stage {s} is placed on devices {devs}; the runtime runs each stage on one rank "
-                "(data parallelism inside a stage is not supported yet)"
+                f"stage {stage.id} is placed on devices {list(stage.devices)}; the runtime runs each "
+                "stage on one rank (data parallelism inside a stage is not supported yet)"
             )
-        out.append(devs)
-    return out
+    ranks = stage_ranks(plan)
+    if max(ranks) >= world_size:
+        raise PlanningError(
+            f"the plan places stages on ranks {sorted(ranks)}, but the process group has only "
+            f"{world_size} ranks"
+        )
+
+
+def stage_ranks(plan: Any) -> list[int]:
+    """The rank of every stage (the first of its devices)."""
+    return [int(stage.devices[0]) for stage in plan.stages]
 
 
 def manual_plan(
@@ -106,42 +95,39 @@ def manual_plan(
     assignment: Mapping[str, int],
     num_micro_batches: int,
     batch_size: int | None = None,
-) -> dict[str, Any]:
-    """A plan dict from ``{operator name: stage}`` (stage s on rank s). Inputs not listed go to
-    the stage of their first consumer. Stages must be numbered in a topological order."""
-    names = [graph.node(i).name for i in range(graph.num_nodes)]
-    stage_of: dict[int, int] = {}
-    for i, name in enumerate(names):
-        if name in assignment:
-            stage_of[i] = int(assignment[name])
-    for i in reversed(list(graph.topological_order())):
-        name = names[i]
-        if i not in stage_of:
-            succ = [stage_of[j] for j in graph.successors(i) if j in stage_of]
-            if not succ:
-                raise PlanningError(f"manual_plan: operator {name!r} has no stage")
-            stage_of[i] = min(succ)
-    num_stages = max(stage_of.values()) + 1
-    stages = [{"id": s, "nodes": [], "devices": [s]} for s in range(num_stages)]
-    for i in graph.topological_order():
-        stages[stage_of[i]]["nodes"].append(names[i])
-    edges: dict[tuple[int, int], list[int]] = {}
-    for eid in range(graph.num_edges):
-        e = graph.edge(eid)
-        a, b = stage_of[e.src], stage_of[e.dst]
-        if a == b:
-            continue
-        if a > b:
-            raise PlanningError(f"manual_plan: edge {names[e.src]} -> {names[e.dst]} goes from stage {a} back to {b}")
-        edges.setdefault((a, b), []).append(eid)
-    batch = int(batch_size or graph.trace_batch_size)
-    return {
-        "format": "graphpipe.plan",
-        "partitioner": "manual",
-        "batch_size": batch,
-        "micro_batch_size": batch // num_micro_batches,
-        "num_micro_batches": num_micro_batches,
-        "num_devices": num_stages,
-        "stages": stages,
-        "edges": [{"src": a, "dst": b, "edges": ids} for (a, b), ids in sorted(edges.items())],
-    }
+) -> Any:
+    """A Plan from ``{operator name or module prefix: stage}``, made by the C++ manual
+    partitioner (partition/manual.h: the longest matching rule wins). An operator that no rule
+    covers goes to the earliest stage of its consumers, as the manual partitioner does for
+    inputs. Stage s runs on rank s; stages are renumbered in a topological
+    order of the stage graph."""
+    rules = {str(name): int(stage) for name, stage in assignment.items()}
+    if "" not in rules:
+        # An operator that no rule covers (torch.cat in the model's own forward, say) gets a rule
+        # of its own: the earliest stage of its consumers, so that naming the main operators
+        # suffices. Operators covered only by a module prefix are left to the partitioner.
+        stage_of: dict[int, int] = {}
+        for v in reversed(list(graph.topological_order())):
+            node = graph.node(v)
+            if node.name in rules:
+                stage_of[v] = rules[node.name]
+            elif not _covered(node.module, rules):
+                consumers = [stage_of[w] for w in graph.successors(v) if w in stage_of]
+                if consumers:
+                    stage_of[v] = min(consumers)
+                    rules[node.name] = stage_of[v]
+    num_stages = max(rules.values(), default=0) + 1
+    return _C.partition(
+        graph,
+        _C.Devices.cpu_rank(num_stages, measure=False),
+        partitioner="manual",
+        batch_size=int(batch_size or 0),
+        num_micro_batches=int(num_micro_batches),
+        manual=list(rules.items()),
+    )
+
+
+def _covered(module: str, rules: Mapping[str, int]) -> bool:
+    """Whether a module prefix rule reaches an operator of ``module`` (partition/manual.h)."""
+    parts = module.split(".") if module else []
+    return any(".".join(parts[:k]) in rules for k in range(1, len(parts) + 1))

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["RankResult", "reference_training", "run_ranks", "seeded_batches"]
+__all__ = ["RankResult", "reference_training", "run_cases", "run_ranks", "seeded_batches"]
 
 
 @dataclass
@@ -111,6 +111,20 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
                 results[r] = RankResult(r, False, error_type=kind, message=f"rank {r} gave no result (exit code {code})")
         q.close()
         return [results[r] for r in range(world)]
+
+
+def run_cases(train: Callable[..., Any], cases: list[tuple]) -> dict[tuple, Any]:
+    """On one rank: ``train(*case)`` for each case in order, by case. The first case that raises
+    is reported as ``{"error": "Type: message"}`` and ends the run: its pipeline may have left the
+    ranks out of step, so later cases would only report that."""
+    out: dict[tuple, Any] = {}
+    for case in cases:
+        try:
+            out[case] = train(*case)
+        except Exception as exc:  # noqa: BLE001 - reported per case
+            out[case] = {"error": f"{type(exc).__name__}: {exc}"}
+            break
+    return out
 
 
 def seeded_batches(spec: str, steps: int, model_seed: int = 0, data_seed: int = 1) -> tuple[Any, tuple, list]:

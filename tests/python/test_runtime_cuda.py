@@ -80,7 +80,7 @@ def _train(rank: int, world: int, name: str, partitioner: str, schedule: str) ->
         return {
             "losses": torch.stack(losses),
             "params": {k: v.detach().cpu() for k, v in pipe.named_parameters()},
-            "stages": len(pipe.plan["stages"]),
+            "stages": pipe.plan.num_stages,
         }
 
 

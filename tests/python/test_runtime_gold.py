@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.runtime.testing import run_cases, run_ranks
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 PARTITIONERS = ["graphpipe", "metis", "sequential"]
@@ -94,19 +94,12 @@ def train_case(name: str, partitioner: str, schedule: str, timeout: float = 60.0
     return {
         "losses": torch.stack(losses),
         "params": {k: v.detach().clone() for k, v in pipe.named_parameters()},
-        "stages": len(pipe.plan["stages"]),
+        "stages": pipe.plan.num_stages,
     }
 
 
 def _world_worker(rank: int, world: int, cases: list[tuple[str, str, str]]) -> dict[tuple, Any]:
-    out: dict[tuple, Any] = {}
-    for case in cases:
-        try:
-            out[case] = train_case(*case)
-        except Exception as exc:  # noqa: BLE001 - reported per case; later cases may be broken
-            out[case] = {"error": f"{type(exc).__name__}: {exc}"}
-            break
-    return out
+    return run_cases(train_case, cases)
 
 
 _RESULTS: dict[int, list[Any]] = {}

@@ -8,6 +8,7 @@ several tensors per edge, edges that skip stages and stages with several produce
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -107,6 +108,22 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     out["full_equal"] = all(torch.equal(full[k], v) for k, v in pipe.full_state_dict().items())
     pipe.step(*batches[0], record=True)
     out["timings"] = [(t.token, t.start, t.end) for t in pipe.last_timings]
+    out["timed"] = [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings]
+    # One currency: the executor runs, instruction for instruction, the schedule that
+    # graphpipe.schedule makes for the plan (the call graphpipe.simulate makes), also for the
+    # plan read back from its JSON text.
+    graph = graphpipe.trace(model, example)
+    reread = graphpipe.Plan.from_json(pipe.plan.to_json(graph), graph)
+    running = pipe.executor.schedule
+    out["schedule_types"] = (type(pipe.plan).__name__, type(running).__name__)
+    out["schedules_equal"] = [
+        running.instructions(r) == pipe.schedule.instructions(r)
+        == graphpipe.schedule(pipe.plan, pipe.schedule_kind).instructions(r)
+        == graphpipe.schedule(reread, pipe.schedule_kind).instructions(r)
+        for r in range(running.num_ranks)
+    ] + [running == graphpipe.schedule(reread, pipe.schedule_kind)]
+    out["simulated_same"] = (graphpipe.simulate(pipe.plan, schedule_kind=running).iteration_seconds
+                             == graphpipe.simulate(reread, schedule_kind=pipe.schedule_kind).iteration_seconds)
     tasks = pipe.measured_tasks()
     out["task_ranks"] = sorted({t["rank"] for t in tasks})
     out["trace_events"] = len(graphpipe.viz.chrome_trace(tasks, source="graphpipe runtime")["traceEvents"])
@@ -132,20 +149,18 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def _assert_receives_posted_one_ahead(timings: list[tuple[str, float, float]]) -> None:
+def _assert_receives_posted_one_ahead(timed: list[tuple[str, int, int, int, float]]) -> None:
     """Over Gloo a receive of micro-batch m is posted when the program reaches the receive of
     m - 1 over the same edge, so before the compute of m - 1 starts (a recorded transfer starts
     when it is posted)."""
-    import re
-
-    start = {tok: s for tok, s, _ in timings}
-    compute = {"RF": "F", "RB": "B"}
-    receives = [m.groups() for m in (re.fullmatch(r"(\d+)(RF|RB)(\d+)e(\d+)", tok) for tok in start) if m]
+    start = {(kind, stage, mb, edge): s for kind, stage, mb, edge, s in timed}
+    compute = {"recv_activation": "forward", "recv_gradient": "backward"}
+    receives = [key for key in start if key[0] in compute]
     assert receives, "this rank received nothing"
-    for stage, kind, mb, edge in receives:
-        if int(mb) > 0:
-            before = f"{stage}{compute[kind]}{int(mb) - 1}"
-            assert start[f"{stage}{kind}{mb}e{edge}"] <= start[before], (kind, mb, timings)
+    for kind, stage, mb, edge in receives:
+        if mb > 0:
+            before = (compute[kind], stage, mb - 1, -1)
+            assert start[(kind, stage, mb, edge)] <= start[before], (kind, mb, timed)
 
 
 def test_pipeline_api() -> None:
@@ -160,7 +175,9 @@ def test_pipeline_api() -> None:
         assert v["full_equal"]
         assert v["timings"] and all(end >= start for _, start, end in v["timings"])
         assert {tok[-3:] for tok, _, _ in v["timings"]} >= {"OPT"}
-        _assert_receives_posted_one_ahead(v["timings"])
+        _assert_receives_posted_one_ahead(v["timed"])
+        assert v["schedule_types"] == ("Plan", "Schedule")
+        assert v["schedules_equal"] and all(v["schedules_equal"]) and v["simulated_same"]
         assert v["task_ranks"] == [0, 1, 2] and v["trace_events"] > v["num_tasks"] > 0
         assert v["optimizer_stepped"] and v["grads_zeroed"]
     shard_keys = [k for v in values for k in v["shard_keys"]]
@@ -169,6 +186,46 @@ def test_pipeline_api() -> None:
     for v in values:
         assert v["closed"] and v["shard_after_close"]
         assert "closed" in v["step_after_close"]
+
+
+def _bad_plan_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, _ = make_model("candle_uno")
+    graph = graphpipe.trace(model, example)
+    doc = json.loads(hand_plan(model, example, world).to_json(graph))
+    doc["edges"] = doc["edges"][:-1]  # a stage edge missing
+    out: dict[str, Any] = {}
+    for form, plan in (("text", json.dumps(doc)), ("dict", doc)):
+        try:
+            graphpipe.wrap(model, example, default_loss("candle_uno"), plan=plan, timeout=30)
+            out[form] = ("accepted", "")
+        except graphpipe.GraphpipeError as exc:
+            out[form] = (type(exc).__name__, str(exc))
+    try:
+        graphpipe.Plan.from_json(json.dumps(doc), graph)
+        out["loader"] = ("accepted", "")
+    except graphpipe.GraphpipeError as exc:
+        out["loader"] = (type(exc).__name__, str(exc))
+    return out
+
+
+def test_bad_plan_is_refused_by_the_cpp_validator() -> None:
+    """A plan given to wrap as JSON (text or dict) with a stage edge missing is refused by the
+    C++ loader, with the error graphpipe.Plan.from_json gives. Every rank loads it; a rank that
+    is still exchanging the agreement when another has refused it fails together with it, with
+    an InputError naming that rank and the same error."""
+    results = run_ranks(_bad_plan_worker, 2, timeout=120)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        kind, message = r.value["loader"]
+        assert kind in ("FormatError", "PlanningError") and "stage edges" in message, message
+        for form in ("text", "dict"):
+            got = r.value[form]
+            assert got == (kind, message) or (
+                got[0] == "InputError" and got[1].endswith(f": {kind}: {message}")), (form, got)
+    assert any(r.value[form] == r.value["loader"] for r in results for form in ("text", "dict"))
 
 
 class _TwoBranchBN(torch.nn.Module):
@@ -247,12 +304,17 @@ def _single_rank_worker(rank: int, world: int) -> dict[str, Any]:
         raise ValueError("boom in loss_fn")
 
     pipe = graphpipe.wrap(model, example, failing_loss, partitioner="sequential", micro_batches=2, timeout=10)
-    out: dict[str, Any] = {"stages": len(pipe.plan["stages"])}
+    out: dict[str, Any] = {"stages": pipe.plan.num_stages}
     try:
         pipe.step(*batches[0])
     except ValueError as exc:  # the Python exception crosses the C++ executor unchanged
         out["error"] = str(exc)
-    pipe.loss_fn = default_loss("candle_uno")
+    try:  # an error inside a step leaves the pipeline refusing to go on, naming the failure
+        pipe.step(*batches[0])
+    except graphpipe.InputError as exc:
+        out["refusal"] = str(exc)
+    model, example, batches = make_model("candle_uno")
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", micro_batches=2, timeout=10)
     out["loss"] = pipe.step(*batches[0])
     return out
 
@@ -261,4 +323,5 @@ def test_single_rank_and_python_errors_cross_the_executor() -> None:
     (r,) = run_ranks(_single_rank_worker, 1, timeout=120)
     assert r.ok, f"{r.error_type}: {r.message}\n{r.traceback}"
     assert r.value["stages"] == 1 and r.value["error"] == "boom in loss_fn"
+    assert "stopped after a failure (rank 0: ValueError: boom in loss_fn)" in r.value["refusal"]
     torch.testing.assert_close(r.value["loss"], reference("candle_uno")["losses"][0])

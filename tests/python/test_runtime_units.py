@@ -3,8 +3,6 @@ stage modules, run one after another, compute the model), plans and schedules.""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from torch import nn
@@ -57,7 +55,7 @@ def test_stage_modules_compose_to_the_model(name: str, world: int) -> None:
     model, example, batches = make_model(name)
     traced = trace_module(model, example)
     plan = hand_plan(model, example, world)
-    graph = build_stages(traced.module, plan)
+    graph = build_stages(traced.module, plan, traced.graph)
     assert len(graph.stages) == world
     # original parameter names, each parameter in exactly one stage
     names = [k for st in graph.stages for k, _ in st.module.named_parameters()]
@@ -78,9 +76,15 @@ def test_plan_must_cover_every_operator() -> None:
     model, example, _ = make_model("candle_uno")
     traced = trace_module(model, example)
     plan = hand_plan(model, example, 2)
-    plan["stages"][0]["nodes"] = plan["stages"][0]["nodes"][:-1]
-    with pytest.raises(PlanningError, match="in no stage"):
-        build_stages(traced.module, plan)
+    stages = plan.stages  # a copy: edit it and set it back
+    stages[0].nodes = stages[0].nodes[:-1]
+    plan.stages = stages
+    # The C++ validator refuses it, with the message graphpipe.Plan.validate gives.
+    with pytest.raises(PlanningError) as caught:
+        plan.validate(traced.graph)
+    with pytest.raises(PlanningError) as refused:
+        build_stages(traced.module, plan, traced.graph)
+    assert str(refused.value) == str(caught.value)
 
 
 class _Tied(nn.Module):
@@ -94,21 +98,49 @@ class _Tied(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def test_parameters_shared_across_stages_are_rejected() -> None:
+def test_parameters_shared_across_stages_are_listed() -> None:
+    """A tied parameter on two stages: each stage module holds it under its own name there, and
+    the stage graph lists both so that the pipeline can sum their gradients."""
     model = _Tied()
     traced = trace_module(model, (torch.ones(2, 4),))
     plan = manual_plan(traced.graph, {"a": 0, "relu": 0, "b": 1}, 2)
-    with pytest.raises(PlanningError, match="shared across stages"):
-        build_stages(traced.module, plan)
+    graph = build_stages(traced.module, plan, traced.graph)
+    assert graph.shared_params == {"a.weight": {0: "a.weight", 1: "b.weight"}}
+    same = build_stages(traced.module, manual_plan(traced.graph, {"a": 0, "relu": 0, "b": 0}, 2), traced.graph)
+    assert same.shared_params == {}
 
 
-def test_runtime_schedule_is_checked_json() -> None:
-    text = _C.runtime_schedule([[0], [1], [2]], [(0, 1), (0, 2), (1, 2)], 4, 2, "1f1b")
-    doc = json.loads(text)
-    assert doc["kind"] == "1f1b" and doc["stage_ranks"] == [0, 1, 2]
-    assert doc["ranks"][0][0] == "0F0" and doc["ranks"][2][-1] == "2OPT"
-    with pytest.raises(_C.PlanningError):
-        _C.runtime_schedule([[0], [1]], [(0, 1)], 2, 1, "zigzag")
+def test_manual_plan_is_a_checked_cpp_plan() -> None:
+    """manual_plan goes through the C++ manual partitioner: a Plan (stage times from the cost
+    model, stage edges from the graph), and a bad mapping is the partitioner's PlanningError."""
+    model, example, _ = make_model("candle_uno")
+    traced = trace_module(model, example)
+    plan = hand_plan(model, example, 2)
+    assert isinstance(plan, _C.Plan) and plan.partitioner == "manual"
+    assert plan.num_stages == 2 and [list(st.devices) for st in plan.stages] == [[0], [1]]
+    assert all(st.forward_seconds > 0 and st.backward_seconds > 0 for st in plan.stages)
+    assert [(e.src, e.dst) for e in plan.edges] == [(0, 1)]
+    plan.validate(traced.graph)
+    with pytest.raises(PlanningError, match="receives no operator"):
+        manual_plan(traced.graph, {"": 0, "nothing": 2}, 2)
+
+
+def test_timings_carry_their_instruction() -> None:
+    """The measured-trace reader takes kind, stage, micro-batch and edge from the timing's
+    instruction (no token parsing)."""
+    from graphpipe.runtime.measure import tasks_from_timings
+
+    class Timing:  # an InstructionTiming's fields
+        def __init__(self, token: str, start: float, end: float) -> None:
+            ins = _C.Instruction.parse(token)
+            self.instruction, self.start, self.end = ins, start, end
+            self.kind, self.stage, self.micro_batch, self.edge = ins.kind, ins.stage, ins.micro_batch, ins.edge
+
+    timings = [Timing(t, i, i + 0.5) for i, t in enumerate(["0F0", "0SF0e0", "0RB0e0", "0B0", "0OPT"])]
+    tasks = tasks_from_timings(timings, 0, [(0, 1)], [0, 1])
+    assert [(t["name"], t["kind"], t["peer"]) for t in tasks] == [
+        ("F0 s0", "forward", -1), ("A0 e0", "activation", 1), ("B0 s0", "backward", -1), ("OPT s0", "optimizer", -1)]
+    assert tasks[3]["micro_batch"] == -1 and tasks[1]["edge"] == 0
 
 
 def test_error_classes() -> None:
