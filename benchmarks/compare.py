@@ -165,7 +165,7 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
                    device: torch.device) -> Any:
     import torch.distributed as dist
 
-    from baselines.torch_pipelining import chain_stage_modules, make_stepper, pin_integer_consumers
+    from baselines.torch_pipelining import chain_stage_modules, make_stepper, pin_integer_consumers, stage_examples
     from graphpipe.trace import trace_module
 
     k = variant.num_stages
@@ -174,14 +174,16 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
         return lambda x, y: float("nan")
     traced = trace_module(model, inputs)
     labels = pin_integer_consumers(traced.module, variant.labels, traced.placeholder_values)
-    stage = chain_stage_modules(traced.module, labels, k)[rank]
+    stages = chain_stage_modules(traced.module, labels, k)
+    example = stage_examples(stages, tuple(inputs), variant.micro_batches)[rank]
+    stage = stages[rank]
     if emulate is not None:  # the same waits as graphpipe's emulated stages: the sequential plan's figures
         from graphpipe.runtime.emulate import EmulatedStage
 
         figures = json.loads(variant.plan_json)["stages"][rank]
         stage = EmulatedStage(stage, emulate * figures["forward_seconds"], emulate * figures["backward_seconds"])
     step = make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
-                        device=device, group=group)
+                        device=device, group=group, example=example)
     return _with_emulated_optimizer(step, variant, rank) if emulate is not None else step
 
 

@@ -8,7 +8,10 @@ Each (model, partitioner) runs in a fresh set of spawned ranks (torch.set_num_th
 the plan is made once in this process (devices: measured CPU ranks), handed to every rank, and
 ``warmup`` + ``steps`` iterations are timed (a barrier before each; the median is reported). The
 simulated time is graphpipe's simulator on the same plan and 1F1B schedule with the operators
-profiled on this machine. Results go to results/runtime_bench.json.
+profiled on this machine. The "check us" column is the cost of the per-step batch check that
+every rank runs before anything is posted (graphpipe.runtime.batch_check: inputs against the
+traced example, targets against the first step's), timed in this process over 2000 calls; "check
+%" puts it beside the measured iteration. Results go to results/runtime_bench.json.
 """
 
 from __future__ import annotations
@@ -23,6 +26,26 @@ from typing import Any
 import torch  # noqa: E402
 
 
+def _batch_check_seconds(model: Any, inputs: tuple, targets: Any, calls: int = 2000) -> float:
+    """Seconds one step's batch check takes (inputs and targets), median of 5 rounds."""
+    import inspect
+
+    from graphpipe.runtime.batch_check import BatchCheck
+
+    names = list(inspect.signature(model.forward).parameters)
+    values = {names[0]: tuple(inputs)} if len(names) == 1 else dict(zip(names, inputs))
+    check = BatchCheck(type(model).__name__, values)
+    check.check_targets(targets)
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            check.check_inputs(values)
+            check.check_targets(targets)
+        rounds.append((time.perf_counter() - start) / calls)
+    return statistics.median(rounds)
+
+
 def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int, schedule: str) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -33,7 +56,7 @@ def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup
     model, inputs = build_model(spec)
     batch = inputs[0].shape[0]
     targets = model.example_targets(batch)
-    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=json.loads(plan_json), schedule=schedule)
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, schedule=schedule)
     params = list(pipe.parameters())
     opt = torch.optim.SGD(params, lr=0.01) if params else None
     times = []
@@ -75,6 +98,7 @@ def main() -> None:
     for name in args.models.split(","):
         spec = f"{name}:batch={args.batch}"
         model, inputs = build_model(spec)
+        check_s = _batch_check_seconds(model, inputs, model.example_targets(args.batch))
         traced = trace_module(model, inputs)
         graphpipe.profile(traced.graph, model, inputs, batch_sizes=(args.batch // args.micro_batches,), repeats=3)
         per_plan = {}
@@ -93,6 +117,7 @@ def main() -> None:
                 "micro_batches": plan.num_micro_batches, "batch": args.batch,
                 "measured_iteration_s": seconds, "samples_per_s": args.batch / seconds,
                 "simulated_iteration_s": sim.iteration_seconds,
+                "batch_check_s": check_s,
             }
             per_plan[partitioner] = row
             rows.append(row)
@@ -101,11 +126,14 @@ def main() -> None:
         ratio = per_plan["graphpipe"]["samples_per_s"] / per_plan["sequential"]["samples_per_s"]
         per_plan["graphpipe"]["speedup_vs_sequential"] = ratio
 
-    print(f"\n{'model':<11} {'plan':<26} {'stages':>6} {'depth':>5} {'samples/s':>10} {'meas s':>8} {'sim s':>8} {'ratio':>6}")
+    print(f"\n{'model':<11} {'plan':<26} {'stages':>6} {'depth':>5} {'samples/s':>10} {'meas s':>8} {'sim s':>8} "
+          f"{'ratio':>6} {'check us':>9} {'check %':>8}")
     for r in rows:
         ratio = f"{r['speedup_vs_sequential']:.2f}" if "speedup_vs_sequential" in r else ""
+        share = 100 * r["batch_check_s"] / r["measured_iteration_s"]
         print(f"{r['model']:<11} {r['partitioner']:<26} {r['stages']:>6} {r['depth']:>5} {r['samples_per_s']:>10.1f} "
-              f"{r['measured_iteration_s']:>8.4f} {r['simulated_iteration_s']:>8.4f} {ratio:>6}")
+              f"{r['measured_iteration_s']:>8.4f} {r['simulated_iteration_s']:>8.4f} {ratio:>6} "
+              f"{1e6 * r['batch_check_s']:>9.1f} {share:>7.3f}%")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"world": args.world, "rows": rows}, f, indent=2)

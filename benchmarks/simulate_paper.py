@@ -1,6 +1,6 @@
 """Simulated throughput of graph vs sequential pipelines at the paper's model sizes.
 
-For the multi-modal Transformer, DLRM and CANDLE-Uno at the sizes of DESIGN.md §6 (traced on
+For the multi-modal Transformer, DLRM and CANDLE-Uno at the sizes of docs/design.md §8 (traced on
 the meta device: no memory is allocated), on 8, 16 and 32 V100-class GPUs: plan with the
 ``graphpipe`` partitioner and with the ``sequential`` baseline (same devices, batch, memory
 limit and optimizer), generate the graph-aware 1F1B schedule, simulate one iteration, and report

@@ -3,8 +3,8 @@
 This is the peer a user would pick today. It pipelines a *chain* of stages: stage i receives
 only from stage i-1. A multi-branch model is therefore cut along one topological order (the
 cut points of graphpipe's ``sequential`` plan), and every tensor that skips over a stage is
-forwarded through the stages in between, exactly as DESIGN.md §1 describes for chain pipelines.
-All model inputs enter at stage 0 and the loss is computed on the last stage.
+forwarded through the stages in between, exactly as docs/design.md §1 describes for chain
+pipelines. All model inputs enter at stage 0 and the loss is computed on the last stage.
 
 ``chain_stage_modules`` builds the per-stage modules from a traced ``fx.GraphModule`` and a
 node -> stage labelling (``torch.fx.passes.split_module`` does the cutting); ``make_stepper``
@@ -238,6 +238,41 @@ def chain_stage_modules(
     return stages
 
 
+def stage_examples(stages: list[nn.Module], inputs: tuple[torch.Tensor, ...], micro_batches: int) -> list[tuple[tuple, Any]]:
+    """(input_args, output_args) of every chain stage for one micro-batch of ``inputs``: the
+    stages run in order in this process (buffers and random generators put back; gradients are
+    recorded so that the examples say which outputs require grad, which torch needs to know).
+
+    Why: given no example, torch.distributed.pipelining infers each stage's shapes by running it
+    on received metadata materialised with ``torch.empty``; integer index tensors then hold
+    whatever the allocator returned, and an embedding lookup on them failed at random
+    ("index -9223372036854775808 is out of bounds"). With every stage's input and output
+    examples, torch takes the shapes as given (its static mode)."""
+    mb = tuple(t.narrow(0, 0, t.shape[0] // micro_batches) if t.dim() > 0 else t for t in inputs)
+    saved = [(b, b.detach().clone()) for st in stages for b in st.buffers()]
+    examples = []
+    try:
+        with torch.random.fork_rng(devices=[]):
+            args: Any = mb
+            for st in stages:
+                out = _detached(st(*args))
+                examples.append((tuple(args), out))
+                args = out if isinstance(out, tuple) else (out,)
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+    return examples
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    return value
+
+
 def make_stepper(
     stage_module: nn.Module,
     rank: int,
@@ -248,16 +283,27 @@ def make_stepper(
     lr: float = 0.01,
     device: torch.device | None = None,
     group: Any = None,
+    example: tuple[tuple, Any] | None = None,
 ) -> Callable[[tuple[torch.Tensor, ...], torch.Tensor], float]:
     """This rank's training step under torch.distributed.pipelining: ``step(inputs, target)``
     runs one iteration (schedule + SGD update) and returns the mean loss, known on the last
     rank only (NaN elsewhere, as in torch's API). Every rank of ``group`` (default: all) calls
-    it in step."""
+    it in step. ``example``: this stage's (input_args, output_args) from :func:`stage_examples`
+    (recommended: without it torch infers shapes on uninitialised tensors)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     device = device or torch.device("cpu")
     stage_module = stage_module.to(device)
-    stage = PipelineStage(stage_module, rank, world, device, group=group)
+    if example is not None:
+        def _move(value: Any) -> Any:
+            if isinstance(value, tuple):
+                return tuple(_move(v) for v in value)
+            return value.to(device) if isinstance(value, torch.Tensor) else value
+
+        stage = PipelineStage(stage_module, rank, world, device, input_args=_move(example[0]),
+                              output_args=_move(example[1]), group=group)
+    else:
+        stage = PipelineStage(stage_module, rank, world, device, group=group)
     kind = {"1f1b": Schedule1F1B, "fill_drain": ScheduleGPipe, "gpipe": ScheduleGPipe}[schedule]
     sched = kind(stage, micro_batches, loss_fn=loss_fn)
     params = [p for p in stage_module.parameters() if p.requires_grad]
@@ -297,6 +343,7 @@ def train_rank(
     lr: float = 0.01,
     device: torch.device | None = None,
     group: Any = None,
+    example: tuple[tuple, Any] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Trains this rank's stage on ``batches``; returns (losses, seconds) per iteration.
 
@@ -304,7 +351,7 @@ def train_rank(
     of the default group, so ranks outside the pipeline can idle in step. Losses are known on
     the last rank only (others return NaN), as in torch's API.
     """
-    step = make_stepper(stage_module, rank, world, loss_fn, micro_batches, schedule, lr, device, group)
+    step = make_stepper(stage_module, rank, world, loss_fn, micro_batches, schedule, lr, device, group, example)
     losses, seconds = [], []
     for inputs, target in batches:
         dist.barrier()
@@ -343,7 +390,9 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
         labels = pin_integer_consumers(traced.module, balanced_chain_labels(traced.graph, world),
                                        traced.placeholder_values)
         stages = chain_stage_modules(traced.module, labels, world)
-        losses, _ = train_rank(stages[rank], rank, world, batches, default_loss(spec), micro_batches, schedule)
+        example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
+        losses, _ = train_rank(stages[rank], rank, world, batches, default_loss(spec), micro_batches, schedule,
+                               example=example)
         if rank == world - 1:
             with open(out_path, "w") as f:
                 json.dump(losses, f)
