@@ -14,7 +14,6 @@ text by the C++ loader, and the schedule is the C++ ``Schedule`` that ``graphpip
 
 from __future__ import annotations
 
-import datetime
 import gc
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +29,7 @@ from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
 from graphpipe.runtime.plan import check_runnable, load_plan, partition_plan, plan_json, stage_ranks
+from graphpipe.runtime.process_group import new_pipeline_group
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
     StageGraph,
@@ -99,11 +99,9 @@ class Pipeline:
         # rank's connections is what wakes peers blocked on it), never the user's group. Every
         # collective on it has the deadline.
         backend = str(dist.get_backend(self.group)).lower()
-        self._pg = dist.new_group(
-            self._global_ranks,
-            timeout=datetime.timedelta(seconds=self.timeout),
-            backend=backend,
-            use_local_synchronization=True,
+        whole_world = self.world_size == dist.get_world_size()
+        self._pg = self._board.guard(
+            lambda: new_pipeline_group(self._global_ranks, whole_world, backend, self.timeout, self._board)
         )
         self._board.guard(lambda: self._connect(backend))
 
