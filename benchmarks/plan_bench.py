@@ -29,7 +29,8 @@ import time
 
 from graphpipe._ext import _C  # noqa: E402
 
-PARTITIONERS = ("graphpipe", "metis", "sequential")
+# Every automatic partitioner the C++ registry has (manual needs a mapping).
+PARTITIONERS = tuple(p for p in _C.partitioner_names() if p != "manual")
 MiB = 1024.0 * 1024.0
 
 

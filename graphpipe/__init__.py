@@ -18,10 +18,10 @@ from graphpipe.errors import (
     ScheduleError,
     TraceError,
 )
-from graphpipe.planning import devices, plan
+from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, devices, plan
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap
-from graphpipe.simulation import schedule, simulate
+from graphpipe.simulation import SCHEDULES, schedule, simulate
 from graphpipe.trace import trace
 
 OpGraph = _C.OpGraph
@@ -43,6 +43,10 @@ def set_log_level(level: str) -> None:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEVICE_KINDS",
+    "OPTIMIZERS",
+    "PARTITIONERS",
+    "SCHEDULES",
     "Devices",
     "FormatError",
     "GraphError",

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import graphpipe
 from graphpipe import models
 from graphpipe.errors import GraphpipeError
+from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS
+from graphpipe.simulation import SCHEDULES
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -103,11 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = commands.add_parser("plan", help="cut a model into pipeline stages and print the plan")
     plan.add_argument("model", help="model spec (see inspect)")
     plan.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
-    plan.add_argument("--device-kind", default="cpu", help="cpu, v100, h100 or a devices .json (default cpu)")
-    plan.add_argument("--partitioner", default="graphpipe", choices=["graphpipe", "metis", "sequential"])
+    plan.add_argument("--device-kind", default="cpu", help=f"{', '.join(DEVICE_KINDS)} or a devices .json (default cpu)")
+    plan.add_argument("--partitioner", default="graphpipe", choices=[p for p in PARTITIONERS if p != "manual"])
     plan.add_argument("--micro-batches", type=int, help="fix the number of micro-batches")
     plan.add_argument("--memory-limit", help="bytes per device, e.g. 16GiB (default: device memory)")
-    plan.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
+    plan.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     plan.add_argument("--nodes", action="store_true", help="list each stage's operators")
     plan.add_argument("--out", metavar="PATH", help="save the plan (and PATH.graph.json) as JSON")
     plan.set_defaults(run=_plan)
@@ -116,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulate.add_argument("plan", help="plan JSON written by `plan --out`")
     simulate.add_argument("--graph", help="its graph JSON (default: beside the plan)")
     simulate.add_argument("--device-kind", default="cpu", help="devices the plan was made for")
-    simulate.add_argument("--schedule", default="1f1b", choices=["1f1b", "fill_drain", "1f1b_greedy"])
+    simulate.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     simulate.add_argument("--no-overlap", action="store_true", help="transfers block compute")
     simulate.add_argument("--png", metavar="PATH", help="Gantt chart of ranks over time")
     simulate.add_argument("--dag", metavar="PATH", help="drawing of the stage DAG")

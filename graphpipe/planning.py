@@ -17,12 +17,14 @@ from graphpipe._ext import _C
 from graphpipe.errors import InputError
 from graphpipe.trace import trace
 
-__all__ = ["plan", "devices", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS"]
+__all__ = ["plan", "devices", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS", "OPTIMIZERS"]
 
-#: Partitioner names accepted by :func:`plan`.
-PARTITIONERS = ("graphpipe", "metis", "sequential", "manual")
-#: Device kinds accepted by :func:`devices`: CPU ranks and the documented GPU presets.
-DEVICE_KINDS = ("cpu", "v100", "h100")
+#: Partitioner names accepted by :func:`plan`, as the C++ registry lists them.
+PARTITIONERS: tuple[str, ...] = tuple(_C.partitioner_names())
+#: Device kinds accepted by :func:`devices`: the C++ presets (CPU ranks and documented GPUs).
+DEVICE_KINDS: tuple[str, ...] = tuple(_C.device_presets())
+#: Optimizers the cost model prices (their state counts toward memory).
+OPTIMIZERS: tuple[str, ...] = tuple(_C.optimizer_names())
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
@@ -55,9 +57,8 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False) -> Any:
         return loaded
     if kind == "cpu":
         return _C.Devices.cpu_rank(count, measure=measure)
-    if kind in DEVICE_KINDS:
-        return _C.Devices.preset(kind, count)
-    raise InputError(f"unknown device kind {kind!r}; choose one of {', '.join(DEVICE_KINDS)} or a .json file")
+    # The preset lookup raises PlanningError naming the presets for an unknown kind.
+    return _C.Devices.preset(kind, count)
 
 
 _describe_devices = devices  # plan() takes a parameter named `devices`
@@ -83,13 +84,14 @@ def plan(
     Args:
         model_or_graph: an ``nn.Module`` (traced with ``example_inputs``) or an ``OpGraph``.
         devices: a device count (described by ``device_kind``) or a ``Devices`` description.
-        partitioner: ``graphpipe`` (the paper's series-parallel DP), ``metis`` (METIS + acyclic
-            repair + refinement), ``sequential`` (the chain baseline) or ``manual``.
+        partitioner: a name from ``PARTITIONERS``: ``graphpipe`` (the paper's series-parallel
+            DP), ``metis`` (METIS + acyclic repair + refinement), ``sequential`` (the chain
+            baseline) or ``manual``; an unknown name raises the registry's PlanningError.
         batch_size: mini-batch size (default: the traced batch size).
         micro_batches / micro_batch_size: fix the micro-batching; by default the partitioner
             chooses the micro-batch size (powers of two dividing the batch) with the stages.
         memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
-        optimizer: ``sgd``, ``momentum`` or ``adam`` (optimizer state counts toward memory).
+        optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
 
     Returns:
@@ -109,8 +111,6 @@ def plan(
         graph = model_or_graph
     else:
         raise InputError(f"plan needs an nn.Module or an OpGraph, got {type(model_or_graph).__name__}")
-    if partitioner not in PARTITIONERS:
-        raise InputError(f"unknown partitioner {partitioner!r}; choose one of {', '.join(PARTITIONERS)}")
     if isinstance(devices, int):
         if devices < 1:
             raise _C.PlanningError(f"plan needs at least one device, got {devices}")

@@ -9,8 +9,9 @@ from graphpipe.planning import devices as make_devices
 
 __all__ = ["schedule", "simulate", "SCHEDULES"]
 
-#: Schedule kinds: GPipe's fill-drain, graph-aware 1F1B, and its greedy variant.
-SCHEDULES = ("1f1b", "fill_drain", "1f1b_greedy")
+#: Schedule kinds, as the C++ generator lists them: graph-aware 1F1B, GPipe's fill-drain, and
+#: 1F1B's greedy variant.
+SCHEDULES: tuple[str, ...] = tuple(_C.schedule_kinds())
 
 
 def schedule(plan: Any, kind: str = "1f1b") -> Any:

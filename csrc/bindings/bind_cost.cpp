@@ -70,6 +70,8 @@ void bind_cost(py::module_& m) {
       .def("static_bytes", &CostModel::static_bytes, py::arg("node"))
       .def("activation_bytes", &CostModel::activation_bytes, py::arg("node"), py::arg("micro_batch"));
 
+  m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
+  m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");
   m.def("optimizer_state_factor",
         [](const std::string& name) { return cost::optimizer_state_factor(cost::parse_optimizer(name)); },
         py::arg("optimizer"));

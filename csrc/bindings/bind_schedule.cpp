@@ -154,6 +154,7 @@ void bind_schedule(py::module_& m) {
       },
       py::arg("plan"), py::arg("kind") = "1f1b",
       "Most micro-batches each stage may hold under the schedule kind.");
+  m.def("schedule_kinds", &schedule::policy_names, "Names of the schedule policies Schedule.generate accepts.");
   m.def("stages_to_sink", &schedule::stages_to_sink, py::arg("plan"),
         "Per stage, the number of stages on the longest path from it to a sink.");
 }

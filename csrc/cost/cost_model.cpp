@@ -15,11 +15,18 @@ double optimizer_state_factor(Optimizer optimizer) {
   return 2.0;
 }
 
+std::vector<std::string> optimizer_names() {
+  return {to_string(Optimizer::sgd), to_string(Optimizer::momentum), to_string(Optimizer::adam)};
+}
+
 Optimizer parse_optimizer(const std::string& name) {
-  if (name == "sgd") return Optimizer::sgd;
-  if (name == "momentum") return Optimizer::momentum;
-  if (name == "adam" || name == "adamw") return Optimizer::adam;
-  throw PlanningError("unknown optimizer '" + name + "': choose sgd, momentum or adam");
+  if (name == "adamw") return Optimizer::adam;
+  for (Optimizer o : {Optimizer::sgd, Optimizer::momentum, Optimizer::adam}) {
+    if (name == to_string(o)) return o;
+  }
+  std::string choices;
+  for (const auto& n : optimizer_names()) choices += (choices.empty() ? "" : ", ") + n;
+  throw PlanningError("unknown optimizer '" + name + "': choose " + choices);
 }
 
 std::string to_string(Optimizer optimizer) {

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cost/devices.h"
 #include "graph/op_graph.h"
@@ -39,6 +40,8 @@ inline constexpr double kOptimizerTrafficFactor = 4.0;
 // Per-parameter copies of optimizer state: sgd 0, momentum 1, adam 2.
 double optimizer_state_factor(Optimizer optimizer);
 // "sgd", "momentum", "adam" (also "adamw"); throws PlanningError naming the choices.
+// "sgd", "momentum", "adam" ("adamw" is read as adam: the same state).
+std::vector<std::string> optimizer_names();
 Optimizer parse_optimizer(const std::string& name);
 std::string to_string(Optimizer optimizer);
 

@@ -121,11 +121,15 @@ Devices cpu_rank(int count, bool measure) {
   return d;
 }
 
+std::vector<std::string> preset_names() { return {"cpu", "v100", "h100"}; }
+
 Devices preset(const std::string& name, int count) {
   if (name == "v100") return v100(count);
   if (name == "h100") return h100(count);
   if (name == "cpu") return cpu_rank(count);
-  throw PlanningError("unknown device preset '" + name + "': the presets are v100, h100 and cpu");
+  std::string choices;
+  for (const auto& n : preset_names()) choices += (choices.empty() ? "" : ", ") + n;
+  throw PlanningError("unknown device preset '" + name + "': the presets are " + choices);
 }
 
 }  // namespace graphpipe::cost

@@ -22,6 +22,9 @@
 // PyTorch dispatch on a CPU).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "cost/devices.h"
 
 namespace graphpipe::cost {
@@ -31,7 +34,9 @@ Devices h100(int count, int per_node = 8);
 // measure = false gives the documented constants (deterministic, for tests).
 Devices cpu_rank(int count, bool measure = true);
 
-// Looks a preset up by name ("v100", "h100", "cpu"); throws PlanningError naming the presets.
+// The presets' names: "cpu", "v100", "h100".
+std::vector<std::string> preset_names();
+// Looks a preset up by a name from preset_names(); throws PlanningError naming the presets.
 Devices preset(const std::string& name, int count);
 
 }  // namespace graphpipe::cost

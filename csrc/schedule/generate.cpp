@@ -59,12 +59,22 @@ struct Event {
 
 }  // namespace
 
+std::vector<std::string> policy_names() {
+  std::vector<std::string> names;
+  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy}) {
+    names.emplace_back(policy_name(p));
+  }
+  return names;
+}
+
 Policy parse_policy(std::string_view name) {
-  if (name == "fill_drain" || name == "gpipe") return Policy::fill_drain;
-  if (name == "1f1b") return Policy::one_f_one_b;
-  if (name == "1f1b_greedy") return Policy::one_f_one_b_greedy;
-  throw PlanningError("unknown schedule kind '" + std::string(name) +
-                      "' (expected 1f1b, 1f1b_greedy or fill_drain)");
+  if (name == "gpipe") return Policy::fill_drain;
+  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy}) {
+    if (name == policy_name(p)) return p;
+  }
+  std::string choices;
+  for (const auto& n : policy_names()) choices += (choices.empty() ? "" : ", ") + n;
+  throw PlanningError("unknown schedule kind '" + std::string(name) + "' (expected " + choices + ")");
 }
 
 std::string_view policy_name(Policy policy) {

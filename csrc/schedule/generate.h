@@ -37,6 +37,7 @@
 // Cost: O(T log T) for T = S * M * (2 + transfers per stage) tasks.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -47,7 +48,10 @@ namespace graphpipe::schedule {
 
 enum class Policy { fill_drain, one_f_one_b, one_f_one_b_greedy };
 
-// "fill_drain" (or "gpipe"), "1f1b", "1f1b_greedy"; throws PlanningError naming the choices.
+// The policies' names, in the order users read them: "1f1b", "fill_drain", "1f1b_greedy".
+std::vector<std::string> policy_names();
+// A name from policy_names() (or "gpipe", fill_drain's other name); throws PlanningError naming
+// the choices.
 Policy parse_policy(std::string_view name);
 std::string_view policy_name(Policy policy);
 

@@ -28,7 +28,8 @@ from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
-from graphpipe.runtime.plan import check_runnable, load_plan, partition_plan, plan_json, stage_ranks
+from graphpipe.planning import plan as make_plan
+from graphpipe.runtime.plan import check_runnable, load_plan, plan_json, stage_ranks
 from graphpipe.runtime.process_group import new_pipeline_group
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
@@ -66,6 +67,7 @@ class Pipeline:
         devices: Any = None,
         device: Any = None,
         leaf_modules: Any = (),
+        **plan_options: Any,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InputError(
@@ -86,7 +88,13 @@ class Pipeline:
         # polling the store in the exchanges below, raise naming it instead of waiting.
         traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules))
         if plan is None:
-            plan = self._partition_on_rank0(partitioner, micro_batches, devices)
+            plan = self._partition_on_rank0(dict(plan_options, partitioner=partitioner, devices=devices,
+                                                 micro_batches=micro_batches))
+        elif plan_options or devices is not None or partitioner != "graphpipe":
+            given = sorted(plan_options) + (["devices"] if devices is not None else []) + (
+                ["partitioner"] if partitioner != "graphpipe" else [])
+            raise InputError(f"graphpipe.wrap: plan= was given, so the planning options {given} would be ignored; "
+                             "pass either a plan or the options to make one")
         plan_text = self._board.guard(lambda: plan_json(plan, traced.graph))
         # Agreement first, so that a rank with another model is named as such rather than
         # failing to read a plan made for a graph it does not have.
@@ -262,13 +270,17 @@ class Pipeline:
             return p.device
         return torch.device("cpu")
 
-    def _partition_on_rank0(self, partitioner: str, micro_batches: int | None, devices: Any) -> str:
-        """Rank 0 partitions and shares the plan's JSON text through the store, so every rank
-        runs the same one (and a planning error reaches every rank instead of leaving the others
-        waiting). Each rank then loads the text through the C++ loader."""
+    def _partition_on_rank0(self, options: dict[str, Any]) -> str:
+        """Rank 0 plans through :func:`graphpipe.plan` (the one front door to the partitioners,
+        with every option it takes; ``devices`` defaults to one per rank of the group) and
+        shares the plan's JSON text through the store, so every rank runs the same one (and a
+        planning error reaches every rank instead of leaving the others waiting). Each rank then
+        loads the text through the C++ loader."""
         if self.rank == 0:
             try:
-                made = partition_plan(self.graph, self.world_size, partitioner, micro_batches, devices)
+                if options.get("devices") is None:
+                    options["devices"] = self.world_size
+                made = make_plan(self.graph, **options)
                 value = ("ok", made.to_json(self.graph))
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
                 value = ("error", f"{type(exc).__name__}: {exc}")
@@ -567,7 +579,7 @@ def wrap(
     timeout: float = DEFAULT_TIMEOUT,
     devices: Any = None,
     device: Any = None,
-    **kwargs: Any,
+    **options: Any,
 ) -> Pipeline:
     """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
     default process group). Every rank calls it with the same arguments.
@@ -576,15 +588,22 @@ def wrap(
         model, example_inputs: the model and a batch it accepts (traced with torch.fx).
         loss_fn: ``loss_fn(output, targets)`` -> scalar; mean-reduced losses give full-batch
             gradients (each micro-batch's loss is scaled by 1/micro_batches).
-        partitioner: "graphpipe", "metis" or "sequential" (rank 0 runs it); ignored with plan=.
-        schedule: "1f1b", "fill_drain" or "1f1b_greedy".
+        partitioner: a name from ``graphpipe.PARTITIONERS`` (rank 0 plans with
+            :func:`graphpipe.plan`).
+        schedule: a name from ``graphpipe.SCHEDULES``.
         micro_batches: number of micro-batches per step (default: the partitioner's choice).
         plan: a Plan (graphpipe.plan, graphpipe.runtime.manual_plan), plan JSON text or file, or
             the JSON form as a dict; read and validated by the C++ loader (Plan.from_json) on
             every rank, so a bad plan raises the loader's FormatError or PlanningError.
         timeout: seconds every wait on a peer may take before PipelineTimeout.
-        devices: the partitioner's Devices (default: world CPU ranks, documented constants).
+        devices: what :func:`graphpipe.plan` takes: a ``Devices`` description or a device count
+            described by ``device_kind`` (default: one CPU rank per rank of the group, documented
+            constants).
         device: where this rank's stage runs (default: where its parameters are).
+        options: ``leaf_modules`` (modules traced as one operator), and every other keyword of
+            :func:`graphpipe.plan` (``memory_limit``, ``micro_batch_size``, ``optimizer``,
+            ``manual``, ``device_kind``, ``seed``), passed to it unchanged. With ``plan=``,
+            planning options raise ``InputError`` (they would be ignored).
     """
     return Pipeline(
         model,
@@ -598,5 +617,5 @@ def wrap(
         timeout=timeout,
         devices=devices,
         device=device,
-        **kwargs,
+        **options,
     )

@@ -1,4 +1,4 @@
-"""Gets the C++ ``Plan`` the runtime executes, from a partitioner, a Plan object, a JSON file or
+"""Gets the C++ ``Plan`` the runtime executes, from a Plan object, a JSON file or
 text, or a dict; and builds hand-made plans for tests.
 
 The C++ Plan is the runtime's only form of a plan: whatever the user gives goes through the C++
@@ -18,8 +18,9 @@ from typing import Any
 
 from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
+from graphpipe.planning import plan as make_plan
 
-__all__ = ["plan_json", "load_plan", "manual_plan", "partition_plan", "check_runnable", "stage_ranks"]
+__all__ = ["plan_json", "load_plan", "manual_plan", "check_runnable", "stage_ranks"]
 
 
 def plan_json(plan: Any, graph: Any) -> str:
@@ -46,21 +47,6 @@ def load_plan(plan: Any, graph: Any) -> Any:
     ``graph`` by the C++ loader. A Plan object goes through the loader too: one built or edited
     by hand gets the same checks, and every rank then holds exactly what the text describes."""
     return _C.Plan.from_json(plan_json(plan, graph), graph)
-
-
-def partition_plan(
-    graph: Any, world_size: int, partitioner: str, micro_batches: int | None, devices: Any = None
-) -> Any:
-    """Runs a partitioner of the C++ core (graphpipe._C.partition) and returns its Plan.
-
-    ``devices`` defaults to ``world_size`` CPU ranks with the documented constants (not measured,
-    so that every rank that calls this gets the same plan)."""
-    if devices is None:
-        devices = _C.Devices.cpu_rank(world_size, measure=False)
-    kwargs: dict[str, Any] = {"partitioner": partitioner}
-    if micro_batches:
-        kwargs["num_micro_batches"] = int(micro_batches)
-    return _C.partition(graph, devices, **kwargs)
 
 
 def check_runnable(plan: Any, world_size: int, micro_batches: int | None) -> None:
@@ -117,14 +103,8 @@ def manual_plan(
                     stage_of[v] = min(consumers)
                     rules[node.name] = stage_of[v]
     num_stages = max(rules.values(), default=0) + 1
-    return _C.partition(
-        graph,
-        _C.Devices.cpu_rank(num_stages, measure=False),
-        partitioner="manual",
-        batch_size=int(batch_size or 0),
-        num_micro_batches=int(num_micro_batches),
-        manual=list(rules.items()),
-    )
+    return make_plan(graph, num_stages, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
+                     manual=rules)
 
 
 def _covered(module: str, rules: Mapping[str, int]) -> bool:

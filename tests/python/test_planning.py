@@ -79,7 +79,7 @@ def test_bad_requests_get_clear_errors(uno) -> None:
     model, inputs, graph = uno
     with pytest.raises(graphpipe.PlanningError, match="at least one device"):
         graphpipe.plan(graph, 0)
-    with pytest.raises(graphpipe.InputError, match="unknown partitioner"):
+    with pytest.raises(graphpipe.PlanningError, match="unknown partitioner .magic.: choose graphpipe, metis"):
         graphpipe.plan(graph, 2, "magic")
     with pytest.raises(graphpipe.PlanningError, match="(?i)does not fit"):
         graphpipe.plan(graph, 2, "sequential", memory_limit="1KiB")
@@ -122,3 +122,49 @@ def test_cli_plan_and_simulate(tmp_path) -> None:
     assert (tmp_path / "g.png").stat().st_size > 1000
     trace = json.loads((tmp_path / "t.json").read_text())
     assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+
+
+def test_every_list_of_names_comes_from_the_core() -> None:
+    from graphpipe._ext import _C
+
+    assert graphpipe.PARTITIONERS == tuple(_C.partitioner_names())
+    assert graphpipe.SCHEDULES == tuple(_C.schedule_kinds())
+    assert graphpipe.DEVICE_KINDS == tuple(_C.device_presets())
+    assert graphpipe.OPTIMIZERS == tuple(_C.optimizer_names())
+    assert set(graphpipe.PARTITIONERS) == {"graphpipe", "metis", "sequential", "manual"}
+    # Every listed name is accepted where it is used, and the errors list them all.
+    for kind in graphpipe.SCHEDULES:
+        assert graphpipe.Schedule.generate(graphpipe.plan(*_tiny_graph_and_devices(), "sequential"), kind)
+    with pytest.raises(graphpipe.PlanningError, match="expected " + ", ".join(graphpipe.SCHEDULES)):
+        graphpipe.Schedule.generate(graphpipe.plan(*_tiny_graph_and_devices(), "sequential"), "zigzag")
+    with pytest.raises(graphpipe.PlanningError, match="the presets are " + ", ".join(graphpipe.DEVICE_KINDS)):
+        graphpipe.devices(2, "tpu")
+    with pytest.raises(graphpipe.PlanningError, match="choose " + ", ".join(graphpipe.OPTIMIZERS)):
+        graphpipe.plan(*_tiny_graph_and_devices(), optimizer="lion")
+
+
+def _tiny_graph_and_devices() -> tuple:
+    model, inputs = build_model("candle_uno:branches=2,batch=8")
+    return graphpipe.trace(model, inputs), 2
+
+
+def test_source_folder_without_extension_says_how_to_run(tmp_path) -> None:
+    # `pip install .` then `python -m graphpipe` in the repository root: the source folder
+    # shadows the installed package. A copy of the sources without the extension stands in for
+    # that folder; the error must name both places and the remedies.
+    import shutil
+    from pathlib import Path
+
+    source = Path(graphpipe.__file__).parent
+    copy = tmp_path / "graphpipe"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    finders = subprocess.run([sys.executable, "-c", "import sys; print(sys.meta_path)"], capture_output=True,
+                             text=True, cwd=tmp_path, timeout=60).stdout
+    if "__editable__" in finders:
+        pytest.skip("an editable install's import finder supplies graphpipe._C to any graphpipe folder")
+    run = subprocess.run([sys.executable, "-m", "graphpipe", "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert run.returncode != 0
+    assert f"source folder {copy}" in run.stderr
+    assert "pip install --no-build-isolation -e ." in run.stderr
+    assert str(source) in run.stderr  # the package that has the extension

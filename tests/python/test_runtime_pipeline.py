@@ -325,3 +325,46 @@ def test_single_rank_and_python_errors_cross_the_executor() -> None:
     assert r.value["stages"] == 1 and r.value["error"] == "boom in loss_fn"
     assert "stopped after a failure (rank 0: ValueError: boom in loss_fn)" in r.value["refusal"]
     torch.testing.assert_close(r.value["loss"], reference("candle_uno")["losses"][0])
+
+
+def _front_door_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("candle_uno")
+    graph = graphpipe.trace(model, example)
+    options = dict(memory_limit="64MiB", optimizer="sgd", micro_batch_size=2, device_kind="v100")
+    out: dict[str, Any] = {}
+    # wrap takes every option graphpipe.plan takes, and plans with it on rank 0.
+    with graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="metis", timeout=30,
+                        **options) as pipe:
+        expected = graphpipe.plan(graph, world, "metis", **options)
+        out["same_plan"] = pipe.plan.to_json(graph) == expected.to_json(graph)
+        out["micro_batch_size"] = pipe.plan.micro_batch_size
+        out["loss"] = float(pipe.step(*batches[0]))
+    for bad in (dict(optimizer="lion"), dict(memory_limit="1KiB"), dict(partitioner="fastest")):
+        try:
+            graphpipe.wrap(model, example, default_loss("candle_uno"), timeout=30, **bad)
+            out[str(bad)] = "accepted"
+        except graphpipe.GraphpipeError as exc:
+            out[str(bad)] = f"{type(exc).__name__}: {exc}"
+    try:
+        graphpipe.wrap(model, example, default_loss("candle_uno"), plan=expected, memory_limit="1GiB", timeout=30)
+        out["plan and options"] = "accepted"
+    except graphpipe.GraphpipeError as exc:
+        out["plan and options"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def test_wrap_takes_every_planning_option_of_plan() -> None:
+    results = run_ranks(_front_door_worker, 2, timeout=180)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        v = r.value
+        assert v["same_plan"] is True
+        assert v["micro_batch_size"] == 2
+        assert v["loss"] == v["loss"]  # trained a step
+        assert "unknown optimizer 'lion'" in v["{'optimizer': 'lion'}"]
+        assert "does not fit" in v["{'memory_limit': '1KiB'}"].lower()
+        assert "unknown partitioner 'fastest'" in v["{'partitioner': 'fastest'}"]
+        assert v["plan and options"].startswith("InputError") and "memory_limit" in v["plan and options"]
