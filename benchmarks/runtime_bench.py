@@ -12,6 +12,19 @@ profiled on this machine. The "check us" column is the cost of the per-step batc
 every rank runs before anything is posted (graphpipe.runtime.batch_check: inputs against the
 traced example, targets against the first step's), timed in this process over 2000 calls; "check
 %" puts it beside the measured iteration. Results go to results/runtime_bench.json.
+
+Old against new, side by side in one run:
+
+    python benchmarks/runtime_bench.py --against DIR [--rounds 3]
+
+DIR holds another build of graphpipe, e.g. the commit before a change, installed with
+``pip install --no-build-isolation --no-deps --target DIR <checkout>``. Every (model, plan) is
+then timed by both builds, alternating (old, new; then new, old; ...) over ``--rounds`` rounds,
+each in fresh ranks started by a subprocess whose PYTHONPATH puts DIR first (old) or not (new),
+with the same plan JSON text and the same timing loop (the API both builds share: ``wrap`` with
+``plan=``, ``step``, the optimizer stepped after it). The table gives each build's median
+iteration and old / new (above 1: the new build is faster). Results go to
+results/runtime_bench_against.json.
 """
 
 from __future__ import annotations
@@ -73,6 +86,102 @@ def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup
     return {"seconds": statistics.median(times[warmup:]), "batch": batch, "tasks": tasks}
 
 
+def _timing_worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int,
+                   schedule: str) -> list[float]:
+    """The timing loop of --against: only API that every build has."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    targets = model.example_targets(inputs[0].shape[0])
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, schedule=schedule)
+    params = list(pipe.parameters())
+    opt = torch.optim.SGD(params, lr=0.01) if params else None
+    times = []
+    for _ in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        if opt:
+            opt.zero_grad()
+        pipe.step(inputs, targets)
+        if opt:
+            opt.step()
+        times.append(time.perf_counter() - start)
+    return times[warmup:]
+
+
+def _time_one(job_path: str) -> None:
+    """--time-one: runs one job (JSON file) in fresh ranks of whatever graphpipe this process
+    imports, and prints the per-step seconds of the slowest rank as JSON."""
+    from graphpipe.runtime.testing import run_ranks
+
+    with open(job_path) as f:
+        job = json.load(f)
+    torch.set_num_threads(1)
+    res = run_ranks(_timing_worker, job["world"], job["spec"], job["plan"], job["steps"], job["warmup"],
+                    job["schedule"], timeout=600)
+    bad = [r for r in res if not r.ok]
+    if bad:
+        raise SystemExit(f"rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
+    print(json.dumps([max(r.value[i] for r in res) for i in range(job["steps"])]))
+
+
+def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    import graphpipe
+    from graphpipe._ext import _C
+
+    old_dir = os.path.abspath(args.against)
+    if not os.path.isdir(os.path.join(old_dir, "graphpipe")):
+        raise SystemExit(f"--against {old_dir}: no graphpipe package there (pip install --target {old_dir} ...)")
+    base = os.environ.get("PYTHONPATH", "")
+    envs = {"old": dict(os.environ, PYTHONPATH=old_dir + (os.pathsep + base if base else "")),
+            "new": dict(os.environ)}
+    which = {k: subprocess.run([sys.executable, "-c", "import graphpipe; print(graphpipe.__file__)"], env=e,
+                               capture_output=True, text=True, check=True).stdout.strip() for k, e in envs.items()}
+    if which["old"] == which["new"]:
+        raise SystemExit(f"--against: both builds import {which['new']}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (spec, graph) in graphs.items():
+            for partitioner in ("graphpipe", "sequential"):
+                plan = _C.partition(graph, devices, partitioner=partitioner, num_micro_batches=args.micro_batches)
+                job = os.path.join(tmp, "job.json")
+                with open(job, "w") as f:
+                    json.dump({"world": args.world, "spec": spec, "plan": plan.to_json(graph), "steps": args.steps,
+                               "warmup": args.warmup, "schedule": args.schedule}, f)
+                seconds: dict[str, list[float]] = {"old": [], "new": []}
+                for r in range(args.rounds):
+                    for build in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                        run = subprocess.run([sys.executable, __file__, "--time-one", job], env=envs[build],
+                                             capture_output=True, text=True, timeout=900)
+                        if run.returncode != 0:
+                            raise SystemExit(f"{name}/{partitioner} ({build} build): {run.stderr[-3000:]}")
+                        seconds[build] += json.loads(run.stdout.strip().splitlines()[-1])
+                old_s, new_s = statistics.median(seconds["old"]), statistics.median(seconds["new"])
+                rows.append({"model": name, "partitioner": plan.partitioner, "stages": len(plan.stages),
+                             "old_iteration_s": old_s, "new_iteration_s": new_s, "old_over_new": old_s / new_s,
+                             "samples": {k: v for k, v in seconds.items()}})
+                print(f"{name} / {plan.partitioner}: old {1e3 * old_s:.2f} ms, new {1e3 * new_s:.2f} ms", flush=True)
+    print(f"\nold: {which['old']}\nnew: {which['new']}  (graphpipe {graphpipe.__version__})")
+    print(f"\n| model | plan | stages | old ms | new ms | old / new |\n| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['model']} | {r['partitioner']} | {r['stages']} | {1e3 * r['old_iteration_s']:.2f} | "
+              f"{1e3 * r['new_iteration_s']:.2f} | {r['old_over_new']:.3f} |")
+    out = os.path.join(os.path.dirname(args.out) or ".", "runtime_bench_against.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"world": args.world, "rounds": args.rounds, "steps": args.steps, "old": which["old"],
+                   "new": which["new"], "rows": rows}, f, indent=2)
+    print(f"\nwrote {out}")
+
+
 def main() -> None:
     import graphpipe
     from graphpipe._ext import _C
@@ -90,10 +199,27 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--out", default="results/runtime_bench.json")
+    ap.add_argument("--against", metavar="DIR", help="time another graphpipe build (installed in DIR) side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds per build")
+    ap.add_argument("--time-one", metavar="JOB", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.time_one:
+        _time_one(args.time_one)
+        return
 
     torch.set_num_threads(1)
     devices = _C.Devices.cpu_rank(args.world)
+    if args.against:
+        graphs = {}
+        for name in args.models.split(","):
+            spec = f"{name}:batch={args.batch}"
+            model, inputs = build_model(spec)
+            traced = trace_module(model, inputs)
+            graphpipe.profile(traced.graph, model, inputs, batch_sizes=(args.batch // args.micro_batches,),
+                              repeats=3)
+            graphs[name] = (spec, traced.graph)
+        _against(args, graphs, devices)
+        return
     rows = []
     for name in args.models.split(","):
         spec = f"{name}:batch={args.batch}"
