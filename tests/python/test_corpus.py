@@ -69,9 +69,11 @@ def train(
     plan = None
     if assignment is not None:
         plan = manual_plan(trace(case.model, case.example), dict(assignment), cm.MICRO_BATCHES)
+    # A given plan comes without planning options (wrap refuses both at once).
+    planning = {"plan": plan} if plan is not None else {"partitioner": partitioner}
     pipe = graphpipe.wrap(
-        case.model, case.example, case.loss_fn, partitioner=partitioner, schedule=schedule,
-        micro_batches=cm.MICRO_BATCHES, plan=plan, timeout=120,
+        case.model, case.example, case.loss_fn, schedule=schedule, micro_batches=cm.MICRO_BATCHES, timeout=120,
+        **planning,
     )
     params = list(pipe.parameters())
     opt = torch.optim.SGD(params, lr=LR) if params else None
