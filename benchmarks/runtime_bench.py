@@ -143,8 +143,12 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
     base = os.environ.get("PYTHONPATH", "")
     envs = {"old": dict(os.environ, PYTHONPATH=old_dir + (os.pathsep + base if base else "")),
             "new": dict(os.environ)}
+    # Both run outside the repository, so that no source folder in the current directory shadows
+    # either build.
+    neutral = tempfile.gettempdir()
     which = {k: subprocess.run([sys.executable, "-c", "import graphpipe; print(graphpipe.__file__)"], env=e,
-                               capture_output=True, text=True, check=True).stdout.strip() for k, e in envs.items()}
+                               cwd=neutral, capture_output=True, text=True, check=True).stdout.strip()
+             for k, e in envs.items()}
     if which["old"] == which["new"]:
         raise SystemExit(f"--against: both builds import {which['new']}")
     rows = []
@@ -159,8 +163,9 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
                 seconds: dict[str, list[float]] = {"old": [], "new": []}
                 for r in range(args.rounds):
                     for build in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                        run = subprocess.run([sys.executable, __file__, "--time-one", job], env=envs[build],
-                                             capture_output=True, text=True, timeout=900)
+                        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-one", job],
+                                             env=envs[build], cwd=neutral, capture_output=True, text=True,
+                                             timeout=900)
                         if run.returncode != 0:
                             raise SystemExit(f"{name}/{partitioner} ({build} build): {run.stderr[-3000:]}")
                         seconds[build] += json.loads(run.stdout.strip().splitlines()[-1])
