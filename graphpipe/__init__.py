@@ -18,7 +18,7 @@ from graphpipe.errors import (
     ScheduleError,
     TraceError,
 )
-from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, devices, plan
+from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
@@ -63,6 +63,7 @@ __all__ = [
     "ScheduleError",
     "TraceError",
     "TransferMismatch",
+    "all_reduce_cost",
     "devices",
     "plan",
     "profile",

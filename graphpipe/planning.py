@@ -17,7 +17,7 @@ from graphpipe._ext import _C
 from graphpipe.errors import InputError
 from graphpipe.trace import trace
 
-__all__ = ["plan", "devices", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS", "OPTIMIZERS"]
+__all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS", "OPTIMIZERS"]
 
 #: Partitioner names accepted by :func:`plan`, as the C++ registry lists them.
 PARTITIONERS: tuple[str, ...] = tuple(_C.partitioner_names())
@@ -40,25 +40,40 @@ def parse_bytes(value: float | int | str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
-def devices(count: int, kind: str = "cpu", *, measure: bool = False) -> Any:
+def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: int | None = None) -> Any:
     """A device description for the cost model: ``count`` devices of ``kind``.
 
-    ``cpu`` describes CPU ranks on one host (``measure=True`` calibrates throughput on this
-    machine; the default uses documented constants so that every rank computes the same plan);
-    ``v100`` and ``h100`` are documented GPU presets with fast links inside a node and slower
-    ones across nodes. A JSON file path (``*.json``) loads a saved description.
+    ``cpu`` describes CPU ranks (``measure=True`` calibrates throughput on this machine; the
+    default uses documented constants so that every rank computes the same plan), on one host
+    unless ``per_node`` groups them onto several (10 GbE between hosts); ``v100`` and ``h100``
+    are documented GPU presets with fast links inside a node and slower ones across nodes
+    (``per_node`` GPUs to a node; default 4 and 8). A JSON file path (``*.json``) loads a saved
+    description. ``.node`` lists each device's node, which the all-reduce cost
+    (:func:`all_reduce_cost`) reads.
     """
     if count < 1:
         raise InputError(f"devices: count must be at least 1, got {count}")
+    if per_node is not None and per_node < 1:
+        raise InputError(f"devices: per_node must be at least 1, got {per_node}")
     if kind.endswith(".json"):
+        if per_node is not None:
+            raise InputError(f"devices: {kind} describes its own nodes; per_node applies to presets")
         loaded = _C.Devices.load(kind)
         if loaded.count != count:
             raise InputError(f"{kind} describes {loaded.count} devices, {count} were asked for")
         return loaded
     if kind == "cpu":
-        return _C.Devices.cpu_rank(count, measure=measure)
+        return _C.Devices.cpu_rank(count, measure=measure, per_node=per_node or 0)
     # The preset lookup raises PlanningError naming the presets for an unknown kind.
-    return _C.Devices.preset(kind, count)
+    return _C.Devices.preset(kind, count, per_node=per_node or 0)
+
+
+def all_reduce_cost(devices: Any, group: Sequence[int], nbytes: float, algorithm: str = "best") -> Any:
+    """What summing ``nbytes`` over the devices in ``group`` costs on ``devices`` (the C++ cost
+    model's figure, csrc/cost/all_reduce.h): ``algorithm`` is ``ring``, ``hierarchical`` (inside
+    each node, then across nodes) or ``best`` of the two. Returns an ``AllReduceCost`` with
+    ``algorithm``, ``seconds`` and the bytes each device sends inside and across nodes."""
+    return _C.all_reduce_cost(devices, list(group), float(nbytes), algorithm)
 
 
 _describe_devices = devices  # plan() takes a parameter named `devices`

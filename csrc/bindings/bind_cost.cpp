@@ -7,6 +7,7 @@
 #include "cost/devices.h"
 #include "cost/devices_json.h"
 #include "cost/in_flight.h"
+#include "cost/all_reduce.h"
 #include "cost/presets.h"
 
 namespace py = pybind11;
@@ -28,6 +29,7 @@ void bind_cost(py::module_& m) {
       .def_readwrite("relative_speed", &Devices::relative_speed)
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
+      .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")
       .def("transfer_seconds", &Devices::transfer_seconds, py::arg("src"), py::arg("dst"), py::arg("bytes"))
       .def("slowest_link_bandwidth", &Devices::slowest_link_bandwidth)
       .def("slowest_link_latency", &Devices::slowest_link_latency)
@@ -43,9 +45,9 @@ void bind_cost(py::module_& m) {
                   "V100-class GPUs, documented constants (16 GiB, NVLink 2 / EDR InfiniBand).")
       .def_static("h100", &cost::h100, py::arg("count"), py::arg("per_node") = 8,
                   "H100-class GPUs, documented constants (80 GiB, NVLink 4 / NDR InfiniBand).")
-      .def_static("cpu_rank", &cost::cpu_rank, py::arg("count"), py::arg("measure") = true,
-                  "CPU ranks on one host; measure=False gives the documented constants.")
-      .def_static("preset", &cost::preset, py::arg("name"), py::arg("count"))
+      .def_static("cpu_rank", &cost::cpu_rank, py::arg("count"), py::arg("measure") = true, py::arg("per_node") = 0,
+                  "CPU ranks (per_node to a host; 0: one host); measure=False gives the documented constants.")
+      .def_static("preset", &cost::preset, py::arg("name"), py::arg("count"), py::arg("per_node") = 0)
       .def("to_json", [](const Devices& d, int indent) { return cost::dumps(d, indent); }, py::arg("indent") = -1)
       .def_static("from_json", &cost::loads_devices, py::arg("text"))
       .def("save", [](const Devices& d, const std::string& path) { cost::save(d, path); }, py::arg("path"))
@@ -70,6 +72,24 @@ void bind_cost(py::module_& m) {
       .def("static_bytes", &CostModel::static_bytes, py::arg("node"))
       .def("activation_bytes", &CostModel::activation_bytes, py::arg("node"), py::arg("micro_batch"));
 
+  py::class_<cost::AllReduceCost>(m, "AllReduceCost", "What an all-reduce costs (see cost/all_reduce.h).")
+      .def_property_readonly("algorithm", [](const cost::AllReduceCost& c) { return cost::to_string(c.algorithm); })
+      .def_readonly("seconds", &cost::AllReduceCost::seconds)
+      .def_readonly("intra_node_bytes_per_device", &cost::AllReduceCost::intra_node_bytes_per_device)
+      .def_readonly("inter_node_bytes_per_device", &cost::AllReduceCost::inter_node_bytes_per_device)
+      .def("__repr__", [](const cost::AllReduceCost& c) {
+        return "<AllReduceCost " + cost::to_string(c.algorithm) + " " + std::to_string(c.seconds * 1e3) + " ms>";
+      });
+  m.def(
+      "all_reduce_cost",
+      [](const Devices& d, const std::vector<int>& group, double bytes, const std::string& algorithm) {
+        if (algorithm == "best") return cost::best_all_reduce(d, group, bytes);
+        return cost::parse_all_reduce_algorithm(algorithm) == cost::AllReduceAlgorithm::ring
+                   ? cost::ring_all_reduce(d, group, bytes)
+                   : cost::hierarchical_all_reduce(d, group, bytes);
+      },
+      py::arg("devices"), py::arg("group"), py::arg("bytes"), py::arg("algorithm") = "best",
+      "Cost of summing `bytes` over the devices in `group`: 'ring', 'hierarchical' or the 'best' of both.");
   m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
   m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");
   m.def("optimizer_state_factor",

@@ -86,6 +86,18 @@ void Devices::validate() const {
   };
   check_matrix(link_bandwidth, "link_bandwidth", true);
   check_matrix(link_latency, "link_latency", false);
+  if (!node.empty()) {
+    if (static_cast<int>(node.size()) != count) {
+      throw PlanningError("devices.node has " + std::to_string(node.size()) + " entries for " +
+                          std::to_string(count) + " devices");
+    }
+    for (int d = 0; d < count; ++d) {
+      if (node[d] < 0) {
+        throw PlanningError("devices.node[" + std::to_string(d) + "] must not be negative, found " +
+                            std::to_string(node[d]));
+      }
+    }
+  }
 }
 
 void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
@@ -94,6 +106,8 @@ void set_node_links(Devices& devices, int per_node, double intra_bandwidth, doub
   const int n = std::max(devices.count, 0);
   devices.link_bandwidth.assign(n, std::vector<double>(n, intra_bandwidth));
   devices.link_latency.assign(n, std::vector<double>(n, 0.0));
+  devices.node.assign(n, 0);
+  for (int a = 0; a < n; ++a) devices.node[a] = a / per_node;
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) {
       if (a == b) continue;

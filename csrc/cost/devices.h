@@ -3,11 +3,13 @@
 // A Devices value describes `count` devices (ranks) of one kind: memory capacity, compute
 // throughput, memory bandwidth, a fixed per-operator overhead (why small micro-batches cost more
 // per sample), and, for every ordered pair of devices, link latency and bandwidth. The pairwise
-// matrices let a description say "fast links inside a node, slower ones across nodes".
+// matrices let a description say "fast links inside a node, slower ones across nodes"; `node`
+// names each device's node, which a hierarchical all-reduce (cost/all_reduce.h) needs.
 //
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0; latencies and the overhead >= 0;
-// relative_speed > 0. transfer_seconds is O(1).
+// relative_speed > 0; `node` is empty (all devices on one node) or has one non-negative entry
+// per device. transfer_seconds is O(1).
 //
 // Presets (documented constants, or a cheap measurement for the CPU rank) are in
 // cost/presets.h; the JSON form is in cost/devices_json.h.
@@ -30,6 +32,10 @@ struct Devices {
   double relative_speed = 1.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
+  std::vector<int> node;                            // node of each device; empty: one node
+
+  // The node device `d` sits on (0 when `node` is empty).
+  int node_of(int d) const { return node.empty() ? 0 : node[d]; }
 
   // Latency plus bytes over bandwidth; zero for a device talking to itself.
   double transfer_seconds(int src, int dst, double bytes) const {
@@ -48,7 +54,7 @@ struct Devices {
 
 // Fills both matrices for `count` devices grouped `per_node` to a node: pairs inside a node get
 // the intra-node link, pairs across nodes the inter-node one, the diagonal gets 0 latency and the
-// intra-node bandwidth (never used: a device does not talk to itself).
+// intra-node bandwidth (never used: a device does not talk to itself). Sets `node` to d / per_node.
 void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
                     double inter_bandwidth, double inter_latency);
 

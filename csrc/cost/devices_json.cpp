@@ -8,17 +8,19 @@ namespace graphpipe::cost {
 namespace jf = json_fields;
 
 nlohmann::json to_json(const Devices& d) {
-  return nlohmann::json{{"format", "graphpipe.devices"},
-                        {"schema_version", kDevicesSchemaVersion},
-                        {"name", d.name},
-                        {"count", d.count},
-                        {"memory_bytes", d.memory_bytes},
-                        {"flops_per_second", d.flops_per_second},
-                        {"memory_bandwidth", d.memory_bandwidth},
-                        {"op_overhead_seconds", d.op_overhead_seconds},
-                        {"relative_speed", d.relative_speed},
-                        {"link_bandwidth", d.link_bandwidth},
-                        {"link_latency", d.link_latency}};
+  nlohmann::json doc{{"format", "graphpipe.devices"},
+                     {"schema_version", kDevicesSchemaVersion},
+                     {"name", d.name},
+                     {"count", d.count},
+                     {"memory_bytes", d.memory_bytes},
+                     {"flops_per_second", d.flops_per_second},
+                     {"memory_bandwidth", d.memory_bandwidth},
+                     {"op_overhead_seconds", d.op_overhead_seconds},
+                     {"relative_speed", d.relative_speed},
+                     {"link_bandwidth", d.link_bandwidth},
+                     {"link_latency", d.link_latency}};
+  if (!d.node.empty()) doc["node"] = d.node;
+  return doc;
 }
 
 namespace {
@@ -74,6 +76,20 @@ Devices devices_from_json(const nlohmann::json& doc) {
   d.relative_speed = positive(doc, "relative_speed");
   d.link_bandwidth = matrix(doc, "link_bandwidth", d.count, true);
   d.link_latency = matrix(doc, "link_latency", d.count, false);
+  if (doc.contains("node")) {  // optional: without it every device is on one node
+    const auto& nodes = jf::array(doc["node"], "$.node");
+    if (static_cast<int>(nodes.size()) != d.count) {
+      throw FormatError("$.node: expected " + std::to_string(d.count) + " entries (one per device), found " +
+                        std::to_string(nodes.size()));
+    }
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      if (!nodes[i].is_number_integer() || nodes[i].get<int>() < 0) {
+        throw FormatError("$.node[" + std::to_string(i) + "]: expected a non-negative integer, found " +
+                          nodes[i].dump());
+      }
+      d.node.push_back(nodes[i].get<int>());
+    }
+  }
   try {
     d.validate();
   } catch (const PlanningError& e) {

@@ -3,7 +3,8 @@
 //   {"format": "graphpipe.devices", "schema_version": 1, "name": "v100", "count": 8,
 //    "memory_bytes": ..., "flops_per_second": ..., "memory_bandwidth": ...,
 //    "op_overhead_seconds": ..., "relative_speed": 1.0,
-//    "link_bandwidth": [[...], ...], "link_latency": [[...], ...]}
+//    "link_bandwidth": [[...], ...], "link_latency": [[...], ...],
+//    "node": [0, 0, 0, 0, 1, ...]}            (optional: each device's node; absent: one node)
 //
 // Loading checks the header, every field's presence and type, and the invariants of devices.h;
 // a problem raises FormatError with the JSON path of the field ("$.link_bandwidth[2][5]: ...").

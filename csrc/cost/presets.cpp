@@ -95,7 +95,7 @@ Devices h100(int count, int per_node) {
   return gpu("h100", count, per_node, 80 * GiB, 495e12, 3.35e12, 5e-6, 450e9, 3e-6, 50e9, 8e-6);
 }
 
-Devices cpu_rank(int count, bool measure) {
+Devices cpu_rank(int count, bool measure, int per_node) {
   check_count(count);
   Devices d;
   d.name = measure ? "cpu (measured)" : "cpu";
@@ -116,17 +116,18 @@ Devices cpu_rank(int count, bool measure) {
                std::to_string(d.memory_bandwidth) + " B/s");
   }
   d.op_overhead_seconds = 20e-6;
-  set_node_links(d, count, 1e9, 50e-6, 1e9, 50e-6);
+  // Loopback TCP inside a host; 10 GbE between hosts.
+  set_node_links(d, per_node > 0 ? per_node : count, 1e9, 50e-6, 1.25e9, 100e-6);
   d.validate();
   return d;
 }
 
 std::vector<std::string> preset_names() { return {"cpu", "v100", "h100"}; }
 
-Devices preset(const std::string& name, int count) {
-  if (name == "v100") return v100(count);
-  if (name == "h100") return h100(count);
-  if (name == "cpu") return cpu_rank(count);
+Devices preset(const std::string& name, int count, int per_node) {
+  if (name == "v100") return per_node > 0 ? v100(count, per_node) : v100(count);
+  if (name == "h100") return per_node > 0 ? h100(count, per_node) : h100(count);
+  if (name == "cpu") return cpu_rank(count, true, per_node);
   std::string choices;
   for (const auto& n : preset_names()) choices += (choices.empty() ? "" : ", ") + n;
   throw PlanningError("unknown device preset '" + name + "': the presets are " + choices);

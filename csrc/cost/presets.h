@@ -18,8 +18,11 @@
 // cpu_rank: one process of a CPU training job talking over Gloo/TCP on one host. When measured,
 // FLOP/s and memory bandwidth come from a few-millisecond calibration (a blocked matrix product
 // and a large copy); otherwise 20e9 FLOP/s and 5e9 B/s. Memory is the physical memory divided
-// by the ranks; links are loopback TCP (1e9 B/s, 50 us). Per-operator overhead 20 us (eager
-// PyTorch dispatch on a CPU).
+// by the ranks; links are loopback TCP (1e9 B/s, 50 us) inside a host and 10 GbE (1.25e9 B/s,
+// 100 us) between hosts. Per-operator overhead 20 us (eager PyTorch dispatch on a CPU).
+//
+// per_node groups the devices into nodes (cost/devices.h: Devices::node): the GPU presets
+// default to 4 (v100) and 8 (h100) per node, CPU ranks to one host for all.
 #pragma once
 
 #include <string>
@@ -31,12 +34,14 @@ namespace graphpipe::cost {
 
 Devices v100(int count, int per_node = 4);
 Devices h100(int count, int per_node = 8);
-// measure = false gives the documented constants (deterministic, for tests).
-Devices cpu_rank(int count, bool measure = true);
+// measure = false gives the documented constants (deterministic, for tests); per_node = 0: one
+// host for every rank.
+Devices cpu_rank(int count, bool measure = true, int per_node = 0);
 
 // The presets' names: "cpu", "v100", "h100".
 std::vector<std::string> preset_names();
 // Looks a preset up by a name from preset_names(); throws PlanningError naming the presets.
-Devices preset(const std::string& name, int count);
+// per_node = 0 keeps the preset's own grouping.
+Devices preset(const std::string& name, int count, int per_node = 0);
 
 }  // namespace graphpipe::cost

@@ -168,3 +168,25 @@ def test_source_folder_without_extension_says_how_to_run(tmp_path) -> None:
     assert f"source folder {copy}" in run.stderr
     assert "pip install --no-build-isolation -e ." in run.stderr
     assert str(source) in run.stderr  # the package that has the extension
+
+
+def test_devices_on_nodes_and_the_all_reduce_they_imply() -> None:
+    gpus = graphpipe.devices(8, "v100", per_node=4)
+    assert list(gpus.node) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert list(graphpipe.devices(4, "cpu", per_node=2).node) == [0, 0, 1, 1]
+    assert list(graphpipe.devices(4, "cpu").node) == [0, 0, 0, 0]
+    bytes_ = 256e6
+    ring = graphpipe.all_reduce_cost(gpus, range(8), bytes_, "ring")
+    hier = graphpipe.all_reduce_cost(gpus, range(8), bytes_, "hierarchical")
+    best = graphpipe.all_reduce_cost(gpus, range(8), bytes_)
+    # Closed forms of csrc/cost/all_reduce.h on the V100 preset (NVLink 50e9 B/s, 5 us inside a
+    # node of 4; InfiniBand 12.5e9 B/s, 10 us across).
+    assert ring.seconds == pytest.approx(14 * (10e-6 + bytes_ / 8 / 12.5e9))
+    assert hier.seconds == pytest.approx(2 * 3 * (5e-6 + bytes_ / 4 / 50e9) + 2 * (10e-6 + bytes_ / 8 / 12.5e9))
+    assert best.algorithm == "hierarchical" and best.seconds == hier.seconds
+    assert hier.inter_node_bytes_per_device == pytest.approx(2 * bytes_ / 8)
+    assert graphpipe.all_reduce_cost(gpus, [2], bytes_).seconds == 0.0
+    with pytest.raises(graphpipe.PlanningError, match="device 9"):
+        graphpipe.all_reduce_cost(gpus, [0, 9], bytes_)
+    with pytest.raises(graphpipe.InputError, match="per_node"):
+        graphpipe.devices(4, "v100", per_node=0)
