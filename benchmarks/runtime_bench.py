@@ -59,7 +59,12 @@ def _batch_check_seconds(model: Any, inputs: tuple, targets: Any, calls: int = 2
     return statistics.median(rounds)
 
 
-def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int, schedule: str) -> dict[str, Any]:
+def _timed_steps(spec: str, plan_json: str, steps: int, warmup: int, schedule: str,
+                 record_last: bool) -> tuple[Any, int, list[float]]:
+    """This rank's pipeline of ``spec`` on ``plan_json`` and the seconds of each measured step
+    (a barrier before each; SGD stepped after ``step``). Uses only API that every build has
+    (``wrap`` with ``plan=``, ``step``), so --against can run it on an older build; ``record=``
+    is passed only to record the last step."""
     import torch.distributed as dist
 
     import graphpipe
@@ -78,39 +83,25 @@ def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup
         start = time.perf_counter()
         if opt:
             opt.zero_grad()
-        pipe.step(inputs, targets, record=(k == warmup + steps - 1))
+        if record_last and k == warmup + steps - 1:
+            pipe.step(inputs, targets, record=True)
+        else:
+            pipe.step(inputs, targets)
         if opt:
             opt.step()
         times.append(time.perf_counter() - start)
-    tasks = pipe.measured_tasks()
-    return {"seconds": statistics.median(times[warmup:]), "batch": batch, "tasks": tasks}
+    return pipe, batch, times[warmup:]
+
+
+def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int, schedule: str) -> dict[str, Any]:
+    pipe, batch, times = _timed_steps(spec, plan_json, steps, warmup, schedule, record_last=True)
+    return {"seconds": statistics.median(times), "batch": batch, "tasks": pipe.measured_tasks()}
 
 
 def _timing_worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int,
                    schedule: str) -> list[float]:
-    """The timing loop of --against: only API that every build has."""
-    import torch.distributed as dist
-
-    import graphpipe
-    from graphpipe.models import build_model, default_loss
-
-    torch.manual_seed(0)
-    model, inputs = build_model(spec)
-    targets = model.example_targets(inputs[0].shape[0])
-    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, schedule=schedule)
-    params = list(pipe.parameters())
-    opt = torch.optim.SGD(params, lr=0.01) if params else None
-    times = []
-    for _ in range(warmup + steps):
-        dist.barrier()
-        start = time.perf_counter()
-        if opt:
-            opt.zero_grad()
-        pipe.step(inputs, targets)
-        if opt:
-            opt.step()
-        times.append(time.perf_counter() - start)
-    return times[warmup:]
+    """The timing loop of --against."""
+    return _timed_steps(spec, plan_json, steps, warmup, schedule, record_last=False)[2]
 
 
 def _time_one(job_path: str) -> None:
