@@ -30,7 +30,7 @@ from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
 from graphpipe.planning import plan as make_plan
 from graphpipe.runtime.plan import check_runnable, load_plan, plan_json, stage_ranks
-from graphpipe.runtime.process_group import new_pipeline_group
+from graphpipe.runtime.process_group import new_process_group
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
     StageGraph,
@@ -108,8 +108,10 @@ class Pipeline:
         # collective on it has the deadline.
         backend = str(dist.get_backend(self.group)).lower()
         whole_world = self.world_size == dist.get_world_size()
+        self._whole_world = whole_world
         self._pg = self._board.guard(
-            lambda: new_pipeline_group(self._global_ranks, whole_world, backend, self.timeout, self._board)
+            lambda: new_process_group(self._global_ranks, list(range(self.world_size)), whole_world, backend,
+                                      self.timeout, self._board, "the pipeline")
         )
         self._board.guard(lambda: self._connect(backend))
 
@@ -191,9 +193,13 @@ class Pipeline:
                     )
 
     def _connect(self, backend: str) -> None:
+        def tied_group(member_ranks: list[int]) -> Any:
+            return new_process_group([self._global_ranks[r] for r in member_ranks], member_ranks,
+                                     self._whole_world, backend, self.timeout, self._board, "tied parameters")
+
         self._shared = SharedParameterSync(
             self._stages.shared_params, [st.rank for st in self._stages.stages], self.stage, self.module,
-            self._pg, self.timeout,
+            tied_group, self.timeout,
         )
         self.executor = _C.Executor(self.schedule, self.rank, self._pg, self.timeout)
         if self.device.type == "cuda":

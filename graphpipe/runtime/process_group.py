@@ -1,4 +1,5 @@
-"""The pipeline's own process group, created so that every rank gets the same group.
+"""The pipeline's process groups (its own, and one per set of ranks holding tied parameters),
+created so that every rank gets the same group.
 
 Why a module of its own: torch names a new group in one of two ways, and both can leave ranks
 waiting on each other forever when used carelessly.
@@ -13,10 +14,11 @@ waiting on each other forever when used carelessly.
   made a subgroup that only some of them belong to, compute different names and wait in
   Gloo's rendezvous under different store prefixes; and after a group is destroyed the count
   falls, a name repeats, and the new group meets the old one's keys in the store. Both hung
-  ``benchmarks/compare.py`` under torchrun. So for a pipeline over a subgroup the ranks first
-  compare the name torch is about to give, through the failure board (whose waits time out),
-  and refuse a name that differs or that this process has already used, with an error that
-  says why.
+  ``benchmarks/compare.py`` under torchrun, and the tied-parameter groups of 3 and 4 ranks (made
+  by their members alone) hung the model corpus. So over the whole world every rank of the
+  pipeline makes every group, members or not; over a subgroup the members first compare the
+  name torch is about to give, through the failure board (whose waits time out), and refuse a
+  name that differs or that this process has already used, with an error that says why.
 """
 
 from __future__ import annotations
@@ -29,29 +31,43 @@ import torch.distributed as dist
 from graphpipe.errors import InputError
 from graphpipe.runtime.failure import FailureBoard
 
-__all__ = ["new_pipeline_group"]
+__all__ = ["new_process_group"]
 
 #: Names of groups this process created with local synchronization (torch never reuses a name
 #: safely; see the module docstring).
 _local_names_used: set[str] = set()
 
 
-def new_pipeline_group(
-    global_ranks: list[int], whole_world: bool, backend: str, timeout: float, board: FailureBoard
+def new_process_group(
+    global_ranks: list[int],
+    member_ranks: list[int],
+    whole_world: bool,
+    backend: str,
+    timeout: float,
+    board: FailureBoard,
+    purpose: str,
 ) -> Any:
-    """A new process group over ``global_ranks`` for one pipeline. ``whole_world``: the
-    pipeline spans every rank of the default group (every rank is calling this)."""
+    """A new process group of ``global_ranks`` for one pipeline; every rank of the pipeline
+    calls it, members and others alike, with the same arguments and in the same order.
+    ``member_ranks``: the members' ranks in the pipeline (the board's ranks). ``whole_world``:
+    the pipeline spans every rank of the default group. ``purpose`` names the group in errors
+    ("the pipeline", "tied parameters"). Returns the group on its members, None elsewhere."""
     deadline = datetime.timedelta(seconds=timeout)
+    member = board.rank in member_ranks
     if whole_world:
-        return dist.new_group(global_ranks, timeout=deadline, backend=backend)
+        group = dist.new_group(global_ranks, timeout=deadline, backend=backend)
+        return group if member else None
+    if not member:
+        return None
     name = _local_group_name(global_ranks)
     if name is not None:
-        board.share("process group name", name)
-        names = board.collect("process group name", what="process group name")
+        key = f"process group name: {purpose} {sorted(member_ranks)}"
+        board.share(key, name)
+        names = board.collect(key, ranks=sorted(member_ranks), what=f"process group name ({purpose})")
         differing = {r: n for r, n in names.items() if n != name}
         if differing:
             raise InputError(
-                "graphpipe.wrap over a subgroup: torch would name the pipeline's process group "
+                f"graphpipe.wrap over a subgroup: torch would name the process group of {purpose} "
                 f"{name[:12]}... on rank {board.rank} but differently on ranks {sorted(differing)}. Torch "
                 "hashes a subgroup's name from its ranks and the number of process groups each process "
                 "holds, so every rank of the pipeline must have created (and destroyed) the same groups "
@@ -59,7 +75,7 @@ def new_pipeline_group(
             )
         if name in _local_names_used:
             raise InputError(
-                f"graphpipe.wrap over a subgroup: torch would give the pipeline's process group the name "
+                f"graphpipe.wrap over a subgroup: torch would give the process group of {purpose} the name "
                 f"{name[:12]}... of a group this process created before (a group was destroyed in "
                 "between, so torch's count of groups fell); its rendezvous would meet the old group's "
                 "keys and hang. Create one more process group on every rank of the pipeline first, or "

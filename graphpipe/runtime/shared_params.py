@@ -5,14 +5,16 @@ In one process a tied parameter (say an input embedding reused as the output pro
 one gradient, the sum of what each use contributes. With its users on different stages, each
 stage's rank computes the contribution of its own uses; an all-reduce (sum) in a process group
 of exactly those ranks gives every copy the full gradient, so identical optimizers keep the
-copies identical, as one parameter. The groups are made once (``torch.distributed.new_group``);
+copies identical, as one parameter. The groups are made once, in ``wrap``
+(``graphpipe/runtime/process_group.py``);
 each group's gradients travel as one flat tensor.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,10 +32,11 @@ class SharedParameterSync:
     Args:
         shared: canonical parameter name -> {stage: that parameter's name in the stage module}
             (``StageGraph.shared_params``).
-        stage_ranks: rank (in ``group``) of each stage.
+        stage_ranks: rank (in the pipeline) of each stage.
         my_stage: this rank's stage (-1 if none).
         module: this rank's stage module.
-        group: the pipeline's process group.
+        make_group: pipeline ranks -> their process group on a member, None elsewhere; called on
+            every rank for every set of holders, in the same order.
         timeout: seconds an all-reduce may take before ``PipelineTimeout``.
     """
 
@@ -43,7 +46,7 @@ class SharedParameterSync:
         stage_ranks: list[int],
         my_stage: int,
         module: nn.Module,
-        group: dist.ProcessGroup,
+        make_group: Callable[[list[int]], Any],
         timeout: float,
     ) -> None:
         self.timeout = timeout
@@ -51,16 +54,13 @@ class SharedParameterSync:
         for name, users in sorted(shared.items()):
             ranks = tuple(sorted(stage_ranks[s] for s in users))
             by_ranks.setdefault(ranks, []).append(name)
-        self._syncs: list[tuple[tuple[int, ...], dist.ProcessGroup, list[nn.Parameter]]] = []
+        self._syncs: list[tuple[tuple[int, ...], Any, list[nn.Parameter]]] = []
+        # Every rank asks for every group, in the same order: torch's group names depend on it
+        # (graphpipe/runtime/process_group.py); non-members get None.
         for ranks, names in sorted(by_ranks.items()):
-            if my_stage < 0 or stage_ranks[my_stage] not in ranks:
-                continue  # only the members make the group (local synchronisation)
-            global_ranks = [_global_rank(group, r) for r in ranks]
-            sub = dist.new_group(
-                global_ranks,
-                timeout=datetime.timedelta(seconds=timeout),
-                use_local_synchronization=True,
-            )
+            sub = make_group(list(ranks))
+            if sub is None:
+                continue
             params = [module.get_parameter(shared[n][my_stage]) for n in names]
             self._syncs.append((ranks, sub, params))
 
@@ -93,9 +93,3 @@ class SharedParameterSync:
                     p.grad = summed
                 else:
                     p.grad.copy_(summed)
-
-
-def _global_rank(group: dist.ProcessGroup, group_rank: int) -> int:
-    if group is dist.distributed_c10d._get_default_group():
-        return group_rank
-    return dist.get_global_rank(group, group_rank)

@@ -6,6 +6,8 @@
 - A pipeline over a subgroup of the world trains like single-process training.
 - A subgroup pipeline whose ranks hold different numbers of process groups (torch would name
   its group differently on each) fails on every rank with an error that says so, not a hang.
+- Tied parameters whose holders are some of the ranks, after uneven groups: their gradient
+  group is made by every rank, and training equals one process's.
 """
 
 from __future__ import annotations
@@ -100,3 +102,30 @@ def test_subgroup_with_uneven_group_counts_is_refused_on_every_rank() -> None:
         assert r.error_type == "InputError", (r.error_type, r.message)
         assert "name the pipeline's process group" in r.message or "number of process groups" in r.message
         assert r.seconds < 30
+
+
+def _tied_worker(rank: int, world: int) -> dict[tuple, Any]:
+    import torch.distributed as dist
+
+    from test_corpus import train
+
+    out = {}
+    for partitioner in ("metis", "sequential"):
+        # Rank 0 alone gets one more group before each wrap, so the ranks hold different numbers of
+        # process groups when the tied parameters' group (of 2 of the 3 ranks) is made.
+        dist.new_group([0])
+        out[("tied_embedding", partitioner, "1f1b")] = train("tied_embedding", partitioner, "1f1b")
+    return out
+
+
+def test_tied_parameter_groups_of_some_ranks_after_uneven_groups() -> None:
+    # The tied embedding's two users on different stages of a 3-rank plan: its gradient is summed
+    # in a group of the ranks that hold it. Made by those ranks alone, torch named that group from
+    # each process's group count, and the ranks waited for each other forever (the corpus's
+    # tied_embedding at 3 and 4 ranks hung so).
+    import test_corpus as tc
+
+    results = run_ranks(_tied_worker, 3, timeout=300)
+    assert all(r.ok for r in results), [(r.rank, r.error_type, r.message) for r in results]
+    for partitioner in ("metis", "sequential"):
+        tc._check_against_reference("tied_embedding", results, ("tied_embedding", partitioner, "1f1b"))
