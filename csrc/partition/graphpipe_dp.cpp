@@ -155,12 +155,17 @@ class Planner {
     const int root = tree_.root;
     // Least depth at each probed target (kInf: infeasible); depth never grows with the target.
     std::map<double, int> seen;
+    // The plan of each feasible probe, rebuilt while its memo is live: the plans returned are
+    // those of probed targets, and solving a target again only to rebuild its plan would cost
+    // a whole probe per plan.
+    std::map<double, std::vector<int>> plan_at;
     int probes = 0;
     auto probe = [&](double target) {
       auto [it, fresh] = seen.try_emplace(target, 0);
       if (fresh) {
         ++probes;
         it->second = feasible(target) ? solve(root, devices_, 0).h : kInf;
+        if (it->second < kInf) plan_at.emplace(target, rebuild());
       }
       return it->second;
     };
@@ -223,13 +228,7 @@ class Planner {
                " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
                std::to_string(probes - main_probes) + " more");
     std::vector<std::vector<int>> plans;
-    for (double target : picks) {
-      feasible(target);
-      std::vector<int> assignment(p_.num_nodes(), -1);
-      int next_label = 0;
-      rebuild_solve(root, devices_, 0, assignment, next_label);
-      plans.push_back(std::move(assignment));
-    }
+    for (double target : picks) plans.push_back(plan_at.at(target));
     return plans;
   }
 
@@ -372,6 +371,14 @@ class Planner {
       if (!visit(a, v)) return;
       r = a - 1;
     }
+  }
+
+  // The plan of the target last solved (feasible() true), from its memo.
+  std::vector<int> rebuild() {
+    std::vector<int> assignment(p_.num_nodes(), -1);
+    int next_label = 0;
+    rebuild_solve(tree_.root, devices_, 0, assignment, next_label);
+    return assignment;
   }
 
   bool feasible(double target) {
