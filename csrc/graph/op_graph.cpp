@@ -24,11 +24,13 @@ NodeId OpGraph::add_node(Node node) {
   return id;
 }
 
-void OpGraph::check_node(NodeId id) const {
-  if (id < 0 || static_cast<std::size_t>(id) >= nodes_.size()) {
-    throw GraphError("node id " + std::to_string(id) + " is out of range (graph has " +
-                     std::to_string(nodes_.size()) + " nodes)");
-  }
+void OpGraph::throw_bad_node(NodeId id) const {
+  throw GraphError("node id " + std::to_string(id) + " is out of range (graph has " +
+                   std::to_string(nodes_.size()) + " nodes)");
+}
+
+void OpGraph::throw_bad_edge(EdgeId id) {
+  throw GraphError("edge id " + std::to_string(id) + " is out of range");
 }
 
 EdgeId OpGraph::add_edge(NodeId src, NodeId dst, double bytes_per_sample) {
@@ -61,12 +63,6 @@ Node& OpGraph::mutable_node(NodeId id) {
   return nodes_[id];
 }
 
-const Edge& OpGraph::edge(EdgeId id) const {
-  if (id < 0 || static_cast<std::size_t>(id) >= edges_.size()) {
-    throw GraphError("edge id " + std::to_string(id) + " is out of range");
-  }
-  return edges_[id];
-}
 
 std::optional<NodeId> OpGraph::find(std::string_view name) const {
   auto it = by_name_.find(std::string(name));
@@ -74,15 +70,6 @@ std::optional<NodeId> OpGraph::find(std::string_view name) const {
   return it->second;
 }
 
-const std::vector<EdgeId>& OpGraph::out_edges(NodeId id) const {
-  check_node(id);
-  return out_[id];
-}
-
-const std::vector<EdgeId>& OpGraph::in_edges(NodeId id) const {
-  check_node(id);
-  return in_[id];
-}
 
 std::vector<NodeId> OpGraph::successors(NodeId id) const {
   std::vector<NodeId> result;

@@ -69,13 +69,23 @@ class OpGraph {
   std::size_t num_edges() const { return edges_.size(); }
   const Node& node(NodeId id) const;
   Node& mutable_node(NodeId id);
-  const Edge& edge(EdgeId id) const;
+  // edge, out_edges and in_edges are inline: partitioners call them in their inner loops.
+  const Edge& edge(EdgeId id) const {
+    if (id < 0 || static_cast<std::size_t>(id) >= edges_.size()) [[unlikely]] throw_bad_edge(id);
+    return edges_[id];
+  }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<Edge>& edges() const { return edges_; }
   std::optional<NodeId> find(std::string_view name) const;
 
-  const std::vector<EdgeId>& out_edges(NodeId id) const;
-  const std::vector<EdgeId>& in_edges(NodeId id) const;
+  const std::vector<EdgeId>& out_edges(NodeId id) const {
+    check_node(id);
+    return out_[id];
+  }
+  const std::vector<EdgeId>& in_edges(NodeId id) const {
+    check_node(id);
+    return in_[id];
+  }
   std::vector<NodeId> successors(NodeId id) const;
   std::vector<NodeId> predecessors(NodeId id) const;
 
@@ -109,7 +119,11 @@ class OpGraph {
   std::int64_t trace_batch_size = 1;    // batch size of the example inputs
 
  private:
-  void check_node(NodeId id) const;
+  void check_node(NodeId id) const {
+    if (id < 0 || static_cast<std::size_t>(id) >= nodes_.size()) [[unlikely]] throw_bad_node(id);
+  }
+  [[noreturn]] void throw_bad_node(NodeId id) const;
+  [[noreturn]] static void throw_bad_edge(EdgeId id);
 
   std::vector<Node> nodes_;
   std::vector<Edge> edges_;

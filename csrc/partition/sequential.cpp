@@ -64,16 +64,26 @@ std::vector<int> sequential_assignment(const Problem& p) {
       }
     }
   }
+  // The stage counts k that the first segment j..e-1 may still improve. Once the segment's
+  // compute reaches f[k][j] no longer segment can lower it (a chain's value is at least its
+  // first stage's time, which is at least its compute; compute only grows with e and f[k][j]
+  // only falls), so k is dropped for good: the inner loop runs over the few k whose best chain
+  // is still slower than the segment, instead of all of them for every e.
+  std::vector<int> open;
+  open.reserve(K);
   for (int j = units - 1; j >= 0; --j) {
     const int k_hi = std::min(K, units - j);
     if (k_hi < 2) continue;
+    open.clear();
+    for (int k = 2; k <= k_hi; ++k) open.push_back(k);
     GroupStats group(p, stamps, stamp++);
-    for (int e = j + 1; e < units; ++e) {
+    for (int e = j + 1; e < units && !open.empty(); ++e) {
       for (int i = bounds[e - 1]; i < bounds[e]; ++i) group.add(p.order[i]);
       if (group.static_bytes > p.memory_limit) break;  // grows with e: no longer segment fits
-      bool can_improve = false;
-      for (int k = 2; k <= k_hi; ++k) {
-        if (group.compute < f[k][j]) can_improve = true;
+      std::size_t kept = 0;
+      for (int k : open) {
+        if (!(group.compute < f[k][j])) continue;
+        open[kept++] = k;
         double rest = f[k - 1][e];
         if (rest == kInf) continue;
         if (group.memory(in_flight(k)) > p.memory_limit) continue;
@@ -83,7 +93,7 @@ std::vector<int> sequential_assignment(const Problem& p) {
           cut[k][j] = e;
         }
       }
-      if (!can_improve) break;  // compute only grows with e
+      open.resize(kept);
     }
   }
   int best_k = -1;
