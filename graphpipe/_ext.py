@@ -10,15 +10,16 @@ import sys
 import torch  # noqa: F401  (must be imported before the extension)
 
 
-def _missing_extension_message(exc: ImportError) -> str:
+def _missing_extension_message(exc: ImportError, here: str | None = None, search_path: list[str] | None = None) -> str:
     """Why graphpipe._C is missing, and what to run. The usual cause: ``pip install .`` put the
     compiled package in site-packages, and Python, started in the repository root, imported the
     source folder ``graphpipe/`` (the current directory comes first on sys.path), which has no
-    compiled extension."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    compiled extension. ``here`` (this package's folder) and ``search_path`` (sys.path) are
+    parameters for the tests."""
+    here = os.path.abspath(here or os.path.dirname(os.path.abspath(__file__)))
     installed = ""
     root = os.path.dirname(here)
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
+    others = [p for p in (sys.path if search_path is None else search_path) if os.path.abspath(p or os.curdir) != root]
     spec = importlib.machinery.PathFinder.find_spec("graphpipe", others)
     if spec is not None and spec.submodule_search_locations:
         location = os.path.abspath(list(spec.submodule_search_locations)[0])

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/names.h"
 
 namespace graphpipe::cost {
 
@@ -24,9 +25,7 @@ Optimizer parse_optimizer(const std::string& name) {
   for (Optimizer o : {Optimizer::sgd, Optimizer::momentum, Optimizer::adam}) {
     if (name == to_string(o)) return o;
   }
-  std::string choices;
-  for (const auto& n : optimizer_names()) choices += (choices.empty() ? "" : ", ") + n;
-  throw PlanningError("unknown optimizer '" + name + "': choose " + choices);
+  throw PlanningError("unknown optimizer '" + name + "': choose " + list_names(optimizer_names()));
 }
 
 std::string to_string(Optimizer optimizer) {

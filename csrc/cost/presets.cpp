@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/names.h"
 #include "common/log.h"
 
 namespace graphpipe::cost {
@@ -128,9 +129,7 @@ Devices preset(const std::string& name, int count, int per_node) {
   if (name == "v100") return per_node > 0 ? v100(count, per_node) : v100(count);
   if (name == "h100") return per_node > 0 ? h100(count, per_node) : h100(count);
   if (name == "cpu") return cpu_rank(count, true, per_node);
-  std::string choices;
-  for (const auto& n : preset_names()) choices += (choices.empty() ? "" : ", ") + n;
-  throw PlanningError("unknown device preset '" + name + "': the presets are " + choices);
+  throw PlanningError("unknown device preset '" + name + "': the presets are " + list_names(preset_names()));
 }
 
 }  // namespace graphpipe::cost

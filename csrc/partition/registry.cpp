@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/names.h"
 #include "partition/graphpipe_portfolio.h"
 #include "partition/manual_partitioner.h"
 #include "partition/metis_partitioner.h"
@@ -35,16 +36,6 @@ constexpr Entry kRegistry[] = {
     {ManualPartitioner::kName, &make<ManualPartitioner>},
 };
 
-// "a, b, c or d"
-std::string one_of(const std::vector<std::string>& names) {
-  std::string text;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (i) text += i + 1 == names.size() ? " or " : ", ";
-    text += names[i];
-  }
-  return text;
-}
-
 }  // namespace
 
 std::vector<std::string> partitioner_names() {
@@ -58,7 +49,7 @@ std::unique_ptr<Partitioner> make_partitioner(const std::string& name) {
   for (const Entry& entry : kRegistry) {
     if (entry.name == name) return entry.make();
   }
-  throw PlanningError("unknown partitioner '" + name + "': choose " + one_of(partitioner_names()));
+  throw PlanningError("unknown partitioner '" + name + "': choose " + list_names(partitioner_names(), " or "));
 }
 
 }  // namespace graphpipe::partition

@@ -4,6 +4,9 @@
 #include <queue>
 #include <string>
 
+#include "common/error.h"
+#include "common/names.h"
+
 namespace graphpipe::schedule {
 
 using partition::Plan;
@@ -72,9 +75,8 @@ Policy parse_policy(std::string_view name) {
   for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy}) {
     if (name == policy_name(p)) return p;
   }
-  std::string choices;
-  for (const auto& n : policy_names()) choices += (choices.empty() ? "" : ", ") + n;
-  throw PlanningError("unknown schedule kind '" + std::string(name) + "' (expected " + choices + ")");
+  throw PlanningError("unknown schedule kind '" + std::string(name) + "' (expected " + list_names(policy_names()) +
+                      ")");
 }
 
 std::string_view policy_name(Policy policy) {
