@@ -166,7 +166,7 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
                              "samples": {k: v for k, v in seconds.items()}})
                 print(f"{name} / {plan.partitioner}: old {1e3 * old_s:.2f} ms, new {1e3 * new_s:.2f} ms", flush=True)
     print(f"\nold: {which['old']}\nnew: {which['new']}  (graphpipe {graphpipe.__version__})")
-    print(f"\n| model | plan | stages | old ms | new ms | old / new |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| model | plan | stages | old ms | new ms | old / new |\n| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['model']} | {r['partitioner']} | {r['stages']} | {1e3 * r['old_iteration_s']:.2f} | "
               f"{1e3 * r['new_iteration_s']:.2f} | {r['old_over_new']:.3f} |")
