@@ -19,11 +19,11 @@ Chrome trace format (``chrome_trace``; opens in https://ui.perfetto.dev and chro
      "otherData": {"source": "graphpipe simulation", "iteration_seconds": 0.012, ...}}
 
 One complete ("X") event per task: ``pid`` is the rank, ``tid`` 0 for computation (forward,
-backward, optimizer) and 1 for transfers, ``ts``/``dur`` in microseconds from the start of the
+backward, optimizer) and 1 for communication (transfers and all-reduces), ``ts``/``dur`` in microseconds from the start of the
 iteration. Names: ``F<mb> s<stage>`` forward, ``B<mb> s<stage>`` backward, ``A<mb> e<edge>``
-activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step. A
+activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step, ``AR s<stage>`` a replicated stage's gradient sum. A
 transfer is drawn on its sending rank; ``args.peer`` is the receiving rank. ``args.kind`` is one
-of ``forward, backward, activation, gradient, optimizer``. ``read_chrome_trace`` turns such a
+of ``forward, backward, activation, gradient, optimizer, all_reduce``. ``read_chrome_trace`` turns such a
 file back into task dicts.
 """
 
@@ -50,9 +50,12 @@ TASK_KINDS = {
     "activation": "#8C8C8C",
     "gradient": "#B0B0B0",
     "optimizer": "#8172B3",
+    "all_reduce": "#55A868",
 }
 _TASK_KEYS = ("name", "kind", "rank", "peer", "stage", "micro_batch", "edge", "start", "end")
 _TRANSFERS = ("activation", "gradient")
+# Drawn on a rank's thin communication lane: transfers and a replicated stage's gradient sum.
+_COMMUNICATION = (*_TRANSFERS, "all_reduce")
 
 
 def tasks_of(result: Any) -> list[dict]:
@@ -96,12 +99,12 @@ def gantt_png(result: Any, path: str | os.PathLike, *, title: str | None = None,
         ranks = [0]
     row = {r: i for i, r in enumerate(ranks)}
     end = max((t["end"] for t in tasks), default=1.0) or 1.0
-    per_rank = sum(t["kind"] not in _TRANSFERS for t in tasks) / len(ranks)
+    per_rank = sum(t["kind"] not in _COMMUNICATION for t in tasks) / len(ranks)
     fig, ax = plt.subplots(figsize=(min(24.0, max(8.0, 0.2 * per_rank)), 1.2 + 0.55 * len(ranks)))
     for t in tasks:
         width = t["end"] - t["start"]
         y = row[t["rank"]]
-        if t["kind"] in _TRANSFERS:
+        if t["kind"] in _COMMUNICATION:
             if not transfers:
                 continue
             ax.broken_barh([(t["start"], width)], (y + 0.28, 0.14), facecolors=TASK_KINDS[t["kind"]])
@@ -140,7 +143,8 @@ def _stage_graph(plan: Any) -> tuple[int, list[tuple[int, int]], list[str]]:
         return len(stages), edges, labels
     if hasattr(plan, "stage_ranks"):  # a Schedule
         edges = [tuple(e) for e in plan.edges]
-        return len(plan.stage_ranks), edges, [f"s{i}\nrank {r}" for i, r in enumerate(plan.stage_ranks)]
+        return len(plan.stage_ranks), edges, [
+            f"s{i}\nrank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}" for i, r in enumerate(plan.stage_ranks)]
     stages = list(plan.stages)
     edges = [(e.src, e.dst) for e in plan.edges]
     labels = [f"s{i}" + (f"\nrank {st.devices[0]}" if len(st.devices) else "") for i, st in enumerate(stages)]
@@ -197,7 +201,7 @@ def chrome_trace(result: Any, *, source: str = "graphpipe simulation") -> dict:
         for tid, name in ((0, "compute"), (1, "transfers")):
             events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": name}})
     for t in tasks:
-        transfer = t["kind"] in _TRANSFERS
+        transfer = t["kind"] in _COMMUNICATION
         events.append({
             "ph": "X",
             "name": t.get("name") or t["kind"],

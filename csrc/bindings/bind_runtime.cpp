@@ -12,8 +12,10 @@
 #include <chrono>
 
 #include "bindings/bindings.h"
+#include "cost/gradient_buckets.h"
 #include "runtime/errors.h"
 #include "runtime/executor.h"
+#include "runtime/gradient_buckets.h"
 #include "schedule/check.h"
 #include "schedule/instruction.h"
 #if GRAPHPIPE_WITH_CUDA
@@ -62,6 +64,21 @@ void bind_runtime(py::module_& m) {
                std::to_string(t.end) + ")";
       });
 
+  py::class_<runtime::GradientBuckets, std::shared_ptr<runtime::GradientBuckets>>(
+      m, "GradientBuckets",
+      "Sums a replicated stage's gradients over its replicas in buckets that start during the last "
+      "backward (runtime/gradient_buckets.h).")
+      .def(py::init([](std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                       double timeout_seconds, double bucket_bytes) {
+             return std::make_shared<runtime::GradientBuckets>(std::move(parameters), std::move(group),
+                                                               to_ms(timeout_seconds), bucket_bytes);
+           }),
+           py::arg("parameters"), py::arg("group"), py::arg("timeout"),
+           py::arg("bucket_bytes") = cost::kDefaultBucketBytes)
+      .def_property_readonly("num_buckets", &runtime::GradientBuckets::num_buckets)
+      .def_property_readonly("bytes", &runtime::GradientBuckets::bytes);
+  m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
+
   py::class_<runtime::Executor>(m, "Executor",
                                 "Runs one rank's instruction list of a schedule (runtime/executor.h).")
       .def(py::init([](const schedule::Schedule& schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -88,7 +105,17 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly(
           "schedule", [](const runtime::Executor& e) { return e.schedule(); }, "The Schedule it runs (a copy).")
       .def("schedule_table", [](const runtime::Executor& e) { return e.schedule().to_string(); })
-      .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"))
+      .def_property_readonly("replica", &runtime::Executor::replica)
+      .def(
+          "my_rows",
+          [](const runtime::Executor& e, std::int64_t rows) {
+            const auto r = e.my_rows(rows);
+            return std::make_pair(r.begin, r.end);
+          },
+          py::arg("rows"), "This rank's rows [begin, end) of a micro-batch of `rows` rows.")
+      .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
+      .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
+           "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).")
       .def(
           "use_cuda",
           [](runtime::Executor& e, int device) {

@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 #include "partition/plan.h"
 #include "schedule/check.h"
+#include "schedule/shards.h"
 #include "schedule/generate.h"
 #include "schedule/schedule_json.h"
 
@@ -30,13 +31,20 @@ std::vector<std::vector<std::string>> programs(const Schedule& s) {
   return out;
 }
 
-Schedule from_programs(const std::string& kind, int num_micro_batches, std::vector<int> stage_ranks,
+// stage_ranks: per stage, a rank or a list of ranks (its replicas, lead first).
+Schedule from_programs(const std::string& kind, int num_micro_batches, const py::list& stage_ranks,
                        const std::vector<std::pair<int, int>>& edges,
                        const std::vector<std::vector<std::string>>& tokens) {
   Schedule s;
   s.kind = kind;
   s.num_micro_batches = num_micro_batches;
-  s.stage_ranks = std::move(stage_ranks);
+  for (const auto& entry : stage_ranks) {
+    if (py::isinstance<py::int_>(entry)) {
+      s.stage_ranks.push_back({entry.cast<int>()});
+    } else {
+      s.stage_ranks.push_back(entry.cast<std::vector<int>>());
+    }
+  }
   for (const auto& [a, b] : edges) s.edges.push_back({a, b});
   for (const auto& program : tokens) {
     s.ranks.emplace_back();
@@ -154,6 +162,15 @@ void bind_schedule(py::module_& m) {
       },
       py::arg("plan"), py::arg("kind") = "1f1b",
       "Most micro-batches each stage may hold under the schedule kind.");
+  m.def(
+      "shard_rows",
+      [](std::int64_t rows, int replicas, int index) {
+        const auto r = schedule::shard_rows(rows, replicas, index);
+        return std::make_pair(r.begin, r.end);
+      },
+      py::arg("rows"), py::arg("replicas"), py::arg("index"),
+      "Rows [begin, end) of replica `index` of `replicas` in a micro-batch of `rows` rows "
+      "(schedule/shards.h: torch.tensor_split's split).");
   m.def("schedule_kinds", &schedule::policy_names, "Names of the schedule policies Schedule.generate accepts.");
   m.def("stages_to_sink", &schedule::stages_to_sink, py::arg("plan"),
         "Per stage, the number of stages on the longest path from it to a sink.");

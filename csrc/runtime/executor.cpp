@@ -46,7 +46,13 @@ Executor::Executor(schedule::Schedule schedule, int rank, c10::intrusive_ptr<c10
                 " ranks but the process group has " + std::to_string(transport_.size()));
   }
   for (int s = 0; s < schedule_.num_stages(); ++s) {
-    if (schedule_.stage_ranks[s] == rank_) stage_ = s;
+    const auto& ranks = schedule_.stage_ranks[s];
+    for (std::size_t k = 0; k < ranks.size(); ++k) {
+      if (ranks[k] == rank_) {
+        stage_ = s;
+        replica_ = static_cast<int>(k);
+      }
+    }
   }
   for (int e = 0; e < static_cast<int>(schedule_.edges.size()); ++e) {
     if (schedule_.edges[e].dst == stage_) in_edges_.push_back(e);
@@ -59,12 +65,67 @@ const std::vector<Instruction>& Executor::program() const {
   return schedule_.ranks[rank_];
 }
 
-void Executor::set_edge_specs(std::vector<std::vector<at::Tensor>> specs) {
+schedule::RowRange Executor::my_rows(std::int64_t rows) const {
+  if (stage_ < 0 || schedule_.replicas(stage_) == 1) return {0, rows};
+  return schedule::shard_rows(rows, schedule_.replicas(stage_), replica_);
+}
+
+void Executor::set_edge_specs(std::vector<std::vector<at::Tensor>> specs, std::int64_t rows) {
   if (specs.size() != schedule_.edges.size()) {
     throw Error("graphpipe runtime: " + std::to_string(specs.size()) + " edge specs for " +
                 std::to_string(schedule_.edges.size()) + " stage edges");
   }
+  for (int s = 0; s < schedule_.num_stages(); ++s) {
+    if (schedule_.replicas(s) < 2) continue;
+    if (rows < 1) {
+      throw Error("graphpipe runtime: stage " + std::to_string(s) +
+                  " is replicated, so set_edge_specs needs the micro-batch's row count");
+    }
+    schedule::shard_rows(rows, schedule_.replicas(s), 0);  // throws when a replica gets no row
+  }
+  for (std::size_t e = 0; e < specs.size(); ++e) {
+    if (!sharded(static_cast<int>(e))) continue;
+    const auto& se = schedule_.edges[e];
+    for (std::size_t k = 0; k < specs[e].size(); ++k) {
+      const auto& t = specs[e][k];
+      if (t.dim() == 0 || t.size(0) != rows) {
+        throw TransferMismatch(
+            "stage edge " + std::to_string(e) + " (stage " + std::to_string(se.src) + " -> stage " +
+            std::to_string(se.dst) + ") carries tensor " + std::to_string(k) + " of shape " + shape_of(t) +
+            ", whose first dimension is not the micro-batch (" + std::to_string(rows) +
+            " rows); a replicated stage splits every tensor it sends or receives by rows, so such a "
+            "value cannot cross into or out of one: give those stages one device each, or cut elsewhere");
+      }
+    }
+  }
   specs_ = std::move(specs);
+  rows_ = rows;
+}
+
+bool Executor::sharded(int edge) const {
+  const auto& se = schedule_.edges.at(static_cast<std::size_t>(edge));
+  return schedule_.replicas(se.src) > 1 || schedule_.replicas(se.dst) > 1;
+}
+
+std::vector<int64_t> Executor::local_shape(const at::Tensor& spec) const {
+  std::vector<int64_t> shape(spec.sizes().begin(), spec.sizes().end());
+  if (stage_ >= 0 && schedule_.replicas(stage_) > 1) shape.at(0) = my_rows(rows_).size();
+  return shape;
+}
+
+std::vector<Executor::Piece> Executor::pieces(const Instruction& ins) const {
+  const auto& peers = schedule_.peer_ranks(ins);
+  if (!sharded(ins.edge)) return {{peers.front(), 0, -1}};
+  const auto& se = schedule_.edges[ins.edge];
+  const int other = ins.stage == se.src ? se.dst : se.src;
+  const auto mine = my_rows(rows_);
+  std::vector<Piece> out;
+  for (std::size_t j = 0; j < peers.size(); ++j) {
+    const auto theirs = schedule::shard_rows(rows_, schedule_.replicas(other), static_cast<int>(j));
+    const auto shared = schedule::overlap(mine, theirs);
+    if (shared.size() > 0) out.push_back({peers[j], shared.begin - mine.begin, shared.size()});
+  }
+  return out;
 }
 
 std::string Executor::where(const Instruction& ins) const {
@@ -97,12 +158,17 @@ void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
                              ", the edge declares " + std::to_string(want.size()));
     }
     for (std::size_t k = 0; k < got.size(); ++k) {
-      if (!got[k].defined() || got[k].sizes() != want[k].sizes() || got[k].scalar_type() != want[k].scalar_type()) {
+      const auto expected = local_shape(want[k]);
+      if (!got[k].defined() || got[k].sizes() != c10::IntArrayRef(expected) ||
+          got[k].scalar_type() != want[k].scalar_type()) {
+        std::ostringstream declared;
+        declared << c10::IntArrayRef(expected) << " " << want[k].scalar_type();
         throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
                                ": tensor " + std::to_string(k) + " of " + edge + " is " +
                                (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) +
-                               ", the edge declares " + shape_of(want[k]) +
-                               " (shapes are fixed by the shape propagation at the micro-batch size)");
+                               ", the edge declares " + declared.str() +
+                               " (shapes are fixed by the shape propagation at the micro-batch size" +
+                               (schedule_.replicas(stage_) > 1 ? ", cut to this replica's rows)" : ")"));
       }
     }
   }
@@ -110,24 +176,33 @@ void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
 
 void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops,
                     std::vector<std::pair<Instruction, std::vector<at::Tensor>>>& landed) {
-  const int peer = schedule_.peer_rank(ins);
   const auto& spec = specs_.at(ins.edge);
+  const auto parts = pieces(ins);
   const std::string base = "rank " + std::to_string(rank_) + " " + where(ins);
-  auto add = [&](bool send, bool grad, std::size_t k, at::Tensor t) {
-    TransferOp op;
-    op.send = send;
-    op.peer = peer;
-    op.tag = tag_of(ins.edge, grad, k);
-    op.tensor = std::move(t);
-    op.what = where(ins) + ", tensor " + std::to_string(k) + " of " + std::to_string(spec.size());
-    ops.push_back(std::move(op));
+  // One send or receive per tensor and peer: the rows this rank and the peer share (all of the
+  // tensor unless a replicated stage is at either end of the edge).
+  auto add = [&](bool send, bool grad, std::size_t k, const at::Tensor& t) {
+    for (const auto& part : parts) {
+      TransferOp op;
+      op.send = send;
+      op.peer = part.peer;
+      op.tag = tag_of(ins.edge, grad, k);
+      op.tensor = part.length < 0 ? t : t.narrow(0, part.offset, part.length);
+      if (send) op.tensor = op.tensor.contiguous();
+      op.what = where(ins) + ", tensor " + std::to_string(k) + " of " + std::to_string(spec.size());
+      if (part.length >= 0) {
+        op.what += ", rows " + std::to_string(part.offset) + ".." + std::to_string(part.offset + part.length) +
+                   " of this replica's";
+      }
+      ops.push_back(std::move(op));
+    }
   };
   auto& st = state_[ins.micro_batch];
   switch (ins.kind) {
     case OpKind::recv_activation: {
       std::vector<at::Tensor> buffers;
       for (std::size_t k = 0; k < spec.size(); ++k) {
-        auto t = at::empty(spec[k].sizes(), spec[k].options().device(device_));
+        auto t = at::empty(local_shape(spec[k]), spec[k].options().device(device_));
         buffers.push_back(t);
         add(false, false, k, t);
       }
@@ -150,7 +225,7 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
           buffers.emplace_back();
           continue;
         }
-        auto t = at::empty(spec[k].sizes(), spec[k].options().device(device_));
+        auto t = at::empty(local_shape(spec[k]), spec[k].options().device(device_));
         buffers.push_back(t);
         add(false, true, k, t);
       }
@@ -230,6 +305,11 @@ void Executor::backward(const Instruction& ins) {
 std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
   if (specs_.size() != schedule_.edges.size()) {
     throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
+  }
+  const bool replicated = stage_ >= 0 && schedule_.replicas(stage_) > 1;
+  if (replicated && train && !buckets_) {
+    throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " runs a replica of stage " +
+                std::to_string(stage_) + " but was given no gradient buckets (set_gradient_buckets)");
   }
   state_.clear();
   std::vector<InstructionTiming> timings;
@@ -333,6 +413,11 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   // waited for before its own instruction, so no new wait exists that could deadlock. NCCL
   // matches by order, not tag, and keeps the program's order. Cost: one more receive buffer per
   // incoming edge and direction.
+  // The last backward: its gradients are final ones, so the replicas' sum starts during it.
+  std::size_t last_backward = ins_list.size();
+  for (std::size_t i = 0; i < ins_list.size(); ++i) {
+    if (ins_list[i].kind == OpKind::backward) last_backward = i;
+  }
   std::vector<std::size_t> next_receive(ins_list.size(), ins_list.size());
   if (transport_.matches_by_tag()) {
     std::map<std::pair<int, int>, std::size_t> later;  // (kind, edge) -> next index seen from the back
@@ -361,15 +446,20 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
         for (int e : in_edges_) land(OpKind::recv_activation, ins.micro_batch, e);
       } else if (ins.kind == OpKind::backward) {
         for (int e : out_edges_) land(OpKind::recv_gradient, ins.micro_batch, e);
-      } else {
+      } else if (ins.kind == OpKind::optimizer_step) {
         reap_sends(true);  // the optimizer step closes the iteration: nothing stays in flight
       }
-      const double start = record ? now() : 0.0;
+      double start = record ? now() : 0.0;
       if (ins.kind == OpKind::forward) {
         c10::AutoGradMode grad_mode(train);
         forward(ins, fn, train);
       } else if (ins.kind == OpKind::backward) {
+        if (i == last_backward && buckets_ && replicated) buckets_->arm();
         backward(ins);
+      } else if (ins.kind == OpKind::all_reduce) {
+        // Its measured span starts when the first bucket's sum started, inside the backward.
+        const auto first = buckets_->finish();
+        start = std::chrono::duration<double>(first - t0).count();
       }
       if (record) timings.push_back({ins, start, now()});
       reap_sends(false);
@@ -381,6 +471,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
     reap_sends(true);
   } catch (...) {
     state_.clear();
+    if (buckets_) buckets_->abandon();
     throw;
   }
   state_.clear();

@@ -11,7 +11,15 @@
 //   B   torch::autograd::backward over the stashed loss (gradient 1) and the outputs that require
 //       grad (their received gradients), then drop the stash of that micro-batch's outputs;
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
+//   AR  (replicated stages) wait for the replicas' gradient sum, started bucket by bucket during
+//       the last backward (gradient_buckets.h), and write it into the gradients;
 //   OPT nothing: the user's optimizer steps after run().
+// Replicated stages (schedule.h): the rank runs replica r of its stage on the rows
+// schedule::shard_rows gives it in every micro-batch; its inputs, outputs and gradients have
+// those rows. A transfer exchanges, with every rank of the other stage, the rows both own
+// (schedule/shards.h), each piece its own send or receive; a receive lands every piece in its
+// rows of one buffer. Every tensor on an edge of a replicated stage is split along its first
+// dimension, which must be the micro-batch (set_edge_specs checks it).
 // Transfers are posted in program order and waited for lazily: a receive right before the
 // compute that reads it, a send at the end of the run (transport.h, executor.cpp). Over a
 // backend that matches by tag (Gloo), receives are posted one ahead: reaching a receive also
@@ -37,8 +45,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/gradient_buckets.h"
 #include "runtime/transport.h"
 #include "schedule/schedule.h"
+#include "schedule/shards.h"
 
 namespace graphpipe::runtime {
 
@@ -73,15 +83,27 @@ class Executor {
 
   int rank() const { return rank_; }
   int stage() const { return stage_; }  // -1 when the rank holds no stage
+  int replica() const { return replica_; }  // index among the stage's ranks (0: the lead)
+  // This rank's rows of a micro-batch of `rows` rows (all of them unless the stage is replicated).
+  schedule::RowRange my_rows(std::int64_t rows) const;
   const schedule::Schedule& schedule() const { return schedule_; }
   const std::vector<schedule::Instruction>& program() const;
   const std::vector<int>& in_edges() const { return in_edges_; }
   const std::vector<int>& out_edges() const { return out_edges_; }
 
-  // Declared tensors of every stage edge (index = edge): prototypes whose shape and dtype are
-  // those of the transferred tensors (meta tensors are fine). Must be set before run().
-  void set_edge_specs(std::vector<std::vector<at::Tensor>> specs);
-  void set_timeout(std::chrono::milliseconds timeout) { transport_.set_timeout(timeout); }
+  // Declared tensors of every stage edge (index = edge) for a whole micro-batch of `rows` rows:
+  // prototypes whose shape and dtype are those of the transferred tensors (meta tensors are
+  // fine). Must be set before run(). `rows` matters only where a stage is replicated (0: none
+  // is). Throws TransferMismatch when an edge of a replicated stage carries a tensor whose first
+  // dimension is not the micro-batch, PlanningError when a replica would get no row.
+  void set_edge_specs(std::vector<std::vector<at::Tensor>> specs, std::int64_t rows = 0);
+  // The sum of this replica's gradients with the other replicas' (required on a replicated
+  // stage: its program has an all_reduce).
+  void set_gradient_buckets(std::shared_ptr<GradientBuckets> buckets) { buckets_ = std::move(buckets); }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    transport_.set_timeout(timeout);
+    if (buckets_) buckets_->set_timeout(timeout);
+  }
   // Where receive buffers are allocated: CPU (default, Gloo) or the stage's GPU (NCCL).
   void set_device(c10::Device device) { device_ = device; }
   // GPU stages over a CPU-only backend (Gloo): transfers go through host copies (transport.h).
@@ -106,12 +128,28 @@ class Executor {
   void forward(const schedule::Instruction& ins, const ForwardFn& fn, bool train);
   void backward(const schedule::Instruction& ins);
   void check_outputs(int micro_batch, const StageOutput& out) const;
+  // A tensor of edge `edge` as this rank holds it: the spec with its first dimension cut to this
+  // replica's rows when the stage is replicated.
+  std::vector<int64_t> local_shape(const at::Tensor& spec) const;
+  // Whether a replicated stage is at either end of an edge (its tensors then travel by rows).
+  bool sharded(int edge) const;
+  // One peer's share of a transfer: the rows [offset, offset + length) of this rank's tensor
+  // (length -1: the whole tensor, on an edge between stages of one rank each).
+  struct Piece {
+    int peer = 0;
+    std::int64_t offset = 0;
+    std::int64_t length = -1;
+  };
+  std::vector<Piece> pieces(const schedule::Instruction& ins) const;
 
   schedule::Schedule schedule_;
   int rank_;
   int stage_ = -1;
+  int replica_ = 0;
   std::vector<int> in_edges_, out_edges_;
   std::vector<std::vector<at::Tensor>> specs_;
+  std::int64_t rows_ = 0;  // of a micro-batch, as given with the specs
+  std::shared_ptr<GradientBuckets> buckets_;
   Transport transport_;
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;

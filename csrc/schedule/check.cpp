@@ -41,8 +41,10 @@ std::string CheckResult::to_string() const {
   return out.str();
 }
 
-CheckResult check(const Schedule& s) {
-  validate(s);
+CheckResult check(const Schedule& schedule) {
+  validate(schedule);
+  // Replicas run their lead's program in lockstep (schedule.h): the leads' programs decide.
+  const Schedule s = leads_only(schedule);
   const int R = s.num_ranks();
   std::vector<std::size_t> pc(R, 0), batch_end(R, 0), unfinished(R, 0);
   std::vector<char> in_batch(R, 0);

@@ -12,6 +12,11 @@
 //     would read the wrong tensor; the checker reports that as an order mismatch.
 //   - A send finishes only when its receive is posted, and a receive when its send is posted
 //     (rendezvous, as Gloo sends behave); no operation finishes on its own.
+// Replicated stages: every replica runs its lead's program, and every pair of ranks of two
+// stages exchanges its rows in that program's order, so a replica can post or finish an
+// operation exactly when its lead can; the all_reduce, a collective of one stage's replicas,
+// is reached by all of them at the same step. The check therefore runs on the leads' programs
+// (leads_only() in schedule.h).
 // This is the strictest reasonable model: a schedule that completes under it also completes
 // when sends are buffered or when a runtime waits less, so passing the check is a proof for the
 // runtime. Structural validity (validate() in schedule.h) is checked first and throws.

@@ -88,25 +88,26 @@ std::string_view policy_name(Policy policy) {
   return "?";
 }
 
-std::vector<int> stage_ranks(const Plan& plan) {
+std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
   check_plan_shape(plan);
-  std::vector<int> ranks;
+  std::vector<std::vector<int>> ranks;
   std::vector<int> owner;
   for (const auto& stage : plan.stages) {
     if (stage.devices.empty()) {
       throw ScheduleError("stage " + std::to_string(stage.id) + " has no device to run on");
     }
-    int r = stage.devices[0];
-    if (r < 0) throw ScheduleError("stage " + std::to_string(stage.id) + " is on negative rank " + std::to_string(r));
-    if (static_cast<std::size_t>(r) >= owner.size()) owner.resize(r + 1, -1);
-    if (owner[r] >= 0) {
-      throw ScheduleError("stages " + std::to_string(owner[r]) + " and " + std::to_string(stage.id) +
-                          " both run on rank " + std::to_string(r) +
-                          ": the schedulers support one stage per rank for now; give each stage "
-                          "its own device");
+    for (int r : stage.devices) {
+      if (r < 0) throw ScheduleError("stage " + std::to_string(stage.id) + " is on negative rank " + std::to_string(r));
+      if (static_cast<std::size_t>(r) >= owner.size()) owner.resize(r + 1, -1);
+      if (owner[r] >= 0) {
+        throw ScheduleError("stages " + std::to_string(owner[r]) + " and " + std::to_string(stage.id) +
+                            " both run on rank " + std::to_string(r) +
+                            ": the schedulers support one stage per rank for now; give each stage "
+                            "its own devices");
+      }
+      owner[r] = stage.id;
     }
-    owner[r] = stage.id;
-    ranks.push_back(r);
+    ranks.push_back(stage.devices);
   }
   return ranks;
 }
@@ -137,7 +138,13 @@ Schedule generate(const Plan& plan, std::string_view policy) {
 }
 
 Schedule generate(const Plan& plan, Policy policy) {
-  const std::vector<int> rank_of = stage_ranks(plan);
+  const std::vector<std::vector<int>> ranks_of = stage_ranks(plan);
+  std::vector<int> rank_of;  // each stage's lead: the programs are made for the leads
+  int highest_rank = 0;
+  for (const auto& ranks : ranks_of) {
+    rank_of.push_back(ranks.front());
+    highest_rank = std::max(highest_rank, *std::max_element(ranks.begin(), ranks.end()));
+  }
   const std::vector<int> limit = in_flight_limits(plan, policy);
   const int S = static_cast<int>(plan.stages.size());
   const int M = static_cast<int>(plan.num_micro_batches);
@@ -146,9 +153,9 @@ Schedule generate(const Plan& plan, Policy policy) {
   Schedule schedule;
   schedule.kind = std::string(policy_name(policy));
   schedule.num_micro_batches = M;
-  schedule.stage_ranks = rank_of;
+  schedule.stage_ranks = ranks_of;
   for (const auto& e : plan.edges) schedule.edges.push_back({e.src, e.dst});
-  int num_ranks = std::max(plan.num_devices, *std::max_element(rank_of.begin(), rank_of.end()) + 1);
+  int num_ranks = std::max(plan.num_devices, highest_rank + 1);
   schedule.ranks.assign(num_ranks, {});
 
   std::vector<std::vector<int>> in_edges(S), out_edges(S);
@@ -284,6 +291,17 @@ Schedule generate(const Plan& plan, Policy policy) {
                           std::to_string(s) + " after " + std::to_string(forwards[s]) +
                           " forwards and " + std::to_string(backwards[s]) + " backwards");
     }
+  }
+  // Replicated stages: the replicas' gradients are summed right before the optimizer step (the
+  // runtime starts the sum's buckets during the last backward already), and every replica runs
+  // the lead's program.
+  for (int s = 0; s < S; ++s) {
+    if (ranks_of[s].size() < 2) continue;
+    auto& program = schedule.ranks[rank_of[s]];
+    auto step = std::find_if(program.begin(), program.end(),
+                             [](const Instruction& i) { return i.kind == OpKind::optimizer_step; });
+    program.insert(step, Instruction{OpKind::all_reduce, s, -1, -1});
+    for (std::size_t k = 1; k < ranks_of[s].size(); ++k) schedule.ranks[ranks_of[s][k]] = program;
   }
   validate(schedule);
   return schedule;

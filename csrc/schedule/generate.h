@@ -30,9 +30,11 @@
 // 2m - h_s and backward(s, k) by 2k + h_s - 1 orders every dependency, including 1f1b's
 // alternation.)
 //
-// Ranks: a stage runs on stage.devices[0]; one stage per rank (ScheduleError otherwise). The
-// schedule has max(plan.num_devices, highest rank + 1) ranks; ranks without a stage get empty
-// programs. Each rank's program ends with its stage's optimizer step.
+// Ranks: a stage runs on stage.devices, its lead first; one stage per rank (ScheduleError
+// otherwise). The programs are generated for the leads; a stage with several devices runs data
+// parallel (schedule.h): its replicas get the lead's program, which has an all_reduce right
+// before the optimizer step. The schedule has max(plan.num_devices, highest rank + 1) ranks;
+// ranks without a stage get empty programs. Each stage's program ends with its optimizer step.
 //
 // Cost: O(T log T) for T = S * M * (2 + transfers per stage) tasks.
 #pragma once
@@ -55,9 +57,9 @@ std::vector<std::string> policy_names();
 Policy parse_policy(std::string_view name);
 std::string_view policy_name(Policy policy);
 
-// Rank of each stage (its first device); throws ScheduleError when a stage has no device or two
-// stages share a rank, PlanningError when the plan's stages or edges are malformed.
-std::vector<int> stage_ranks(const partition::Plan& plan);
+// Ranks of each stage (its devices, lead first); throws ScheduleError when a stage has no device
+// or two stages share a rank, PlanningError when the plan's stages or edges are malformed.
+std::vector<std::vector<int>> stage_ranks(const partition::Plan& plan);
 // h_s: stages on the longest path from s to a sink, s included.
 std::vector<int> stages_to_sink(const partition::Plan& plan);
 // The most micro-batches each stage may hold (forward done, backward not yet) under `policy`.

@@ -2,8 +2,7 @@
 //
 // A schedule (schedule.h) gives every rank an ordered list of instructions. Each names what to
 // do (receive an activation, run a forward, send an activation, receive a gradient, run a
-// backward, send a gradient, step the optimizer; all-reduce is reserved for data parallelism
-// inside a stage), the stage it belongs to, the micro-batch and, for transfers, the stage edge
+// backward, send a gradient, step the optimizer, sum the gradients of a replicated stage's replicas), the stage it belongs to, the micro-batch and, for transfers, the stage edge
 // (an index into Plan::edges) that the tensor travels on.
 //
 // Tokens. Every instruction prints as one short token, in the spirit of
@@ -17,7 +16,7 @@
 //   RB    recv_gradient     yes          yes    0RB0e0  stage 0 receives the gradient back
 //   SB    send_gradient     yes          yes    1SB0e0
 //   OPT   optimizer_step    no           no     1OPT
-//   AR    all_reduce        no           no     1AR     (reserved)
+//   AR    all_reduce        no           no     1AR     the replicas' gradients summed
 //
 // A send and a receive of the same transfer carry the same edge and micro-batch; the stage is
 // the one on the instruction's own rank (the sender's stage on a send, the receiver's on a

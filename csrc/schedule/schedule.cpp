@@ -18,7 +18,7 @@ struct Positions {
   int m = 0;
   std::vector<long> forward, backward;                      // [stage * m + mb]
   std::vector<long> send_act, recv_act, send_grad, recv_grad;  // [edge * m + mb]
-  std::vector<long> optimizer;                              // [stage]
+  std::vector<long> optimizer, all_reduce;                  // [stage]
 
   Positions(int stages, int edges, int micro_batches) : m(micro_batches) {
     const std::size_t s = static_cast<std::size_t>(stages) * m;
@@ -30,6 +30,7 @@ struct Positions {
     send_grad.assign(e, -1);
     recv_grad.assign(e, -1);
     optimizer.assign(stages, -1);
+    all_reduce.assign(stages, -1);
   }
 
   long& slot(const Instruction& i) {
@@ -43,9 +44,9 @@ struct Positions {
       case OpKind::send_gradient: return send_grad[edge_index];
       case OpKind::recv_gradient: return recv_grad[edge_index];
       case OpKind::optimizer_step: return optimizer[i.stage];
-      case OpKind::all_reduce: break;
+      case OpKind::all_reduce: return all_reduce[i.stage];
     }
-    throw ScheduleError("all_reduce instructions are reserved and not supported yet");
+    throw ScheduleError("unknown instruction kind");
   }
 };
 
@@ -80,7 +81,7 @@ std::size_t Schedule::num_instructions() const {
   return n;
 }
 
-int Schedule::peer_rank(const Instruction& t) const {
+const std::vector<int>& Schedule::peer_ranks(const Instruction& t) const {
   const ScheduleEdge& e = edges.at(static_cast<std::size_t>(t.edge));
   switch (t.kind) {
     case OpKind::send_activation:
@@ -91,6 +92,16 @@ int Schedule::peer_rank(const Instruction& t) const {
   }
 }
 
+int Schedule::peer_rank(const Instruction& t) const { return peer_ranks(t).front(); }
+
+Schedule leads_only(const Schedule& s) {
+  Schedule leads = s;
+  for (const auto& ranks : s.stage_ranks) {
+    for (std::size_t k = 1; k < ranks.size(); ++k) leads.ranks.at(ranks[k]).clear();
+  }
+  return leads;
+}
+
 void validate(const Schedule& s) {
   const int S = s.num_stages();
   const int M = s.num_micro_batches;
@@ -99,19 +110,33 @@ void validate(const Schedule& s) {
   if (M < 1) throw ScheduleError("a schedule needs at least one micro-batch, found " + std::to_string(M));
   if (S < 1) throw ScheduleError("a schedule needs at least one stage");
   std::vector<int> stage_on_rank(std::max(R, 0), -1);
+  if (static_cast<int>(s.stage_ranks.size()) != S) throw ScheduleError("internal: stage count");
   for (int st = 0; st < S; ++st) {
-    int r = s.stage_ranks[st];
-    if (r < 0 || r >= R) {
-      throw ScheduleError("stage " + std::to_string(st) + " is on rank " + std::to_string(r) +
-                          ", outside the schedule's " + std::to_string(R) + " ranks");
+    if (s.stage_ranks[st].empty()) throw ScheduleError("stage " + std::to_string(st) + " has no rank");
+    for (int r : s.stage_ranks[st]) {
+      if (r < 0 || r >= R) {
+        throw ScheduleError("stage " + std::to_string(st) + " is on rank " + std::to_string(r) +
+                            ", outside the schedule's " + std::to_string(R) + " ranks");
+      }
+      if (stage_on_rank[r] >= 0) {
+        throw ScheduleError("stages " + std::to_string(stage_on_rank[r]) + " and " +
+                            std::to_string(st) + " are both on rank " + std::to_string(r) +
+                            ": schedules support one stage per rank for now; give each stage "
+                            "its own devices");
+      }
+      stage_on_rank[r] = st;
     }
-    if (stage_on_rank[r] >= 0) {
-      throw ScheduleError("stages " + std::to_string(stage_on_rank[r]) + " and " +
-                          std::to_string(st) + " are both on rank " + std::to_string(r) +
-                          ": schedules support one stage per rank for now; give each stage its "
-                          "own device");
+    // Replicas run their lead's program (see the header): checked here, then only the leads'
+    // programs are validated instruction by instruction.
+    const int lead = s.stage_ranks[st].front();
+    for (std::size_t k = 1; k < s.stage_ranks[st].size(); ++k) {
+      const int r = s.stage_ranks[st][k];
+      if (s.ranks[r] != s.ranks[lead]) {
+        throw ScheduleError("rank " + std::to_string(r) + " runs a replica of stage " + std::to_string(st) +
+                            ", so its program must equal that of the stage's lead, rank " +
+                            std::to_string(lead) + " (replicas run the same schedule on their rows)");
+      }
     }
-    stage_on_rank[r] = st;
   }
   std::vector<std::vector<int>> in_edges(S), out_edges(S);
   for (int e = 0; e < E; ++e) {
@@ -129,16 +154,18 @@ void validate(const Schedule& s) {
   Positions pos(S, E, M);
   for (int r = 0; r < R; ++r) {
     const auto& program = s.ranks[r];
+    if (stage_on_rank[r] >= 0 && s.lead_rank(stage_on_rank[r]) != r) continue;  // a replica
     for (std::size_t step = 0; step < program.size(); ++step) {
       const Instruction& i = program[step];
       const std::string at = where(r, step, i);
       if (i.stage < 0 || i.stage >= S) throw ScheduleError(at + ": no stage " + std::to_string(i.stage));
-      if (s.stage_ranks[i.stage] != r) {
+      if (s.lead_rank(i.stage) != r) {
         throw ScheduleError(at + ": stage " + std::to_string(i.stage) + " runs on rank " +
-                            std::to_string(s.stage_ranks[i.stage]));
+                            std::to_string(s.lead_rank(i.stage)));
       }
-      if (i.kind == OpKind::all_reduce) {
-        throw ScheduleError(at + ": all_reduce is reserved and not supported yet");
+      if (i.kind == OpKind::all_reduce && s.replicas(i.stage) < 2) {
+        throw ScheduleError(at + ": stage " + std::to_string(i.stage) +
+                            " runs on one rank, so it has no replicas' gradients to all-reduce");
       }
       if (has_micro_batch(i.kind) && (i.micro_batch < 0 || i.micro_batch >= M)) {
         throw ScheduleError(at + ": micro-batch out of range [0, " + std::to_string(M) + ")");
@@ -169,7 +196,7 @@ void validate(const Schedule& s) {
 
   // Completeness, then order on each rank.
   auto missing = [&](const Instruction& i) {
-    return ScheduleError("rank " + std::to_string(s.stage_ranks[i.stage]) + " lacks " +
+    return ScheduleError("rank " + std::to_string(s.lead_rank(i.stage)) + " lacks " +
                          to_token(i) + " (" + describe(i) + ")");
   };
   auto need_before = [&](const Instruction& first, const Instruction& then) {
@@ -178,7 +205,7 @@ void validate(const Schedule& s) {
     if (a < 0) throw missing(first);
     if (b < 0) throw missing(then);
     if (a > b) {
-      throw ScheduleError(where(s.stage_ranks[then.stage], static_cast<std::size_t>(b), then) +
+      throw ScheduleError(where(s.lead_rank(then.stage), static_cast<std::size_t>(b), then) +
                           ": the " + describe(then) + " comes before the " + describe(first) +
                           " (step " + std::to_string(a) + ") that it needs");
     }
@@ -205,6 +232,12 @@ void validate(const Schedule& s) {
     }
     Instruction opt{OpKind::optimizer_step, st, -1, -1};
     if (pos.slot(opt) >= 0) need_before({OpKind::backward, st, M - 1, -1}, opt);
+    if (s.replicas(st) > 1) {
+      // The replicas' gradients are final after the last backward; the step must see their sum.
+      Instruction sum{OpKind::all_reduce, st, -1, -1};
+      need_before({OpKind::backward, st, M - 1, -1}, sum);
+      if (pos.slot(opt) >= 0) need_before(sum, opt);
+    }
   }
 }
 
@@ -213,7 +246,11 @@ std::string Schedule::to_string() const {
   out << "schedule " << (kind.empty() ? "manual" : kind) << ": " << num_stages() << " stages, "
       << num_micro_batches << " micro-batches, " << num_ranks() << " ranks\n";
   out << "stage ranks:";
-  for (int r : stage_ranks) out << ' ' << r;
+  // A replicated stage prints as its ranks joined by commas: "stage ranks: 0,1 2".
+  for (const auto& replicas : stage_ranks) {
+    out << ' ';
+    for (std::size_t k = 0; k < replicas.size(); ++k) out << (k ? "," : "") << replicas[k];
+  }
   out << "\nedges:";
   for (const auto& e : edges) out << ' ' << e.src << "->" << e.dst;
   out << '\n';
@@ -255,6 +292,8 @@ std::string Schedule::compute_table() const {
         out << ' ' << kind_code(i.kind) << i.micro_batch;
       } else if (i.kind == OpKind::optimizer_step) {
         out << " OPT";
+      } else if (i.kind == OpKind::all_reduce) {
+        out << " AR";
       }
     }
     out << '\n';
@@ -291,7 +330,16 @@ Schedule parse(std::string_view text) {
       seen_rank.assign(ranks, false);
       have_header = true;
     } else if (words[0] == "stage" && words.size() >= 2 && words[1] == "ranks:") {
-      for (std::size_t k = 2; k < words.size(); ++k) s.stage_ranks.push_back(parse_int(words[k], at));
+      for (std::size_t k = 2; k < words.size(); ++k) {
+        std::vector<int> replicas;
+        std::size_t begin = 0;
+        while (begin <= words[k].size()) {
+          const std::size_t comma = std::min(words[k].find(',', begin), words[k].size());
+          replicas.push_back(parse_int(words[k].substr(begin, comma - begin), at));
+          begin = comma + 1;
+        }
+        s.stage_ranks.push_back(std::move(replicas));
+      }
       have_stage_ranks = true;
     } else if (words[0] == "edges:") {
       for (std::size_t k = 1; k < words.size(); ++k) {

@@ -7,9 +7,20 @@
 // each stage and the stage edges), so a schedule read back from text or JSON can be checked
 // without its plan.
 //
+// Replicated stages (data parallelism inside a stage): a stage may run on several ranks, its
+// replicas, listed in stage_ranks with its lead first. Each micro-batch is split by rows among
+// the replicas (runtime/sharding.h), and every replica runs the lead's program unchanged on its
+// rows: a transfer instruction then means "exchange my rows with the ranks of the other stage
+// that own them", and the stage's all_reduce instruction sums the replicas' gradients. Because
+// the programs are identical and every pair of ranks exchanges its rows in the program's order,
+// the replicas of a stage move in lockstep with their lead, so the checker (check.h) and the
+// simulator reason about the leads' programs alone (leads_only()).
+//
 // Invariants (checked by validate(), which every loader and generator calls):
-//   - num_micro_batches >= 1; at least one stage; every stage on a rank in [0, ranks.size());
-//     one stage per rank (several stages per rank are not supported yet);
+//   - num_micro_batches >= 1; at least one stage; every stage on one or more ranks in
+//     [0, ranks.size()); one stage per rank (several stages per rank are not supported yet);
+//   - a replica's program equals its lead's; a stage with replicas has exactly one all_reduce,
+//     after its last backward and before its optimizer step; a stage on one rank has none;
 //   - every edge joins two stages with src < dst (stages are numbered in a topological order,
 //     as in Plan);
 //   - every instruction sits on the rank of its stage, names a micro-batch in range when it
@@ -60,7 +71,7 @@ struct ScheduleEdge {
 struct Schedule {
   std::string kind;                             // "1f1b", "fill_drain", "1f1b_greedy", "manual"
   int num_micro_batches = 0;
-  std::vector<int> stage_ranks;                 // rank of each stage
+  std::vector<std::vector<int>> stage_ranks;    // ranks of each stage, its lead first
   std::vector<ScheduleEdge> edges;              // the plan's stage edges, same indices
   std::vector<std::vector<Instruction>> ranks;  // each rank's program, in execution order
 
@@ -68,8 +79,14 @@ struct Schedule {
   int num_ranks() const { return static_cast<int>(ranks.size()); }
   std::size_t num_instructions() const;
 
-  // The rank at the other end of a transfer instruction.
+  // The lead rank (first replica) of a stage.
+  int lead_rank(int stage) const { return stage_ranks.at(static_cast<std::size_t>(stage)).front(); }
+  // How many ranks run a stage (1 unless it is replicated).
+  int replicas(int stage) const { return static_cast<int>(stage_ranks.at(static_cast<std::size_t>(stage)).size()); }
+  // The lead rank of the stage at the other end of a transfer instruction.
   int peer_rank(const Instruction& transfer) const;
+  // Every rank of the stage at the other end of a transfer instruction.
+  const std::vector<int>& peer_ranks(const Instruction& transfer) const;
 
   // The table described above; parse() reads it back.
   std::string to_string() const;
@@ -79,6 +96,10 @@ struct Schedule {
 
   bool operator==(const Schedule&) const = default;
 };
+
+// The schedule with every replica's program left empty: what the deadlock checker and the
+// simulator reason about (replicas run their lead's program in lockstep, see above).
+Schedule leads_only(const Schedule& schedule);
 
 // Throws ScheduleError naming the rank, step and token of the first broken invariant.
 void validate(const Schedule& schedule);

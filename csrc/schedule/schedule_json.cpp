@@ -31,10 +31,23 @@ Schedule from_json(const json& doc) {
   s.kind = jf::get<std::string>(doc, "kind", "$");
   s.num_micro_batches = jf::get<int>(doc, "num_micro_batches", "$");
   const json& stage_ranks = jf::array(jf::field(doc, "stage_ranks", "$"), "$.stage_ranks");
+  // Each entry is a stage's list of ranks (lead first); a bare integer, the form of schedules
+  // written before replicated stages, is a stage on one rank.
   for (std::size_t k = 0; k < stage_ranks.size(); ++k) {
     const std::string at = "$.stage_ranks[" + std::to_string(k) + "]";
-    if (!stage_ranks[k].is_number_integer()) throw FormatError(at + ": expected an integer");
-    s.stage_ranks.push_back(stage_ranks[k].get<int>());
+    if (stage_ranks[k].is_number_integer()) {
+      s.stage_ranks.push_back({stage_ranks[k].get<int>()});
+      continue;
+    }
+    const json& replicas = jf::array(stage_ranks[k], at);
+    std::vector<int> ranks;
+    for (std::size_t j = 0; j < replicas.size(); ++j) {
+      if (!replicas[j].is_number_integer()) {
+        throw FormatError(at + "[" + std::to_string(j) + "]: expected an integer rank");
+      }
+      ranks.push_back(replicas[j].get<int>());
+    }
+    s.stage_ranks.push_back(std::move(ranks));
   }
   const json& edges = jf::array(jf::field(doc, "edges", "$"), "$.edges");
   for (std::size_t k = 0; k < edges.size(); ++k) {

@@ -1,7 +1,7 @@
 // JSON form of a Schedule (format "graphpipe.schedule", version kScheduleSchemaVersion).
 //
 //   {"format": "graphpipe.schedule", "schema_version": 1, "kind": "1f1b",
-//    "num_micro_batches": 8, "stage_ranks": [0, 1, 2],
+//    "num_micro_batches": 8, "stage_ranks": [[0], [1, 2], [3]],
 //    "edges": [{"src": 0, "dst": 1}, {"src": 1, "dst": 2}],
 //    "ranks": [["0F0", "0SF0e0", ...], ["1RF0e0", "1F0", ...], ...]}
 //

@@ -5,7 +5,10 @@
 #include <deque>
 #include <sstream>
 
+#include "cost/all_reduce.h"
+#include "cost/gradient_buckets.h"
 #include "schedule/check.h"
+#include "schedule/shards.h"
 
 namespace graphpipe::sim {
 
@@ -109,6 +112,7 @@ class Replay {
     recvs_.resize(pair_free_.size());
     tasks_.reserve(s.num_instructions());
     in_edges_.resize(s.num_stages());
+    last_backward_.assign(s.num_stages(), -1);
     out_edges_.resize(s.num_stages());
     for (std::size_t e = 0; e < E; ++e) {
       in_edges_[s.edges[e].dst].push_back(static_cast<int>(e));
@@ -163,6 +167,7 @@ class Replay {
   }
 
   int add_compute(int r, const Instruction& i, double start, int cause) {
+    if (i.kind == OpKind::all_reduce) return add_all_reduce(r, i, start, cause);
     Task t;
     t.kind = i.kind == OpKind::forward    ? TaskKind::forward
              : i.kind == OpKind::backward ? TaskKind::backward
@@ -174,7 +179,73 @@ class Replay {
     t.end = start + compute_seconds(i);
     t.cause = cause;
     tasks_.push_back(t);
+    const int index = static_cast<int>(tasks_.size()) - 1;
+    if (t.kind == TaskKind::backward) last_backward_[i.stage] = index;
+    return index;
+  }
+
+  // The sum of a replicated stage's gradients, as the runtime runs it (cost/gradient_buckets.h):
+  // K buckets of equal size, bucket k's gradients final k/K of the way through the stage's last
+  // backward (the backward produces them at an even pace), each summed in turn by
+  // cost::best_all_reduce over the stage's ranks. The task spans the first bucket's start to
+  // the last bucket's end; the rank goes on (to its optimizer step) at its end. Since `start`
+  // (the rank's clock) is at or after the last backward's end, the task ends no earlier than it.
+  int add_all_reduce(int r, const Instruction& i, double start, int cause) {
+    const auto& stage = plan_.stages[i.stage];
+    const int K = cost::bucket_count(stage.param_bytes, options_.bucket_bytes);
+    Task t;
+    t.kind = TaskKind::all_reduce;
+    t.rank = r;
+    t.stage = i.stage;
+    t.start = start;
+    t.end = start;
+    t.cause = cause;
+    const int b = last_backward_[i.stage];
+    if (K > 0 && b >= 0) {
+      const double b0 = tasks_[b].start, b1 = tasks_[b].end;
+      const double each = cost::best_all_reduce(devices_, s_.stage_ranks[i.stage], stage.param_bytes / K).seconds;
+      double free = 0.0;
+      for (int k = 1; k <= K; ++k) {
+        const double ready = b0 + (b1 - b0) * k / K;
+        const double begin = std::max(ready, free);
+        if (k == 1) t.start = begin;
+        free = begin + each;
+      }
+      t.end = std::max(free, start);
+      if (free < start) t.cause = cause;
+    }
+    tasks_.push_back(t);
     return static_cast<int>(tasks_.size()) - 1;
+  }
+
+  // How long one transfer of edge `e` takes between the stages' ranks. One rank per stage: the
+  // link's time for the edge's bytes, plus a latency per tensor after the first (each tensor is
+  // its own send). Replicated stages (schedule/shards.h): every pair of replicas that shares
+  // rows carries those rows' share of the bytes, pairs at once; a rank's pairs take their sum,
+  // and the transfer lasts as long as the busiest rank.
+  double transfer_seconds(int e) const {
+    const auto& se = plan_.edges[e];
+    const auto& senders = s_.stage_ranks[se.src];
+    const auto& receivers = s_.stage_ranks[se.dst];
+    auto link = [&](int a, int b, double bytes) {
+      const double latency = a == b ? 0.0 : devices_.link_latency[a][b];
+      return devices_.transfer_seconds(a, b, bytes) + (se.tensors - 1) * latency;
+    };
+    if (senders.size() == 1 && receivers.size() == 1) return link(senders[0], receivers[0], se.bytes);
+    const std::int64_t rows = plan_.micro_batch_size;
+    const int ds = static_cast<int>(senders.size()), dr = static_cast<int>(receivers.size());
+    std::vector<double> send_busy(ds, 0.0), recv_busy(dr, 0.0);
+    for (int i = 0; i < ds; ++i) {
+      for (int j = 0; j < dr; ++j) {
+        const auto shared = schedule::overlap(schedule::shard_rows(rows, ds, i), schedule::shard_rows(rows, dr, j));
+        if (shared.size() == 0) continue;
+        const double seconds = link(senders[i], receivers[j], se.bytes * shared.size() / rows);
+        send_busy[i] += seconds;
+        recv_busy[j] += seconds;
+      }
+    }
+    return std::max(*std::max_element(send_busy.begin(), send_busy.end()),
+                    *std::max_element(recv_busy.begin(), recv_busy.end()));
   }
 
   // Matches posted sends and receives of one pair; each match becomes a transfer task.
@@ -203,10 +274,7 @@ class Replay {
         t.start = pair_free_[p];
         t.cause = pair_last_[p];
       }
-      // Each tensor of the edge is its own send/recv (the runtime's), so each pays the latency.
-      const auto& se = plan_.edges[send.edge];
-      const double latency = a.rank == b.rank ? 0.0 : devices_.link_latency[a.rank][b.rank];
-      t.end = t.start + devices_.transfer_seconds(a.rank, b.rank, se.bytes) + (se.tensors - 1) * latency;
+      t.end = t.start + transfer_seconds(send.edge);
       tasks_.push_back(t);
       const int index = static_cast<int>(tasks_.size()) - 1;
       pair_free_[p] = t.end;
@@ -321,6 +389,7 @@ class Replay {
   std::vector<int> pair_last_;
   std::vector<std::deque<Posted>> sends_, recvs_;
   std::vector<std::vector<int>> in_edges_, out_edges_;  // per stage
+  std::vector<int> last_backward_;  // per stage: its latest backward task so far
 };
 
 }  // namespace
@@ -332,6 +401,7 @@ std::string_view task_kind_name(TaskKind kind) {
     case TaskKind::activation: return "activation";
     case TaskKind::gradient: return "gradient";
     case TaskKind::optimizer: return "optimizer";
+    case TaskKind::all_reduce: return "all_reduce";
   }
   return "?";
 }
@@ -344,6 +414,7 @@ std::string task_name(const Task& t) {
     case TaskKind::activation: return "A" + mb + " e" + std::to_string(t.edge);
     case TaskKind::gradient: return "G" + mb + " e" + std::to_string(t.edge);
     case TaskKind::optimizer: return "OPT s" + std::to_string(t.stage);
+    case TaskKind::all_reduce: return "AR s" + std::to_string(t.stage);
   }
   return "?";
 }
@@ -355,7 +426,10 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
 
   SimResult result;
   result.overlap = options.overlap;
-  result.tasks = Replay(plan, s, devices, options).run();
+  // Replicas run their lead's program in lockstep (schedule/schedule.h): the leads are replayed,
+  // and each replica's figures are its lead's.
+  const Schedule leads = schedule::leads_only(s);
+  result.tasks = Replay(plan, leads, devices, options).run();
   const auto& tasks = result.tasks;
 
   int last = -1;
@@ -377,14 +451,22 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
       comm[t.rank].push_back({t.start, t.end});
       comm[t.peer].push_back({t.start, t.end});
+    } else if (t.kind == TaskKind::all_reduce) {
+      comm[t.rank].push_back({t.start, t.end});
     } else {
       compute[t.rank].push_back({t.start, t.end});
     }
   }
   std::vector<int> stage_of_rank(R, -1);
-  for (int st = 0; st < s.num_stages(); ++st) stage_of_rank[s.stage_ranks[st]] = st;
+  for (int st = 0; st < s.num_stages(); ++st) {
+    for (int r : s.stage_ranks[st]) stage_of_rank[r] = st;
+  }
   const double T = result.iteration_seconds;
   for (int r = 0; r < R; ++r) {
+    if (stage_of_rank[r] >= 0 && s.lead_rank(stage_of_rank[r]) != r) {
+      result.ranks.emplace_back();  // a replica: filled from its lead below
+      continue;
+    }
     RankStats stats;
     stats.rank = r;
     stats.stage = stage_of_rank[r];
@@ -401,6 +483,13 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     }
     result.ranks.push_back(stats);
   }
+  for (int r = 0; r < R; ++r) {
+    if (stage_of_rank[r] < 0) continue;
+    const int lead = s.lead_rank(stage_of_rank[r]);
+    if (lead == r) continue;
+    result.ranks[r] = result.ranks[lead];
+    result.ranks[r].rank = r;
+  }
 
   // Per stage: micro-batches in flight from the start of the forward to the end of the backward.
   // At equal times a release counts before an acquisition (the memory is reused).
@@ -414,7 +503,7 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     std::sort(c.begin(), c.end());
     int held = 0, peak = 0;
     for (const auto& [time, delta] : c) peak = std::max(peak, held += delta);
-    result.stages.push_back({st, s.stage_ranks[st], peak, peak * plan.stages[st].activation_bytes});
+    result.stages.push_back({st, s.lead_rank(st), peak, peak * plan.stages[st].activation_bytes});
   }
   return result;
 }

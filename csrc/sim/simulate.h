@@ -31,6 +31,12 @@
 // micro-batch is held from the start of its forward to the end of its backward) and that peak
 // times Stage::activation_bytes.
 //
+// Replicated stages (a stage on several ranks, schedule.h): the leads' programs are replayed and
+// each replica's figures are its lead's. Forward and backward times are the plan's, which are per
+// replica (its shard of the micro-batch); a re-sharded edge moves each pair of replicas' shared
+// rows at once (schedule/shards.h); the all_reduce task sums the stage's gradients in buckets
+// that start during the last backward, as the runtime does (add_all_reduce in simulate.cpp).
+//
 // The schedule must be valid and deadlock-free (it is checked first; ScheduleError otherwise) and
 // match the plan (same stages and edges). Cost: O(T log T) for T tasks, about 15-20 ms
 // for 32 stages x 256 micro-batches (deadlock check included) on one core.
@@ -43,12 +49,13 @@
 
 #include "cost/cost_model.h"
 #include "cost/devices.h"
+#include "cost/gradient_buckets.h"
 #include "partition/plan.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::sim {
 
-enum class TaskKind { forward, backward, activation, gradient, optimizer };
+enum class TaskKind { forward, backward, activation, gradient, optimizer, all_reduce };
 
 std::string_view task_kind_name(TaskKind kind);  // "forward", "backward", "activation", ...
 
@@ -65,7 +72,7 @@ struct Task {
 };
 
 // "F3 s1" (forward of micro-batch 3 at stage 1), "B3 s1", "A3 e0" (activation of micro-batch 3
-// over edge 0), "G3 e0" (its gradient), "OPT s1".
+// over edge 0), "G3 e0" (its gradient), "OPT s1", "AR s1" (the replicas' gradient sum).
 std::string task_name(const Task& task);
 
 struct RankStats {
@@ -93,6 +100,8 @@ struct SimOptions {
   // A runtime's fixed cost of dispatching one forward or backward (its bookkeeping, a call into
   // the stage module), added to every compute task; measured by a calibration, 0 by default.
   double task_overhead_seconds = 0.0;
+  // Bucket size of a replicated stage's gradient all-reduce (cost/gradient_buckets.h).
+  double bucket_bytes = cost::kDefaultBucketBytes;
 };
 
 struct SimResult {

@@ -20,11 +20,11 @@ __all__ = ["tasks_from_timings", "stage_report"]
 _Op = _C.OpKind
 # The instructions drawn, by kind (receives are folded into their sends), as viz kinds.
 _KINDS = {_Op.forward: "forward", _Op.backward: "backward", _Op.send_activation: "activation",
-          _Op.send_gradient: "gradient", _Op.optimizer_step: "optimizer"}
+          _Op.send_gradient: "gradient", _Op.optimizer_step: "optimizer", _Op.all_reduce: "all_reduce"}
 
 
 def tasks_from_timings(
-    timings: list[Any], rank: int, edges: list[tuple[int, int]], stage_ranks: list[int]
+    timings: list[Any], rank: int, edges: list[tuple[int, int]], stage_ranks: list[list[int]]
 ) -> list[dict[str, Any]]:
     """Task dicts of one rank's recorded instructions (``_C.InstructionTiming``s, which carry
     the instruction's kind, stage, micro-batch and edge)."""
@@ -36,11 +36,12 @@ def tasks_from_timings(
         stage, mb, edge = int(t.stage), int(t.micro_batch), int(t.edge)
         peer = -1
         if t.kind == _Op.send_activation:
-            peer = stage_ranks[edges[edge][1]]
+            peer = stage_ranks[edges[edge][1]][0]
         elif t.kind == _Op.send_gradient:
-            peer = stage_ranks[edges[edge][0]]
+            peer = stage_ranks[edges[edge][0]][0]
         names = {"forward": f"F{mb} s{stage}", "backward": f"B{mb} s{stage}", "activation": f"A{mb} e{edge}",
-                 "gradient": f"G{mb} e{edge}", "optimizer": f"OPT s{stage}"}
+                 "gradient": f"G{mb} e{edge}", "optimizer": f"OPT s{stage}",
+                 "all_reduce": f"AR s{stage}"}
         tasks.append({"name": names[kind], "kind": kind, "rank": rank, "peer": peer, "stage": stage,
                       "micro_batch": mb, "edge": edge, "start": float(t.start), "end": float(t.end)})
     return tasks

@@ -10,7 +10,7 @@ import torch
 from graphpipe.errors import InputError
 from graphpipe.trace import iter_tensors
 
-__all__ = ["batch_size", "split", "merge", "copy"]
+__all__ = ["batch_size", "split", "merge", "copy", "rows"]
 
 
 def batch_size(value: Any, what: str = "inputs") -> int:
@@ -37,6 +37,12 @@ def split(value: Any, chunks: int, what: str = "inputs") -> list[Any]:
         )
     step = size // chunks
     return [_slice(value, i * step, step) for i in range(chunks)]
+
+
+def rows(value: Any, begin: int, end: int) -> Any:
+    """Rows ``[begin, end)`` of every batched tensor in ``value`` (views; a replica's share of a
+    micro-batch). 0-d tensors and non-tensors are kept whole."""
+    return _slice(value, begin, end - begin)
 
 
 def _slice(value: Any, start: int, length: int) -> Any:

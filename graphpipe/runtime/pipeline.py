@@ -1,4 +1,5 @@
-"""graphpipe.wrap / Pipeline: trains a model's plan on torch.distributed ranks, one stage per rank.
+"""graphpipe.wrap / Pipeline: trains a model's plan on torch.distributed ranks, one stage per rank
+(or several: a replicated stage runs data parallel on each of its ranks).
 
 Every rank calls ``wrap`` with the same model, example inputs and plan; each keeps only its own
 stage module (and so its own parameters). ``step(inputs, targets)`` runs one training iteration:
@@ -6,6 +7,13 @@ the batch is cut into the plan's micro-batches, the rank's instruction list from
 executed in C++ (graphpipe._C.Executor: point-to-point transfers over the process group, the
 backward through torch::autograd), and the full-batch loss is returned on every rank. The user's
 optimizer over ``pipe.parameters()`` steps afterwards.
+
+Replicated stages (a plan stage with several devices): each replica runs the stage's program on
+its rows of every micro-batch (``_C.shard_rows``, schedule/shards.h), reading only those rows of
+the inputs and targets. Its loss is scaled by its share of the micro-batch's rows, so that with a
+mean-reduced loss every replica's gradients are exact shares of the single-process gradient; the
+executor sums them over the stage's replicas (runtime/gradient_buckets.h) before the optimizer
+steps, and the full-batch loss is the sum of every replica's part.
 
 One currency: the plan is a C++ ``Plan`` on every rank, loaded and validated from the same JSON
 text by the C++ loader, and the schedule is the C++ ``Schedule`` that ``graphpipe.schedule``
@@ -67,6 +75,7 @@ class Pipeline:
         devices: Any = None,
         device: Any = None,
         leaf_modules: Any = (),
+        bucket_bytes: float | None = None,
         **plan_options: Any,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -79,6 +88,11 @@ class Pipeline:
         self.world_size = dist.get_world_size(self.group)
         self.loss_fn = loss_fn
         self.timeout = float(timeout)
+        self._bucket_bytes = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
+        if not self._bucket_bytes > 0:
+            raise InputError(f"graphpipe.wrap: bucket_bytes must be positive, got {bucket_bytes!r}")
+        self._buckets: Any = None
+        self._replica_groups: list[Any] = []
         self._global_ranks = [self._global(r) for r in range(self.world_size)]
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
         self._failure: str | None = None
@@ -141,8 +155,9 @@ class Pipeline:
         stages: StageGraph = build_stages(traced.module, self.plan, traced.graph)
         self.edges = stages.edges
         self.placeholders = stages.placeholders
-        self.output_rank = stages.stages[stages.output_stage].rank
-        self._stage = next((st for st in stages.stages if st.rank == self.rank), None)
+        self.output_ranks = list(stages.stages[stages.output_stage].ranks)
+        self.output_rank = self.output_ranks[0]
+        self._stage = next((st for st in stages.stages if self.rank in st.ranks), None)
         self.module: nn.Module = self._stage.module if self._stage is not None else nn.Module()
         for st in stages.stages:  # keep only this rank's stage module (and so its parameters)
             if st is not self._stage:
@@ -198,10 +213,23 @@ class Pipeline:
                                      self._whole_world, backend, self.timeout, self._board, "tied parameters")
 
         self._shared = SharedParameterSync(
-            self._stages.shared_params, [st.rank for st in self._stages.stages], self.stage, self.module,
-            tied_group, self.timeout,
+            self._stages.shared_params, [st.ranks for st in self._stages.stages], self.stage, self.module,
+            tied_group, self.timeout, is_lead=self._stage is None or self._stage.ranks[0] == self.rank,
         )
         self.executor = _C.Executor(self.schedule, self.rank, self._pg, self.timeout)
+        # Replicated stages: one process group per stage's replicas, made by every rank in stage
+        # order (torch names groups by the order they are made, process_group.py), for the sum
+        # of the replicas' gradients.
+        for st in self._stages.stages:
+            if len(st.ranks) < 2:
+                continue
+            sub = new_process_group([self._global_ranks[r] for r in st.ranks], list(st.ranks), self._whole_world,
+                                    backend, self.timeout, self._board, f"the replicas of stage {st.index}")
+            self._replica_groups.append(sub)
+            if st is self._stage:
+                params = [p for p in self.module.parameters() if p.requires_grad]
+                self._buckets = _C.GradientBuckets(params, sub, self.timeout, self._bucket_bytes)
+                self.executor.set_gradient_buckets(self._buckets)
         if self.device.type == "cuda":
             # CUDA path: transfers on their own stream, ordered with events. NCCL moves GPU
             # memory itself; a CPU-only backend (Gloo) gets host-staged copies, which is what lets
@@ -219,6 +247,14 @@ class Pipeline:
         the pipeline cannot step afterwards, its parameters and state dicts stay readable."""
         self.executor = None
         self._shared = None
+        self._buckets = None
+        for sub in self._replica_groups:
+            if sub is not None:
+                try:
+                    dist.destroy_process_group(sub)
+                except Exception:  # noqa: BLE001 - already gone with the default group
+                    pass
+        self._replica_groups = []
         if self._pg is not None:
             pg, self._pg = self._pg, None
             try:
@@ -364,8 +400,12 @@ class Pipeline:
         if mbs not in self._layouts:
             self._layouts[mbs] = propagate_layouts(self._meta, self._stages, values[0])
         if self._specs_for != mbs:
-            self._executor().set_edge_specs([layout.specs for layout in self._layouts[mbs][0]])
+            self._executor().set_edge_specs([layout.specs for layout in self._layouts[mbs][0]], mbs)
             self._specs_for = mbs
+        if self._stage is not None and len(self._stage.ranks) > 1:
+            # A replica reads only its rows of the model inputs (schedule/shards.h).
+            begin, end = self._executor().my_rows(mbs)
+            values = [{k: microbatch.rows(v, begin, end) for k, v in vals.items()} for vals in values]
         return values, mbs
 
     def _forward_fn(
@@ -420,12 +460,19 @@ class Pipeline:
             raise InputError("targets and inputs have different batch sizes")
         M = self.num_micro_batches
         losses: list[torch.Tensor] = []
+        # A replica of the loss stage computes the loss of its rows only: scaled by its share of
+        # the micro-batch, the replicas' losses (and gradients) add up to the micro-batch's.
+        share = 1.0
+        if self.rank in self.output_ranks and len(self.output_ranks) > 1:
+            begin, end = self._executor().my_rows(mbs)
+            targets_mb = [microbatch.rows(t, begin, end) for t in targets_mb]
+            share = (end - begin) / mbs
 
         def on_output(m: int, output: Any) -> torch.Tensor:
             loss = self.loss_fn(output, targets_mb[m])
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 raise InputError("loss_fn must return a scalar tensor")
-            scaled = loss / M
+            scaled = loss * share / M if share != 1.0 else loss / M
             losses.append(scaled.detach())
             return scaled
 
@@ -444,8 +491,10 @@ class Pipeline:
                 during = "in the optimizer step"
                 optimizer.step()
                 optimizer.zero_grad()
-            during = f"in the loss broadcast from rank {self.output_rank}"
-            dist.broadcast(buf, src=self._global(self.output_rank), group=self._pg)
+            during = f"in the loss sum from rank(s) {self.output_ranks}"
+            # A sum, not a broadcast: a replicated loss stage has the loss in parts (every other
+            # rank adds zero).
+            dist.all_reduce(buf, group=self._pg)
         except BaseException as exc:
             raise self._fail(exc, during) from exc
         return buf[0].to(self._loss_dtype(mbs))
@@ -472,11 +521,17 @@ class Pipeline:
         try:
             with torch.no_grad():
                 self._executor().run(fn, False, False)
-            box = [microbatch.merge([outputs[m] for m in range(self.num_micro_batches)]) if outputs else None]
-            dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self._pg)
+            mine = [outputs[m] for m in range(self.num_micro_batches)] if outputs else None
+            if len(self.output_ranks) == 1:
+                box = [microbatch.merge(mine) if mine is not None else None]
+                dist.broadcast_object_list(box, src=self._global(self.output_rank), group=self._pg)
+                return box[0]
+            # A replicated output stage: every replica holds its rows of each micro-batch.
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, mine, group=self._pg)
         except BaseException as exc:
             raise self._fail(exc, "in eval_forward") from exc
-        return box[0]
+        return microbatch.merge([parts[r][m] for m in range(self.num_micro_batches) for r in self.output_ranks])
 
     def _global(self, group_rank: int) -> int:
         if self.group is dist.distributed_c10d._get_default_group():
@@ -585,6 +640,7 @@ def wrap(
     timeout: float = DEFAULT_TIMEOUT,
     devices: Any = None,
     device: Any = None,
+    bucket_bytes: float | None = None,
     **options: Any,
 ) -> Pipeline:
     """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
@@ -606,6 +662,9 @@ def wrap(
             described by ``device_kind`` (default: one CPU rank per rank of the group, documented
             constants).
         device: where this rank's stage runs (default: where its parameters are).
+        bucket_bytes: size of the buckets in which a replicated stage's gradients are summed
+            over its replicas, each starting as soon as the last backward has produced its
+            gradients (default ``graphpipe._C.default_bucket_bytes``, 1 MiB).
         options: ``leaf_modules`` (modules traced as one operator), and every other keyword of
             :func:`graphpipe.plan` (``memory_limit``, ``micro_batch_size``, ``optimizer``,
             ``manual``, ``device_kind``, ``seed``), passed to it unchanged. With ``plan=``,
@@ -623,5 +682,6 @@ def wrap(
         timeout=timeout,
         devices=devices,
         device=device,
+        bucket_bytes=bucket_bytes,
         **options,
     )

@@ -5,8 +5,8 @@ The C++ Plan is the runtime's only form of a plan: whatever the user gives goes 
 loader (``Plan.from_json``, partition/plan_io.h), which validates it against the traced graph,
 so a bad plan raises the same FormatError or PlanningError as loading it with
 ``graphpipe.Plan.from_json`` does. Its JSON text (``plan.to_json(graph)``) is how ranks share
-and compare plans. What is checked here is only what the runtime adds to a valid plan: one rank
-per stage, ranks within the process group, the micro-batch count asked for.
+and compare plans. What is checked here is only what the runtime adds to a valid plan: ranks
+within the process group, the micro-batch count asked for.
 """
 
 from __future__ import annotations
@@ -50,20 +50,15 @@ def load_plan(plan: Any, graph: Any) -> Any:
 
 
 def check_runnable(plan: Any, world_size: int, micro_batches: int | None) -> None:
-    """Raises PlanningError if a valid plan cannot run on this process group: the runtime runs
-    each stage on one rank of the group, with the micro-batch count asked for."""
+    """Raises PlanningError if a valid plan cannot run on this process group: every stage's
+    ranks (its replicas when it has several) within the group, with the micro-batch count asked
+    for."""
     if micro_batches and int(plan.num_micro_batches) != int(micro_batches):
         raise PlanningError(
             f"the plan splits the batch into {plan.num_micro_batches} micro-batches, but "
             f"micro_batches={micro_batches} was asked for"
         )
-    for stage in plan.stages:
-        if len(stage.devices) != 1:
-            raise PlanningError(
-                f"stage {stage.id} is placed on devices {list(stage.devices)}; the runtime runs each "
-                "stage on one rank (data parallelism inside a stage is not supported yet)"
-            )
-    ranks = stage_ranks(plan)
+    ranks = [r for stage in stage_ranks(plan) for r in stage]
     if max(ranks) >= world_size:
         raise PlanningError(
             f"the plan places stages on ranks {sorted(ranks)}, but the process group has only "
@@ -71,9 +66,9 @@ def check_runnable(plan: Any, world_size: int, micro_batches: int | None) -> Non
         )
 
 
-def stage_ranks(plan: Any) -> list[int]:
-    """The rank of every stage (the first of its devices)."""
-    return [int(stage.devices[0]) for stage in plan.stages]
+def stage_ranks(plan: Any) -> list[list[int]]:
+    """The ranks of every stage: its devices, the lead first (several for a replicated stage)."""
+    return [[int(d) for d in stage.devices] for stage in plan.stages]
 
 
 def manual_plan(

@@ -32,27 +32,33 @@ class SharedParameterSync:
     Args:
         shared: canonical parameter name -> {stage: that parameter's name in the stage module}
             (``StageGraph.shared_params``).
-        stage_ranks: rank (in the pipeline) of each stage.
+        stage_ranks: ranks (in the pipeline) of each stage, its lead first (several for a
+            replicated stage, whose replicas hold equal, already summed gradients).
         my_stage: this rank's stage (-1 if none).
         module: this rank's stage module.
         make_group: pipeline ranks -> their process group on a member, None elsewhere; called on
             every rank for every set of holders, in the same order.
         timeout: seconds an all-reduce may take before ``PipelineTimeout``.
+        is_lead: whether this rank is its stage's lead (first replica).
     """
 
     def __init__(
         self,
         shared: Mapping[str, Mapping[int, str]],
-        stage_ranks: list[int],
+        stage_ranks: list[list[int]],
         my_stage: int,
         module: nn.Module,
         make_group: Callable[[list[int]], Any],
         timeout: float,
+        is_lead: bool = True,
     ) -> None:
         self.timeout = timeout
         by_ranks: dict[tuple[int, ...], list[str]] = {}
+        # Every replica of a holding stage joins (each needs the total); only the lead of each
+        # stage contributes its gradient, the other replicas zeros, so each stage counts once.
+        self._contributes = is_lead
         for name, users in sorted(shared.items()):
-            ranks = tuple(sorted(stage_ranks[s] for s in users))
+            ranks = tuple(sorted(r for s in users for r in stage_ranks[s]))
             by_ranks.setdefault(ranks, []).append(name)
         self._syncs: list[tuple[tuple[int, ...], Any, list[nn.Parameter]]] = []
         # Every rank asks for every group, in the same order: torch's group names depend on it
@@ -73,7 +79,7 @@ class SharedParameterSync:
         """Sums each shared parameter's gradient over its holders (a rank whose uses produced no
         gradient contributes zeros)."""
         for ranks, sub, params in self._syncs:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            grads = [p.grad if p.grad is not None and self._contributes else torch.zeros_like(p) for p in params]
             flat = _flatten_dense_tensors(grads)
             work = dist.all_reduce(flat, group=sub, async_op=True)
             try:

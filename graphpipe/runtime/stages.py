@@ -56,7 +56,7 @@ _SLOT = _TensorSlot()
 @dataclass
 class StageModule:
     index: int
-    rank: int
+    ranks: list[int]                                          # its replicas, the lead first
     placeholders: list[str]                                   # model inputs it reads
     in_values: dict[int, list[str]] = field(default_factory=dict)   # edge -> values received
     out_values: dict[int, list[str]] = field(default_factory=dict)  # edge -> values sent
@@ -105,7 +105,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
                 "(re-run the partitioner on this model)"
             )
     stages = [
-        StageModule(index=s, rank=int(st.devices[0]), placeholders=[]) for s, st in enumerate(plan.stages)
+        StageModule(index=s, ranks=[int(d) for d in st.devices], placeholders=[]) for s, st in enumerate(plan.stages)
     ]
     order = {n.name: i for i, n in enumerate(nodes)}
     getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}

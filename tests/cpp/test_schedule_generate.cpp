@@ -104,7 +104,7 @@ TEST(Generate, RanksFollowStageDevices) {
   plan.stages[2].devices = {0};
   plan.num_devices = 4;
   auto s = generate(plan, "1f1b");
-  EXPECT_EQ(s.stage_ranks, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(s.stage_ranks, (std::vector<std::vector<int>>{{2}, {1}, {0}}));
   EXPECT_EQ(s.num_ranks(), 4);
   EXPECT_TRUE(s.ranks[3].empty());
   EXPECT_EQ(s.ranks[2].front().stage, 0);

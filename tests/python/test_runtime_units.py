@@ -137,7 +137,7 @@ def test_timings_carry_their_instruction() -> None:
             self.kind, self.stage, self.micro_batch, self.edge = ins.kind, ins.stage, ins.micro_batch, ins.edge
 
     timings = [Timing(t, i, i + 0.5) for i, t in enumerate(["0F0", "0SF0e0", "0RB0e0", "0B0", "0OPT"])]
-    tasks = tasks_from_timings(timings, 0, [(0, 1)], [0, 1])
+    tasks = tasks_from_timings(timings, 0, [(0, 1)], [[0], [1]])
     assert [(t["name"], t["kind"], t["peer"]) for t in tasks] == [
         ("F0 s0", "forward", -1), ("A0 e0", "activation", 1), ("B0 s0", "backward", -1), ("OPT s0", "optimizer", -1)]
     assert tasks[3]["micro_batch"] == -1 and tasks[1]["edge"] == 0
