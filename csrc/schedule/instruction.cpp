@@ -134,7 +134,7 @@ std::string describe(const Instruction& i) {
     case OpKind::send_gradient: return "send of the gradient of micro-batch " + mb + over + at;
     case OpKind::recv_gradient: return "receive of the gradient of micro-batch " + mb + over + at;
     case OpKind::optimizer_step: return "optimizer step" + at;
-    case OpKind::all_reduce: return "all-reduce" + at;
+    case OpKind::all_reduce: return "all-reduce of the replicas' gradients" + at;
   }
   return "?";
 }
