@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+import graphpipe
 import multinode_train as mt
 import two_nodes
 
 SCRIPT = Path(__file__).resolve().with_name("multinode_train.py")
-REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT = 90.0  # seconds for both nodes' torchrun, rendezvous to exit
 RTOL, ATOL = 1e-10, 1e-12  # float64: only the micro-batches' summation order differs
 
@@ -45,7 +45,9 @@ def _launch() -> dict[str, Any]:
         print(_LAUNCH["skip"])
         return _LAUNCH
     cases = _available_cases()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # The ranks import the graphpipe this process imported (the sources or an installed copy).
+    home = str(Path(graphpipe.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="graphpipe-multinode-") as out:
         start = time.monotonic()
         with two_nodes.TwoNodes() as nodes:

@@ -125,15 +125,14 @@ def unavailable() -> str | None:
     """Why two namespaces cannot be made here, found by trying (None: they can)."""
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return "making network namespaces needs root (euid is %d)" % os.geteuid()
     if shutil.which("ip") is None:
-        return "iproute2's `ip` command is not installed"
+        return "iproute2's `ip` command is not on PATH"
     try:
         with TwoNodes():
             pass
     except Exception as exc:  # noqa: BLE001 - the reason is the message
-        return f"could not make two network namespaces joined by a veth pair: {exc}"
+        hint = "" if os.geteuid() == 0 else f" (not root: euid {os.geteuid()}; namespaces need CAP_SYS_ADMIN)"
+        return f"could not make two network namespaces joined by a veth pair: {exc}{hint}"
     return None
 
 
@@ -142,6 +141,14 @@ def _pdeathsig() -> None:
     torchrun, which then stops its workers)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Terminated(BaseException):
+    """A trapped signal, raised where the main thread was, so that clean-up runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class TwoNodes:
@@ -161,13 +168,18 @@ class TwoNodes:
         self._trap_signals()
         try:
             self._create()
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, _Terminated):
+                os.kill(os.getpid(), exc.signum)
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close()
+        if isinstance(exc, _Terminated):
+            # Cleaned up: now end as the signal's sender meant (handlers are restored by close).
+            os.kill(os.getpid(), exc.signum)
 
     def _create(self) -> None:
         a, b = self.nodes
@@ -203,26 +215,36 @@ class TwoNodes:
             time.sleep(0.2)
 
     def close(self) -> None:
-        for n in self.nodes:
-            try:
-                _delete(n.netns)
-            except Exception:  # noqa: BLE001 - delete the other one anyway
-                pass
-        self._restore_signals()
+        """Kills what runs in the namespaces and deletes them; idempotent. A trapped signal that
+        arrives meanwhile waits until the namespaces are gone."""
+        pending: list[int] = []
+        for sig in self._old_handlers:
+            signal.signal(sig, lambda signum, frame: pending.append(signum))
+        try:
+            for n in self.nodes:
+                try:
+                    _delete(n.netns)
+                except Exception:  # noqa: BLE001 - delete the other one anyway
+                    pass
+        finally:
+            self._restore_signals()
+        for sig in pending:
+            os.kill(os.getpid(), sig)
 
-    # SIGTERM (and SIGINT, already KeyboardInterrupt) unwinds through __exit__ like an exception.
+    # SIGTERM and SIGHUP unwind through __exit__ (as SIGINT does, as KeyboardInterrupt), which
+    # cleans up and then ends the process with the same signal. Only where no handler was set.
     def _trap_signals(self) -> None:
         import threading
 
         if threading.current_thread() is not threading.main_thread():
             return
 
-        def raise_exit(signum: int, frame: Any) -> None:
-            raise SystemExit(128 + signum)
+        def raise_terminated(signum: int, frame: Any) -> None:
+            raise _Terminated(signum)
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                self._old_handlers[sig] = signal.signal(sig, raise_exit)
+                self._old_handlers[sig] = signal.signal(sig, raise_terminated)
 
     def _restore_signals(self) -> None:
         for sig, old in self._old_handlers.items():
@@ -231,8 +253,10 @@ class TwoNodes:
 
     def env_for(self, node: Node) -> dict[str, str]:
         """What a node's processes need beyond the caller's environment: Gloo (and NCCL's
-        bootstrap, and TensorPipe RPC) bind to the node's own interface, not to whatever the
-        shared host name resolves to (the root namespace's address, unreachable from here)."""
+        bootstrap, and TensorPipe RPC) bind to the node's own interface. Without it Gloo takes
+        the address of the host name, which both namespaces share and which names no address
+        the other node can reach (here it resolves to 127.0.0.1, each namespace's own loopback),
+        and the first collective between the nodes fails."""
         return {
             "GLOO_SOCKET_IFNAME": node.ifname,
             "NCCL_SOCKET_IFNAME": node.ifname,
@@ -243,10 +267,10 @@ class TwoNodes:
     def torchrun_command(self, node: Node, script: str, args: Sequence[str], nproc_per_node: int = 2,
                          rdzv_id: str | None = None, join_timeout: float = 60.0) -> list[str]:
         """The torchrun command line of one node. ``--local-addr``: the address this node
-        advertises (rank 0's becomes the workers' MASTER_ADDR; the default, the host name,
-        resolves to the root namespace's address). ``is_host``: which node serves the c10d
-        store (torchrun guesses it by comparing the endpoint with the host name's addresses,
-        which in a namespace are the root namespace's)."""
+        advertises; rank 0's becomes the workers' MASTER_ADDR (the default, the host's FQDN, is
+        the same on both emulated nodes and does not name node 0's veth address). ``is_host``:
+        which node serves the c10d store; torchrun guesses it by comparing the endpoint with
+        the host name's addresses, which here match neither node, so nobody would serve it."""
         rdzv_id = rdzv_id or self.nodes[0].netns
         return [
             sys.executable, "-m", "torch.distributed.run",
