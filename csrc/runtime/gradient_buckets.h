@@ -16,7 +16,7 @@
 // This is the idea of DDP's reducer, written here because DDP's cannot be driven by a pipeline:
 // DDP decides at the forward whether the next backward synchronises, and a pipeline runs the
 // last micro-batch's forward before the backwards of earlier micro-batches (docs/design.md says
-// more). Hooks fire only between arm() and finish(); outside, backwards accumulate as usual.
+// more, §7.4). Hooks fire only between arm() and finish(); outside, backwards accumulate as usual.
 //
 // Gradients that are undefined stay undefined (their bucket slot sums zeros), as every replica
 // runs the same graph and so leaves the same ones undefined. Errors: PipelineTimeout when a sum
