@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphpipe._ext import _C
@@ -76,12 +76,15 @@ def manual_plan(
     assignment: Mapping[str, int],
     num_micro_batches: int,
     batch_size: int | None = None,
+    stage_devices: Mapping[int, Sequence[int]] | Sequence[Sequence[int]] | None = None,
 ) -> Any:
     """A Plan from ``{operator name or module prefix: stage}``, made by the C++ manual
     partitioner (partition/manual.h: the longest matching rule wins). An operator that no rule
     covers goes to the earliest stage of its consumers, as the manual partitioner does for
-    inputs. Stage s runs on rank s; stages are renumbered in a topological
-    order of the stage graph."""
+    inputs. Stage s runs on rank s, unless ``stage_devices`` (``{stage: [ranks]}``, or one list
+    per stage) gives its ranks: several ranks make the stage data parallel, each replica taking
+    its rows of every micro-batch. Stages are renumbered in a topological order of the stage
+    graph."""
     rules = {str(name): int(stage) for name, stage in assignment.items()}
     if "" not in rules:
         # An operator that no rule covers (torch.cat in the model's own forward, say) gets a rule
@@ -98,8 +101,13 @@ def manual_plan(
                     stage_of[v] = min(consumers)
                     rules[node.name] = stage_of[v]
     num_stages = max(rules.values(), default=0) + 1
-    return make_plan(graph, num_stages, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
-                     manual=rules)
+    if stage_devices is None:
+        return make_plan(graph, num_stages, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
+                         manual=rules)
+    placed = dict(stage_devices) if isinstance(stage_devices, Mapping) else dict(enumerate(stage_devices))
+    devices = max((int(d) for ranks in placed.values() for d in ranks), default=num_stages - 1) + 1
+    return make_plan(graph, max(devices, num_stages), "manual", batch_size=batch_size,
+                     micro_batches=int(num_micro_batches), manual=rules, stage_devices=placed)
 
 
 def _covered(module: str, rules: Mapping[str, int]) -> bool:
