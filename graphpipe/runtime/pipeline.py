@@ -491,10 +491,13 @@ class Pipeline:
                 during = "in the optimizer step"
                 optimizer.step()
                 optimizer.zero_grad()
-            during = f"in the loss sum from rank(s) {self.output_ranks}"
-            # A sum, not a broadcast: a replicated loss stage has the loss in parts (every other
-            # rank adds zero).
-            dist.all_reduce(buf, group=self._pg)
+            if len(self.output_ranks) == 1:
+                during = f"in the loss broadcast from rank {self.output_rank}"
+                dist.broadcast(buf, src=self._global(self.output_rank), group=self._pg)
+            else:
+                # A replicated loss stage has the loss in parts: summed (every other rank adds 0).
+                during = f"in the loss sum over the loss stage's ranks {self.output_ranks}"
+                dist.all_reduce(buf, group=self._pg)
         except BaseException as exc:
             raise self._fail(exc, during) from exc
         return buf[0].to(self._loss_dtype(mbs))
