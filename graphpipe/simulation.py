@@ -29,6 +29,7 @@ def simulate(
     overlap: bool = True,
     device_kind: str = "cpu",
     task_overhead_seconds: float = 0.0,
+    bucket_bytes: float | None = None,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -39,6 +40,8 @@ def simulate(
         schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
         overlap: whether transfers overlap computation (own streams) or block the rank.
         task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated).
+        bucket_bytes: the gradient bucket size of replicated stages, as given to ``wrap``
+            (default: the runtime's, ``graphpipe._C.default_bucket_bytes``).
 
     Returns:
         A ``SimResult``: iteration time, throughput, per-rank busy/idle/bubble shares, peak
@@ -47,4 +50,6 @@ def simulate(
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
     sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
-    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds)
+    buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
+    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds,
+                       bucket_bytes=buckets)

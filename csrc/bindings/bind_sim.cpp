@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "cost/gradient_buckets.h"
 #include "sim/simulate.h"
 
 namespace py = pybind11;
@@ -132,16 +133,18 @@ void bind_sim(py::module_& m) {
   m.def(
       "simulate",
       [](const partition::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
-         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds) {
+         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes) {
         sim::SimOptions options;
         options.overlap = overlap;
         options.optimizer_traffic_factor = optimizer_traffic_factor;
         options.task_overhead_seconds = task_overhead_seconds;
+        options.bucket_bytes = bucket_bytes;
         py::gil_scoped_release release;
         return sim::simulate(plan, schedule, devices, options);
       },
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
       py::arg("optimizer_traffic_factor") = 4.0, py::arg("task_overhead_seconds") = 0.0,
+      py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
       "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h).");
 }
 
