@@ -21,9 +21,11 @@ Chrome trace format (``chrome_trace``; opens in https://ui.perfetto.dev and chro
 One complete ("X") event per task: ``pid`` is the rank, ``tid`` 0 for computation (forward,
 backward, optimizer) and 1 for communication (transfers and all-reduces), ``ts``/``dur`` in microseconds from the start of the
 iteration. Names: ``F<mb> s<stage>`` forward, ``B<mb> s<stage>`` backward, ``A<mb> e<edge>``
-activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step, ``AR s<stage>`` a replicated stage's gradient sum. A
+activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step, ``AR s<stage>`` a replicated stage's gradient sum,
+``I<mb> s<stage>`` / ``W<mb> s<stage>`` a split backward's input- and weight-gradient halves. A
 transfer is drawn on its sending rank; ``args.peer`` is the receiving rank. ``args.kind`` is one
-of ``forward, backward, activation, gradient, optimizer, all_reduce``. ``read_chrome_trace`` turns such a
+of ``forward, backward, activation, gradient, optimizer, all_reduce, backward_input,
+backward_weight``. ``read_chrome_trace`` turns such a
 file back into task dicts.
 """
 
@@ -51,6 +53,8 @@ TASK_KINDS = {
     "gradient": "#B0B0B0",
     "optimizer": "#8172B3",
     "all_reduce": "#55A868",
+    "backward_input": "#C44E52",
+    "backward_weight": "#DA8BC3",
 }
 _TASK_KEYS = ("name", "kind", "rank", "peer", "stage", "micro_batch", "edge", "start", "end")
 _TRANSFERS = ("activation", "gradient")

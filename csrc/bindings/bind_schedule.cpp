@@ -67,7 +67,9 @@ void bind_schedule(py::module_& m) {
       .value("backward", OpKind::backward)
       .value("send_gradient", OpKind::send_gradient)
       .value("optimizer_step", OpKind::optimizer_step)
-      .value("all_reduce", OpKind::all_reduce);
+      .value("all_reduce", OpKind::all_reduce)
+      .value("backward_input", OpKind::backward_input)
+      .value("backward_weight", OpKind::backward_weight);
 
   py::class_<Instruction>(m, "Instruction",
                           "One step of a rank's program (see schedule/instruction.h); prints as a "

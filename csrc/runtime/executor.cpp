@@ -270,9 +270,8 @@ void Executor::forward(const Instruction& ins, const ForwardFn& fn, bool train) 
   }
 }
 
-void Executor::backward(const Instruction& ins) {
+void Executor::take_roots(const Instruction& ins, std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads) {
   auto& st = state_[ins.micro_batch];
-  std::vector<at::Tensor> roots, grads;
   if (st.loss.defined() && st.loss.requires_grad()) {
     roots.push_back(st.loss);
     grads.push_back(at::ones_like(st.loss));
@@ -292,14 +291,49 @@ void Executor::backward(const Instruction& ins) {
       grads.push_back(g);
     }
   }
-  if (!roots.empty()) {
-    torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false);
-  }
   for (int e : out_edges_) {
     st.outputs.erase(e);
     st.grads.erase(e);
   }
   st.loss = at::Tensor();
+}
+
+void Executor::backward(const Instruction& ins) {
+  std::vector<at::Tensor> roots, grads;
+  take_roots(ins, roots, grads);
+  if (!roots.empty()) {
+    torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false);
+  }
+}
+
+void Executor::backward_input(const Instruction& ins) {
+  auto& st = state_[ins.micro_batch];
+  std::vector<at::Tensor> roots, grads;
+  take_roots(ins, roots, grads);
+  std::vector<at::Tensor> leaves;
+  for (const auto& [edge, tensors] : st.received) {
+    for (const auto& t : tensors) {
+      if (t.requires_grad()) leaves.push_back(t);
+    }
+  }
+  if (!roots.empty() && !leaves.empty()) {
+    auto got = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+    for (std::size_t k = 0; k < leaves.size(); ++k) {
+      if (got[k].defined()) leaves[k].mutable_grad() = got[k];
+    }
+  }
+  st.kept_roots = std::move(roots);
+  st.kept_grads = std::move(grads);
+}
+
+void Executor::backward_weight(const Instruction& ins) {
+  auto& st = state_[ins.micro_batch];
+  std::vector<at::Tensor> roots = std::move(st.kept_roots), grads = std::move(st.kept_grads);
+  st.kept_roots.clear();
+  st.kept_grads.clear();
+  if (roots.empty() || parameters_.empty()) return;  // dropping the roots frees the graph
+  torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, parameters_);
 }
 
 std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
@@ -414,9 +448,17 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   // matches by order, not tag, and keeps the program's order. Cost: one more receive buffer per
   // incoming edge and direction.
   // The last backward: its gradients are final ones, so the replicas' sum starts during it.
-  std::size_t last_backward = ins_list.size();
+  std::size_t last_backward = ins_list.size();  // the last B or W: it finishes the weight gradients
+  bool splits = false;
   for (std::size_t i = 0; i < ins_list.size(); ++i) {
-    if (ins_list[i].kind == OpKind::backward) last_backward = i;
+    const auto kind = ins_list[i].kind;
+    if (kind == OpKind::backward || kind == OpKind::backward_weight) last_backward = i;
+    splits = splits || kind == OpKind::backward_weight;
+  }
+  if (splits && parameters_.empty() && stage_ >= 0) {
+    throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
+                "'s program splits its backwards (I and W) but the executor was given no parameters "
+                "(set_parameters)");
   }
   std::vector<std::size_t> next_receive(ins_list.size(), ins_list.size());
   if (transport_.matches_by_tag()) {
@@ -444,7 +486,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       }
       if (ins.kind == OpKind::forward) {
         for (int e : in_edges_) land(OpKind::recv_activation, ins.micro_batch, e);
-      } else if (ins.kind == OpKind::backward) {
+      } else if (schedule::produces_input_gradients(ins.kind)) {
         for (int e : out_edges_) land(OpKind::recv_gradient, ins.micro_batch, e);
       } else if (ins.kind == OpKind::optimizer_step) {
         reap_sends(true);  // the optimizer step closes the iteration: nothing stays in flight
@@ -453,9 +495,15 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       if (ins.kind == OpKind::forward) {
         c10::AutoGradMode grad_mode(train);
         forward(ins, fn, train);
-      } else if (ins.kind == OpKind::backward) {
+      } else if (ins.kind == OpKind::backward || ins.kind == OpKind::backward_weight) {
         if (i == last_backward && buckets_ && replicated) buckets_->arm();
-        backward(ins);
+        if (ins.kind == OpKind::backward) {
+          backward(ins);
+        } else {
+          backward_weight(ins);
+        }
+      } else if (ins.kind == OpKind::backward_input) {
+        backward_input(ins);
       } else if (ins.kind == OpKind::all_reduce) {
         // Its measured span starts when the first bucket's sum started, inside the backward.
         const auto first = buckets_->finish();

@@ -10,6 +10,12 @@
 //   RB  receive the gradients of an outgoing edge's floating tensors;
 //   B   torch::autograd::backward over the stashed loss (gradient 1) and the outputs that require
 //       grad (their received gradients), then drop the stash of that micro-batch's outputs;
+//   I   (zero-bubble schedules) the input-gradient half: torch::autograd::grad of the same roots
+//       with respect to the received activations only, into their .grad, keeping the graph;
+//   W   the weight-gradient half: torch::autograd::backward of the kept roots with respect to
+//       the stage's parameters (set_parameters), which frees the graph. It walks the part of the
+//       graph between the outputs and the parameters again (I computed those gradients but did
+//       not keep them), so I + W costs more than B: the price of a W that can wait;
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
 //   AR  (replicated stages) wait for the replicas' gradient sum, started bucket by bucket during
 //       the last backward (gradient_buckets.h), and write it into the gradients;
@@ -100,6 +106,9 @@ class Executor {
   // The sum of this replica's gradients with the other replicas' (required on a replicated
   // stage: its program has an all_reduce).
   void set_gradient_buckets(std::shared_ptr<GradientBuckets> buckets) { buckets_ = std::move(buckets); }
+  // The stage's trainable parameters: what a W instruction computes the gradients of (required
+  // when the program splits its backwards).
+  void set_parameters(std::vector<at::Tensor> parameters) { parameters_ = std::move(parameters); }
   void set_timeout(std::chrono::milliseconds timeout) {
     transport_.set_timeout(timeout);
     if (buckets_) buckets_->set_timeout(timeout);
@@ -120,6 +129,8 @@ class Executor {
     std::map<int, std::vector<at::Tensor>> outputs;    // out-edge -> produced tensors
     std::map<int, std::vector<at::Tensor>> grads;      // out-edge -> received gradients
     at::Tensor loss;
+    // Between an I and its W: the backward's roots and their gradients, graph kept.
+    std::vector<at::Tensor> kept_roots, kept_grads;
   };
 
   std::string where(const schedule::Instruction& ins) const;
@@ -127,6 +138,11 @@ class Executor {
             std::vector<std::pair<schedule::Instruction, std::vector<at::Tensor>>>& landed);
   void forward(const schedule::Instruction& ins, const ForwardFn& fn, bool train);
   void backward(const schedule::Instruction& ins);
+  // The roots of a micro-batch's backward (its loss and outputs that require grad) and their
+  // gradients; drops the stashed outputs and received gradients.
+  void take_roots(const schedule::Instruction& ins, std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads);
+  void backward_input(const schedule::Instruction& ins);
+  void backward_weight(const schedule::Instruction& ins);
   void check_outputs(int micro_batch, const StageOutput& out) const;
   // A tensor of edge `edge` as this rank holds it: the spec with its first dimension cut to this
   // replica's rows when the stage is replicated.
@@ -150,6 +166,7 @@ class Executor {
   std::vector<std::vector<at::Tensor>> specs_;
   std::int64_t rows_ = 0;  // of a micro-batch, as given with the specs
   std::shared_ptr<GradientBuckets> buckets_;
+  std::vector<at::Tensor> parameters_;
   Transport transport_;
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;

@@ -1,6 +1,7 @@
 #include "schedule/generate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <queue>
 #include <string>
 
@@ -49,7 +50,7 @@ std::vector<Instruction> fixed_order(int stage, int M, int W) {
   return order;
 }
 
-enum EventType { kFinishForward, kFinishBackward, kFinishOptimizer };
+enum EventType { kFinishForward, kFinishBackward, kFinishOptimizer, kFinishWeight };
 
 struct Event {
   double time;
@@ -64,7 +65,7 @@ struct Event {
 
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
-  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy}) {
+  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy, Policy::zb_graph}) {
     names.emplace_back(policy_name(p));
   }
   return names;
@@ -72,7 +73,7 @@ std::vector<std::string> policy_names() {
 
 Policy parse_policy(std::string_view name) {
   if (name == "gpipe") return Policy::fill_drain;
-  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy}) {
+  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy, Policy::zb_graph}) {
     if (name == policy_name(p)) return p;
   }
   throw PlanningError("unknown schedule kind '" + std::string(name) + "' (expected " + list_names(policy_names()) +
@@ -84,6 +85,7 @@ std::string_view policy_name(Policy policy) {
     case Policy::fill_drain: return "fill_drain";
     case Policy::one_f_one_b: return "1f1b";
     case Policy::one_f_one_b_greedy: return "1f1b_greedy";
+    case Policy::zb_graph: return "zb_graph";
   }
   return "?";
 }
@@ -111,6 +113,35 @@ std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
   }
   return ranks;
 }
+
+std::pair<double, double> backward_split(const partition::Stage& stage) {
+  return {stage.backward_seconds / 2.0, stage.backward_seconds / 2.0};
+}
+
+namespace {
+
+// zb_graph: the most micro-batches a stage may hold from its forward to the end of its W. A W
+// can wait, but what its I kept (the activations the weight gradients need) is held meanwhile,
+// so the plan's memory limit bounds how many: (limit - static bytes) / activation bytes, at
+// least the 1F1B limit (which the plan was made to fit), all M when the plan gives no limit.
+// (Counting a whole micro-batch's activations until its W overstates what W needs, so the
+// bound is safe.)
+std::vector<int> weight_limits(const Plan& plan, const std::vector<int>& limit) {
+  const int M = static_cast<int>(plan.num_micro_batches);
+  std::vector<int> out(limit.size());
+  for (std::size_t s = 0; s < limit.size(); ++s) {
+    const auto& st = plan.stages[s];
+    int allowed = M;
+    if (plan.memory_limit_bytes > 0.0 && st.activation_bytes > 0.0) {
+      const double fits = std::floor((plan.memory_limit_bytes - st.static_bytes) / st.activation_bytes);
+      allowed = fits > static_cast<double>(M) ? M : static_cast<int>(std::max(0.0, fits));
+    }
+    out[s] = std::max(limit[s], std::min(M, allowed));
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<int> stages_to_sink(const Plan& plan) {
   check_plan_shape(plan);
@@ -175,13 +206,18 @@ Schedule generate(const Plan& plan, Policy policy) {
       missing_grads[at(s, m)] = static_cast<int>(out_edges[s].size());
     }
   }
+  const bool greedy = policy == Policy::one_f_one_b_greedy || policy == Policy::zb_graph;
+  const bool split = policy == Policy::zb_graph;
   std::vector<std::vector<Instruction>> order(S);
-  if (policy != Policy::one_f_one_b_greedy) {
+  if (!greedy) {
     for (int s = 0; s < S; ++s) order[s] = fixed_order(s, M, limit[s]);
   }
   std::vector<std::size_t> next(S, 0);            // fixed order: position in order[s]
   std::vector<int> forwards(S, 0), backwards(S, 0);  // dispatched so far
   std::vector<int> backwards_done(S, 0);
+  std::vector<int> weights(S, 0), weights_done(S, 0);  // zb_graph: W dispatched and finished
+  std::vector<double> input_finish(S, 0.0);  // zb_graph: when the stage's running I ends
+  const std::vector<int> held_limit = split ? weight_limits(plan, limit) : std::vector<int>{};
   std::vector<char> busy(S, 0), optimizer_done(S, 0);
 
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
@@ -202,30 +238,61 @@ Schedule generate(const Plan& plan, Policy policy) {
     } else if (i.kind == OpKind::backward) {
       ++backwards[s];
       events.push({t + stage.backward_seconds, seq++, kFinishBackward, s, i.micro_batch});
+    } else if (i.kind == OpKind::backward_input) {
+      ++backwards[s];
+      input_finish[s] = t + backward_split(stage).first;
+      events.push({input_finish[s], seq++, kFinishBackward, s, i.micro_batch});
+    } else if (i.kind == OpKind::backward_weight) {
+      ++weights[s];
+      events.push({t + backward_split(stage).second, seq++, kFinishWeight, s, i.micro_batch});
     } else {
       events.push({t, seq++, kFinishOptimizer, s, -1});
     }
   };
   auto dispatch = [&](int s, double t) {
     if (busy[s]) return;
-    if (backwards_done[s] == M) {
+    if ((split ? weights_done[s] : backwards_done[s]) == M) {
       if (!optimizer_done[s]) {
         optimizer_done[s] = 1;
         start(s, {OpKind::optimizer_step, s, -1, -1}, t);
       }
       return;
     }
-    if (policy != Policy::one_f_one_b_greedy) {
+    if (!greedy) {
       if (next[s] < order[s].size() && ready(order[s][next[s]])) start(s, order[s][next[s]++], t);
       return;
     }
-    Instruction b{OpKind::backward, s, backwards[s], -1};
+    // zb_graph: I before F before W (generate.h).
+    Instruction b{split ? OpKind::backward_input : OpKind::backward, s, backwards[s], -1};
     if (backwards[s] < M && backwards[s] < forwards[s] && ready(b)) {
       start(s, b, t);
       return;
     }
     Instruction f{OpKind::forward, s, forwards[s], -1};
-    if (forwards[s] < M && forwards[s] - backwards[s] < limit[s] && ready(f)) start(s, f, t);
+    if (forwards[s] < M && forwards[s] - backwards[s] < limit[s] &&
+        (!split || forwards[s] - weights[s] < held_limit[s]) && ready(f)) {
+      start(s, f, t);
+      return;
+    }
+    if (!split || weights[s] >= backwards_done[s]) return;
+    // A W waits if it would still run when the next I's gradients arrive: that I is on the
+    // critical path. Arrival is known once every stage downstream runs (or ran) its I.
+    const int k = backwards[s];
+    if (k < M && k < forwards[s]) {
+      double arrival = t;
+      bool known = true;
+      for (int e : out_edges[s]) {
+        const int d = plan.edges[e].dst;
+        if (backwards_done[d] > k) continue;
+        if (backwards[d] > k) {
+          arrival = std::max(arrival, input_finish[d]);
+        } else {
+          known = false;
+        }
+      }
+      if (known && t + backward_split(plan.stages[s]).second > arrival) return;
+    }
+    start(s, {OpKind::backward_weight, s, weights[s], -1}, t);
   };
 
   // One round per distinct finish time t. Order inside a round matters for the programs, not
@@ -256,6 +323,8 @@ Schedule generate(const Plan& plan, Policy policy) {
       } else if (ev.type == kFinishBackward) {
         ++backwards_done[ev.index];
         if (!in_edges[ev.index].empty()) produced.push_back({ev.index, {OpKind::backward, ev.index, ev.micro_batch, -1}});
+      } else if (ev.type == kFinishWeight) {
+        ++weights_done[ev.index];
       }
     }
     for (const auto& p : produced) producer[p.stage] = 1;

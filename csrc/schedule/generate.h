@@ -16,6 +16,21 @@
 //                next backward if that is ready, else its next forward if it is ready and the
 //                stage holds fewer than W_s micro-batches. Adapts the order to the predicted
 //                stage costs; on a chain with equal stages it coincides with 1f1b.
+//   zb_graph     Zero-bubble on the stage DAG: every backward is split into I (the gradients of
+//                the stage's inputs, which the stages upstream wait for) and W (those of its
+//                weights, which nothing waits for). Whenever a stage's rank is idle it runs, in
+//                this order of priority: its next I if that is ready (the critical path: every
+//                stage upstream waits for it); else its next forward if it is ready, the stage
+//                has fewer than W_s forwards without their I (1f1b's limit), and fewer than H_s
+//                micro-batches held until their W (W frees what I kept; H_s is what the plan's
+//                memory limit allows, weight_limits() in generate.cpp); else its oldest pending
+//                W, unless that W would still run when the next I's gradients arrive (known once
+//                every stage downstream has started that I): then it waits for the I. So the
+//                W's fill the bubbles that the forward and input-gradient waves leave, on every
+//                branch of the DAG, without delaying the critical path. On a chain with equal
+//                F, I and W times and memory for the W's, the iteration is ZB-H1's (Qi et al.,
+//                ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: I and W each take half
+//                the stage's backward (backward_split()).
 // Per-stage micro-batch sizes (the paper's stages may use different sizes) are deferred: Plan
 // carries a single micro_batch_size, and every policy here assumes it.
 //
@@ -41,6 +56,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "partition/plan.h"
@@ -48,9 +64,10 @@
 
 namespace graphpipe::schedule {
 
-enum class Policy { fill_drain, one_f_one_b, one_f_one_b_greedy };
+enum class Policy { fill_drain, one_f_one_b, one_f_one_b_greedy, zb_graph };
 
-// The policies' names, in the order users read them: "1f1b", "fill_drain", "1f1b_greedy".
+// The policies' names, in the order users read them: "1f1b", "fill_drain", "1f1b_greedy",
+// "zb_graph".
 std::vector<std::string> policy_names();
 // A name from policy_names() (or "gpipe", fill_drain's other name); throws PlanningError naming
 // the choices.
@@ -60,6 +77,12 @@ std::string_view policy_name(Policy policy);
 // Ranks of each stage (its devices, lead first); throws ScheduleError when a stage has no device
 // or two stages share a rank, PlanningError when the plan's stages or edges are malformed.
 std::vector<std::vector<int>> stage_ranks(const partition::Plan& plan);
+// The predicted seconds of a stage's backward halves, I (input gradients) and W (weight
+// gradients), for one micro-batch: half of Stage::backward_seconds each. An operator with weights
+// spends about as long on its weights' gradient as on its input's (two matrix products of the
+// same size); the stage's operators without weights make the real split lean toward I, which a
+// measured trace shows (docs/design.md §5.1).
+std::pair<double, double> backward_split(const partition::Stage& stage);
 // h_s: stages on the longest path from s to a sink, s included.
 std::vector<int> stages_to_sink(const partition::Plan& plan);
 // The most micro-batches each stage may hold (forward done, backward not yet) under `policy`.

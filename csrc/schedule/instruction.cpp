@@ -15,7 +15,7 @@ struct KindInfo {
   std::string_view code;
 };
 
-constexpr std::array<KindInfo, 8> kKinds{{
+constexpr std::array<KindInfo, 10> kKinds{{
     {OpKind::recv_activation, "recv_activation", "RF"},
     {OpKind::forward, "forward", "F"},
     {OpKind::send_activation, "send_activation", "SF"},
@@ -24,6 +24,8 @@ constexpr std::array<KindInfo, 8> kKinds{{
     {OpKind::send_gradient, "send_gradient", "SB"},
     {OpKind::optimizer_step, "optimizer_step", "OPT"},
     {OpKind::all_reduce, "all_reduce", "AR"},
+    {OpKind::backward_input, "backward_input", "I"},
+    {OpKind::backward_weight, "backward_weight", "W"},
 }};
 
 const KindInfo& info(OpKind kind) { return kKinds[static_cast<std::size_t>(kind)]; }
@@ -62,7 +64,7 @@ OpKind parse_kind_name(std::string_view name) {
   }
   throw FormatError("unknown instruction kind '" + std::string(name) +
                     "' (expected recv_activation, forward, send_activation, recv_gradient, "
-                    "backward, send_gradient, optimizer_step or all_reduce)");
+                    "backward, send_gradient, optimizer_step, all_reduce, backward_input or backward_weight)");
 }
 
 std::string to_token(const Instruction& instruction) {
@@ -128,6 +130,8 @@ std::string describe(const Instruction& i) {
   switch (i.kind) {
     case OpKind::forward: return "forward of micro-batch " + mb + at;
     case OpKind::backward: return "backward of micro-batch " + mb + at;
+    case OpKind::backward_input: return "input-gradient backward of micro-batch " + mb + at;
+    case OpKind::backward_weight: return "weight-gradient backward of micro-batch " + mb + at;
     case OpKind::send_activation: return "send of the activation of micro-batch " + mb + over + at;
     case OpKind::recv_activation:
       return "receive of the activation of micro-batch " + mb + over + at;

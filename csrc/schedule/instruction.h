@@ -11,12 +11,18 @@
 //   code  kind              micro-batch  edge   example
 //   F     forward           yes          no     1F0     stage 1, forward of micro-batch 0
 //   B     backward          yes          no     1B0
+//   I     backward_input    yes          no     1I0     the input-gradient half of a backward
+//   W     backward_weight   yes          no     1W0     its weight-gradient half
 //   RF    recv_activation   yes          yes    1RF0e0  stage 1 receives activation 0 over edge 0
 //   SF    send_activation   yes          yes    0SF0e0  stage 0 sends it
 //   RB    recv_gradient     yes          yes    0RB0e0  stage 0 receives the gradient back
 //   SB    send_gradient     yes          yes    1SB0e0
 //   OPT   optimizer_step    no           no     1OPT
 //   AR    all_reduce        no           no     1AR     the replicas' gradients summed
+//
+// Zero-bubble schedules split a backward in two: I computes the gradients of the stage's inputs
+// (which the previous stage waits for), W those of its parameters (which nothing waits for, so
+// it can fill a bubble). A stage's micro-batch has either one B, or one I and, later, one W.
 //
 // A send and a receive of the same transfer carry the same edge and micro-batch; the stage is
 // the one on the instruction's own rank (the sender's stage on a send, the receiver's on a
@@ -38,6 +44,8 @@ enum class OpKind : std::uint8_t {
   send_gradient,
   optimizer_step,
   all_reduce,
+  backward_input,
+  backward_weight,
 };
 
 struct Instruction {
@@ -53,9 +61,13 @@ struct Instruction {
 bool is_transfer(OpKind kind);
 bool is_send(OpKind kind);
 bool is_recv(OpKind kind);
-// forward, backward, optimizer_step, all_reduce: instructions that run on the rank's own device.
+// forward, the backwards, optimizer_step, all_reduce: instructions that run on the rank's own device.
 inline bool is_compute(OpKind kind) { return !is_transfer(kind); }
 bool has_micro_batch(OpKind kind);
+// backward or backward_input: the instruction that produces the gradients a stage sends back.
+inline bool produces_input_gradients(OpKind kind) {
+  return kind == OpKind::backward || kind == OpKind::backward_input;
+}
 
 // "forward", "recv_activation", ... (the enum names); parse_kind_name is the inverse.
 std::string_view kind_name(OpKind kind);

@@ -16,7 +16,7 @@ std::string where(int rank, std::size_t step, const Instruction& i) {
 // All positions of one stage are on one rank, so comparing them compares program order.
 struct Positions {
   int m = 0;
-  std::vector<long> forward, backward;                      // [stage * m + mb]
+  std::vector<long> forward, backward, backward_input, backward_weight;  // [stage * m + mb]
   std::vector<long> send_act, recv_act, send_grad, recv_grad;  // [edge * m + mb]
   std::vector<long> optimizer, all_reduce;                  // [stage]
 
@@ -25,6 +25,8 @@ struct Positions {
     const std::size_t e = static_cast<std::size_t>(edges) * m;
     forward.assign(s, -1);
     backward.assign(s, -1);
+    backward_input.assign(s, -1);
+    backward_weight.assign(s, -1);
     send_act.assign(e, -1);
     recv_act.assign(e, -1);
     send_grad.assign(e, -1);
@@ -39,6 +41,8 @@ struct Positions {
     switch (i.kind) {
       case OpKind::forward: return forward[stage_index];
       case OpKind::backward: return backward[stage_index];
+      case OpKind::backward_input: return backward_input[stage_index];
+      case OpKind::backward_weight: return backward_weight[stage_index];
       case OpKind::send_activation: return send_act[edge_index];
       case OpKind::recv_activation: return recv_act[edge_index];
       case OpKind::send_gradient: return send_grad[edge_index];
@@ -210,12 +214,35 @@ void validate(const Schedule& s) {
                           " (step " + std::to_string(a) + ") that it needs");
     }
   };
+  // A micro-batch's backward is one B, or an I (input gradients) and later a W (weight
+  // gradients): `grads(st, m)` is the one that produces the gradients sent back.
+  auto grads = [&](int st, int m) -> Instruction {
+    Instruction b{OpKind::backward, st, m, -1};
+    Instruction in{OpKind::backward_input, st, m, -1};
+    Instruction w{OpKind::backward_weight, st, m, -1};
+    const bool split = pos.slot(in) >= 0 || pos.slot(w) >= 0;
+    if (split && pos.slot(b) >= 0) {
+      throw ScheduleError("rank " + std::to_string(s.lead_rank(st)) + " has both " + to_token(b) + " and the split " +
+                          to_token(in) + "/" + to_token(w) + ": a micro-batch's backward is one or the other");
+    }
+    if (!split && pos.slot(b) < 0) {
+      throw ScheduleError("rank " + std::to_string(s.lead_rank(st)) + " lacks " + to_token(b) + " (or " +
+                          to_token(in) + " and " + to_token(w) + "): the backward of micro-batch " +
+                          std::to_string(m) + " at stage " + std::to_string(st));
+    }
+    if (split) need_before(in, w);
+    return split ? in : b;
+  };
+  // The instruction after which a micro-batch's weight gradients are final: B or W.
+  auto weights_done = [&](int st, int m) -> Instruction {
+    Instruction w{OpKind::backward_weight, st, m, -1};
+    return pos.slot(w) >= 0 ? w : Instruction{OpKind::backward, st, m, -1};
+  };
   for (int st = 0; st < S; ++st) {
     for (int m = 0; m < M; ++m) {
       Instruction f{OpKind::forward, st, m, -1};
-      Instruction b{OpKind::backward, st, m, -1};
       if (pos.slot(f) < 0) throw missing(f);
-      if (pos.slot(b) < 0) throw missing(b);
+      const Instruction b = grads(st, m);
       for (int e : in_edges[st]) {
         need_before({OpKind::recv_activation, st, m, e}, f);
         need_before(b, {OpKind::send_gradient, st, m, e});
@@ -227,17 +254,17 @@ void validate(const Schedule& s) {
       need_before(f, b);
       if (m > 0) {
         need_before({OpKind::forward, st, m - 1, -1}, f);
-        need_before({OpKind::backward, st, m - 1, -1}, b);
+        need_before(grads(st, m - 1), b);
       }
     }
+    // The step, and a replicated stage's gradient sum before it, see every weight gradient.
     Instruction opt{OpKind::optimizer_step, st, -1, -1};
-    if (pos.slot(opt) >= 0) need_before({OpKind::backward, st, M - 1, -1}, opt);
-    if (s.replicas(st) > 1) {
-      // The replicas' gradients are final after the last backward; the step must see their sum.
-      Instruction sum{OpKind::all_reduce, st, -1, -1};
-      need_before({OpKind::backward, st, M - 1, -1}, sum);
-      if (pos.slot(opt) >= 0) need_before(sum, opt);
+    Instruction sum{OpKind::all_reduce, st, -1, -1};
+    for (int m = 0; m < M; ++m) {
+      if (pos.slot(opt) >= 0) need_before(weights_done(st, m), opt);
+      if (s.replicas(st) > 1) need_before(weights_done(st, m), sum);
     }
+    if (s.replicas(st) > 1 && pos.slot(opt) >= 0) need_before(sum, opt);
   }
 }
 
@@ -288,7 +315,8 @@ std::string Schedule::compute_table() const {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     out << "rank " << r << ":";
     for (const auto& i : ranks[r]) {
-      if (i.kind == OpKind::forward || i.kind == OpKind::backward) {
+      if (i.kind == OpKind::forward || i.kind == OpKind::backward || i.kind == OpKind::backward_input ||
+          i.kind == OpKind::backward_weight) {
         out << ' ' << kind_code(i.kind) << i.micro_batch;
       } else if (i.kind == OpKind::optimizer_step) {
         out << " OPT";

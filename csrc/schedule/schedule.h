@@ -26,13 +26,14 @@
 //   - every instruction sits on the rank of its stage, names a micro-batch in range when it
 //     has one, and names an edge whose matching end is its stage (a send of an activation
 //     leaves the edge's src, its receive arrives at the edge's dst; gradients go the other way);
-//   - per stage and micro-batch exactly one forward and one backward; per edge and micro-batch
+//   - per stage and micro-batch exactly one forward and one backward, the backward being one B or
+//     an I (input gradients) followed later by a W (weight gradients); per edge and micro-batch
 //     exactly one send and one receive in each direction; at most one optimizer step per stage;
 //   - on each rank: a forward follows the receives of all its inputs and the previous
 //     micro-batch's forward; a send of an activation follows its forward; a backward follows its
 //     forward, the receives of all its output gradients and the previous micro-batch's
-//     backward; a send of a gradient follows its backward; the optimizer step follows every
-//     backward of its stage.
+//     backward (B or I); a send of a gradient follows its B or I; the optimizer step (and a
+//     replicated stage's all_reduce) follows every B and W of its stage.
 // These make the schedule well formed. That it cannot deadlock is a separate property, proved
 // by check() in check.h.
 //

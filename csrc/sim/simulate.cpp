@@ -8,6 +8,7 @@
 #include "cost/all_reduce.h"
 #include "cost/gradient_buckets.h"
 #include "schedule/check.h"
+#include "schedule/generate.h"
 #include "schedule/shards.h"
 
 namespace graphpipe::sim {
@@ -158,6 +159,8 @@ class Replay {
     switch (i.kind) {
       case OpKind::forward: return stage.forward_seconds + options_.task_overhead_seconds;
       case OpKind::backward: return stage.backward_seconds + options_.task_overhead_seconds;
+      case OpKind::backward_input: return schedule::backward_split(stage).first + options_.task_overhead_seconds;
+      case OpKind::backward_weight: return schedule::backward_split(stage).second + options_.task_overhead_seconds;
       case OpKind::optimizer_step:
         return devices_.memory_bandwidth > 0.0
                    ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
@@ -169,9 +172,11 @@ class Replay {
   int add_compute(int r, const Instruction& i, double start, int cause) {
     if (i.kind == OpKind::all_reduce) return add_all_reduce(r, i, start, cause);
     Task t;
-    t.kind = i.kind == OpKind::forward    ? TaskKind::forward
-             : i.kind == OpKind::backward ? TaskKind::backward
-                                          : TaskKind::optimizer;
+    t.kind = i.kind == OpKind::forward           ? TaskKind::forward
+             : i.kind == OpKind::backward        ? TaskKind::backward
+             : i.kind == OpKind::backward_input  ? TaskKind::backward_input
+             : i.kind == OpKind::backward_weight ? TaskKind::backward_weight
+                                                 : TaskKind::optimizer;
     t.rank = r;
     t.stage = i.stage;
     t.micro_batch = i.micro_batch;
@@ -180,7 +185,8 @@ class Replay {
     t.cause = cause;
     tasks_.push_back(t);
     const int index = static_cast<int>(tasks_.size()) - 1;
-    if (t.kind == TaskKind::backward) last_backward_[i.stage] = index;
+    // The replicas' gradient sum starts during the backward that finishes the weight gradients.
+    if (t.kind == TaskKind::backward || t.kind == TaskKind::backward_weight) last_backward_[i.stage] = index;
     return index;
   }
 
@@ -360,7 +366,7 @@ class Replay {
       };
       if (i.kind == OpKind::forward) {
         for (int e : in_edges_[i.stage]) input(OpKind::send_activation, e);
-      } else if (i.kind == OpKind::backward) {
+      } else if (schedule::produces_input_gradients(i.kind)) {
         for (int e : out_edges_[i.stage]) input(OpKind::send_gradient, e);
       }
       if (!ready) break;
@@ -402,6 +408,8 @@ std::string_view task_kind_name(TaskKind kind) {
     case TaskKind::gradient: return "gradient";
     case TaskKind::optimizer: return "optimizer";
     case TaskKind::all_reduce: return "all_reduce";
+    case TaskKind::backward_input: return "backward_input";
+    case TaskKind::backward_weight: return "backward_weight";
   }
   return "?";
 }
@@ -415,6 +423,8 @@ std::string task_name(const Task& t) {
     case TaskKind::gradient: return "G" + mb + " e" + std::to_string(t.edge);
     case TaskKind::optimizer: return "OPT s" + std::to_string(t.stage);
     case TaskKind::all_reduce: return "AR s" + std::to_string(t.stage);
+    case TaskKind::backward_input: return "I" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::backward_weight: return "W" + mb + " s" + std::to_string(t.stage);
   }
   return "?";
 }
@@ -495,8 +505,9 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   // At equal times a release counts before an acquisition (the memory is reused).
   std::vector<std::vector<std::pair<double, int>>> changes(s.num_stages());
   for (const auto& t : tasks) {
+    // Held until its weight gradients are done: B, or W (which frees what I kept).
     if (t.kind == TaskKind::forward) changes[t.stage].push_back({t.start, +1});
-    if (t.kind == TaskKind::backward) changes[t.stage].push_back({t.end, -1});
+    if (t.kind == TaskKind::backward || t.kind == TaskKind::backward_weight) changes[t.stage].push_back({t.end, -1});
   }
   for (int st = 0; st < s.num_stages(); ++st) {
     auto& c = changes[st];

@@ -8,7 +8,8 @@
 // ordered pair of ranks. Every task starts when its last predecessor ends; the iteration time is
 // the longest path, and the critical path is that path, task by task.
 //
-// Durations: forward/backward from Stage::forward_seconds / backward_seconds (one micro-batch);
+// Durations: forward/backward from Stage::forward_seconds / backward_seconds (one micro-batch),
+// a split backward's halves from schedule::backward_split;
 // a transfer takes Devices::transfer_seconds(src rank, dst rank, StageEdge::bytes), plus one more
 // link latency for each tensor after the first (the runtime sends every tensor on its own), and occupies
 // its ordered link (one transfer at a time per src -> dst pair, in schedule order); the optimizer
@@ -28,7 +29,7 @@
 // mini-batch per second), per rank the time computing (busy), communicating while not computing
 // (comm), and neither, i.e. waiting for other ranks (bubble), each also as a share of the
 // iteration; per stage the peak number of micro-batches in flight on the simulated timeline (a
-// micro-batch is held from the start of its forward to the end of its backward) and that peak
+// micro-batch is held from the start of its forward to the end of its backward, or of its W) and that peak
 // times Stage::activation_bytes.
 //
 // Replicated stages (a stage on several ranks, schedule.h): the leads' programs are replayed and
@@ -55,7 +56,7 @@
 
 namespace graphpipe::sim {
 
-enum class TaskKind { forward, backward, activation, gradient, optimizer, all_reduce };
+enum class TaskKind { forward, backward, activation, gradient, optimizer, all_reduce, backward_input, backward_weight };
 
 std::string_view task_kind_name(TaskKind kind);  // "forward", "backward", "activation", ...
 
@@ -72,7 +73,8 @@ struct Task {
 };
 
 // "F3 s1" (forward of micro-batch 3 at stage 1), "B3 s1", "A3 e0" (activation of micro-batch 3
-// over edge 0), "G3 e0" (its gradient), "OPT s1", "AR s1" (the replicas' gradient sum).
+// over edge 0), "G3 e0" (its gradient), "OPT s1", "AR s1" (the replicas' gradient sum), "I3 s1"
+// and "W3 s1" (a split backward's input- and weight-gradient halves).
 std::string task_name(const Task& task);
 
 struct RankStats {

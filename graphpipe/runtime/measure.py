@@ -20,7 +20,8 @@ __all__ = ["tasks_from_timings", "stage_report"]
 _Op = _C.OpKind
 # The instructions drawn, by kind (receives are folded into their sends), as viz kinds.
 _KINDS = {_Op.forward: "forward", _Op.backward: "backward", _Op.send_activation: "activation",
-          _Op.send_gradient: "gradient", _Op.optimizer_step: "optimizer", _Op.all_reduce: "all_reduce"}
+          _Op.send_gradient: "gradient", _Op.optimizer_step: "optimizer", _Op.all_reduce: "all_reduce",
+          _Op.backward_input: "backward_input", _Op.backward_weight: "backward_weight"}
 
 
 def tasks_from_timings(
@@ -41,7 +42,8 @@ def tasks_from_timings(
             peer = stage_ranks[edges[edge][0]][0]
         names = {"forward": f"F{mb} s{stage}", "backward": f"B{mb} s{stage}", "activation": f"A{mb} e{edge}",
                  "gradient": f"G{mb} e{edge}", "optimizer": f"OPT s{stage}",
-                 "all_reduce": f"AR s{stage}"}
+                 "all_reduce": f"AR s{stage}", "backward_input": f"I{mb} s{stage}",
+                 "backward_weight": f"W{mb} s{stage}"}
         tasks.append({"name": names[kind], "kind": kind, "rank": rank, "peer": peer, "stage": stage,
                       "micro_batch": mb, "edge": edge, "start": float(t.start), "end": float(t.end)})
     return tasks
@@ -53,9 +55,9 @@ def stage_report(measured: list[dict[str, Any]], predicted: Any = None) -> str:
     def per_stage(tasks: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float]], float]:
         out: dict[int, dict[str, float]] = {}
         for t in tasks:
-            if t["kind"] in ("forward", "backward"):
+            if t["kind"] in ("forward", "backward", "backward_input", "backward_weight"):
                 row = out.setdefault(int(t["stage"]), {"forward": 0.0, "backward": 0.0})
-                row[t["kind"]] += t["end"] - t["start"]
+                row["forward" if t["kind"] == "forward" else "backward"] += t["end"] - t["start"]
         span = max((t["end"] for t in tasks), default=0.0) - min((t["start"] for t in tasks), default=0.0)
         return out, span
 

@@ -217,6 +217,8 @@ class Pipeline:
             tied_group, self.timeout, is_lead=self._stage is None or self._stage.ranks[0] == self.rank,
         )
         self.executor = _C.Executor(self.schedule, self.rank, self._pg, self.timeout)
+        # What a split backward's W computes the gradients of (zero-bubble schedules).
+        self.executor.set_parameters([p for p in self.module.parameters() if p.requires_grad])
         # Replicated stages: one process group per stage's replicas, made by every rank in stage
         # order (torch names groups by the order they are made, process_group.py), for the sum
         # of the replicas' gradients.
