@@ -1,11 +1,12 @@
 """Gold test of the runtime: pipelined training over Gloo ranks equals single-process training.
 
 For the multi-modal Transformer, DLRM, CANDLE-Uno and the sequential Transformer (small sizes),
-partitioners {graphpipe, metis, sequential} x schedules {1f1b, fill_drain} x world sizes
-{2, 3, 4}: the losses of 3 SGD steps and the parameters afterwards equal plain single-process
-training on the same batches (torch.testing.assert_close, float32 defaults). By default a
-representative subset runs (each model at each world size, partitioner and schedule rotating:
-12 cases); GRAPHPIPE_FULL_MATRIX=1 runs all 72. Each world size is one spawn of ranks that runs
+partitioners {graphpipe, metis, sequential} x schedules {1f1b, fill_drain, zb_graph} x world
+sizes {2, 3, 4}: the losses of 3 SGD steps and the parameters afterwards equal plain
+single-process training on the same batches (torch.testing.assert_close, float32 defaults). By
+default a representative subset runs (each model at each world size, partitioner and schedule
+rotating, plus zb_graph with every partitioner for each model at one world size: 24 cases);
+GRAPHPIPE_FULL_MATRIX=1 runs all 108. Each world size is one spawn of ranks that runs
 all of its cases in a row.
 """
 
@@ -22,7 +23,7 @@ from graphpipe.runtime.testing import run_cases, run_ranks
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 PARTITIONERS = ["graphpipe", "metis", "sequential"]
-SCHEDULES = ["1f1b", "fill_drain"]
+SCHEDULES = ["1f1b", "fill_drain", "zb_graph"]
 WORLDS = [2, 3, 4]
 STEPS = 3
 MICRO_BATCHES = 4
@@ -37,6 +38,9 @@ def _cases() -> list[tuple[str, str, str, int]]:
     for i, model in enumerate(MODELS):
         for j, world in enumerate(WORLDS):
             cases.append((model, PARTITIONERS[(i + j) % 3], SCHEDULES[(i + j) % 2], world))
+        # zb_graph (split backwards) with every partitioner, at a world size that rotates
+        for partitioner in PARTITIONERS:
+            cases.append((model, partitioner, "zb_graph", WORLDS[(i + PARTITIONERS.index(partitioner)) % 3]))
     return cases
 
 
