@@ -12,7 +12,7 @@ double replica_stage_time(const Problem& p, int level, double compute, double tr
   if (level == 0) return compute + transfer;
   const ReplicaTable& table = *p.replicas;
   const int d = table.replicas(level);
-  const double bandwidth = p.model->devices().slowest_link_bandwidth();
+  const double bandwidth = table.link_bandwidth();
   // Every crossing transfer keeps its latency; its bytes term shrinks to the share.
   const double saved = bandwidth > 0.0 ? cross_bytes / bandwidth * (1.0 - 1.0 / d) : 0.0;
   return compute + std::max(0.0, transfer - saved) +

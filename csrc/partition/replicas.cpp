@@ -37,6 +37,7 @@ ReplicaTable::ReplicaTable(const cost::CostModel& model, std::int64_t micro_batc
   const double small = 1024.0, large = 1024.0 * 1024.0 * 1024.0;
   all_reduce_.assign(max_replicas_ + 1, {});
   const cost::Devices& devices = model.devices();
+  link_bandwidth_ = devices.slowest_link_bandwidth();
   for (int d = 2; d <= std::min(max_replicas_, devices.count); ++d) {
     std::vector<int> group(d);
     std::iota(group.begin(), group.end(), 0);

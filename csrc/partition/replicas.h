@@ -48,12 +48,16 @@ class ReplicaTable {
   // worth at a time, as placement (placement.h) tries to give a stage. Exact where the all-reduce
   // is affine in the bytes (one kind of link on the ring's slowest step, as in the presets).
   double all_reduce_estimate(int d, double bytes) const;
+  // The slowest link's bandwidth (CostModel::transfer_seconds' figure), kept here because
+  // Devices::slowest_link_bandwidth scans every pair and the DPs ask for it per stage.
+  double link_bandwidth() const { return link_bandwidth_; }
 
  private:
   struct Line {
     double fixed = 0.0, per_byte = 0.0;
   };
   int max_replicas_ = 1;
+  double link_bandwidth_ = 0.0;
   std::vector<int> replicas_;
   std::vector<std::int64_t> rows_;
   std::vector<int> level_of_;
