@@ -14,9 +14,14 @@ graph plan is shallower, has the lower bottleneck, the lower first-stage activat
 the same micro-batch size, and stages that run in parallel (two stages neither of which reaches
 the other in the stage graph).
 
-Both tables are printed; everything is written to results/plan_bench.json.
+Part 3 (replicated stages, ``replicate=True``; docs/design.md §4.8) times every partitioner
+planning the three paper-size models onto 64 V100-class devices (8 per node), where stages may
+take several devices as data-parallel replicas, with the plan it makes (stages, devices used,
+widest stage, predicted step). The budget is 10 s per model and partitioner.
 
-    python3 benchmarks/plan_bench.py [--quick] [--out results/plan_bench.json]
+All tables are printed; everything is written to results/plan_bench.json.
+
+    python3 benchmarks/plan_bench.py [--quick] [--replicated-only] [--out results/plan_bench.json]
 """
 
 from __future__ import annotations
@@ -245,18 +250,60 @@ def model_table(batch: int) -> tuple[list[dict], list[dict]]:
     return rows, verdicts
 
 
+def replicated_table(batch: int, count: int = 64) -> list[dict]:
+    """Planning time and plan of every partitioner with replicate=True on the paper models."""
+    from graphpipe.models import build_model
+    from graphpipe.trace import trace
+
+    print(f"\nReplicated stages: paper-size models onto {count} V100-class devices (8 per node), mini-batch {batch}")
+    print(f"{'model':11s} {'partitioner':12s} {'plan s':>7s}  {'label':26s} {'stages':>6s} {'devices':>7s} "
+          f"{'widest':>6s} {'mb':>4s} {'step ms':>9s}")
+    rows = []
+    devices = _C.Devices.v100(count, per_node=8)
+    for model in ("mmt", "dlrm", "candle_uno"):
+        m, x = build_model(f"{model}:size=paper,device=meta,batch={batch}")
+        g = trace(m, x)
+        for name in PARTITIONERS:
+            start = time.perf_counter()
+            plan = _C.partition(g, devices, partitioner=name, batch_size=batch, replicate=True)
+            seconds = time.perf_counter() - start
+            widths = [len(s.devices) for s in plan.stages]
+            row = {
+                "model": model,
+                "devices": count,
+                "partitioner": name,
+                "label": plan.partitioner,
+                "plan_seconds": seconds,
+                "stages": len(plan.stages),
+                "devices_used": sum(widths),
+                "widest_stage": max(widths),
+                "micro_batch_size": plan.micro_batch_size,
+                "predicted_iteration_seconds": plan.predicted_iteration_seconds,
+                "under_10s": seconds < 10.0,
+            }
+            rows.append(row)
+            print(f"{model:11s} {name:12s} {seconds:7.2f}  {plan.partitioner:26s} {row['stages']:6d} "
+                  f"{row['devices_used']:7d} {row['widest_stage']:6d} {plan.micro_batch_size:4d} "
+                  f"{plan.predicted_iteration_seconds * 1e3:9.2f}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-operator graphs")
     parser.add_argument("--batch", type=int, default=128, help="mini-batch of the model table")
+    parser.add_argument("--replicated-only", action="store_true", help="only part 3 (replicate=True)")
     parser.add_argument("--out", default="results/plan_bench.json")
     args = parser.parse_args()
-    print("Planning time on synthetic graphs (V100-class devices, mini-batch 64)")
-    timing = timing_table(args.quick)
-    models, verdicts = model_table(args.batch)
+    timing, models, verdicts = [], [], []
+    if not args.replicated_only:
+        print("Planning time on synthetic graphs (V100-class devices, mini-batch 64)")
+        timing = timing_table(args.quick)
+        models, verdicts = model_table(args.batch)
+    replicated = replicated_table(args.batch)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"timing": timing, "models": models, "verdicts": verdicts}, f, indent=2)
+        json.dump({"timing": timing, "models": models, "verdicts": verdicts, "replicated": replicated}, f, indent=2)
     print(f"\nwrote {args.out}")
 
 

@@ -8,6 +8,16 @@ throughput, their ratio, pipeline depth, micro-batching and first-stage memory. 
 table and writes JSON.
 
     python benchmarks/simulate_paper.py [--devices 8 16 32] [--batch 256] [--out results/simulate_paper.json]
+
+``--replicas`` compares, for MMT, DLRM and CANDLE-Uno on 8, 16, 32 and 64 V100-class GPUs with 8
+per node, three ways of using the devices when stages may be replicated (docs/design.md §4.8):
+graph+dp (``graphpipe`` with ``replicate=True``), sequential+dp (``sequential`` with
+``replicate=True``, PipeDream-style) and plain data parallelism (one stage on every device, via
+a manual plan). The figure is the PLANNER's predicted iteration time
+(``plan.predicted_iteration_seconds``), not a simulation: the simulator does not model
+replicated stages yet. Writes results/simulate_paper_replicas.json.
+
+    python benchmarks/simulate_paper.py --replicas [--devices 8 16 32 64] [--batch 256]
 """
 
 from __future__ import annotations
@@ -34,6 +44,71 @@ def first_stage_memory(plan) -> float:
     return max(plan.stages[i].memory_bytes for i in sources)
 
 
+REPLICA_MODELS = ("mmt", "dlrm", "candle_uno")
+
+
+def replicas_mode(args) -> None:
+    """graph+dp vs sequential+dp vs plain data parallelism, by predicted iteration time."""
+    counts = args.devices if args.devices != [8, 16, 32] else [8, 16, 32, 64]
+    models = [m for m in args.models if m in REPLICA_MODELS] if args.models != list(MODELS) else list(REPLICA_MODELS)
+    print("Predicted iteration time from the plans (plan.predicted_iteration_seconds), NOT simulated: "
+          "the simulator does not model replicated stages yet.")
+    print("| model | GPUs | plan | label | stages | devices used | widest stage | micro-batches | "
+          "predicted step ms | samples/s | vs data parallel | plan s |")
+    print("|" + "---|" * 12)
+    rows = []
+    for name in models:
+        model, inputs = build_model(f"{MODELS[name]},batch={args.batch}")
+        graph = graphpipe.trace(model, inputs)
+        for count in counts:
+            devices = graphpipe.devices(count, args.device_kind, per_node=8)
+            made = {}
+            for label, kwargs in (
+                ("graph+dp", {"partitioner": "graphpipe", "replicate": True}),
+                ("sequential+dp", {"partitioner": "sequential", "replicate": True}),
+                ("data parallel", {"partitioner": "manual", "manual": {"": 0},
+                                   "stage_devices": {0: list(range(count))}}),
+            ):
+                start = time.perf_counter()
+                try:
+                    plan = graphpipe.plan(graph, devices, **kwargs)
+                except graphpipe.PlanningError as error:  # e.g. plain data parallelism out of memory
+                    made[label] = (None, str(error), time.perf_counter() - start)
+                    continue
+                made[label] = (plan, None, time.perf_counter() - start)
+            base = made["data parallel"][0]
+            for label, (plan, error, seconds) in made.items():
+                if plan is None:
+                    rows.append({"model": name, "gpus": count, "plan": label, "error": error, "plan_seconds": seconds})
+                    print(f"| {name} | {count} | {label} | - | - | - | - | - | infeasible | - | - | {seconds:.2f} |")
+                    continue
+                step = plan.predicted_iteration_seconds
+                widths = [len(s.devices) for s in plan.stages]
+                row = {
+                    "model": name, "gpus": count, "plan": label, "partitioner": plan.partitioner,
+                    "stages": len(plan.stages), "devices_used": sum(widths), "widest_stage": max(widths),
+                    "depth": plan.depth, "micro_batches": plan.num_micro_batches,
+                    "micro_batch_size": plan.micro_batch_size,
+                    "predicted_iteration_seconds": step,
+                    "predicted_samples_per_second": args.batch / step,
+                    "speedup_vs_data_parallel": (base.predicted_iteration_seconds / step) if base else None,
+                    "all_reduce_seconds": [s.all_reduce_seconds for s in plan.stages],
+                    "plan_seconds": seconds,
+                }
+                rows.append(row)
+                ratio = f"{row['speedup_vs_data_parallel']:.2f}x" if base else "-"
+                print(f"| {name} | {count} | {label} | {plan.partitioner} | {row['stages']} | {row['devices_used']} | "
+                      f"{row['widest_stage']} | {plan.num_micro_batches} x {plan.micro_batch_size} | {step * 1e3:.2f} | "
+                      f"{args.batch / step:.0f} | {ratio} | {seconds:.2f} |", flush=True)
+    out = args.out if args.out != "results/simulate_paper.json" else "results/simulate_paper_replicas.json"
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"benchmark": "simulate_paper_replicas", "device_kind": args.device_kind, "per_node": 8,
+                   "batch": args.batch, "simulated": False, "figure": "plan.predicted_iteration_seconds",
+                   "rows": rows}, f, indent=1)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32])
@@ -41,7 +116,12 @@ def main() -> None:
     parser.add_argument("--device-kind", default="v100")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--out", default="results/simulate_paper.json")
+    parser.add_argument("--replicas", action="store_true",
+                        help="graph+dp vs sequential+dp vs data parallelism by predicted step (8..64 GPUs, 8 per node)")
     args = parser.parse_args()
+    if args.replicas:
+        replicas_mode(args)
+        return
     rows = []
     header = ("| model | GPUs | partitioner | stages | depth | micro-batches | samples/s | vs sequential "
               "| first-stage memory GiB | plan s |")

@@ -93,6 +93,8 @@ def plan(
     manual: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
     device_kind: str = "cpu",
     seed: int = 0,
+    replicate: bool = False,
+    stage_devices: Mapping[int, Sequence[int]] | None = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -108,6 +110,13 @@ def plan(
         memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
         optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
+        replicate: let a stage run on several devices as data-parallel replicas (each takes a
+            shard of every micro-batch and the replicas all-reduce their gradients once per
+            iteration); the partitioner chooses the replica counts with the cut, and plain data
+            parallelism (one stage on every device) is one of its candidates. Default off: one
+            device per stage.
+        stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
+            1: [2]}``; a stage not named gets one device (the lowest free one).
 
     Returns:
         A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
@@ -115,8 +124,10 @@ def plan(
         table; ``plan.save(graph, path)`` writes JSON.
 
     Raises:
-        PlanningError: zero devices, more devices than operators, a model that does not fit in
-            memory (with the shortfall), a bad manual mapping.
+        PlanningError: zero devices, more devices than operators (without ``replicate``), a
+            model that does not fit in memory (with the shortfall), a bad manual mapping or
+            ``stage_devices`` (an unknown stage, an empty list, overlapping or out-of-range
+            devices).
     """
     if isinstance(model_or_graph, nn.Module):
         if example_inputs is None:
@@ -133,6 +144,11 @@ def plan(
     else:
         described = devices
     mapping = list(manual.items()) if isinstance(manual, Mapping) else (list(manual) if manual else None)
+    ranks = None
+    if stage_devices is not None:
+        if not isinstance(stage_devices, Mapping):
+            raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
+        ranks = {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
     return _C.partition(
         graph,
         described,
@@ -144,4 +160,6 @@ def plan(
         optimizer=optimizer,
         manual=mapping,
         seed=seed,
+        replicate=bool(replicate),
+        stage_devices=ranks,
     )

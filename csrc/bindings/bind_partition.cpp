@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <optional>
 
 #include "bindings/bindings.h"
@@ -32,6 +33,7 @@ void bind_partition(py::module_& m) {
       .def_readwrite("activation_bytes", &Stage::activation_bytes)
       .def_readwrite("in_flight", &Stage::in_flight)
       .def_readwrite("memory_bytes", &Stage::memory_bytes)
+      .def_readwrite("all_reduce_seconds", &Stage::all_reduce_seconds)
       .def("__repr__", [](const Stage& s) {
         return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators>";
       });
@@ -88,7 +90,8 @@ void bind_partition(py::module_& m) {
          std::int64_t batch_size, std::optional<std::int64_t> micro_batch_size,
          std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
          const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
-         double tolerance, int seed, bool refine) {
+         double tolerance, int seed, bool refine, bool replicate,
+         std::optional<std::map<int, std::vector<int>>> stage_devices) {
         partition::Options o;
         o.partitioner = partitioner;
         o.batch_size = batch_size;
@@ -101,6 +104,8 @@ void bind_partition(py::module_& m) {
         o.tolerance = tolerance;
         o.seed = seed;
         o.refine = refine;
+        o.replicate = replicate;
+        if (stage_devices) o.stage_devices = *stage_devices;
         py::gil_scoped_release release;
         return partition::partition(g, devices, o);
       },
@@ -108,8 +113,10 @@ void bind_partition(py::module_& m) {
       py::arg("micro_batch_size") = py::none(), py::arg("num_micro_batches") = py::none(),
       py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam", py::arg("manual") = py::none(),
       py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true,
+      py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
       "Cuts the graph into stages (see partition/partitioner.h). batch_size 0 takes the graph's "
-      "trace_batch_size; manual is a list of (module prefix, stage) pairs.");
+      "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
+      "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");
   m.def("partitioner_names", &partition::partitioner_names);
 }
 

@@ -5,6 +5,8 @@
 #include <queue>
 
 #include "common/error.h"
+#include "cost/all_reduce.h"
+#include "partition/placement.h"
 
 namespace graphpipe::partition {
 
@@ -52,7 +54,8 @@ std::vector<int> find_label_cycle(const std::vector<std::vector<int>>& out) {
 
 }  // namespace
 
-Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
+Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const std::vector<int>& replicas,
+                    const std::vector<std::vector<int>>& devices) {
   const graph::OpGraph& g = *p.graph;
   const int n = static_cast<int>(g.num_nodes());
   if (static_cast<int>(assignment.size()) != n) {
@@ -118,32 +121,120 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
   ev.stage_of.resize(n);
   for (int v = 0; v < n; ++v) ev.stage_of[v] = renumber[assignment[v]];
   ev.stages.assign(k, StageFigures{});
+  // Replica counts by renumbered stage.
+  if (!replicas.empty() && static_cast<int>(replicas.size()) != k) {
+    throw PlanningError("replica counts for " + std::to_string(replicas.size()) + " stages, the assignment has " +
+                        std::to_string(k));
+  }
+  if (!devices.empty() && static_cast<int>(devices.size()) != k) {
+    throw PlanningError("device lists for " + std::to_string(devices.size()) + " stages, the assignment has " +
+                        std::to_string(k));
+  }
+  bool replicated = false;
+  for (int label = 0; label < k; ++label) {
+    const int r = devices.empty() ? (replicas.empty() ? 1 : replicas[label])
+                                  : static_cast<int>(devices[label].size());
+    if (!devices.empty() && !replicas.empty() && replicas[label] != r) {
+      throw PlanningError("stage label " + std::to_string(label) + " has " + std::to_string(replicas[label]) +
+                          " replicas but " + std::to_string(r) + " devices");
+    }
+    if (r < 1) throw PlanningError("stage label " + std::to_string(label) + " has " + std::to_string(r) + " replicas");
+    if (r > 1 && (!p.replicas || r > p.replicas->max_replicas())) {
+      throw PlanningError("stage label " + std::to_string(label) + " has " + std::to_string(r) + " replicas, but " +
+                          (p.replicas ? "a micro-batch of " + std::to_string(p.micro_batch_size) +
+                                            " rows gives at most " + std::to_string(p.replicas->max_replicas())
+                                      : std::string("replication is off (Options::replicate)")));
+    }
+    ev.stages[renumber[label]].replicas = r;
+    replicated = replicated || r > 1;
+  }
+  std::vector<int> level(k, 0);
+  std::vector<double> fraction(k, 1.0);  // rows of a replica's shard / rows of a micro-batch
+  if (replicated) {
+    for (int s = 0; s < k; ++s) {
+      level[s] = p.replicas->level_of(ev.stages[s].replicas);
+      fraction[s] = p.replicas->row_fraction(level[s]);
+    }
+  }
+  std::vector<double> params(k, 0.0);
   for (int v = 0; v < n; ++v) {
-    StageFigures& s = ev.stages[ev.stage_of[v]];
-    s.forward += p.forward[v];
-    s.backward += p.backward[v];
+    const int stage = ev.stage_of[v];
+    StageFigures& s = ev.stages[stage];
+    params[stage] += p.param_bytes[v];
+    if (s.replicas == 1) {
+      s.forward += p.forward[v];
+      s.backward += p.backward[v];
+    } else {
+      s.forward += p.replicas->forward(level[stage], v);
+      s.backward += p.replicas->backward(level[stage], v);
+    }
     s.static_bytes += p.static_bytes[v];
-    s.activation_bytes += p.act_bytes[v];
+    s.activation_bytes += p.act_bytes[v] * fraction[stage];
     s.optimizer += p.optimizer[v];
   }
+  // One transfer of a replica's share of edge e between stages x and y (re-sharded directly).
+  auto share_seconds = [&](std::size_t e, int x, int y) {
+    const int most = std::max(ev.stages[x].replicas, ev.stages[y].replicas);
+    return most == 1 ? p.edge_seconds[e] : p.model->transfer_seconds(p.edge_bytes[e] / most);
+  };
+  std::vector<double> pair_bytes;  // bytes of each entry of stage_edges before deduplication
   for (std::size_t e = 0; e < g.num_edges(); ++e) {
     const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
     int a = ev.stage_of[edge.src], b = ev.stage_of[edge.dst];
     if (a == b) continue;
-    ev.stages[a].transfer += p.edge_seconds[e];
-    ev.stages[b].transfer += p.edge_seconds[e];
-    ev.stages[b].activation_bytes += p.edge_bytes[e];
+    ev.stages[b].activation_bytes += p.edge_bytes[e] * fraction[b];
     if (p.chain) {
       // A chain relays a skip tensor through every stage in between: each receives and sends it
       // on, and holds it for the micro-batch. The stage graph is the chain itself.
+      ev.stages[a].transfer += share_seconds(e, a, a + 1);
+      ev.stages[b].transfer += share_seconds(e, b - 1, b);
       for (int k = a + 1; k < b; ++k) {
-        ev.stages[k].transfer += 2.0 * p.edge_seconds[e];
-        ev.stages[k].activation_bytes += p.edge_bytes[e];
+        ev.stages[k].transfer += share_seconds(e, k - 1, k) + share_seconds(e, k, k + 1);
+        ev.stages[k].activation_bytes += p.edge_bytes[e] * fraction[k];
       }
-      for (int k = a; k < b; ++k) ev.stage_edges.push_back({k, k + 1});
+      for (int k = a; k < b; ++k) {
+        ev.stage_edges.push_back({k, k + 1});
+        pair_bytes.push_back(p.edge_bytes[e]);
+      }
     } else {
+      const double seconds = share_seconds(e, a, b);
+      ev.stages[a].transfer += seconds;
+      ev.stages[b].transfer += seconds;
       ev.stage_edges.push_back({a, b});
+      pair_bytes.push_back(p.edge_bytes[e]);
     }
+  }
+  // Ranks, and the all-reduce of each replicated stage over its own.
+  if (!devices.empty()) {
+    for (int label = 0; label < k; ++label) {
+      std::vector<int> ranks = devices[label];
+      std::sort(ranks.begin(), ranks.end());
+      ev.stages[renumber[label]].devices = std::move(ranks);
+    }
+  } else if (!replicated) {
+    for (int s = 0; s < k; ++s) ev.stages[s].devices = {s};
+  } else {
+    // Heavier stage edges first claim a shared node (placement.h): sum the bytes per pair.
+    std::vector<std::size_t> index(ev.stage_edges.size());
+    for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+    std::sort(index.begin(), index.end(), [&](std::size_t x, std::size_t y) { return ev.stage_edges[x] < ev.stage_edges[y]; });
+    std::vector<std::pair<int, int>> pairs;
+    std::vector<double> bytes;
+    for (std::size_t i : index) {
+      if (pairs.empty() || pairs.back() != ev.stage_edges[i]) {
+        pairs.push_back(ev.stage_edges[i]);
+        bytes.push_back(0.0);
+      }
+      bytes.back() += pair_bytes[i];
+    }
+    std::vector<int> counts(k);
+    for (int s = 0; s < k; ++s) counts[s] = ev.stages[s].replicas;
+    std::vector<std::vector<int>> placed = place_stages(p.model->devices(), counts, pairs, bytes);
+    for (int s = 0; s < k; ++s) ev.stages[s].devices = std::move(placed[s]);
+  }
+  for (int s = 0; s < k; ++s) {
+    StageFigures& f = ev.stages[s];
+    if (f.replicas > 1) f.all_reduce = cost::best_all_reduce(p.model->devices(), f.devices, params[s]).seconds;
   }
   std::sort(ev.stage_edges.begin(), ev.stage_edges.end());
   ev.stage_edges.erase(std::unique(ev.stage_edges.begin(), ev.stage_edges.end()), ev.stage_edges.end());
@@ -164,7 +255,9 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment) {
   // Backward work upstream of each stage (stages are numbered topologically, edges by src).
   std::vector<double> upstream(k, 0.0);
   for (const auto& [a, b] : order_edges) upstream[b] = std::max(upstream[b], upstream[a] + ev.stages[a].backward);
-  for (int s = 0; s < k; ++s) ev.optimizer_tail = std::max(ev.optimizer_tail, ev.stages[s].optimizer - upstream[s]);
+  for (int s = 0; s < k; ++s) {
+    ev.optimizer_tail = std::max(ev.optimizer_tail, ev.stages[s].all_reduce + ev.stages[s].optimizer - upstream[s]);
+  }
   std::vector<int> in_flight = p.in_flight(k, order_edges, p.num_micro_batches);
   if (static_cast<int>(in_flight.size()) != k) {
     throw PlanningError("the in-flight rule returned " + std::to_string(in_flight.size()) +

@@ -8,6 +8,15 @@
 // be a cycle of the stage graph), and the stages are renumbered in a topological order of the
 // stage graph (ties: the stage whose first operator comes first in the operator order), so
 // that `stage_of` matches Plan's numbering. O(V + E + K log K).
+//
+// Replicated stages (docs/design.md, "Replicated stages in the planner"): a stage of d replicas
+// is judged as one replica, which computes a shard of ceil(b / d) rows (ReplicaTable), stashes
+// that shard's activations, and moves its share of every crossing tensor, bytes / max(d_src,
+// d_dst), in one transfer (latency + share / bandwidth). The stages get ranks by place_stages
+// (placement.h) unless given, and each replicated stage's gradient all-reduce is priced by
+// cost::best_all_reduce on its ranks; it runs after the stage's last backward and before its
+// optimizer step, so it joins the optimizer tail below. With one device per stage every figure
+// is what it was before replication existed, and stage s is on device s.
 #pragma once
 
 #include <utility>
@@ -24,6 +33,9 @@ struct StageFigures {
   double activation_bytes = 0.0;  // one micro-batch, received tensors included
   int in_flight = 1;
   double memory = 0.0;
+  int replicas = 1;               // devices of the stage
+  std::vector<int> devices;       // its ranks, ascending
+  double all_reduce = 0.0;        // gradient all-reduce over those ranks, once per iteration
   double time() const { return forward + backward + transfer; }
 };
 
@@ -36,9 +48,10 @@ struct Evaluation {
   std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
   int depth = 0;
   double bottleneck = 0.0;             // slowest stage time per micro-batch
-  // How far the optimizer steps reach past the pipeline's end: a stage steps after its last
-  // backward, which comes before the backwards still to run on the stages upstream of it (the
-  // longest such path); max over stages of (its step - that upstream backward work), >= 0.
+  // How far the optimizer steps reach past the pipeline's end: a stage sums its gradients over
+  // its replicas and steps after its last backward, which comes before the backwards still to
+  // run on the stages upstream of it (the longest such path); max over stages of (its
+  // all-reduce + its step - that upstream backward work), >= 0.
   double optimizer_tail = 0.0;
   double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
   int worst_memory_stage = -1;         // the stage with that overflow
@@ -48,7 +61,12 @@ struct Evaluation {
 };
 
 // Throws PlanningError when labels are out of range or a label is unused.
-Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment);
+// `replicas` (by input label; empty: one each) sets each stage's device count; more than one
+// needs problem.replicated() and at most its ReplicaTable's max_replicas(). `devices` (by input
+// label; empty: placed by place_stages) gives the ranks explicitly (manual plans); each list's
+// size must then be the stage's replica count.
+Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment,
+                    const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
 
 // How every choice between plans that fit ranks them (the graphpipe portfolio's winner, the
 // driver's micro-batch size): whether a plan of predicted step `step` and slowest stage

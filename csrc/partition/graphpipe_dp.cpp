@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "partition/group_stats.h"
+#include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
 
@@ -23,6 +24,10 @@ constexpr double kGrowMargin = 1.5;
 
 struct Stats {
   double compute = 0.0, time = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  // Replicated problems only: parameter and crossing bytes, and where the group's compute at
+  // every replica level starts in the planner's level arena (-1: not replicated).
+  double params = 0.0, cross_bytes = 0.0;
+  std::int64_t levels = -1;
 };
 
 // How a fragment's best plan starts, so that the rebuild can follow it.
@@ -155,9 +160,18 @@ class Planner {
       }
     }
     devices_ = std::max(1, std::min({p.max_stages, 255, static_cast<int>(p.num_nodes())}));
+    if (p.replicated()) {
+      // Replicas, not stages, spend the devices: the budget is the device count (docs/design.md,
+      // "Replicated stages in the planner").
+      rep_ = p.replicas.get();
+      devices_ = std::max(1, std::min(p.device_budget, 255));
+      num_levels_ = 0;
+      while (num_levels_ < rep_->num_levels() && rep_->replicas(num_levels_) <= devices_) ++num_levels_;
+      for (std::size_t t = 0; t < count; ++t) whole_[t] = group(leaves_[t]);  // with their levels
+    }
   }
 
-  std::vector<std::vector<int>> run(double tolerance) {
+  std::vector<ReplicatedAssignment> run(double tolerance) {
     const int root = tree_.root;
     // Least depth at each probed target (kInf: infeasible); depth never grows with the target.
     std::map<double, int> seen;
@@ -165,18 +179,25 @@ class Planner {
     // those of probed targets, and solving a target again only to rebuild its plan would cost
     // a whole probe per plan.
     std::map<double, std::vector<int>> plan_at;
+    std::map<double, std::vector<int>> replicas_at;  // the replica counts of each such plan
     int probes = 0;
     auto probe = [&](double target) {
       auto [it, fresh] = seen.try_emplace(target, 0);
       if (fresh) {
         ++probes;
         it->second = feasible(target) ? solve(root, devices_, 0).h : kInf;
-        if (it->second < kInf) plan_at.emplace(target, rebuild());
+        if (it->second < kInf) {
+          plan_at.emplace(target, rebuild());
+          replicas_at.emplace(target, rebuilt_replicas_);
+        }
       }
       return it->second;
     };
     double lo = 0.0;
-    for (double c : p_.compute) lo = std::max(lo, c);
+    // With replicas an operator's time can shrink to its time on the smallest shard.
+    for (std::size_t v = 0; v < p_.num_nodes(); ++v) {
+      lo = std::max(lo, rep_ ? rep_->compute(num_levels_ - 1, static_cast<int>(v)) : p_.compute[v]);
+    }
     lo = std::max(lo, p_.total_compute() / devices_);
     double hi = whole_[root].time;
     // At the whole graph's time every grouping meets the target: only memory can fail.
@@ -233,8 +254,10 @@ class Planner {
     log::debug("graphpipe: target " + std::to_string(hi) + " s per micro-batch after " + std::to_string(main_probes) +
                " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
                std::to_string(probes - main_probes) + " more");
-    std::vector<std::vector<int>> plans;
-    for (double target : picks) plans.push_back(plan_at.at(target));
+    std::vector<ReplicatedAssignment> plans;
+    for (double target : picks) {
+      plans.push_back({plan_at.at(target), rep_ ? replicas_at.at(target) : std::vector<int>{}});
+    }
     return plans;
   }
 
@@ -249,8 +272,26 @@ class Planner {
   Stats group(const std::vector<graph::NodeId>& nodes) {
     GroupStats g(p_, stamps_, next_stamp_++);
     for (graph::NodeId v : nodes) g.add(v);
-    return {g.compute, g.time(), g.static_bytes, g.act_bytes};
+    Stats s{g.compute, g.time(), g.static_bytes, g.act_bytes, g.params, g.cross_bytes, -1};
+    if (rep_) {
+      level_sums_.assign(num_levels_, 0.0);
+      for (graph::NodeId v : nodes) add_levels(v);
+      s.levels = store_levels();
+    }
+    return s;
   }
+
+  // The replicated problem's per-level compute of the group being grown (level_sums_).
+  void add_levels(graph::NodeId v) {
+    for (int l = 0; l < num_levels_; ++l) level_sums_[l] += rep_->compute(l, v);
+  }
+  std::int64_t store_levels() {
+    const auto at = static_cast<std::int64_t>(arena_.size());
+    arena_.insert(arena_.end(), level_sums_.begin(), level_sums_.end());
+    return at;
+  }
+  // The least compute a replica of the group can reach (its smallest shard).
+  double least_compute(const Stats& s) const { return rep_ ? arena_[s.levels + num_levels_ - 1] : s.compute; }
 
   // The row under `key` when it was grown for this target or a larger one, or completely.
   const Row* cached(const std::unordered_map<std::uint64_t, Row>& rows, std::uint64_t key) const {
@@ -273,15 +314,25 @@ class Planner {
     r.limit = reach;
     GroupStats g(p_, stamps_, next_stamp_++);
     r.complete = false;
+    if (rep_) level_sums_.assign(num_levels_, 0.0);
+    // Without replicas a group's compute bounds its time; with them, its smallest shard's.
+    auto least = [&] { return rep_ ? level_sums_[num_levels_ - 1] : g.compute; };
     for (std::size_t f = fixed_begin; f < fixed_end; ++f) {
-      for (graph::NodeId v : leaves_[fixed[f]]) g.add(v);
-      if (g.compute > reach || g.static_bytes > p_.memory_limit) return r.stats;
+      for (graph::NodeId v : leaves_[fixed[f]]) {
+        g.add(v);
+        if (rep_) add_levels(v);
+      }
+      if (least() > reach || g.static_bytes > p_.memory_limit) return r.stats;
     }
     std::size_t q = start;
     for (; q < items.size(); ++q) {
-      for (graph::NodeId v : leaves_[items[q]]) g.add(v);
-      r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes});
-      if (g.compute > reach || g.static_bytes > p_.memory_limit) break;
+      for (graph::NodeId v : leaves_[items[q]]) {
+        g.add(v);
+        if (rep_) add_levels(v);
+      }
+      r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes, g.params, g.cross_bytes,
+                         rep_ ? store_levels() : -1});
+      if (least() > reach || g.static_bytes > p_.memory_limit) break;
     }
     r.complete = q >= items.size();
     return r.stats;
@@ -332,7 +383,39 @@ class Planner {
   bool fits(const Stats& s, int in_flight_count) const {
     return s.time <= target_ && s.static_bytes + s.act_bytes * in_flight_count <= p_.memory_limit;
   }
-  bool too_big(const Stats& s) const { return s.compute > target_ || s.static_bytes > p_.memory_limit; }
+  bool too_big(const Stats& s) const { return least_compute(s) > target_ || s.static_bytes > p_.memory_limit; }
+
+  // Replicated problems: the least replica count, at most n, with which a stage of figures s
+  // meets the target and fits with `in_flight_count` micro-batches (replica_allocation.h says
+  // how a replica is timed); 0 when none does. Grows with in_flight_count.
+  int need(const Stats& s, int in_flight_count, int n) const {
+    for (int l = 0; l < num_levels_ && rep_->replicas(l) <= n; ++l) {
+      if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count > p_.memory_limit) continue;
+      const double compute = l == 0 ? s.compute : arena_[s.levels + l];
+      if (replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params) <= target_) {
+        return rep_->replicas(l);
+      }
+    }
+    return 0;
+  }
+
+  // Replicated problems: a stage of figures s with `after` stages at least after it (inside the
+  // enclosing fragment), then the rest on the devices it leaves, rest(devices) giving the rest's
+  // depth. Returns (rest's depth, the stage's replicas), the least replicas whose devices leave
+  // the rest a depth at which the stage still fits in memory; (kInf, 0) when none does. More
+  // replicas leave the rest fewer devices, so the least that fits is the best.
+  template <class Rest>
+  std::pair<int, int> stage_then(const Stats& s, int n, int d, int after, Rest rest) {
+    int r = need(s, in_flight(d + after + 1), n);
+    while (r > 0) {
+      const int h = rest(n - r);
+      if (h >= kInf) return {kInf, 0};
+      const int wider = need(s, in_flight(d + h + 1), n);
+      if (wider == r) return {h, r};
+      r = wider;
+    }
+    return {kInf, 0};
+  }
   int cap(int d) const { return static_cast<int>(std::min<std::int64_t>(d, std::min<std::int64_t>(p_.num_micro_batches, 255))); }
 
   static std::uint64_t key(Kind kind, int t, int i, int n, int d) {
@@ -383,6 +466,7 @@ class Planner {
   // The plan of the target last solved (feasible() true), from its memo.
   std::vector<int> rebuild() {
     std::vector<int> assignment(p_.num_nodes(), -1);
+    rebuilt_replicas_.clear();
     int next_label = 0;
     rebuild_solve(tree_.root, devices_, 0, assignment, next_label);
     return assignment;
@@ -402,8 +486,8 @@ class Planner {
     if (const Entry* hit = memo_.find(k)) return *hit;
     Entry e;
     const graph::SPNode& node = tree_.nodes[t];
-    if (fits(whole_[t], in_flight(d + 1))) {
-      e = {1, -1, -1, -1, -1, Move::none};
+    if (rep_ ? need(whole_[t], in_flight(d + 1), n) > 0 : fits(whole_[t], in_flight(d + 1))) {
+      e = {1, -1, rep_ ? need(whole_[t], in_flight(d + 1), n) : -1, -1, -1, Move::none};
     } else if (node.kind == graph::SPNode::Kind::series) {
       e = {series(t, 0, n, d).h, 0, 0, -1, -1, Move::split};
     } else if (node.kind == graph::SPNode::Kind::parallel) {
@@ -425,8 +509,13 @@ class Planner {
     for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
       const Stats& s = stats[q];
       if (too_big(s)) break;
-      if (s.time > target_) continue;
       int p = i + q;
+      if (rep_) {
+        auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return series(t, p + 1, x, d).h; });
+        if (rest < kInf && rest + 1 < best.h) best = {rest + 1, p, r, -1, -1, Move::group};
+        continue;
+      }
+      if (s.time > target_) continue;
       int rest = series(t, p + 1, n - 1, d).h;
       if (rest >= kInf || rest + 1 >= best.h) continue;
       if (fits(s, in_flight(d + rest + 1))) best = {rest + 1, p, -1, -1, -1, Move::group};
@@ -452,6 +541,11 @@ class Planner {
           for (int j = 0; j < static_cast<int>(heads.size()); ++j) {
             const Stats& s = heads[j];
             if (too_big(s)) break;
+            if (rep_) {
+              auto [rest, r] = stage_then(s, n, d, 1, [&](int x) { return inside(lead[slot], j + 1, x, d).h; });
+              if (rest < kInf && rest + 1 < best.h) best = {rest + 1, q, j + 1, static_cast<int>(slot), r, Move::fork};
+              continue;
+            }
             if (!fits(s, in_flight(d + 2))) continue;  // not even with one stage after it
             int rest = inside(lead[slot], j + 1, n - 1, d).h;
             if (rest >= kInf || rest + 1 >= best.h) continue;
@@ -553,11 +647,18 @@ class Planner {
       for (int j = 0; j < static_cast<int>(joins.size()); ++j) {
         const Stats& s = joins[j];
         if (too_big(s)) break;
-        if (s.time > target_) continue;
+        if (!rep_ && s.time > target_) continue;
         const int e = q + 1 + j;
         levels(e + 1 == m ? 0 : 1, e + 1 == m ? 0 : n - 1 - spare, [&](int x) { return after(e + 1, x); },
                [&](int n_r, int rest) {
                  if (rest >= kInf || rest + 1 >= best.h) return false;
+                 if (rep_) {
+                   const int r = need(s, in_flight(d + rest + 1), n - n_r - spare);
+                   if (r == 0) return true;
+                   const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).h;
+                   if (side < kInf && side + 1 + rest < best.h) best = {side + 1 + rest, e, n_r, r, -1, Move::close};
+                   return true;
+                 }
                  if (!fits(s, in_flight(d + rest + 1))) return true;
                  const int side = parallel(par, 2, n - n_r - 1, cap(d + rest + 1)).h;
                  if (side < kInf && side + 1 + rest < best.h) best = {side + 1 + rest, e, n_r, -1, -1, Move::close};
@@ -596,14 +697,23 @@ class Planner {
     const int length = static_cast<int>(items.size());
     Entry best;
     const auto& tails = join_row(branch, i);
-    if (e - q - 1 < static_cast<int>(tails.size()) && fits(tails[e - q - 1], in_flight(d + 1))) {
-      best = {1, -1, -1, -1, -1, Move::join};
+    if (e - q - 1 < static_cast<int>(tails.size())) {
+      if (!rep_ && fits(tails[e - q - 1], in_flight(d + 1))) best = {1, -1, -1, -1, -1, Move::join};
+      if (rep_) {
+        const int r = need(tails[e - q - 1], in_flight(d + 1), n);
+        if (r > 0) best = {1, -1, r, -1, -1, Move::join};
+      }
     }
     if (best.h > 1 && n >= 2 && i + 1 < length) {
       const auto& stats = row(branch, i, items);
       for (int g = 0; g < static_cast<int>(stats.size()) && i + g + 1 < length; ++g) {
         const Stats& s = stats[g];
         if (too_big(s)) break;
+        if (rep_) {
+          auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return branch_to_join(branch, i + g + 1, x, d, e).h; });
+          if (rest < kInf && rest + 1 < best.h) best = {rest + 1, i + g, r, -1, -1, Move::group};
+          continue;
+        }
         if (s.time > target_) continue;
         int rest = branch_to_join(branch, i + g + 1, n - 1, d, e).h;
         if (rest >= kInf || rest + 1 >= best.h) continue;
@@ -634,6 +744,14 @@ class Planner {
     for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
       const Stats& s = stats[q];
       if (too_big(s)) break;
+      if (rep_) {
+        const int r = need(s, in_flight(d + 1), n);
+        if (r == 0) continue;
+        int rest = parallel(t, j + q + 1, n - r, d).h;
+        int h = std::max(1, rest);
+        if (rest < kInf && h < best.h) best = {h, j + q, r, -1, -1, Move::run};
+        continue;
+      }
       if (!fits(s, in_flight(d + 1))) continue;
       int rest = parallel(t, j + q + 1, n - 1, d).h;
       int h = std::max(1, rest);
@@ -647,6 +765,12 @@ class Planner {
     return best;
   }
 
+  // A new stage label, recording its replica count (-1, as entries without one store: 1).
+  int take(int& next, int replicas) {
+    rebuilt_replicas_.push_back(std::max(1, replicas));
+    return next++;
+  }
+
   void label(int t, int stage, std::vector<int>& assignment) {
     for (graph::NodeId v : leaves_[t]) assignment[v] = stage;
   }
@@ -655,7 +779,7 @@ class Planner {
     d = cap(d);
     Entry e = solve(t, n, d);
     if (e.move == Move::none) {
-      label(t, next++, assignment);
+      label(t, take(next, e.b), assignment);
     } else if (tree_.nodes[t].kind == graph::SPNode::Kind::series) {
       rebuild_series(t, 0, n, d, assignment, next);
     } else {
@@ -668,19 +792,19 @@ class Planner {
     if (i == static_cast<int>(children.size())) return;
     Entry e = series(t, i, n, d);
     if (e.move == Move::group) {
-      int stage = next++;
+      int stage = take(next, e.b);
       for (int c = i; c <= e.a; ++c) label(children[c], stage, assignment);
-      rebuild_series(t, e.a + 1, n - 1, d, assignment, next);
+      rebuild_series(t, e.a + 1, n - std::max(1, e.b), d, assignment, next);
     } else if (e.move == Move::split) {
       int rest = series(t, i + 1, n - e.b, d).h;
       rebuild_solve(children[i], e.b, d + rest, assignment, next);
       rebuild_series(t, i + 1, n - e.b, d, assignment, next);
     } else {
       const int branch = sorted_[children[e.a]][e.c];
-      int stage = next++;
+      int stage = take(next, e.e);
       for (int c = i; c < e.a; ++c) label(children[c], stage, assignment);
       for (int c = 0; c < e.b; ++c) label(items_[branch][c], stage, assignment);
-      rebuild_inside(branch, e.b, n - 1, d, assignment, next);
+      rebuild_inside(branch, e.b, n - std::max(1, e.e), d, assignment, next);
     }
   }
 
@@ -703,11 +827,11 @@ class Planner {
       const auto& lead = sorted_[par];
       const int other = lead[0] == branch ? lead[1] : lead[0];
       const auto& children = tree_.nodes[t].children;
-      int stage = next++;
+      int stage = take(next, e.c);
       for (std::size_t c = static_cast<std::size_t>(k); c < items_[branch].size(); ++c) label(items_[branch][c], stage, assignment);
       label(other, stage, assignment);
       for (int c = q + 1; c <= e.a; ++c) label(children[c], stage, assignment);
-      rebuild_parallel(par, 2, n - e.b - 1, cap(d2 + 1), assignment, next);
+      rebuild_parallel(par, 2, n - e.b - std::max(1, e.c), cap(d2 + 1), assignment, next);
     } else if (e.move == Move::join) {
       rebuild_to_join(branch, k, e.c, d2, e.a, assignment, next);
       rebuild_others(branch, n - e.b - e.c, cap(d2 + 1), assignment, next);
@@ -739,13 +863,13 @@ class Planner {
     if (r.move == Move::join) {
       const int par = parent_[branch];
       const auto& children = tree_.nodes[parent_[par]].children;
-      int stage = next++;
+      int stage = take(next, r.b);
       for (std::size_t c = static_cast<std::size_t>(i); c < items.size(); ++c) label(items[c], stage, assignment);
       for (int c = slot_[par] + 1; c <= e; ++c) label(children[c], stage, assignment);
     } else if (r.move == Move::group) {
-      int stage = next++;
+      int stage = take(next, r.b);
       for (int c = i; c <= r.a; ++c) label(items[c], stage, assignment);
-      rebuild_to_join(branch, r.a + 1, n - 1, d, e, assignment, next);
+      rebuild_to_join(branch, r.a + 1, n - std::max(1, r.b), d, e, assignment, next);
     } else {
       int rest = branch_to_join(branch, i + 1, n - r.b, d, e).h;
       rebuild_solve(items[i], r.b, d + rest, assignment, next);
@@ -758,9 +882,9 @@ class Planner {
     if (j == static_cast<int>(branches.size())) return;
     Entry e = parallel(t, j, n, d);
     if (e.move == Move::run) {
-      int stage = next++;
+      int stage = take(next, e.b);
       for (int q = j; q <= e.a; ++q) label(branches[q], stage, assignment);
-      rebuild_parallel(t, e.a + 1, n - 1, d, assignment, next);
+      rebuild_parallel(t, e.a + 1, n - std::max(1, e.b), d, assignment, next);
     } else {
       rebuild_solve(branches[j], e.b, d, assignment, next);
       rebuild_parallel(t, j + 1, n - e.b, d, assignment, next);
@@ -769,6 +893,11 @@ class Planner {
 
   const Problem& p_;
   const graph::SPTree& tree_;
+  const ReplicaTable* rep_ = nullptr;  // set for replicated problems
+  int num_levels_ = 1;                 // replica levels whose counts fit the device budget
+  std::vector<double> arena_;          // per-level compute of every Stats (Stats::levels)
+  std::vector<double> level_sums_;     // of the group being formed
+  std::vector<int> rebuilt_replicas_;  // replica count per label of the last rebuild()
   std::vector<int> stamps_;
   int next_stamp_ = 0;
   int devices_ = 1;
@@ -785,10 +914,16 @@ class Planner {
 
 }  // namespace
 
-std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,
-                                                    double tolerance) {
+std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance) {
   if (tree.root < 0) return {};
   return Planner(problem, tree).run(tolerance);
+}
+
+std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,
+                                                    double tolerance) {
+  std::vector<std::vector<int>> plans;
+  for (ReplicatedAssignment& plan : graphpipe_plans(problem, tree, tolerance)) plans.push_back(std::move(plan.assignment));
+  return plans;
 }
 
 std::optional<std::vector<int>> graphpipe_assignment(const Problem& problem, const graph::SPTree& tree,

@@ -57,4 +57,12 @@ std::optional<std::vector<int>> graphpipe_assignment(const Problem& problem,
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,
                                                     double tolerance);
 
+// A plan of the DP with the replica count of each stage label (all 1 unless problem.replicated()).
+struct ReplicatedAssignment {
+  std::vector<int> assignment;
+  std::vector<int> replicas;
+};
+// graphpipe_assignments with the replica counts.
+std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance);
+
 }  // namespace graphpipe::partition

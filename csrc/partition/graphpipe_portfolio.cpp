@@ -10,6 +10,7 @@
 #include "partition/graphpipe_dp.h"
 #include "partition/metis.h"
 #include "partition/refine.h"
+#include "partition/replica_allocation.h"
 #include "partition/sequential.h"
 
 namespace graphpipe::partition {
@@ -80,8 +81,26 @@ std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
   return sequential_assignment(p);
 }
 
+// With replication: the same cut with replica counts chosen along (sequential.h).
+CandidatePlan replicated_chain_along(Problem p, std::vector<graph::NodeId> order, double tolerance) {
+  p.order = std::move(order);
+  for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
+  auto [assignment, replicas] = sequential_replicated(p, tolerance);
+  return {std::move(assignment), kChain, std::move(replicas), {}};
+}
+
+// With replication, every candidate's leftover devices go to its slowest stages (replica
+// allocation is greedy for the layouts no DP chose replicas for, and tops up those that did),
+// and plain data parallelism joins the candidates.
+void finish_replicas(const Problem& problem, std::vector<CandidatePlan>& candidates) {
+  if (!problem.replicated()) return;
+  for (CandidatePlan& c : candidates) c.replicas = allocate_replicas(problem, c.assignment, std::move(c.replicas));
+  auto [single, counts] = data_parallel_plan(problem);
+  candidates.push_back({std::move(single), "graphpipe(data-parallel)", std::move(counts), {}});
+}
+
 void add_downset_plans(const Problem& problem, std::vector<CandidatePlan>& candidates) {
-  for (std::vector<int>& exact : downset_plans(problem)) candidates.push_back({std::move(exact), kDownset});
+  for (std::vector<int>& exact : downset_plans(problem)) candidates.push_back({std::move(exact), kDownset, {}, {}});
 }
 
 }  // namespace
@@ -90,7 +109,7 @@ std::size_t portfolio_winner(const Problem& problem, const std::vector<Candidate
   std::size_t best = 0;
   double best_overflow = 0.0, best_step = 0.0, best_bottleneck = 0.0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    Evaluation ev = evaluate(problem, candidates[i].assignment);
+    Evaluation ev = evaluate(problem, candidates[i].assignment, candidates[i].replicas, candidates[i].devices);
     double overflow = std::max(ev.max_overflow, 0.0);
     double step = ev.iteration_seconds(problem);
     if (i == 0 || overflow < best_overflow ||
@@ -121,32 +140,42 @@ std::vector<CandidatePlan> GraphpipePortfolio::fallback_candidates(const Partiti
   std::vector<std::vector<int>> starts = metis_starts_;
   std::vector<int> chain = sequential_assignment(problem);
   if (!chain.empty()) starts.push_back(std::move(chain));
-  std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback}};
+  std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback, {}, {}}};
   add_downset_plans(problem, candidates);
+  finish_replicas(problem, candidates);
   return candidates;
 }
 
 std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
   if (!sp_->is_series_parallel) return fallback_candidates(request, problem);
-  std::vector<std::vector<int>> dp = graphpipe_assignments(problem, sp_->tree, request.options.tolerance);
+  std::vector<ReplicatedAssignment> dp = graphpipe_plans(problem, sp_->tree, request.options.tolerance);
   if (dp.empty()) return fallback_candidates(request, problem);
   const bool refine_too = request.options.refine;
   std::vector<CandidatePlan> candidates;
-  for (std::vector<int>& plan : dp) candidates.push_back({std::move(plan), kDp});
-  if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp});
+  for (ReplicatedAssignment& plan : dp) candidates.push_back({std::move(plan.assignment), kDp, std::move(plan.replicas), {}});
+  if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp, {}, {}});
+  if (problem.replicated()) {
+    // The chains with replica counts chosen along their cuts, in the same three orders.
+    for (int order = 0; order < 3; ++order) {
+      CandidatePlan chain = replicated_chain_along(
+          problem, order == 0 ? problem.order : branch_order(problem, sp_->tree, order == 2), request.options.tolerance);
+      if (!chain.assignment.empty()) candidates.push_back(std::move(chain));
+    }
+  }
   for (int order = 0; order < 3; ++order) {
     std::vector<int> chain = order == 0 ? sequential_assignment(problem)
                                         : chain_along(problem, branch_order(problem, sp_->tree, order == 2));
     if (chain.empty()) continue;
     if (refine_too) {
       std::vector<int> refined = refine(problem, chain);
-      candidates.push_back({std::move(chain), kChain});
-      candidates.push_back({std::move(refined), kChain});
+      candidates.push_back({std::move(chain), kChain, {}, {}});
+      candidates.push_back({std::move(refined), kChain, {}, {}});
     } else {
-      candidates.push_back({std::move(chain), kChain});
+      candidates.push_back({std::move(chain), kChain, {}, {}});
     }
   }
   add_downset_plans(problem, candidates);
+  finish_replicas(problem, candidates);
   return candidates;
 }
 

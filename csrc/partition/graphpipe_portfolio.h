@@ -27,6 +27,13 @@
 // then the down-set plans where they exist, as in 3.
 // Refinement of the DP's plan and of the starts is skipped when Options::refine is off.
 //
+// With replication (Problem::replicated(); docs/design.md, "Replicated stages in the planner"):
+// the DP's plans carry the replica counts it chose with the cut; the three orders are also cut
+// by the replica-aware sequential DP (label "graphpipe(chain)"); every candidate's leftover
+// devices are handed out greedily (replica_allocation.h); and plain data parallelism, the whole
+// graph as one stage on its best replica count, is one more candidate,
+//                                                                    label "graphpipe(data-parallel)".
+//
 // The winner (portfolio_winner): the least predicted step, (M + depth - 1) x slowest stage +
 // optimizer tail (evaluate.h), among the candidates that fit in memory; ties to the earlier
 // candidate, so to the DP. Its label becomes Plan::partitioner, which says which part won.

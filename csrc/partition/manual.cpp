@@ -76,4 +76,44 @@ std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping&
   return assignment;
 }
 
+std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices,
+                                                   int num_stages, int num_devices) {
+  std::vector<std::vector<int>> result(num_stages);
+  std::vector<int> owner(num_devices, -1);
+  for (const auto& [stage, ranks] : stage_devices) {
+    if (stage < 0 || stage >= num_stages) {
+      throw PlanningError("stage_devices names stage " + std::to_string(stage) + ", but the manual mapping has stages 0.." +
+                          std::to_string(num_stages - 1));
+    }
+    if (ranks.empty()) throw PlanningError("stage_devices gives stage " + std::to_string(stage) + " no device");
+    for (int d : ranks) {
+      if (d < 0 || d >= num_devices) {
+        throw PlanningError("stage_devices gives stage " + std::to_string(stage) + " device " + std::to_string(d) +
+                            ", outside 0.." + std::to_string(num_devices - 1) + " for " + std::to_string(num_devices) +
+                            " devices");
+      }
+      if (owner[d] >= 0) {
+        throw PlanningError("stage_devices gives device " + std::to_string(d) + " to stage " + std::to_string(owner[d]) +
+                            (owner[d] == stage ? " twice" : " and to stage " + std::to_string(stage)) +
+                            ": the stages' devices must not overlap");
+      }
+      owner[d] = stage;
+    }
+    result[stage] = ranks;
+    std::sort(result[stage].begin(), result[stage].end());
+  }
+  int next = 0;
+  for (int s = 0; s < num_stages; ++s) {
+    if (!result[s].empty()) continue;
+    while (next < num_devices && owner[next] >= 0) ++next;
+    if (next == num_devices) {
+      throw PlanningError("stage_devices leaves no device for stage " + std::to_string(s) + ": " +
+                          std::to_string(num_devices) + " devices in all");
+    }
+    owner[next] = s;
+    result[s] = {next};
+  }
+  return result;
+}
+
 }  // namespace graphpipe::partition

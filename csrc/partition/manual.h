@@ -11,6 +11,7 @@
 // operators of the stages in the cycle by plan building. O(V x rules).
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,5 +24,13 @@ using ManualMapping = std::vector<std::pair<std::string, int>>;
 
 std::vector<int> manual_assignment(const graph::OpGraph& graph, const ManualMapping& mapping,
                                    int num_devices);
+
+// The ranks of each of `num_stages` stages from the user's stage -> device ids (Options::
+// stage_devices): a stage named gets its list (sorted), a stage not named one device, the
+// lowest no stage names. PlanningError naming the problem for a stage outside 0..num_stages-1,
+// an empty list, a device outside 0..num_devices-1, a device listed twice (in one stage or in
+// two), or more devices asked for than there are.
+std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices,
+                                                   int num_stages, int num_devices);
 
 }  // namespace graphpipe::partition

@@ -4,6 +4,9 @@
 // The mapping is checked once, in prepare(), so a bad mapping is reported before any
 // micro-batch size is tried; a mapping whose stages feed each other in a cycle is reported by
 // the driver, which names the stages by their operators.
+// Options::stage_devices gives stages their ranks (manual_stage_devices in manual.h): such a
+// stage runs as that many data-parallel replicas; Options::replicate adds none of its own here,
+// the user's layout is the plan.
 #pragma once
 
 #include <string_view>
@@ -22,6 +25,7 @@ class ManualPartitioner final : public Partitioner {
 
  private:
   std::vector<int> assignment_;  // from prepare(): the mapping applied to the graph
+  std::vector<std::vector<int>> devices_;  // ranks per stage when stage_devices is given
 };
 
 }  // namespace graphpipe::partition

@@ -2,6 +2,7 @@
 
 #include "partition/metis.h"
 #include "partition/refine.h"
+#include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
 
@@ -11,7 +12,11 @@ void MetisPartitioner::prepare(const PartitionRequest& request) {
 }
 
 CandidatePlan MetisPartitioner::plan(const PartitionRequest& request, const Problem& problem) {
-  return {request.options.refine ? refine(problem, start_) : start_, std::string(kName)};
+  std::vector<int> layout = request.options.refine ? refine(problem, start_) : start_;
+  if (!problem.replicated()) return {std::move(layout), std::string(kName), {}, {}};
+  // METIS cuts for one device per stage; leftover devices go to the slowest stages greedily.
+  std::vector<int> replicas = allocate_replicas(problem, layout);
+  return {std::move(layout), std::string(kName), std::move(replicas), {}};
 }
 
 }  // namespace graphpipe::partition

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "cost/cost_model.h"
 #include "cost/in_flight.h"
@@ -25,6 +27,13 @@ struct Options {
   int seed = 0;                         // METIS seed
   bool refine = true;                   // boundary refinement for graphpipe and metis
   cost::InFlightRule in_flight;         // empty: 1F1B depth rule
+  // Let stages run as several data-parallel replicas (docs/design.md, "Replicated stages in the
+  // planner"): every partitioner then chooses replica counts too, all stages' devices together
+  // at most the device count. Off: one device per stage, the plans of before.
+  bool replicate = false;
+  // For "manual": the ranks of some stages (stage -> device ids); a stage not named gets one
+  // device, the lowest one no stage names. Implies replicated stages for the stages named.
+  std::map<int, std::vector<int>> stage_devices;
 };
 
 }  // namespace graphpipe::partition

@@ -53,21 +53,26 @@ std::int64_t resolve_micro_batch(std::int64_t batch, const Options& o) {
   return fixed;
 }
 
-void check_graph_and_devices(const graph::OpGraph& g, const cost::Devices& devices) {
+void check_graph_and_devices(const graph::OpGraph& g, const cost::Devices& devices, bool replicated) {
   if (g.num_nodes() == 0) throw PlanningError("cannot partition an empty graph");
   g.validate();  // GraphError naming a cycle
   if (devices.count < 1) {
     throw PlanningError("cannot partition onto " + std::to_string(devices.count) + " devices: at least 1 is needed");
   }
-  if (static_cast<std::size_t>(devices.count) > g.num_nodes()) {
+  // With replication the extra devices become replicas; without, each would need a stage.
+  if (!replicated && static_cast<std::size_t>(devices.count) > g.num_nodes()) {
     throw PlanningError(std::to_string(devices.count) + " devices but the graph has only " +
                         std::to_string(g.num_nodes()) +
-                        " operators: every stage needs an operator and data parallelism inside a "
-                        "stage is not supported yet; use at most " + std::to_string(g.num_nodes()) + " devices");
+                        " operators: every stage needs an operator; use at most " + std::to_string(g.num_nodes()) +
+                        " devices, or replicate=True to give stages several devices");
   }
 }
 
 void check_search_options(const Options& o) {
+  if (!o.stage_devices.empty() && o.partitioner != "manual") {
+    throw PlanningError("stage_devices is for the manual partitioner; " + o.partitioner +
+                        " chooses replica counts itself with replicate=True");
+  }
   if (o.max_stages < 0) throw PlanningError("max_stages must not be negative");
   if (!(o.tolerance > 0.0)) throw PlanningError("the binary-search tolerance must be positive");
 }
@@ -97,6 +102,8 @@ void check_memory_bounds(const cost::CostModel& model, double limit, int devices
 // when none fits.
 struct Choice {
   std::vector<int> assignment;  // empty until a candidate fits
+  std::vector<int> replicas;
+  std::vector<std::vector<int>> devices;
   std::int64_t micro_batch_size = 0;
   double step = std::numeric_limits<double>::infinity();
   double bottleneck = 0.0;
@@ -121,6 +128,8 @@ struct Choice {
     const double candidate_step = ev.iteration_seconds(problem);
     if (assignment.empty() || predicted_faster(candidate_step, ev.bottleneck, step, bottleneck)) {
       assignment = std::move(candidate.assignment);
+      replicas = std::move(candidate.replicas);
+      devices = std::move(candidate.devices);
       micro_batch_size = problem.micro_batch_size;
       step = candidate_step;
       bottleneck = ev.bottleneck;
@@ -129,15 +138,39 @@ struct Choice {
   }
 };
 
+// Manual stage_devices: a stage of d devices splits each micro-batch into d shards, so only
+// micro-batch sizes of at least d rows can run it.
+std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<std::int64_t> sizes) {
+  std::size_t most = 1;
+  int widest = 0;
+  for (const auto& [stage, ranks] : o.stage_devices) {
+    if (ranks.size() > most) {
+      most = ranks.size();
+      widest = stage;
+    }
+  }
+  std::vector<std::int64_t> kept;
+  for (std::int64_t mb : sizes) {
+    if (mb >= static_cast<std::int64_t>(most)) kept.push_back(mb);
+  }
+  if (kept.empty()) {
+    throw PlanningError("stage " + std::to_string(widest) + " has " + std::to_string(most) +
+                        " devices but a micro-batch has at most " + std::to_string(sizes.back()) +
+                        " rows: every replica needs at least one row");
+  }
+  return kept;
+}
+
 }  // namespace
 
 Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
-  check_graph_and_devices(g, devices);
+  check_graph_and_devices(g, devices, o.replicate || !o.stage_devices.empty());
   std::unique_ptr<Partitioner> partitioner = make_partitioner(o.partitioner);  // unknown name: PlanningError
   check_search_options(o);
   cost::CostModel model(g, devices, o.optimizer);
   const std::int64_t batch = resolve_batch(g, o);
   std::vector<std::int64_t> micro_batch_sizes = micro_batch_candidates(batch, resolve_micro_batch(batch, o));
+  micro_batch_sizes = sizes_for_stage_devices(o, std::move(micro_batch_sizes));
   if (o.memory_limit < 0.0) throw PlanningError("memory_limit must not be negative");
   const double limit = o.memory_limit > 0.0 ? o.memory_limit : devices.memory_bytes;
   const int max_stages = std::min(o.max_stages > 0 ? std::min(o.max_stages, devices.count) : devices.count,
@@ -161,9 +194,15 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
     CandidatePlan candidate = partitioner->plan(request, problem);
     // No layout fits at this size (the sequential DP's answer): the single stage stands in, so
     // that the message can say by how much the nearest plan misses.
-    if (candidate.assignment.empty()) candidate.assignment.assign(g.num_nodes(), 0);
-    Evaluation ev = evaluate(problem, candidate.assignment);
-    if (!ev.acyclic) build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
+    if (candidate.assignment.empty()) {
+      candidate.assignment.assign(g.num_nodes(), 0);
+      candidate.replicas.clear();
+      candidate.devices.clear();
+    }
+    if (!evaluate(problem, candidate.assignment).acyclic) {
+      build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
+    }
+    Evaluation ev = evaluate(problem, candidate.assignment, candidate.replicas, candidate.devices);
     best.offer(problem, std::move(candidate), ev);
   }
   if (best.assignment.empty()) {
@@ -173,7 +212,8 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
                         " per device (over by " + gib(best.least_overflow) +
                         "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
   }
-  Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner);
+  Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner, best.replicas,
+                         best.devices);
   log::info(best.partitioner + ": " + std::to_string(plan.stages.size()) + " stages, depth " +
             std::to_string(plan.depth) + ", micro-batch " + std::to_string(plan.micro_batch_size));
   return plan;

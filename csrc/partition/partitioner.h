@@ -11,6 +11,10 @@
 //                 (sequential_partitioner.h)
 //   "manual"      the user's mapping of modules to stages (manual_partitioner.h)
 //
+// Replication (Options::replicate): every partitioner may give a stage several devices, its
+// data-parallel replicas; how each chooses them is in docs/design.md, "Replicated stages in the
+// planner", and the candidates carry their replica counts to the evaluation and the Plan.
+//
 // Micro-batch size: the given one, or the one derived from num_micro_batches, or else every power
 // of two dividing the mini-batch (problem.h). For each, the partitioner's candidate is evaluated
 // (evaluate.h), and of those that fit in memory the plan with the least predicted step,
@@ -21,8 +25,8 @@
 // same way whatever made the stages.
 //
 // Errors (PlanningError unless said), in the order they are checked: an empty graph; a cyclic
-// graph (GraphError naming the cycle); zero devices; more devices than operators (a stage needs
-// at least one operator and data parallelism inside a stage is not supported yet); an unknown
+// graph (GraphError naming the cycle); zero devices; more devices than operators without
+// replication (a stage needs at least one operator); an unknown
 // partitioner (naming the registered ones); a negative max_stages or a non-positive tolerance;
 // a bad batch / micro-batch combination or memory limit; a model whose static memory cannot fit
 // (one operator, or all of them on all devices); the partitioner's own input errors (a bad

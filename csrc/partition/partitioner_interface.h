@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct PartitionRequest {
   Problem problem(std::int64_t micro_batch_size) const {
     Problem p = make_problem(model, batch_size, micro_batch_size, max_stages, memory_limit, options.in_flight);
     p.chain = chain;
+    if (options.replicate || !options.stage_devices.empty()) {
+      p.replicas = std::make_shared<const ReplicaTable>(model, micro_batch_size, devices.count);
+      p.device_budget = devices.count;
+    }
     return p;
   }
 };
@@ -52,6 +57,8 @@ struct CandidatePlan {
   std::vector<int> assignment;  // node -> stage label 0..K-1; empty: no layout fits in memory
   std::string partitioner;      // Plan::partitioner: the registry name, or a variant such as
                                 // "graphpipe(chain)" that says which part of a portfolio won
+  std::vector<int> replicas;    // devices per label; empty: one each (replicas.h)
+  std::vector<std::vector<int>> devices;  // ranks per label (manual stage_devices); empty: placed
 };
 
 class Partitioner {

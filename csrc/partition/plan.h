@@ -1,8 +1,11 @@
 // Plan: the output of every partitioner, the input of the scheduler, simulator and runtime.
 //
 // A plan cuts an OpGraph into stages. Each stage is a convex set of operators placed on a set of
-// devices (one device per stage for now; the set leaves room for data parallelism inside a
-// stage). The stage graph (stages joined by the operator edges that cross them) is a DAG, not
+// devices: its data-parallel replicas (docs/design.md, "Replicated stages"). Every micro-batch
+// is split along the batch dimension into one shard per replica, as torch.tensor_split splits
+// it (the first b % d shards get ceil(b / d) rows, the rest floor(b / d)); every replica runs
+// the stage's schedule on its shard, and the replicas sum their gradients once per iteration
+// before the optimizer step. The stage graph (stages joined by the operator edges that cross them) is a DAG, not
 // necessarily a chain: independent branches become parallel stages. The mini-batch is split into
 // num_micro_batches micro-batches of micro_batch_size samples.
 //
@@ -11,6 +14,7 @@
 //   - stage ids are 0..S-1 and stages are listed in a topological order of the stage graph;
 //   - stage edges join distinct stages, follow that order, and cover every crossing operator edge;
 //   - device sets are disjoint, non-empty and within the device count;
+//   - micro_batch_size >= the devices of every stage (each replica gets at least one row);
 //   - micro_batch_size * num_micro_batches == batch_size.
 // Predicted figures are per micro-batch of micro_batch_size samples unless named otherwise.
 #pragma once
@@ -26,18 +30,25 @@ namespace graphpipe::partition {
 struct Stage {
   int id = 0;
   std::vector<graph::NodeId> nodes;  // in topological order of the OpGraph
-  std::vector<int> devices;          // ranks that run this stage (one for now)
-  double forward_seconds = 0.0;      // predicted, one micro-batch
-  double backward_seconds = 0.0;     // predicted, one micro-batch
-  // Predicted transfer time of one micro-batch charged to this stage: one transfer (latency +
-  // bytes / bandwidth) per operator edge entering or leaving the stage. Not part of
-  // forward/backward_seconds, which are compute only; the stage's time is the sum of the three.
+  std::vector<int> devices;          // ranks of the stage's replicas (d = devices.size() >= 1)
+  // Figures marked "per replica" are one replica's, for the largest shard (ceil(b / d) rows).
+  double forward_seconds = 0.0;      // predicted, one micro-batch, per replica
+  double backward_seconds = 0.0;     // predicted, one micro-batch, per replica
+  // Predicted transfer time of one micro-batch charged to this stage, per replica: one transfer
+  // (latency + share / bandwidth) per operator edge entering or leaving the stage, where the
+  // share is the edge's bytes / max(d_src, d_dst) (the runtime re-shards rows between the
+  // replicas of the two stages directly). Not part of forward/backward_seconds, which are
+  // compute only; the stage's time is the sum of the three.
   double transfer_seconds = 0.0;
-  double param_bytes = 0.0;          // parameters held by the stage
-  double activation_bytes = 0.0;     // activations stashed for one micro-batch
+  double param_bytes = 0.0;          // parameters held by the stage (each replica holds all)
+  double activation_bytes = 0.0;     // activations stashed for one micro-batch, per replica
   int in_flight = 1;                 // micro-batches whose activations are held at peak
-  double memory_bytes = 0.0;         // predicted peak: weights, grads, optimizer, activations
-  double static_bytes = 0.0;         // of which weights, grads, optimizer state and buffers
+  double memory_bytes = 0.0;         // predicted peak of one replica: weights, grads, optimizer, activations
+  double static_bytes = 0.0;         // of which weights, grads, optimizer state and buffers (full stage)
+  // Predicted time of summing the stage's gradients (param_bytes) over its devices once per
+  // iteration (cost::best_all_reduce on `devices`); 0 for one device. The step estimate charges
+  // it after the stage's last backward, before its optimizer step.
+  double all_reduce_seconds = 0.0;
 };
 
 struct StageEdge {
@@ -63,7 +74,7 @@ struct Plan {
   double bottleneck_seconds_per_sample = 0.0;
   int depth = 0;                        // stages on the longest path of the stage graph
   // (num_micro_batches + depth - 1) x the slowest stage's time per micro-batch, plus the part of
-  // the optimizer steps that outlasts the pipeline (evaluate.h): the 1F1B estimate of one
+  // the all-reduces and optimizer steps that outlasts the pipeline (evaluate.h): the 1F1B estimate of one
   // training step that the partitioners use to choose the micro-batch size and the plan.
   double predicted_iteration_seconds = 0.0;
   double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under

@@ -26,9 +26,14 @@ std::string label_operators(const graph::OpGraph& g, const std::vector<int>& ass
 
 }  // namespace
 
-Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner) {
+Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner,
+                const std::vector<int>& replicas, const std::vector<std::vector<int>>& devices) {
   const graph::OpGraph& g = *p.graph;
-  Evaluation ev = evaluate(p, assignment);
+  if (!replicas.empty() || !devices.empty()) {
+    // A cyclic assignment is reported below by its operators; only the replica figures need it acyclic.
+    if (!evaluate(p, assignment).acyclic) return build_plan(p, assignment, partitioner);
+  }
+  Evaluation ev = evaluate(p, assignment, replicas, devices);
   if (!ev.acyclic) {
     std::string text;
     for (int label : ev.cycle) text += label_operators(g, assignment, label) + " -> ";
@@ -55,7 +60,8 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
     Stage& st = plan.stages[s];
     const StageFigures& f = ev.stages[s];
     st.id = s;
-    st.devices = {s};
+    st.devices = f.devices;
+    st.all_reduce_seconds = f.all_reduce;
     st.forward_seconds = f.forward;
     st.backward_seconds = f.backward;
     st.transfer_seconds = f.transfer;

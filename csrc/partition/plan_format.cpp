@@ -1,5 +1,6 @@
 #include "partition/plan_format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -31,6 +32,17 @@ std::string pad(std::string text, std::size_t width) {
   return text;
 }
 
+// "0,1,2,3", or "0-3" for a run of consecutive ranks (replicated stages get contiguous blocks).
+std::string device_list(const Stage& st) {
+  const auto& d = st.devices;
+  bool run = d.size() > 2;
+  for (std::size_t i = 1; run && i < d.size(); ++i) run = d[i] == d[i - 1] + 1;
+  if (run) return std::to_string(d.front()) + "-" + std::to_string(d.back());
+  std::string text;
+  for (std::size_t i = 0; i < d.size(); ++i) text += (i ? "," : "") + std::to_string(d[i]);
+  return text;
+}
+
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
   out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on "
@@ -40,15 +52,14 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
   out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3)
       << " ms/sample, predicted step " << format("%.4g", plan.predicted_iteration_seconds * 1e3)
       << " ms, memory limit " << bytes(plan.memory_limit_bytes) << "\n";
-  out << "  " << pad("stage", 6) << pad("dev", 5) << pad("ops", 6) << pad("fwd ms", 10)
+  // Device lists of replicated stages are longer than one rank: the column grows to fit.
+  std::size_t dev_width = 5;
+  for (const Stage& st : plan.stages) dev_width = std::max(dev_width, device_list(st).size() + 1);
+  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("ops", 6) << pad("fwd ms", 10)
       << pad("bwd ms", 10) << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11)
-      << pad("inflt", 6) << pad("memory", 11) << pad("next", 10) << (g ? "operators" : "") << "\n";
+      << pad("inflt", 6) << pad("memory", 11) << pad("allred ms", 10) << pad("next", 10) << (g ? "operators" : "") << "\n";
   for (const Stage& st : plan.stages) {
-    std::string devices;
-    for (std::size_t i = 0; i < st.devices.size(); ++i) {
-      if (i) devices += ',';
-      devices += std::to_string(st.devices[i]);
-    }
+    const std::string devices = device_list(st);
     std::string next;
     for (const StageEdge& e : plan.edges) {
       if (e.src != st.id) continue;
@@ -56,11 +67,12 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
       next += std::to_string(e.dst);
     }
     if (next.empty()) next = "-";
-    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, 5)
+    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width)
         << pad(std::to_string(st.nodes.size()), 6) << pad(millis(st.forward_seconds), 10)
         << pad(millis(st.backward_seconds), 10) << pad(millis(st.transfer_seconds), 10)
         << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
-        << pad(std::to_string(st.in_flight), 6) << pad(bytes(st.memory_bytes), 11) << pad(next, 10);
+        << pad(std::to_string(st.in_flight), 6) << pad(bytes(st.memory_bytes), 11)
+        << pad(millis(st.all_reduce_seconds), 10) << pad(next, 10);
     if (g && !st.nodes.empty()) {
       out << g->node(st.nodes.front()).name;
       if (st.nodes.size() > 1) out << " .. " << g->node(st.nodes.back()).name;

@@ -114,6 +114,17 @@ void validate_plan(const Plan& plan, const graph::OpGraph& g) {
       }
       device_used[d] = true;
     }
+    // Each replica takes a shard of every micro-batch along the batch dimension: with fewer rows
+    // than replicas some replica would get an empty shard (plan.h).
+    if (plan.micro_batch_size < static_cast<std::int64_t>(st.devices.size())) {
+      throw PlanningError(stage_name(s) + " has " + std::to_string(st.devices.size()) +
+                          " replicas but a micro-batch has only " + std::to_string(plan.micro_batch_size) +
+                          " rows: every replica needs at least one (use micro_batch_size >= " +
+                          std::to_string(st.devices.size()) + " or fewer devices for the stage)");
+    }
+    if (!(st.all_reduce_seconds >= 0.0)) {
+      throw PlanningError(stage_name(s) + " has all_reduce_seconds " + std::to_string(st.all_reduce_seconds));
+    }
     if (st.in_flight < 1) throw PlanningError(stage_name(s) + " has in_flight " + std::to_string(st.in_flight));
   }
   for (graph::NodeId v = 0; v < n; ++v) {
@@ -170,7 +181,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
                       {"static_bytes", st.static_bytes},
                       {"activation_bytes", st.activation_bytes},
                       {"in_flight", st.in_flight},
-                      {"memory_bytes", st.memory_bytes}});
+                      {"memory_bytes", st.memory_bytes},
+                      {"all_reduce_seconds", st.all_reduce_seconds}});
   }
   nlohmann::json edges = nlohmann::json::array();
   for (const StageEdge& se : plan.edges) {
@@ -249,6 +261,8 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
     st.activation_bytes = jf::non_negative<double>(js, "activation_bytes", where);
     st.in_flight = jf::get<int>(js, "in_flight", where);
     st.memory_bytes = jf::non_negative<double>(js, "memory_bytes", where);
+    // Optional: plans written before replicated stages existed have one device per stage.
+    if (js.contains("all_reduce_seconds")) st.all_reduce_seconds = jf::non_negative<double>(js, "all_reduce_seconds", where);
     plan.stages.push_back(std::move(st));
   }
   const auto& edges = jf::array(jf::field(doc, "edges", "$"), "$.edges");

@@ -23,6 +23,7 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
   p.micro_batch_size = micro_batch_size;
   p.num_micro_batches = batch_size / micro_batch_size;
   p.max_stages = max_stages;
+  p.device_budget = max_stages;
   p.memory_limit = memory_limit;
   p.in_flight = in_flight ? std::move(in_flight) : cost::InFlightRule(cost::in_flight_1f1b);
   p.order = g.topological_order();
@@ -34,6 +35,7 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
   p.compute.resize(n);
   p.static_bytes.resize(n);
   p.optimizer.resize(n);
+  p.param_bytes.resize(n);
   p.act_bytes.resize(n);
   for (std::size_t v = 0; v < n; ++v) {
     auto id = static_cast<graph::NodeId>(v);
@@ -42,6 +44,7 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
     p.compute[v] = p.forward[v] + p.backward[v];
     p.static_bytes[v] = model.static_bytes(id);
     p.optimizer[v] = model.optimizer_seconds(id);
+    p.param_bytes[v] = static_cast<double>(g.node(id).param_bytes);
     p.act_bytes[v] = model.activation_bytes(id, micro_batch_size);
   }
   p.edge_seconds.resize(g.num_edges());

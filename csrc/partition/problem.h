@@ -13,11 +13,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cost/cost_model.h"
 #include "cost/in_flight.h"
 #include "graph/op_graph.h"
+#include "partition/replicas.h"
 
 namespace graphpipe::partition {
 
@@ -34,17 +36,24 @@ struct Problem {
   // are forwarded through the stages in between), so depth = stages and stage i of S holds
   // min(S - i, M) micro-batches whatever the operator edges say.
   bool chain = false;
+  // Replicated stages (Options::replicate; docs/design.md, "Replicated stages in the planner"):
+  // when set, a stage may run as several data-parallel replicas, the devices of all stages
+  // together at most device_budget. Null: one device per stage, as before replication existed.
+  std::shared_ptr<const ReplicaTable> replicas;
+  int device_budget = 1;         // devices a plan may use in all (max_stages without replication)
 
   std::vector<graph::NodeId> order;  // topological order of the operators
   std::vector<int> position;         // position[v] = index of v in order
   std::vector<double> forward, backward, compute;  // compute = forward + backward
   std::vector<double> static_bytes;  // weights + grads + optimizer state + buffers
   std::vector<double> optimizer;     // the operator's share of the optimizer step, per iteration
+  std::vector<double> param_bytes;   // parameters (what a replicated stage's all-reduce sums)
   std::vector<double> act_bytes;     // output activations, one micro-batch
   std::vector<double> edge_seconds;  // one transfer of the edge's tensor
   std::vector<double> edge_bytes;    // bytes of the edge's tensor, one micro-batch
 
   std::size_t num_nodes() const { return order.size(); }
+  bool replicated() const { return replicas != nullptr; }
   double total_compute() const;
 };
 

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "partition/evaluate.h"
 #include "partition/group_stats.h"
+#include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
 
@@ -109,6 +111,141 @@ std::vector<int> sequential_assignment(const Problem& p) {
     j = e;
   }
   return assignment;
+}
+
+namespace {
+
+// Figures of every segment units[j..e) of the chunked order, shared by all probes.
+struct Segment {
+  double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+};
+
+}  // namespace
+
+std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Problem& p, double tolerance) {
+  const ReplicaTable& table = *p.replicas;
+  const int n = static_cast<int>(p.num_nodes());
+  const int max_k = std::max(1, std::min(p.max_stages, n));
+  const int budget = std::max(16, static_cast<int>(std::sqrt(4e6 / max_k)));
+  const std::vector<int> bounds = chunk_bounds(p, budget);
+  const int units = static_cast<int>(bounds.size()) - 1;
+  const int K = std::min(max_k, units);
+  const int levels = table.num_levels();
+  const auto M = p.num_micro_batches;
+  auto in_flight = [&](int k) { return static_cast<double>(std::min<std::int64_t>(k, M)); };
+  // Compute of units [0, u) at each level: a segment's compute is a difference.
+  std::vector<std::vector<double>> prefix(levels, std::vector<double>(units + 1, 0.0));
+  for (int l = 0; l < levels; ++l) {
+    for (int u = 0; u < units; ++u) {
+      double c = 0.0;
+      for (int i = bounds[u]; i < bounds[u + 1]; ++i) c += table.compute(l, p.order[i]);
+      prefix[l][u + 1] = prefix[l][u] + c;
+    }
+  }
+  // seg[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
+  std::vector<std::vector<Segment>> seg(units);
+  {
+    std::vector<int> stamps(p.num_nodes(), -1);
+    for (int j = 0; j < units; ++j) {
+      GroupStats g(p, stamps, j);
+      for (int e = j + 1; e <= units; ++e) {
+        for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
+        if (g.static_bytes > p.memory_limit) break;
+        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes});
+      }
+    }
+  }
+  // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
+  auto least_level = [&](int j, int e, double target, double flight) {
+    const Segment& s = seg[j][e - j - 1];
+    for (int l = 0; l < levels; ++l) {
+      if (table.replicas(l) > p.device_budget) break;
+      const double compute = prefix[l][e] - prefix[l][j];
+      if (s.static_bytes + s.act_bytes * table.row_fraction(l) * flight > p.memory_limit) continue;
+      if (replica_stage_time(p, l, compute, s.transfer, s.cross_bytes, s.params) <= target) return l;
+    }
+    return -1;
+  };
+  constexpr int kNone = 1 << 29;
+  // dev[k][j]: fewest devices for units j.. in exactly k stages; cut and level to rebuild.
+  std::vector<std::vector<int>> dev(K + 1, std::vector<int>(units + 1, kNone)), cut = dev, lev = dev;
+  auto feasible = [&](double target) {
+    for (auto& row : dev) std::fill(row.begin(), row.end(), kNone);
+    dev[0][units] = 0;
+    for (int j = units - 1; j >= 0; --j) {
+      const int reach = j + static_cast<int>(seg[j].size());
+      for (int e = j + 1; e <= reach; ++e) {
+        // The least compute the segment can reach only grows with e: past the target, stop.
+        if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
+        int base = -1;  // least level at one micro-batch in flight: more in flight only need more
+        for (int k = 1; k <= K && k <= units - j; ++k) {
+          const int rest = dev[k - 1][e];
+          if (rest >= kNone || (k == 1) != (e == units)) continue;
+          if (base < 0) {
+            base = least_level(j, e, target, in_flight(1));
+            if (base < 0) break;
+          }
+          int l = base;
+          const Segment& s = seg[j][e - j - 1];
+          if (s.static_bytes + s.act_bytes * table.row_fraction(l) * in_flight(k) > p.memory_limit) {
+            l = least_level(j, e, target, in_flight(k));
+            if (l < 0) continue;
+          }
+          const int total = rest + table.replicas(l);
+          if (total < dev[k][j]) {
+            dev[k][j] = total;
+            cut[k][j] = e;
+            lev[k][j] = l;
+          }
+        }
+      }
+    }
+    for (int k = 1; k <= K; ++k) {
+      if (dev[k][0] <= p.device_budget) return true;
+    }
+    return false;
+  };
+  // Bounds on T: the whole order on one device's time (memory permitting), and the total
+  // compute spread over every device.
+  double hi = 0.0;
+  {
+    const Segment& all = seg[0].size() == static_cast<std::size_t>(units) ? seg[0][units - 1] : Segment{};
+    hi = prefix[0][units] + all.transfer + 1.0;
+    for (int l = 0; l < levels; ++l) hi = std::max(hi, replica_stage_time(p, l, prefix[l][units], all.transfer, all.cross_bytes, all.params));
+  }
+  double lo = prefix[0][units] / std::max(1, p.device_budget);
+  while (!feasible(hi)) {
+    hi *= 2.0;
+    if (hi > 1e12) return {};
+  }
+  if (feasible(lo)) hi = lo;
+  while (hi > lo * (1.0 + tolerance)) {
+    const double mid = 0.5 * (lo + hi);
+    if (feasible(mid)) hi = mid; else lo = mid;
+  }
+  feasible(hi);
+  std::pair<std::vector<int>, std::vector<int>> best;
+  double best_step = 0.0, best_bottleneck = 0.0;
+  for (int k = 1; k <= K; ++k) {
+    if (dev[k][0] > p.device_budget) continue;
+    std::vector<int> assignment(p.num_nodes(), 0), replicas;
+    int j = 0;
+    for (int left = k; left >= 1; --left) {
+      const int e = cut[left][j];
+      for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = k - left;
+      replicas.push_back(table.replicas(lev[left][j]));
+      j = e;
+    }
+    Evaluation ev = evaluate(p, assignment, replicas);
+    const double step = ev.iteration_seconds(p);
+    if (!ev.fits()) continue;
+    if (best.first.empty() || predicted_faster(step, ev.bottleneck, best_step, best_bottleneck)) {
+      best = {std::move(assignment), std::move(replicas)};
+      best_step = step;
+      best_bottleneck = ev.bottleneck;
+    }
+  }
+  return best;
 }
 
 }  // namespace graphpipe::partition

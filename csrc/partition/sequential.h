@@ -9,8 +9,20 @@
 // only at chunk boundaries. Cost O(U^2 x stages + U x (V + E)).
 // Returns a node -> stage label assignment (labels along the chain), or an empty vector when no
 // chain fits in memory.
+//
+// With replication (Problem::replicated(); docs/design.md, "Replicated stages in the planner")
+// the chain's stages may each take several devices, as PipeDream's planner lets them:
+// sequential_replicated binary-searches the slowest stage's time T (replica_allocation.h says
+// how a replicated stage is timed), and for each T a DP over (segment start, stages left) finds
+// the fewest devices that cover the order with stages of time <= T that fit in memory, each
+// segment taking its least replica count that does. T is feasible when that is at most the
+// device budget. Of the least feasible T's chains (one per stage count), the one with the least
+// predicted step (evaluate.h) is returned, with its replica counts. The order is cut into at
+// most U = sqrt(4e6 / stages) units (about 250 for 64 stages); cost O(U^2 x (stages + levels))
+// per probe, about log2(range / tolerance) probes.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "partition/problem.h"
@@ -18,5 +30,8 @@
 namespace graphpipe::partition {
 
 std::vector<int> sequential_assignment(const Problem& problem);
+
+// (assignment, replica counts by label); both empty when no chain fits in memory.
+std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Problem& problem, double tolerance);
 
 }  // namespace graphpipe::partition

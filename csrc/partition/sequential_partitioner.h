@@ -10,6 +10,10 @@
 // best chain for that simpler cost. No refinement: the baseline is the contiguous cuts that
 // chain systems make, not a plan improved by graphpipe's tools. A micro-batch size at which no
 // chain fits in memory has no candidate (the driver then reports the least overflow).
+// With replication (Options::replicate) it is PipeDream's planner: the chain's cuts and each
+// stage's replica count chosen together (sequential_replicated in sequential.h), leftover
+// devices handed out greedily (replica_allocation.h), and plain data parallelism as the other
+// candidate; the shorter predicted step wins.
 #pragma once
 
 #include <string_view>

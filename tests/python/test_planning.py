@@ -215,3 +215,56 @@ def test_devices_on_nodes_and_the_all_reduce_they_imply() -> None:
         graphpipe.all_reduce_cost(gpus, [0, 9], bytes_)
     with pytest.raises(graphpipe.InputError, match="per_node"):
         graphpipe.devices(4, "v100", per_node=0)
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "sequential", "metis"])
+def test_replicate_keyword_gives_stages_several_devices(uno, partitioner: str) -> None:
+    _, _, graph = uno
+    # More devices than operators: only possible with replicas.
+    count = graph.num_nodes + 3
+    with pytest.raises(graphpipe.PlanningError, match="replicate=True"):
+        graphpipe.plan(graph, count, partitioner)
+    plan = graphpipe.plan(graph, count, partitioner, replicate=True)
+    plan.validate(graph)
+    used = [d for stage in plan.stages for d in stage.devices]
+    assert len(used) == len(set(used)) and len(used) <= count
+    # (Whether replicas pay is the cost model's call: on this small model and CPU ranks they
+    # often do not; test_partition_replicas.cpp has the cases where they must.)
+    for stage in plan.stages:
+        assert plan.micro_batch_size >= len(stage.devices)
+        assert (stage.all_reduce_seconds > 0) == (len(stage.devices) > 1 and stage.param_bytes > 0)
+    # The figure survives the plan's JSON and shows in its table.
+    back = type(plan).from_json(plan.to_json(graph), graph)
+    assert [s.all_reduce_seconds for s in back.stages] == [s.all_reduce_seconds for s in plan.stages]
+    assert "allred ms" in str(plan)
+
+
+def test_replicate_off_is_one_device_per_stage(uno) -> None:
+    _, _, graph = uno
+    plan = graphpipe.plan(graph, 4, "graphpipe")
+    assert [s.devices for s in plan.stages] == [[s.id] for s in plan.stages]
+    assert all(s.all_reduce_seconds == 0.0 for s in plan.stages)
+
+
+def test_manual_stage_devices(uno) -> None:
+    _, _, graph = uno
+    mapping = {"": 0, "top": 1, "out": 1}
+    plan = graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices={0: [0, 2]})
+    assert [s.devices for s in plan.stages] == [[0, 2], [1]]
+    assert plan.stages[0].all_reduce_seconds > 0
+    assert plan.micro_batch_size >= 2
+    errors = {
+        "stage 7": {7: [0]},
+        "no device": {0: []},
+        "device 1 to stage 0 and to stage 1": {0: [0, 1], 1: [1]},
+        "device 5": {0: [5]},
+    }
+    for message, devices in errors.items():
+        with pytest.raises(graphpipe.PlanningError, match=message):
+            graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices=devices)
+    with pytest.raises(graphpipe.PlanningError, match="stage 0 has 3 devices"):
+        graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices={0: [0, 1, 2]}, micro_batch_size=2)
+    with pytest.raises(graphpipe.PlanningError, match="manual partitioner"):
+        graphpipe.plan(graph, 3, "graphpipe", stage_devices={0: [0, 1]})
+    with pytest.raises(graphpipe.InputError, match="stage_devices"):
+        graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices=[[0, 1]])

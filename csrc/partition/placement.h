@@ -1,0 +1,32 @@
+// Placement: which ranks each stage of a plan gets, once the replica counts are chosen
+// (docs/design.md, "Replicated stages in the planner").
+//
+// The partitioners price transfers on the slowest link and a stage's all-reduce as if its
+// replicas sat on consecutive ranks of as few nodes as possible (replicas.h), so placement's
+// job is to make that true where it can: every stage gets a contiguous block of ranks inside one
+// node when its replicas fit in a node, and a stage goes to the node of the stage that feeds it
+// the most bytes when that node has room, so heavy stage edges stay on the fast links. Stages
+// are placed in their (topological) order, each from the lowest free rank of the chosen node:
+//   1. the node of its heaviest already-placed producer, if its replicas fit there;
+//   2. else the first node (by lowest rank) where they fit;
+//   3. else (more replicas than any node has free) whole free nodes first, then the rest, in
+//      rank order: the stage spans nodes and its all-reduce is hierarchical.
+// With one device per stage and no node boundary in the way this gives stage s rank s, as plans
+// had before replication. O(S x nodes + E + count).
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "cost/devices.h"
+
+namespace graphpipe::partition {
+
+// replicas[s] >= 1 devices for stage s (stages in topological order); edges (src, dst) with the
+// bytes they carry per micro-batch. Returns each stage's ranks, ascending. Throws PlanningError
+// when the stages need more devices than the description has.
+std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const std::vector<int>& replicas,
+                                           const std::vector<std::pair<int, int>>& edges,
+                                           const std::vector<double>& edge_bytes);
+
+}  // namespace graphpipe::partition

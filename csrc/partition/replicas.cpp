@@ -1,0 +1,66 @@
+#include "partition/replicas.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "cost/all_reduce.h"
+
+namespace graphpipe::partition {
+
+ReplicaTable::ReplicaTable(const cost::CostModel& model, std::int64_t micro_batch, int max_devices) {
+  const graph::OpGraph& g = model.graph();
+  max_replicas_ = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(max_devices, micro_batch)));
+  level_of_.assign(max_replicas_ + 1, 0);
+  for (int d = 1; d <= max_replicas_; ++d) {
+    const std::int64_t rows = shard_rows(micro_batch, d);
+    if (rows_.empty() || rows != rows_.back()) {
+      replicas_.push_back(d);
+      rows_.push_back(rows);
+    }
+    level_of_[d] = static_cast<int>(rows_.size()) - 1;
+  }
+  const std::size_t n = g.num_nodes();
+  forward_.assign(rows_.size(), std::vector<double>(n));
+  backward_.assign(rows_.size(), std::vector<double>(n));
+  for (std::size_t l = 0; l < rows_.size(); ++l) {
+    for (std::size_t v = 0; v < n; ++v) {
+      auto id = static_cast<graph::NodeId>(v);
+      forward_[l][v] = model.forward_seconds(id, rows_[l]);
+      backward_[l][v] = model.backward_seconds(id, rows_[l]);
+    }
+  }
+  // Each algorithm's cost is a sum of per-step maxima of affine functions of the bytes, so it is
+  // convex and piecewise affine; the max of its chords' lines through (small, 2 small) and
+  // (large, 2 large) equals it at both ends and bounds it from above in between only when one
+  // piece dominates. The planner's loops need an O(1) figure; the plan's own figure is exact.
+  const double small = 1024.0, large = 1024.0 * 1024.0 * 1024.0;
+  all_reduce_.assign(max_replicas_ + 1, {});
+  const cost::Devices& devices = model.devices();
+  link_bandwidth_ = devices.slowest_link_bandwidth();
+  for (int d = 2; d <= std::min(max_replicas_, devices.count); ++d) {
+    std::vector<int> group(d);
+    std::iota(group.begin(), group.end(), 0);
+    for (auto algorithm : {&cost::ring_all_reduce, &cost::hierarchical_all_reduce}) {
+      for (double x : {small, large}) {
+        const double a = algorithm(devices, group, x).seconds, b = algorithm(devices, group, 2.0 * x).seconds;
+        const double slope = (b - a) / x;
+        all_reduce_[d].push_back({a - slope * x, slope});
+      }
+    }
+  }
+}
+
+double ReplicaTable::all_reduce_estimate(int d, double bytes) const {
+  if (d <= 1 || bytes <= 0.0) return 0.0;
+  const auto& lines = all_reduce_[d];
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i + 1 < lines.size(); i += 2) {
+    const double a = lines[i].fixed + lines[i].per_byte * bytes;
+    const double b = lines[i + 1].fixed + lines[i + 1].per_byte * bytes;
+    best = std::min(best, std::max(a, b));
+  }
+  return std::max(0.0, best);
+}
+
+}  // namespace graphpipe::partition
