@@ -88,13 +88,18 @@ PEER_BUILD_FAILED = "a peer rank could not build this variant"
 BASELINES = ("graphpipe/sequential", "torch/1f1b", "torch/gpipe", "torch/ddp")
 
 #: The default run (the main job): emulated ranks, at a size where the graph planner cuts a
-#: shallower pipeline than the sequential one (MMT and DLRM at 4 ranks: depth 3 against 4 in
-#: docs/results.md), in a few minutes on a 2-core machine. --no-emulate runs the measured
-#: 2-rank comparison of all of BENCH_SPECS instead.
+#: shallower pipeline than the sequential one (MMT at 4 ranks: depth 3 against 4), beside DLRM,
+#: whose large embedding gradients make data parallelism pay for its all-reduce (both plans 4
+#: deep at this size in the latest runs of docs/results.md), in under 6 minutes on a 2-core
+#: machine. --no-emulate runs the measured 2-rank comparison of all of BENCH_SPECS instead.
 DEFAULT_EMULATED_MODELS = ("mmt", "dlrm")
 DEFAULT_EMULATED_WORLD = 4
 DEFAULT_MEASURED_WORLD = 2
 DEFAULT_SLOWDOWN = 4.0
+# Every round of every variant spawns its ranks afresh (about 10 s for 4 ranks on 2 busy
+# cores): 2 rounds keep the default run within 6 minutes there, still interleaved.
+DEFAULT_EMULATED_ROUNDS = 2
+DEFAULT_MEASURED_ROUNDS = 3
 
 
 #: The variants that need replicated stages (``graphpipe.plan(..., replicate=True)``).
@@ -531,6 +536,8 @@ def resolve_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         args.world = [DEFAULT_EMULATED_WORLD if args.emulate else DEFAULT_MEASURED_WORLD]
     if args.slowdown is None:
         args.slowdown = DEFAULT_SLOWDOWN if args.emulate else 1.0
+    if args.rounds is None:
+        args.rounds = DEFAULT_EMULATED_ROUNDS if args.emulate else DEFAULT_MEASURED_ROUNDS
 
 
 def split_steps(steps: int, rounds: int) -> list[int]:
@@ -548,8 +555,9 @@ def main() -> None:
                         help=f"world sizes (default {DEFAULT_EMULATED_WORLD} emulated, {DEFAULT_MEASURED_WORLD} with "
                              "--no-emulate; under torchrun, the launched world)")
     parser.add_argument("--steps", type=int, default=24, help="measured iterations per variant, over all rounds")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds per variant (each with its own warm-up)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"interleaved rounds per variant, each with its own warm-up (default "
+                             f"{DEFAULT_EMULATED_ROUNDS} emulated, {DEFAULT_MEASURED_ROUNDS} with --no-emulate)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
                         help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")

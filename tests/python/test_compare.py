@@ -201,13 +201,15 @@ def test_defaults_are_the_emulated_main_job_and_no_emulate_the_measured_one() ->
 
     def resolved(**given: object) -> argparse.Namespace:
         args = argparse.Namespace(**{"emulate": None, "models": None, "world": None, "slowdown": None,
-                                     "device": "cpu", **given})
+                                     "rounds": None, "device": "cpu", **given})
         compare.resolve_defaults(args, argparse.ArgumentParser())
         return args
 
     main_job = resolved()
     assert main_job.emulate is True and main_job.world == [4] and main_job.slowdown == 4.0
-    assert main_job.models == ["mmt", "dlrm"]
+    assert main_job.models == ["mmt", "dlrm"] and main_job.rounds == 2
     measured = resolved(emulate=False)
     assert measured.world == [2] and measured.slowdown == 1.0 and measured.models == list(compare.BENCH_SPECS)
+    assert measured.rounds == 3
+    assert resolved(rounds=5).rounds == 5
     assert resolved(device="cuda").emulate is False
