@@ -88,7 +88,8 @@ def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
     # which the simulator's figure can be recomputed.
     out = tmp_path / "compare.json"
     result = subprocess.run(
-        [sys.executable, str(COMPARE), *ARGS, "--world", "2", "--emulate", "--out", str(out),
+        # one round (the later --rounds wins): interleaving is checked by the measured runs
+        [sys.executable, str(COMPARE), *ARGS, "--rounds", "1", "--world", "2", "--emulate", "--out", str(out),
          "--png", str(tmp_path / "c.png")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
