@@ -10,6 +10,12 @@ dtype (float32) and number of ranks:
                          PyTorch's torch.distributed.pipelining (Schedule1F1B, ScheduleGPipe),
                          the model cut at the sequential plan's cut points, at the sequential
                          plan's micro-batch count (and at the graph plan's, marked "@graph M")
+  torch/ddp              plain data parallelism, torch's DistributedDataParallel: every rank the
+                         whole model on 1/world of the batch (baselines/torch_ddp.py)
+  graphpipe/graph+dp, graphpipe/sequential+dp
+                         graphpipe's runtime on plans with replicated stages
+                         (graphpipe.plan(..., replicate=True)); reported as "not available in
+                         this build" where graphpipe.plan takes no ``replicate``
 
 Every variant is measured in ``--rounds`` interleaved rounds (variant A, B, C, D, then A, B, C,
 D again, ...), each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under
@@ -22,19 +28,23 @@ every variant's first-step loss equals single-process training's. Plans are made
 same memory limit for every partitioner. Output: a markdown table on stdout, JSON (machine,
 torch, commit, every figure) and a PNG chart.
 
-``--emulate`` replaces each stage's compute by a wait of its profiled duration (transfers stay
-real), so that 4 to 16 ranks fit on a small machine; every output of that mode says
-"emulated", and the measured iteration time is compared with the simulator's. The optimizer
+``--emulate`` (the default on CPU; ``--no-emulate`` measures real compute) replaces each stage's
+compute by a wait of its profiled duration (transfers stay real), so that 4 to 16 ranks fit on
+a small machine; every output of that mode says "emulated" (the table has a mode column), and
+the measured iteration time is compared with the simulator's. Emulated DDP ranks wait the
+same cost model's time for the whole model at their shard of the batch, split over the
+parameter segments so that DDP's real gradient all-reduces overlap the backward as usual. The optimizer
 step is emulated too: after each iteration a rank waits for its stage's simulated optimizer
 step (the emulated zero gradients would make the real one free, where the simulator charges it).
 
 ``--device cuda`` runs every rank on its own GPU with NCCL (profiling on the GPU too, planning
 with the ``--gpu-kind`` preset and the measured links).
 
-    python benchmarks/compare.py                          # defaults: 4 models, 2 CPU ranks
-    python benchmarks/compare.py --models candle_uno --world 2 3 --steps 10
+    python benchmarks/compare.py        # defaults: MMT and DLRM, 4 emulated ranks 4x slower than a core
+    python benchmarks/compare.py --no-emulate             # measured: 4 models, 2 CPU ranks
+    python benchmarks/compare.py --no-emulate --models candle_uno --world 2 3 --steps 10
     python benchmarks/compare.py --emulate --world 4 8
-    torchrun --nproc-per-node 2 benchmarks/compare.py     # the launched ranks (Gloo on CPU)
+    torchrun --nproc-per-node 2 benchmarks/compare.py --no-emulate   # the launched ranks (Gloo on CPU)
     torchrun --nproc-per-node 8 benchmarks/compare.py --device cuda --size paper
 """
 
@@ -74,12 +84,34 @@ BENCH_SPECS = {
 }
 LR = 0.001
 PEER_BUILD_FAILED = "a peer rank could not build this variant"
+#: The ratio columns of the table: graphpipe/graph and every other variant against these.
+BASELINES = ("graphpipe/sequential", "torch/1f1b", "torch/gpipe", "torch/ddp")
+
+#: The default run (the main job): emulated ranks, at a size where the graph planner cuts a
+#: shallower pipeline than the sequential one (MMT at 4 ranks: depth 3 against 4), beside DLRM,
+#: whose large embedding gradients make data parallelism pay for its all-reduce (both plans 4
+#: deep at this size in the latest runs of docs/results.md), in under 6 minutes on a 2-core
+#: machine. --no-emulate runs the measured 2-rank comparison of all of BENCH_SPECS instead.
+DEFAULT_EMULATED_MODELS = ("mmt", "dlrm")
+DEFAULT_EMULATED_WORLD = 4
+DEFAULT_MEASURED_WORLD = 2
+DEFAULT_SLOWDOWN = 4.0
+# Every round of every variant spawns its ranks afresh (about 10 s for 4 ranks on 2 busy
+# cores): 2 rounds keep the default run within 6 minutes there, still interleaved.
+DEFAULT_EMULATED_ROUNDS = 2
+DEFAULT_MEASURED_ROUNDS = 3
+
+
+#: The variants that need replicated stages (``graphpipe.plan(..., replicate=True)``).
+REPLICATED_VARIANTS = {"graphpipe/graph+dp": "graphpipe", "graphpipe/sequential+dp": "sequential"}
 
 
 @dataclass
 class Variant:
+    """One way of training the model that compare.py times: a runtime and what it runs."""
+
     name: str
-    runtime: str  # "graphpipe" or "torch"
+    runtime: str  # "graphpipe", "torch" (pipelining) or "ddp" (torch DistributedDataParallel)
     plan_json: str | None = None
     schedule: str = "1f1b"
     micro_batches: int = 1
@@ -89,6 +121,14 @@ class Variant:
     # Emulation: per stage, the simulated optimizer step, which the emulated runs wait for too
     # (their zero gradients would make the real step free, where the simulator charges it).
     optimizer_seconds: list[float] = field(default_factory=list)
+    # Which plan (a key of make_variants' plan info) a graphpipe variant runs.
+    plan_key: str = ""
+    # Pipeline depth (stages on the longest path); 1 for data parallelism.
+    depth: int = 0
+    # Emulated DDP: the cost model's waits (baselines.torch_ddp.DDPEmulation), or why there are none.
+    ddp_emulation: Any = None
+    # Set when this build cannot run the variant: the reason, printed instead of a number.
+    unavailable: str = ""
 
 
 # ---- per-rank work -------------------------------------------------------------------------
@@ -187,6 +227,23 @@ def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: An
     return _with_emulated_optimizer(step, variant, rank) if emulate is not None else step
 
 
+def _ddp_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any,
+                 emulate: float | None, device: torch.device) -> Any:
+    """This rank's step of plain data parallelism (torch DDP, 1/world of the batch per rank).
+    Emulated: the model's compute becomes the cost model's waits, per parameter segment (their
+    zero gradients are all-reduced for real, overlapping the backward as DDP does), and the SGD
+    step a wait of the simulated optimizer step."""
+    from baselines.torch_ddp import emulated_model, make_stepper, shard_inputs
+
+    if emulate is None:
+        return make_stepper(model, rank, world, default_loss(spec), lr=LR, device=device)
+    if not hasattr(variant.ddp_emulation, "segments"):
+        raise RuntimeError(f"cannot emulate DDP: {variant.ddp_emulation}")
+    fake = emulated_model(model, shard_inputs(tuple(inputs), rank, world), variant.ddp_emulation, scale=emulate)
+    return make_stepper(fake, rank, world, default_loss(spec), lr=LR, device=device,
+                        optimizer_wait=emulate * variant.ddp_emulation.optimizer_seconds)
+
+
 def keep_freed_memory() -> None:
     """glibc malloc: freed blocks stay in the process for reuse, none is handed back to the OS.
 
@@ -224,6 +281,8 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     try:
         if variant.runtime == "graphpipe":
             step = _graphpipe_stepper(spec, variant, model, inputs, emulate, dev)
+        elif variant.runtime == "ddp":
+            step = _ddp_stepper(rank, world, spec, variant, model, inputs, emulate, dev)
         else:
             step = _torch_stepper(rank, world, spec, variant, model, inputs, emulate, dev)
     except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
@@ -282,16 +341,29 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
     variants = [
         Variant("graphpipe/graph", "graphpipe", plans["graphpipe"].to_json(graph), "1f1b",
-                plans["graphpipe"].num_micro_batches),
-        Variant("graphpipe/sequential", "graphpipe", seq.to_json(graph), "1f1b", seq.num_micro_batches),
-        Variant("torch/1f1b", "torch", seq.to_json(graph), "1f1b", seq.num_micro_batches, labels, seq.num_stages),
+                plans["graphpipe"].num_micro_batches, plan_key="graphpipe", depth=plans["graphpipe"].depth),
+        Variant("graphpipe/sequential", "graphpipe", seq.to_json(graph), "1f1b", seq.num_micro_batches,
+                plan_key="sequential", depth=seq.depth),
+        Variant("torch/1f1b", "torch", seq.to_json(graph), "1f1b", seq.num_micro_batches, labels, seq.num_stages,
+                depth=seq.num_stages),
         Variant("torch/gpipe", "torch", seq.to_json(graph), "fill_drain", seq.num_micro_batches, labels,
-                seq.num_stages),
+                seq.num_stages, depth=seq.num_stages),
     ]
     graph_m = plans["graphpipe"].num_micro_batches
     if graph_m != seq.num_micro_batches:
         variants.append(Variant(f"torch/1f1b @graph M={graph_m}", "torch", seq.to_json(graph), "1f1b", graph_m,
-                                labels, seq.num_stages))
+                                labels, seq.num_stages, depth=seq.num_stages))
+    batch = graph.trace_batch_size
+    variants.append(Variant("torch/ddp", "ddp", micro_batches=1, depth=1,
+                            ddp_emulation=ddp_emulation(graph, world, batch, device, gpu_kind, slowdown)))
+    for name, key in REPLICATED_VARIANTS.items():
+        replicated, reason = replicated_plan(graph, devices, key, memory_limit)
+        if replicated is None:
+            variants.append(Variant(name, "graphpipe", unavailable=reason))
+            continue
+        plans[f"{key}+dp"] = replicated
+        variants.append(Variant(name, "graphpipe", replicated.to_json(graph), "1f1b", replicated.num_micro_batches,
+                                plan_key=f"{key}+dp", depth=replicated.depth))
     info = {name: {"stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,
                    "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
                    "predicted_iteration_seconds": p.predicted_iteration_seconds}
@@ -304,8 +376,45 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
         info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
             zero_compute(p, graph), devices, task_overhead_seconds=overhead).iteration_seconds
     for v in variants:
-        v.optimizer_seconds = info["graphpipe" if v.name == "graphpipe/graph" else "sequential"]["optimizer_seconds"]
+        if v.runtime in ("graphpipe", "torch") and not v.unavailable:
+            v.optimizer_seconds = info[v.plan_key or "sequential"]["optimizer_seconds"]
     return variants, info
+
+
+def replicated_plan(graph: Any, devices: Any, partitioner: str, memory_limit: str | None) -> tuple[Any, str]:
+    """``partitioner``'s plan with replicated stages (``graphpipe.plan(..., replicate=True)``:
+    the planner may give a stage several devices, data parallel inside the stage), or None and
+    why not. The hook for the ``+dp`` variants: they run once this build's ``graphpipe.plan``
+    takes ``replicate``; until then they are reported as not available, never with a number."""
+    import inspect
+
+    if "replicate" not in inspect.signature(graphpipe.plan).parameters:
+        return None, "not available in this build: graphpipe.plan has no replicate parameter"
+    try:
+        return graphpipe.plan(graph, devices, partitioner, memory_limit=memory_limit, replicate=True), ""
+    except Exception as exc:  # noqa: BLE001 - the planner's refusal is the row's content
+        return None, f"planning with replicate=True failed: {type(exc).__name__}: {exc}"
+
+
+def ddp_emulation(graph: Any, world: int, batch: int, device: str, gpu_kind: str, slowdown: float) -> Any:
+    """The waits of an emulated DDP rank, from the same cost model (and emulated device speed)
+    as the pipelines' stages: the whole model planned onto one device at the largest shard
+    (ceil(batch / world) rows, one micro-batch) gives the forward and backward seconds, its
+    simulation the optimizer step; ``baselines.torch_ddp.emulation_segments`` spreads them over
+    the parameter segments. Returns the DDPEmulation, or a string saying why there is none."""
+    from baselines.torch_ddp import emulation_segments
+
+    shard_batch = -(-batch // world)
+    try:
+        one = graphpipe.devices(1, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
+        one.relative_speed = one.relative_speed / slowdown
+        one.memory_bandwidth = one.memory_bandwidth / slowdown
+        whole = graphpipe.plan(graph, one, "sequential", batch_size=shard_batch, micro_batches=1)
+        stage = json.loads(whole.to_json(graph))["stages"][0]
+        optimizer = optimizer_seconds(graphpipe.simulate(whole, one), 1)[0]
+        return emulation_segments(graph, shard_batch, stage["forward_seconds"], stage["backward_seconds"], optimizer)
+    except Exception as exc:  # noqa: BLE001 - only the emulated DDP variant needs it
+        return f"{type(exc).__name__}: {exc}"
 
 
 def optimizer_seconds(result: Any, num_stages: int) -> list[float]:
@@ -416,6 +525,21 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
     return calibration
 
 
+def resolve_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills the mode-dependent defaults: emulated on CPU unless --no-emulate (never on CUDA),
+    then the models, world sizes and slowdown of that mode."""
+    if args.emulate is None:
+        args.emulate = args.device == "cpu"
+    if args.models is None:
+        args.models = list(DEFAULT_EMULATED_MODELS) if args.emulate else list(BENCH_SPECS)
+    if args.world is None:
+        args.world = [DEFAULT_EMULATED_WORLD if args.emulate else DEFAULT_MEASURED_WORLD]
+    if args.slowdown is None:
+        args.slowdown = DEFAULT_SLOWDOWN if args.emulate else 1.0
+    if args.rounds is None:
+        args.rounds = DEFAULT_EMULATED_ROUNDS if args.emulate else DEFAULT_MEASURED_ROUNDS
+
+
 def split_steps(steps: int, rounds: int) -> list[int]:
     """Measured iterations per round: ``steps`` spread over ``rounds`` (at least 1 each)."""
     rounds = max(1, min(rounds, steps))
@@ -424,20 +548,26 @@ def split_steps(steps: int, rounds: int) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(BENCH_SPECS), help="names in BENCH_SPECS or model specs")
-    parser.add_argument("--world", type=int, nargs="+", default=[2],
-                        help="world sizes (default 2; under torchrun, the launched world)")
+    parser.add_argument("--models", nargs="+", default=None,
+                        help=f"names in BENCH_SPECS or model specs (default: {' '.join(DEFAULT_EMULATED_MODELS)} "
+                             f"emulated, all of BENCH_SPECS with --no-emulate)")
+    parser.add_argument("--world", type=int, nargs="+", default=None,
+                        help=f"world sizes (default {DEFAULT_EMULATED_WORLD} emulated, {DEFAULT_MEASURED_WORLD} with "
+                             "--no-emulate; under torchrun, the launched world)")
     parser.add_argument("--steps", type=int, default=24, help="measured iterations per variant, over all rounds")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds per variant (each with its own warm-up)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"interleaved rounds per variant, each with its own warm-up (default "
+                             f"{DEFAULT_EMULATED_ROUNDS} emulated, {DEFAULT_MEASURED_ROUNDS} with --no-emulate)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
                         help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")
     parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
-    parser.add_argument("--emulate", action="store_true", help="stage compute replaced by profiled waits (CPU)")
-    parser.add_argument("--slowdown", type=float, default=1.0,
-                        help="with --emulate: emulate devices this many times slower than this CPU core "
-                             "(longer waits, so the ranks' own CPU work weighs less)")
+    parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=None,
+                        help="stage compute replaced by profiled waits (CPU); the default on CPU, "
+                             "--no-emulate measures real compute")
+    parser.add_argument("--slowdown", type=float, default=None,
+                        help=f"emulated runs: devices this many times slower than this CPU core (default "
+                             f"{DEFAULT_SLOWDOWN:g}: longer waits, so the ranks' own CPU work weighs less)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cpu: Gloo CPU ranks (default); cuda: one GPU per rank, NCCL")
     parser.add_argument("--gpu-kind", default="h100", help="device preset the planner uses with --device cuda")
@@ -445,6 +575,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/compare.json")
     parser.add_argument("--png", default="results/compare.png")
     args = parser.parse_args()
+    resolve_defaults(args, parser)
     if args.device == "cuda" and args.emulate:
         parser.error("--emulate replaces compute by CPU waits; use it with --device cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -493,7 +624,9 @@ def main() -> None:
 
             dist.broadcast_object_list(shared, src=0)
         variants, plans, reference = shared[0]
-        bar.total += (len(variants) - 4) * len(rounds)
+        runnable = [v for v in variants if not v.unavailable]
+        bar.total += (len(runnable) - 4) * len(rounds) + (
+            sum(v.runtime == "graphpipe" for v in runnable) - 2 if args.emulate else 0)
         results: dict[str, dict] = {v.name: {} for v in variants}
         zero: dict[str, dict] = {}
         if args.emulate:
@@ -501,15 +634,16 @@ def main() -> None:
             # no compute at all measures the runtime's own cost of that schedule (dispatch,
             # transfers, the step's set-up and loss broadcast, the barriers that time it), which
             # the simulator models only in part; the difference is added to the prediction.
-            for variant in variants:
+            for variant in runnable:
                 if variant.runtime == "graphpipe":
                     bar.set_postfix_str(f"{name} x{world} {variant.name} (zero-compute calibration)")
                     zero[variant.name] = {}
                     # (zero-compute steps take milliseconds: at least 10 for a steady median)
                     run_variant(spec, world, variant, launch, [max(10, rounds[0])], args.warmup, 0.0, 0,
                                 zero[variant.name])
+                    bar.update(1)
         for round_index in range(len(rounds)):  # A B C D, A B C D, ...: drifts hit every variant alike
-            for variant in variants:
+            for variant in runnable:
                 bar.set_postfix_str(f"{name} x{world} {variant.name} (round {round_index + 1})")
                 run_variant(spec, world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
                             round_index, results[variant.name])
@@ -518,19 +652,27 @@ def main() -> None:
         for variant in variants:
             r = results[variant.name]
             row = {"model": name, "spec": spec, "world": world, "variant": variant.name, "mode": mode,
-                   "device": args.device, "batch": batch, "micro_batches": variant.micro_batches, **r}
+                   "emulated": bool(args.emulate), "device": args.device, "batch": batch,
+                   "micro_batches": variant.micro_batches, "depth": variant.depth or None, **r}
+            if variant.unavailable:
+                row["unavailable"] = variant.unavailable
+            if variant.runtime == "ddp" and args.emulate:
+                e = variant.ddp_emulation
+                row["ddp_emulation"] = ({"segments": len(e.segments), "forward_seconds": e.forward_seconds,
+                                         "backward_seconds": e.backward_seconds,
+                                         "optimizer_seconds": e.optimizer_seconds}
+                                        if hasattr(e, "segments") else {"error": str(e)})
             if "median_seconds" in r:
                 row["samples_per_second"] = batch / r["median_seconds"]
                 row["spread"] = [batch / max(r["iteration_seconds"]), batch / min(r["iteration_seconds"])]
                 # Emulated stages compute nothing: their losses are meaningless, so not checked.
                 row["loss_matches_reference"] = None if args.emulate else (
                     abs(r["first_loss"] - reference) <= 1e-4 * max(1.0, abs(reference)))
-                for other in ("graphpipe/sequential", "torch/1f1b", "torch/gpipe"):
+                for other in BASELINES:
                     if base.get(other):
                         row[f"speedup_vs_{other}"] = base[other] / r["median_seconds"]
-            if variant.runtime == "graphpipe":
-                key = "graphpipe" if variant.name == "graphpipe/graph" else "sequential"
-                row["plan"] = dict(plans[key])
+            if variant.runtime == "graphpipe" and not variant.unavailable:
+                row["plan"] = dict(plans[variant.plan_key])
                 # The plan itself (stage times included), so the simulator's figures can be
                 # recomputed from the report alone, e.g. with another machine model.
                 row["plan"]["json"] = json.loads(variant.plan_json) if variant.plan_json else None
@@ -564,20 +706,40 @@ def main() -> None:
 
 
 def print_table(rows: list[dict], mode: str) -> None:
+    """The markdown table (one row per model, world size and variant, with its mode and plan
+    depth), then the notes: what emulation replaced, parity checks, the simulator's errors."""
     print(f"\n### graph vs sequential pipelines ({mode}; samples/s, median of measured iterations; "
           "peak memory: resident on CPU, allocated on GPU)\n")
-    print("| model | ranks | variant | M | samples/s (min-max) | vs graphpipe/sequential | vs torch/1f1b | vs torch/gpipe | loss ok | peak memory/rank MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    vs = " | ".join(f"vs {b}" for b in BASELINES)
+    print(f"| model | ranks | variant | mode | depth | M | samples/s (min-max) | {vs} | loss ok | peak memory/rank MiB |")
+    print("|" + "---|" * (9 + len(BASELINES)))
+    blank = " |" * (len(BASELINES) + 2)
     for r in rows:
-        if "error" in r:
-            print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['micro_batches']} | failed: {r['error'][:80]} | | | | | |")
+        row_mode = "emulated" if r.get("emulated") else "measured"
+        depth = "-" if not r.get("depth") else (f"{r['depth']} (dp)" if r["variant"] == "torch/ddp" else r["depth"])
+        head = f"| {r['model']} | {r['world']} | {r['variant']} | {row_mode} | {depth} | {r['micro_batches']} |"
+        if "unavailable" in r:
+            print(f"{head} {r['unavailable']} |{blank}")
             continue
-        ratio = lambda k: f"{r[k]:.2f}x" if k in r else "-"  # noqa: E731
+        if "error" in r:
+            print(f"{head} failed: {r['error'][:80]} |{blank}")
+            continue
+        ratios = " | ".join(f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "-" for b in BASELINES)
         memory = max(r["peak_memory_bytes"]) / 2**20
-        print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['micro_batches']} | "
-              f"{r['samples_per_second']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) | "
-              f"{ratio('speedup_vs_graphpipe/sequential')} | {ratio('speedup_vs_torch/1f1b')} | "
-              f"{ratio('speedup_vs_torch/gpipe')} | { {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
+        print(f"{head} {r['samples_per_second']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) | {ratios} | "
+              f"{ {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
+    if any(r.get("emulated") for r in rows):
+        slower = mode.partition(", ")[2]
+        print("- emulated rows: each pipeline stage's forward and backward (torch/ddp: each rank's whole model "
+              "on its 1/ranks of the batch, per parameter segment) and each optimizer step are waits of the "
+              "cost model's profiled times" + (f" ({slower})" if slower else "") + "; every transfer, "
+              "all-reduce and schedule is real; losses are not checked")
+    depths = {(r["model"], r["world"], r["variant"]): r.get("depth") for r in rows}
+    for (model, world, variant), depth in depths.items():
+        seq = depths.get((model, world, "graphpipe/sequential"))
+        if variant == "graphpipe/graph" and depth and seq and depth < seq:
+            print(f"- {model} x{world}: the graph plan is shallower than the sequential one (depth {depth} "
+                  f"against {seq})")
     # Where both planners made pipelines of the same depth and micro-batching that the simulator
     # times within 2% of each other, graphpipe/graph vs graphpipe/sequential is a parity check.
     plans = {(r["model"], r["world"], r["variant"]): r["plan"] for r in rows if "plan" in r}
@@ -620,7 +782,7 @@ def write_png(rows: list[dict], path: Path, mode: str) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["model"], r["world"]) for r in rows})
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows if "unavailable" not in r))  # no bar for no number
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     width = 0.8 / max(1, len(variants))
     for i, v in enumerate(variants):

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 from torch.fx.passes.split_module import split_module
+from torch.utils import _pytree as pytree
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -273,6 +274,36 @@ def _detached(value: Any) -> Any:
     return value
 
 
+class GradsAsExample(nn.Module):
+    """Wraps a stage so that its outputs require grad exactly where its example outputs do.
+
+    In static mode (``PipelineStage(..., input_args=, output_args=)``) torch takes the examples'
+    ``requires_grad`` flags as the truth: the next stage treats an input whose example needs no
+    gradient as a constant and sends back ``None`` for it. If this stage then produces that
+    output *with* a gradient history, its backward passes the ``None`` to
+    ``torch.autograd.backward`` for a non-scalar tensor and fails ("Failed to run stage
+    backward"). An emulated stage (:class:`graphpipe.runtime.emulate.EmulatedStage`) does just
+    that: every float output of its waiting autograd function requires grad, including the
+    ones that the real stage passes through without a history (model inputs relayed down the
+    chain, integer indices carried as float64). Detaching those outputs makes the stage keep the
+    promise of its examples; on a real stage it changes nothing (the examples come from it).
+    """
+
+    def __init__(self, inner: nn.Module, example_output: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        leaves, _ = pytree.tree_flatten(example_output)
+        self._needs_grad = [bool(leaf.requires_grad) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+
+    def forward(self, *args: Any) -> Any:  # noqa: D102
+        leaves, spec = pytree.tree_flatten(self.inner(*args))
+        if len(leaves) != len(self._needs_grad):
+            raise RuntimeError(f"stage returned {len(leaves)} values, its example {len(self._needs_grad)}")
+        leaves = [leaf.detach() if isinstance(leaf, torch.Tensor) and need is False and leaf.requires_grad else leaf
+                  for leaf, need in zip(leaves, self._needs_grad)]
+        return pytree.tree_unflatten(leaves, spec)
+
+
 def make_stepper(
     stage_module: nn.Module,
     rank: int,
@@ -300,6 +331,8 @@ def make_stepper(
                 return tuple(_move(v) for v in value)
             return value.to(device) if isinstance(value, torch.Tensor) else value
 
+        # The stage's outputs need grad where the example's do (an emulated stage's would all).
+        stage_module = GradsAsExample(stage_module, example[1])
         stage = PipelineStage(stage_module, rank, world, device, input_args=_move(example[0]),
                               output_args=_move(example[1]), group=group)
     else:
@@ -375,7 +408,7 @@ def balanced_chain_labels(graph: Any, num_stages: int) -> dict[str, int]:
 
 
 def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: str,
-                  micro_batches: int, steps: int, out_path: str) -> None:
+                  micro_batches: int, steps: int, out_path: str, emulate: float | None = None) -> None:
     import json
 
     from graphpipe.models import default_loss
@@ -391,7 +424,12 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
                                        traced.placeholder_values)
         stages = chain_stage_modules(traced.module, labels, world)
         example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
-        losses, _ = train_rank(stages[rank], rank, world, batches, default_loss(spec), micro_batches, schedule,
+        stage: nn.Module = stages[rank]
+        if emulate is not None:  # as compare.py --emulate does: waits and zeros instead of compute
+            from graphpipe.runtime.emulate import EmulatedStage
+
+            stage = EmulatedStage(stage, emulate, 2 * emulate)
+        losses, _ = train_rank(stage, rank, world, batches, default_loss(spec), micro_batches, schedule,
                                example=example)
         if rank == world - 1:
             with open(out_path, "w") as f:
@@ -401,7 +439,11 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
 
 
 def main() -> None:
-    """Self-check: N ranks of torch.distributed.pipelining vs single-process training (losses)."""
+    """Self-check: N ranks of torch.distributed.pipelining vs single-process training (losses).
+
+    With ``--emulate SECONDS`` every stage is a graphpipe ``EmulatedStage`` (forward waits
+    SECONDS, backward twice that, zero tensors out), as in ``compare.py --emulate``: the losses
+    are then meaningless, the check is that every step runs."""
     import argparse
     import json
     import os
@@ -418,6 +460,8 @@ def main() -> None:
     parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "fill_drain"])
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--emulate", type=float, default=None, metavar="SECONDS",
+                        help="emulated stages: forward waits SECONDS, backward 2x (losses meaningless)")
     args = parser.parse_args()
 
     model, _, batches = seeded_batches(args.model, args.steps)
@@ -425,7 +469,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "losses.json")
         mp.spawn(_check_worker, nprocs=args.world, join=True,
-                 args=(args.world, store, args.model, args.schedule, args.micro_batches, args.steps, out))
+                 args=(args.world, store, args.model, args.schedule, args.micro_batches, args.steps, out,
+                       args.emulate))
         with open(out) as f:
             pipelined = json.load(f)
     print(json.dumps({"reference": reference, "pipelined": pipelined}))
