@@ -6,6 +6,8 @@ dtype (float32) and number of ranks:
   graphpipe/graph        graphpipe's runtime on the ``graphpipe`` partitioner's plan (a DAG)
   graphpipe/sequential   graphpipe's runtime on the ``sequential`` plan (a chain, skip tensors
                          relayed through the stages in between)
+  graphpipe/graph zb     the graph plan under the zero-bubble schedule ``zb_graph`` (every
+                         backward split into its input- and weight-gradient halves)
   torch/1f1b, torch/gpipe
                          PyTorch's torch.distributed.pipelining (Schedule1F1B, ScheduleGPipe),
                          the model cut at the sequential plan's cut points, at the sequential
@@ -40,7 +42,8 @@ step (the emulated zero gradients would make the real one free, where the simula
 ``--device cuda`` runs every rank on its own GPU with NCCL (profiling on the GPU too, planning
 with the ``--gpu-kind`` preset and the measured links).
 
-    python benchmarks/compare.py        # defaults: MMT and DLRM, 4 emulated ranks 4x slower than a core
+    python benchmarks/compare.py        # defaults: MMT, 4 emulated ranks 4x slower than a core
+    python benchmarks/compare.py --models mmt dlrm candle_uno
     python benchmarks/compare.py --no-emulate             # measured: 4 models, 2 CPU ranks
     python benchmarks/compare.py --no-emulate --models candle_uno --world 2 3 --steps 10
     python benchmarks/compare.py --emulate --world 4 8
@@ -92,7 +95,7 @@ BASELINES = ("graphpipe/sequential", "torch/1f1b", "torch/gpipe", "torch/ddp")
 #: whose large embedding gradients make data parallelism pay for its all-reduce (both plans 4
 #: deep at this size in the latest runs of docs/results.md), in under 6 minutes on a 2-core
 #: machine. --no-emulate runs the measured 2-rank comparison of all of BENCH_SPECS instead.
-DEFAULT_EMULATED_MODELS = ("mmt", "dlrm")
+DEFAULT_EMULATED_MODELS = ("mmt",)
 DEFAULT_EMULATED_WORLD = 4
 DEFAULT_MEASURED_WORLD = 2
 DEFAULT_SLOWDOWN = 4.0
@@ -342,6 +345,8 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
     variants = [
         Variant("graphpipe/graph", "graphpipe", plans["graphpipe"].to_json(graph), "1f1b",
                 plans["graphpipe"].num_micro_batches, plan_key="graphpipe", depth=plans["graphpipe"].depth),
+        Variant("graphpipe/graph zb", "graphpipe", plans["graphpipe"].to_json(graph), "zb_graph",
+                plans["graphpipe"].num_micro_batches, plan_key="graphpipe zb", depth=plans["graphpipe"].depth),
         Variant("graphpipe/sequential", "graphpipe", seq.to_json(graph), "1f1b", seq.num_micro_batches,
                 plan_key="sequential", depth=seq.depth),
         Variant("torch/1f1b", "torch", seq.to_json(graph), "1f1b", seq.num_micro_batches, labels, seq.num_stages,
@@ -369,12 +374,15 @@ def make_variants(spec: str, world: int, memory_limit: str | None, profile_batch
                    "predicted_iteration_seconds": p.predicted_iteration_seconds}
             for name, p in plans.items()}
     overhead = calibration["task_overhead_seconds"]
-    for name, p in plans.items():
-        result = graphpipe.simulate(p, devices, task_overhead_seconds=overhead)
+    info["graphpipe zb"] = dict(info["graphpipe"])
+    kinds = {name: "1f1b" for name in plans} | {"graphpipe zb": "zb_graph"}
+    for name, kind in kinds.items():
+        p = plans[name.split(" ")[0]]
+        result = graphpipe.simulate(p, devices, kind, task_overhead_seconds=overhead)
         info[name]["simulated_iteration_seconds"] = result.iteration_seconds
         info[name]["optimizer_seconds"] = optimizer_seconds(result, p.num_stages)
         info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
-            zero_compute(p, graph), devices, task_overhead_seconds=overhead).iteration_seconds
+            zero_compute(p, graph), devices, kind, task_overhead_seconds=overhead).iteration_seconds
     for v in variants:
         if v.runtime in ("graphpipe", "torch") and not v.unavailable:
             v.optimizer_seconds = info[v.plan_key or "sequential"]["optimizer_seconds"]

@@ -164,6 +164,9 @@ void bind_schedule(py::module_& m) {
       },
       py::arg("plan"), py::arg("kind") = "1f1b",
       "Most micro-batches each stage may hold under the schedule kind.");
+  m.def("backward_split", &schedule::backward_split, py::arg("stage"),
+        "(input-gradient seconds, weight-gradient seconds) of a plan Stage's backward, as the "
+        "zero-bubble schedule and the simulator split it (schedule/generate.h).");
   m.def(
       "shard_rows",
       [](std::int64_t rows, int replicas, int index) {

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from graphpipe._ext import _C
+
 __all__ = ["EmulatedStage", "emulate_stage", "wait"]
 
 #: How long before the deadline the coarse sleep ends; the rest is spun. Covers the usual
@@ -62,12 +64,13 @@ def wait(seconds: float) -> None:
         pass
 
 
-class _Wait(torch.autograd.Function):
-    """Outputs zeros shaped like the real outputs; its backward waits, then returns zeros."""
+class _WaitInputs(torch.autograd.Function):
+    """Outputs zeros shaped like the real outputs; its backward (the input-gradient half) waits,
+    then returns zeros for the inputs."""
 
     @staticmethod
-    def forward(ctx: Any, backward_seconds: float, specs: list, *inputs: torch.Tensor) -> Any:  # noqa: D102
-        ctx.backward_seconds = backward_seconds
+    def forward(ctx: Any, seconds: float, specs: list, *inputs: torch.Tensor) -> Any:  # noqa: D102
+        ctx.seconds = seconds
         ctx.input_specs = [(t.shape, t.dtype) for t in inputs]
         outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
         for t in outs:
@@ -77,20 +80,41 @@ class _Wait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # noqa: D102
-        wait(ctx.backward_seconds)
+        wait(ctx.seconds)
         return (None, None, *[torch.zeros(s, dtype=d) if d.is_floating_point else None
                              for s, d in ctx.input_specs])
 
 
+class _WaitWeights(torch.autograd.Function):
+    """A zero that depends on the stage's one parameter; its backward (the weight-gradient
+    half) waits. Added to every floating output, so a whole backward runs both halves, a
+    gradient for the inputs only the first, one for the parameters only the second."""
+
+    @staticmethod
+    def forward(ctx: Any, seconds: float, anchor: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        ctx.seconds = seconds
+        return torch.zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # noqa: D102
+        wait(ctx.seconds)
+        return None, torch.zeros(())
+
+
 class EmulatedStage(nn.Module):
     """Wraps a stage module: the first call runs it for real (to learn its outputs' shapes),
-    later calls wait ``forward_seconds`` and return zeros of those shapes."""
+    later calls wait ``forward_seconds`` and return zeros of those shapes. Its backward waits
+    ``backward_seconds``: the input-gradient half (``input_seconds``) in one autograd node, the
+    rest in another that only the parameter (``anchor``) depends on, so that a split backward
+    (zero-bubble schedules: I, then W) waits each half where the runtime runs it."""
 
-    def __init__(self, real: nn.Module, forward_seconds: float, backward_seconds: float) -> None:
+    def __init__(self, real: nn.Module, forward_seconds: float, backward_seconds: float,
+                 input_seconds: float | None = None) -> None:
         super().__init__()
         self.real = real
         self.forward_seconds = float(forward_seconds)
         self.backward_seconds = float(backward_seconds)
+        self.input_seconds = float(backward_seconds / 2 if input_seconds is None else input_seconds)
         # Keeps the backward alive even when no input needs a gradient (a source stage).
         self.anchor = nn.Parameter(torch.zeros(()))
         self._spec: Any = None
@@ -105,8 +129,15 @@ class EmulatedStage(nn.Module):
         wait(self.forward_seconds)
         tensor_specs = [leaf for leaf in self._leaves if isinstance(leaf, tuple)]
         floats = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        outs = iter(_Wait.apply(self.backward_seconds, tensor_specs, self.anchor, *floats))
-        leaves = [next(outs) if isinstance(leaf, tuple) else leaf for leaf in self._leaves]
+        # A stage with no input that needs a gradient (a source) has no input half to wait for:
+        # its whole backward is the parameters' (as in the runtime's split, where I is empty).
+        has_inputs = any(a.requires_grad for a in floats)
+        input_part = self.input_seconds if has_inputs else 0.0
+        weight = _WaitWeights.apply(self.backward_seconds - input_part, self.anchor)
+        outs = [t + weight if t.is_floating_point() else t
+                for t in _WaitInputs.apply(input_part, tensor_specs, *floats)]
+        it = iter(outs)
+        leaves = [next(it) if isinstance(leaf, tuple) else leaf for leaf in self._leaves]
         return pytree.tree_unflatten(leaves, self._spec)
 
 
@@ -124,5 +155,10 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     figures = pipe.plan.stages[stage.index]
     fwd = figures.forward_seconds if forward_seconds is None else forward_seconds
     bwd = figures.backward_seconds if backward_seconds is None else backward_seconds
-    stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale)
+    # The input-gradient share of the backward, as the schedules and the simulator split it.
+    share = _C.backward_split(figures)[0] / figures.backward_seconds if figures.backward_seconds > 0 else 0.5
+    stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale, bwd * scale * share)
     pipe.module = stage.module
+    if pipe.executor is not None:
+        # A split backward's W computes the gradient of the emulated stage's parameter.
+        pipe.executor.set_parameters([stage.module.anchor])
