@@ -9,6 +9,14 @@ compare.py does), then ``graphpipe.simulate`` predicts the iteration. The ranks 
 recorded instructions when each replicated stage's all-reduce started and ended against its last
 backward. Prints a table and writes results/replica_bench.json.
 
+Four ranks on this 2-core machine share two cores, so real compute runs about twice as slowly as
+the single-process profile says. By default the compute is therefore emulated, as in compare.py:
+each stage's forward and backward wait the profiled time of a device ``--slowdown`` times slower
+than a core (graphpipe.runtime.emulate); transfers and the all-reduce stay real (of the real
+gradient sizes). The runtime's own cost (dispatch, transfers) is measured by a second run with
+zero-length compute and added to the prediction, as compare.py's "zero-compute calibration"
+does; both figures are printed. ``--no-emulate`` measures real compute.
+
     python benchmarks/replica_bench.py [--models dlrm candle_uno] [--steps 8] [--bucket-kib 256]
 """
 
@@ -37,21 +45,27 @@ WORLD = 4
 PLACEMENT = {0: [0, 1], 1: [2, 3]}
 
 
-def make_plan(spec: str, micro_batches: int, calibration: dict[str, float]) -> tuple[Any, Any, Any]:
-    """The 2 x 2 plan of the profiled model, the calibrated devices, and the plan's JSON text."""
+def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], slowdown: float) -> tuple[Any, Any, Any, Any]:
+    """The 2 x 2 plan of the profiled model, the calibrated devices, the plan's JSON text, and the
+    same plan with zero compute (what the simulator predicts of the runtime alone)."""
+    from compare import zero_compute
+
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=(4, 8, 16, 32, 64), repeats=3, warmup=1)
     devices = graphpipe.devices(WORLD, "cpu", measure=True)
     latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
     devices.set_node_links(WORLD, bandwidth, latency, bandwidth, latency)
+    devices.relative_speed = devices.relative_speed / slowdown
+    devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     cut = graphpipe.plan(graph, 2, "sequential", micro_batches=micro_batches)
     assignment = {graph.node(n).name: stage.id for stage in cut.stages for n in stage.nodes}
-    plan = manual_plan(graph, assignment, micro_batches, stage_devices=PLACEMENT)
-    return plan, devices, plan.to_json(graph)
+    plan = manual_plan(graph, assignment, micro_batches, stage_devices=PLACEMENT, devices=devices)
+    return plan, devices, plan.to_json(graph), zero_compute(plan, graph)
 
 
-def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_bytes: float) -> dict[str, Any]:
+def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_bytes: float,
+          emulate: float | None) -> dict[str, Any]:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -63,6 +77,10 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_b
     targets = model.example_targets(_batch_size(example), generator=g)
     with graphpipe.wrap(model, example, default_loss(name), plan=plan_json, timeout=120,
                         bucket_bytes=bucket_bytes) as pipe:
+        if emulate is not None:
+            from graphpipe.runtime.emulate import emulate_stage
+
+            emulate_stage(pipe, scale=emulate)  # the plan's (slowed) times, or 0
         opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)
         seconds, traces = [], []
         for k in range(steps + 1):  # the first step warms up
@@ -100,6 +118,8 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--bucket-kib", type=float, default=256.0)
+    parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--slowdown", type=float, default=4.0, help="emulated device, this many times slower than a core")
     parser.add_argument("--out", default="results/replica_bench.json")
     args = parser.parse_args()
     from calibrate import dispatch_overhead, link
@@ -114,15 +134,22 @@ def main() -> None:
     rows = []
     for name in args.models:
         spec = BENCH_SPECS.get(name, name)
-        plan, devices, plan_json = make_plan(spec, args.micro_batches, calibration)
+        slowdown = args.slowdown if args.emulate else 1.0
+        plan, devices, plan_json, idle = make_plan(spec, args.micro_batches, calibration, slowdown)
         sim = graphpipe.simulate(plan, devices, task_overhead_seconds=overhead, bucket_bytes=bucket_bytes)
-        results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, timeout=600)
-        bad = [r for r in results if not r.ok]
-        if bad:
-            raise SystemExit(f"{name}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
-        # A step ends when its slowest rank does: per step, the longest rank's wall time.
-        per_step = [max(r.value["seconds"][k] for r in results) for k in range(args.steps)]
-        measured = statistics.median(per_step)
+        sim_zero = graphpipe.simulate(idle, devices, task_overhead_seconds=overhead, bucket_bytes=bucket_bytes)
+
+        def measure(scale: float | None) -> tuple[float, list[Any], list[float]]:
+            results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, scale, timeout=600)
+            bad = [r for r in results if not r.ok]
+            if bad:
+                raise SystemExit(f"{name}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
+            # A step ends when its slowest rank does: per step, the longest rank's wall time.
+            steps = [max(r.value["seconds"][k] for r in results) for k in range(args.steps)]
+            return statistics.median(steps), results, steps
+
+        measured, results, per_step = measure(1.0 if args.emulate else None)
+        zero_measured = measure(0.0)[0] if args.emulate else None
         inside = [f for r in results for trace in r.value["traces"] if (f := overlap_figures(trace))]
         sim_sums = [t for t in sim.tasks if t.kind == "all_reduce"]
         sim_inside = all(any(b.kind == "backward" and b.stage == s.stage and b.micro_batch == args.micro_batches - 1
@@ -131,7 +158,11 @@ def main() -> None:
             "model": name, "spec": spec, "placement": PLACEMENT, "micro_batches": plan.num_micro_batches,
             "micro_batch_size": plan.micro_batch_size, "buckets": [r.value["buckets"] for r in results],
             "measured_median_seconds": measured, "measured_steps": per_step,
+            "mode": f"emulated, {slowdown:g}x slower than a core" if args.emulate else "measured",
             "simulated_seconds": sim.iteration_seconds, "simulator_error": sim.iteration_seconds / measured - 1.0,
+            "zero_compute_measured_seconds": zero_measured, "zero_compute_simulated_seconds": sim_zero.iteration_seconds,
+            "calibrated_seconds": (sim.iteration_seconds + zero_measured - sim_zero.iteration_seconds)
+            if zero_measured is not None else None,
             "measured_all_reduce_inside_last_backward": sum(f["started_inside"] for f in inside) / max(len(inside), 1),
             "simulated_all_reduce_inside_last_backward": sim_inside,
             "simulated_all_reduce_seconds": [s.end - s.start for s in sim_sums],
@@ -139,11 +170,14 @@ def main() -> None:
             if inside else None,
         }
         rows.append(row)
-    print(f"{'model':<11} {'M x b':>7} {'measured':>10} {'simulated':>10} {'error':>7}  all-reduce inside last backward"
-          " (measured share of rank-steps; simulated)")
+    print(f"{'model':<11} {'mode':<28} {'M x b':>7} {'measured':>10} {'simulated':>10} {'error':>7} "
+          f"{'+zero-compute':>13} {'error':>7}  all-reduce inside last backward (measured share of rank-steps; simulated)")
     for r in rows:
-        print(f"{r['model']:<11} {r['micro_batches']:>3} x {r['micro_batch_size']:<3} {1e3 * r['measured_median_seconds']:8.1f}ms "
-              f"{1e3 * r['simulated_seconds']:8.1f}ms {100 * r['simulator_error']:+6.1f}%  "
+        cal = r["calibrated_seconds"]
+        cal_text = f"{1e3 * cal:11.1f}ms {100 * (cal / r['measured_median_seconds'] - 1):+6.1f}%" if cal else f"{'-':>13} {'-':>7}"
+        print(f"{r['model']:<11} {r['mode']:<28} {r['micro_batches']:>3} x {r['micro_batch_size']:<3} "
+              f"{1e3 * r['measured_median_seconds']:8.1f}ms {1e3 * r['simulated_seconds']:8.1f}ms "
+              f"{100 * r['simulator_error']:+6.1f}% {cal_text}  "
               f"{100 * r['measured_all_reduce_inside_last_backward']:.0f}%; {r['simulated_all_reduce_inside_last_backward']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

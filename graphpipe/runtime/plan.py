@@ -77,6 +77,7 @@ def manual_plan(
     num_micro_batches: int,
     batch_size: int | None = None,
     stage_devices: Mapping[int, Sequence[int]] | Sequence[Sequence[int]] | None = None,
+    devices: Any = None,
 ) -> Any:
     """A Plan from ``{operator name or module prefix: stage}``, made by the C++ manual
     partitioner (partition/manual.h: the longest matching rule wins). An operator that no rule
@@ -84,7 +85,7 @@ def manual_plan(
     inputs. Stage s runs on rank s, unless ``stage_devices`` (``{stage: [ranks]}``, or one list
     per stage) gives its ranks: several ranks make the stage data parallel, each replica taking
     its rows of every micro-batch. Stages are renumbered in a topological order of the stage
-    graph."""
+    graph. ``devices`` (a ``Devices`` description) prices the stages; default: CPU devices."""
     rules = {str(name): int(stage) for name, stage in assignment.items()}
     if "" not in rules:
         # An operator that no rule covers (torch.cat in the model's own forward, say) gets a rule
@@ -102,12 +103,14 @@ def manual_plan(
                     rules[node.name] = stage_of[v]
     num_stages = max(rules.values(), default=0) + 1
     if stage_devices is None:
-        return make_plan(graph, num_stages, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
-                         manual=rules)
+        return make_plan(graph, num_stages if devices is None else devices, "manual", batch_size=batch_size,
+                         micro_batches=int(num_micro_batches), manual=rules)
     placed = dict(stage_devices) if isinstance(stage_devices, Mapping) else dict(enumerate(stage_devices))
-    devices = max((int(d) for ranks in placed.values() for d in ranks), default=num_stages - 1) + 1
-    return make_plan(graph, max(devices, num_stages), "manual", batch_size=batch_size,
-                     micro_batches=int(num_micro_batches), manual=rules, stage_devices=placed)
+    if devices is None:
+        devices = max(max((int(d) for ranks in placed.values() for d in ranks), default=num_stages - 1) + 1,
+                      num_stages)
+    return make_plan(graph, devices, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
+                     manual=rules, stage_devices=placed)
 
 
 def _covered(module: str, rules: Mapping[str, int]) -> bool:
