@@ -5,12 +5,14 @@ micro-batch, edges between stages of different replica counts are re-sharded row
 replicas' gradients are summed in buckets during the last backward. The gold test: the four
 example models (multi-modal Transformer, DLRM, CANDLE-Uno, the sequential Transformer), cut by a
 partitioner into two stages and placed as 2 x 2 replicas and 1 + 3 at 4 ranks and as a
-replicated stage feeding a single one at 3 ranks, with both schedules. The losses of 3 SGD steps
+replicated stage feeding a single one at 3 ranks, with the 1F1B, fill-drain and zero-bubble
+schedules. The losses of 3 SGD steps
 and the parameters afterwards (on every replica) equal plain single-process training. Two
 micro-batches of 4 rows each, so 3 replicas get uneven shards (2, 1, 1 rows).
 
 By default a rotation runs (each model at each placement, partitioner and schedule rotating: 12
-cases); GRAPHPIPE_FULL_MATRIX=1 runs every schedule for every case (24). Also here: a replica
+cases); GRAPHPIPE_FULL_MATRIX=1 runs every schedule for every case (36). The planner's own
+replicas (``wrap(..., replicate=True)``) are checked the same way at 4 ranks. Also here: a replica
 killed in the middle of a step makes every other rank raise a named error within twice the
 timeout, and a measured trace shows the gradient sum starting before the last backward ends.
 """
@@ -34,7 +36,7 @@ MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 #: stage -> its ranks: 2 stages x 2 replicas, 1 + 3, and a replicated stage feeding a single one
 PLACEMENTS = {"2x2": [[0, 1], [2, 3]], "1+3": [[0], [1, 2, 3]], "2+1": [[0, 1], [2]]}
 PARTITIONERS = ["graphpipe", "metis", "sequential"]
-SCHEDULES = ["1f1b", "fill_drain"]
+SCHEDULES = ["1f1b", "fill_drain", "zb_graph"]
 MICRO_BATCHES = 2
 
 
@@ -47,7 +49,7 @@ def _cases() -> list[tuple[str, str, str, str]]:
             partitioner = PARTITIONERS[(i + j) % 3]
             if model == "candle_uno" and partitioner == "graphpipe":
                 partitioner = "metis"
-            schedules = SCHEDULES if full else [SCHEDULES[(i + j) % 2]]
+            schedules = SCHEDULES if full else [SCHEDULES[(i + j) % 3]]
             cases.extend((model, placement, partitioner, s) for s in schedules)
     return cases
 
@@ -125,6 +127,45 @@ def test_replicated_plan_matches_single_process(name: str, placement: str, parti
             torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k, r=r: f"rank {r.rank} {k}: {m}")
             seen.add(k)
     assert seen == set(ref["params"]), "the ranks together must hold every parameter"
+
+
+# ---- replicas chosen by the planner --------------------------------------------------------------
+def _planned_worker(rank: int, world: int, name: str, partitioner: str) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model(name)
+    # Links so fast that summing gradients is free: the planner then replicates where the
+    # compute pays for it (on the CPU preset these tiny models are cheaper in a pipeline).
+    devices = graphpipe.devices(world, "cpu")
+    devices.set_node_links(world, 1e15, 0.0, 1e15, 0.0)
+    with graphpipe.wrap(model, example, default_loss(name), partitioner=partitioner, replicate=True,
+                        devices=devices, timeout=60) as pipe:
+        params = list(pipe.parameters())
+        opt = torch.optim.SGD(params, lr=LR) if params else None
+        losses = []
+        for inputs, targets in batches:
+            if opt:
+                opt.zero_grad()
+            losses.append(pipe.step(inputs, targets))
+            if opt:
+                opt.step()
+        return {"losses": torch.stack(losses), "devices": [list(s.devices) for s in pipe.plan.stages],
+                "params": {k: v.detach().clone() for k, v in pipe.named_parameters()}}
+
+
+@pytest.mark.parametrize("name,partitioner", [("dlrm", "graphpipe"), ("mmt", "sequential")])
+def test_planner_chosen_replicas_match_single_process(name: str, partitioner: str) -> None:
+    results = run_ranks(_planned_worker, 4, name, partitioner, timeout=240)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    assert any(len(d) > 1 for d in results[0].value["devices"]), results[0].value["devices"]
+    ref = reference(name)
+    for r in results:
+        torch.testing.assert_close(r.value["losses"], ref["losses"])
+        for k, v in r.value["params"].items():
+            torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k, r=r: f"rank {r.rank} {k}: {m}")
+    print(f"\n{name} {partitioner} replicate=True on 4 ranks: stages on {results[0].value['devices']}")
 
 
 # ---- a replica that dies -----------------------------------------------------------------------
