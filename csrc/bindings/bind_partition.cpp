@@ -34,6 +34,7 @@ void bind_partition(py::module_& m) {
       .def_readwrite("in_flight", &Stage::in_flight)
       .def_readwrite("memory_bytes", &Stage::memory_bytes)
       .def_readwrite("all_reduce_seconds", &Stage::all_reduce_seconds)
+      .def_readwrite("recompute", &Stage::recompute)
       .def("__repr__", [](const Stage& s) {
         return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators>";
       });

@@ -183,6 +183,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     int a = ev.stage_of[edge.src], b = ev.stage_of[edge.dst];
     if (a == b) continue;
     ev.stages[b].activation_bytes += p.edge_bytes[e] * fraction[b];
+    ev.stages[b].input_bytes += p.edge_bytes[e] * fraction[b];
     if (p.chain) {
       // A chain relays a skip tensor through every stage in between: each receives and sends it
       // on, and holds it for the micro-batch. The stage graph is the chain itself.
@@ -191,6 +192,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
       for (int k = a + 1; k < b; ++k) {
         ev.stages[k].transfer += share_seconds(e, k - 1, k) + share_seconds(e, k, k + 1);
         ev.stages[k].activation_bytes += p.edge_bytes[e] * fraction[k];
+        ev.stages[k].input_bytes += p.edge_bytes[e] * fraction[k];
       }
       for (int k = a; k < b; ++k) {
         ev.stage_edges.push_back({k, k + 1});
@@ -252,22 +254,35 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     for (; it != order_edges.end() && it->first == s; ++it) longest[s] = std::max(longest[s], longest[it->second] + 1);
   }
   ev.depth = k ? *std::max_element(longest.begin(), longest.end()) : 0;
+  std::vector<int> in_flight = p.in_flight(k, order_edges, p.num_micro_batches);
+  if (static_cast<int>(in_flight.size()) != k) {
+    throw PlanningError("the in-flight rule returned " + std::to_string(in_flight.size()) +
+                        " figures for " + std::to_string(k) + " stages");
+  }
+  for (int s = 0; s < k; ++s) {
+    StageFigures& f = ev.stages[s];
+    f.in_flight = in_flight[s];
+    f.memory = cost::CostModel::stage_memory(f.static_bytes, f.activation_bytes, f.in_flight);
+    // Recomputation where the activations do not fit: keep each micro-batch's inputs, hold one
+    // micro-batch's activations while its forward runs again in the backward.
+    if (p.memory_limit > 0.0 && f.memory > p.memory_limit) {
+      const double kept = f.static_bytes + f.input_bytes * f.in_flight + f.activation_bytes;
+      if (kept < f.memory) {
+        f.recompute = true;
+        f.memory = kept;
+        f.backward += f.forward;
+      }
+    }
+  }
   // Backward work upstream of each stage (stages are numbered topologically, edges by src).
   std::vector<double> upstream(k, 0.0);
   for (const auto& [a, b] : order_edges) upstream[b] = std::max(upstream[b], upstream[a] + ev.stages[a].backward);
   for (int s = 0; s < k; ++s) {
     ev.optimizer_tail = std::max(ev.optimizer_tail, ev.stages[s].all_reduce + ev.stages[s].optimizer - upstream[s]);
   }
-  std::vector<int> in_flight = p.in_flight(k, order_edges, p.num_micro_batches);
-  if (static_cast<int>(in_flight.size()) != k) {
-    throw PlanningError("the in-flight rule returned " + std::to_string(in_flight.size()) +
-                        " figures for " + std::to_string(k) + " stages");
-  }
   ev.max_overflow = -std::numeric_limits<double>::infinity();
   for (int s = 0; s < k; ++s) {
-    StageFigures& f = ev.stages[s];
-    f.in_flight = in_flight[s];
-    f.memory = cost::CostModel::stage_memory(f.static_bytes, f.activation_bytes, f.in_flight);
+    const StageFigures& f = ev.stages[s];
     ev.bottleneck = std::max(ev.bottleneck, f.time());
     double overflow = f.memory - p.memory_limit;
     if (overflow > ev.max_overflow) {

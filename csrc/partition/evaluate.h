@@ -36,6 +36,12 @@ struct StageFigures {
   int replicas = 1;               // devices of the stage
   std::vector<int> devices;       // its ranks, ascending
   double all_reduce = 0.0;        // gradient all-reduce over those ranks, once per iteration
+  double input_bytes = 0.0;       // one micro-batch's received tensors (what recomputation keeps)
+  // Activation recomputation, chosen when the stage does not fit otherwise (and then fits
+  // better): only the received tensors of the micro-batches in flight are kept, the forward
+  // runs again in the backward (added to `backward`), and the recomputed micro-batch's
+  // activations are held once.
+  bool recompute = false;
   double time() const { return forward + backward + transfer; }
 };
 

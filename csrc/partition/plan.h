@@ -49,6 +49,10 @@ struct Stage {
   // iteration (cost::best_all_reduce on `devices`); 0 for one device. The step estimate charges
   // it after the stage's last backward, before its optimizer step.
   double all_reduce_seconds = 0.0;
+  // Activation recomputation (chosen by the planner when the stage does not fit otherwise): the
+  // stage keeps only its received tensors per micro-batch in flight and runs its forward again
+  // during its backward, which backward_seconds includes; memory_bytes counts it so.
+  bool recompute = false;
 };
 
 struct StageEdge {

@@ -62,6 +62,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
     st.id = s;
     st.devices = f.devices;
     st.all_reduce_seconds = f.all_reduce;
+    st.recompute = f.recompute;
     st.forward_seconds = f.forward;
     st.backward_seconds = f.backward;
     st.transfer_seconds = f.transfer;

@@ -71,7 +71,7 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
         << pad(std::to_string(st.nodes.size()), 6) << pad(millis(st.forward_seconds), 10)
         << pad(millis(st.backward_seconds), 10) << pad(millis(st.transfer_seconds), 10)
         << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
-        << pad(std::to_string(st.in_flight), 6) << pad(bytes(st.memory_bytes), 11)
+        << pad(std::to_string(st.in_flight) + (st.recompute ? "r" : ""), 6) << pad(bytes(st.memory_bytes), 11)
         << pad(millis(st.all_reduce_seconds), 10) << pad(next, 10);
     if (g && !st.nodes.empty()) {
       out << g->node(st.nodes.front()).name;

@@ -182,7 +182,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
                       {"activation_bytes", st.activation_bytes},
                       {"in_flight", st.in_flight},
                       {"memory_bytes", st.memory_bytes},
-                      {"all_reduce_seconds", st.all_reduce_seconds}});
+                      {"all_reduce_seconds", st.all_reduce_seconds},
+                      {"recompute", st.recompute}});
   }
   nlohmann::json edges = nlohmann::json::array();
   for (const StageEdge& se : plan.edges) {
@@ -263,6 +264,7 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
     st.memory_bytes = jf::non_negative<double>(js, "memory_bytes", where);
     // Optional: plans written before replicated stages existed have one device per stage.
     if (js.contains("all_reduce_seconds")) st.all_reduce_seconds = jf::non_negative<double>(js, "all_reduce_seconds", where);
+    if (js.contains("recompute")) st.recompute = jf::get<bool>(js, "recompute", where);
     plan.stages.push_back(std::move(st));
   }
   const auto& edges = jf::array(jf::field(doc, "edges", "$"), "$.edges");

@@ -8,8 +8,9 @@
 //    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
 //                "backward_seconds", "transfer_seconds", "param_bytes", "static_bytes",
-//                "activation_bytes", "in_flight", "memory_bytes", "all_reduce_seconds"}],
-//    ("all_reduce_seconds" is optional when reading: 0, as in plans from before replicated stages)
+//                "activation_bytes", "in_flight", "memory_bytes", "all_reduce_seconds", "recompute"}],
+//    ("all_reduce_seconds" is optional when reading: 0, as in plans from before replicated stages;
+//    "recompute" too: false)
 //    "edges": [{"src": 0, "dst": 1, "edges": [operator edge ids], "bytes": ...}]}
 //
 // Operators are named (not numbered) so that a reader can follow the file; operator edges are

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch import nn
 
 from graphpipe._ext import _C
@@ -418,6 +419,7 @@ class Pipeline:
         # Every stage edge touching the stage, in edge order (the executor's order); an edge that
         # carries only model inputs (which every rank has) transfers no tensor.
         in_edges = [e for e, (_, b) in enumerate(self.edges) if st is not None and b == st.index]
+        recompute = st is not None and bool(self.plan.stages[st.index].recompute)
         out_edges = [e for e, (a, _) in enumerate(self.edges) if st is not None and a == st.index]
 
         def forward(m: int, received: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
@@ -431,7 +433,14 @@ class Pipeline:
             # The stage switches grad mode where the model has no_grad blocks: restore the
             # caller's mode even when the stage raises.
             with torch.set_grad_enabled(torch.is_grad_enabled()):
-                result = st.module(*args)
+                if recompute and torch.is_grad_enabled():
+                    # Activation recomputation (the planner's choice for a stage that does not
+                    # fit otherwise): torch's non-reentrant checkpoint keeps only the inputs and
+                    # runs the stage forward again when the backward (B or I) first needs it,
+                    # with the random state of the first run.
+                    result = torch.utils.checkpoint.checkpoint(st.module, *args, use_reentrant=False)
+                else:
+                    result = st.module(*args)
             outs, pos = [], 0
             for e in out_edges:
                 n = len(st.out_values.get(e, ()))

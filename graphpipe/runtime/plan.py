@@ -78,6 +78,7 @@ def manual_plan(
     batch_size: int | None = None,
     stage_devices: Mapping[int, Sequence[int]] | Sequence[Sequence[int]] | None = None,
     devices: Any = None,
+    **plan_options: Any,
 ) -> Any:
     """A Plan from ``{operator name or module prefix: stage}``, made by the C++ manual
     partitioner (partition/manual.h: the longest matching rule wins). An operator that no rule
@@ -85,7 +86,10 @@ def manual_plan(
     inputs. Stage s runs on rank s, unless ``stage_devices`` (``{stage: [ranks]}``, or one list
     per stage) gives its ranks: several ranks make the stage data parallel, each replica taking
     its rows of every micro-batch. Stages are renumbered in a topological order of the stage
-    graph. ``devices`` (a ``Devices`` description) prices the stages; default: CPU devices."""
+    graph. ``devices`` (a ``Devices`` description) prices the stages; default: CPU devices.
+    ``plan_options`` go to :func:`graphpipe.plan` (``memory_limit``, ``optimizer``, ...): a stage
+    that does not fit the memory limit with its activations gets activation recomputation where
+    that makes it fit."""
     rules = {str(name): int(stage) for name, stage in assignment.items()}
     if "" not in rules:
         # An operator that no rule covers (torch.cat in the model's own forward, say) gets a rule
@@ -96,24 +100,33 @@ def manual_plan(
             node = graph.node(v)
             if node.name in rules:
                 stage_of[v] = rules[node.name]
-            elif not _covered(node.module, rules):
-                consumers = [stage_of[w] for w in graph.successors(v) if w in stage_of]
-                if consumers:
-                    stage_of[v] = min(consumers)
-                    rules[node.name] = stage_of[v]
+                continue
+            by_prefix = _prefix_stage(node.module, rules)
+            if by_prefix is not None:
+                stage_of[v] = by_prefix
+                continue
+            consumers = [stage_of[w] for w in graph.successors(v) if w in stage_of]
+            if consumers:
+                stage_of[v] = min(consumers)
+                rules[node.name] = stage_of[v]
     num_stages = max(rules.values(), default=0) + 1
     if stage_devices is None:
         return make_plan(graph, num_stages if devices is None else devices, "manual", batch_size=batch_size,
-                         micro_batches=int(num_micro_batches), manual=rules)
+                         micro_batches=int(num_micro_batches), manual=rules, **plan_options)
     placed = dict(stage_devices) if isinstance(stage_devices, Mapping) else dict(enumerate(stage_devices))
     if devices is None:
         devices = max(max((int(d) for ranks in placed.values() for d in ranks), default=num_stages - 1) + 1,
                       num_stages)
     return make_plan(graph, devices, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
-                     manual=rules, stage_devices=placed)
+                     manual=rules, stage_devices=placed, **plan_options)
 
 
-def _covered(module: str, rules: Mapping[str, int]) -> bool:
-    """Whether a module prefix rule reaches an operator of ``module`` (partition/manual.h)."""
+def _prefix_stage(module: str, rules: Mapping[str, int]) -> int | None:
+    """The stage of the longest module prefix rule that reaches an operator of ``module``
+    (partition/manual.h), None when none does."""
     parts = module.split(".") if module else []
-    return any(".".join(parts[:k]) in rules for k in range(1, len(parts) + 1))
+    for k in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:k])
+        if prefix in rules:
+            return rules[prefix]
+    return None
