@@ -95,6 +95,7 @@ def plan(
     seed: int = 0,
     replicate: bool = False,
     stage_devices: Mapping[int, Sequence[int]] | None = None,
+    schedule: str = "1f1b",
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -117,6 +118,9 @@ def plan(
             device per stage.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
+        schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
+            ``zb_graph`` makes the predicted step the zero-bubble schedule's (shorter fill and
+            drain), so the choice of cut and micro-batching weighs depth accordingly.
 
     Returns:
         A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
@@ -162,4 +166,11 @@ def plan(
         seed=seed,
         replicate=bool(replicate),
         stage_devices=ranks,
+        zero_bubble=_zero_bubble(schedule),
     )
+
+
+def _zero_bubble(schedule: str) -> bool:
+    """Whether the plan is for the zero-bubble schedule; an unknown name raises the core's
+    PlanningError (the generator's parser lists the names)."""
+    return _C.parse_schedule_kind(schedule) == "zb_graph"

@@ -92,8 +92,9 @@ void bind_partition(py::module_& m) {
          std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
          const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
          double tolerance, int seed, bool refine, bool replicate,
-         std::optional<std::map<int, std::vector<int>>> stage_devices) {
+         std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble) {
         partition::Options o;
+        o.zero_bubble = zero_bubble;
         o.partitioner = partitioner;
         o.batch_size = batch_size;
         o.micro_batch_size = micro_batch_size.value_or(0);
@@ -114,7 +115,7 @@ void bind_partition(py::module_& m) {
       py::arg("micro_batch_size") = py::none(), py::arg("num_micro_batches") = py::none(),
       py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam", py::arg("manual") = py::none(),
       py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true,
-      py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
+      py::arg("replicate") = false, py::arg("stage_devices") = py::none(), py::arg("zero_bubble") = false,
       "Cuts the graph into stages (see partition/partitioner.h). batch_size 0 takes the graph's "
       "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
       "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");

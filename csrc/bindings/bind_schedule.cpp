@@ -176,6 +176,10 @@ void bind_schedule(py::module_& m) {
       py::arg("rows"), py::arg("replicas"), py::arg("index"),
       "Rows [begin, end) of replica `index` of `replicas` in a micro-batch of `rows` rows "
       "(schedule/shards.h: torch.tensor_split's split).");
+  m.def(
+      "parse_schedule_kind",
+      [](const std::string& name) { return std::string(schedule::policy_name(schedule::parse_policy(name))); },
+      py::arg("name"), "The canonical name of a schedule kind (PlanningError naming the kinds for an unknown one).");
   m.def("schedule_kinds", &schedule::policy_names, "Names of the schedule policies Schedule.generate accepts.");
   m.def("stages_to_sink", &schedule::stages_to_sink, py::arg("plan"),
         "Per stage, the number of stages on the longest path from it to a sink.");

@@ -11,6 +11,10 @@
 namespace graphpipe::partition {
 
 double Evaluation::iteration_seconds(const Problem& problem) const {
+  if (problem.zero_bubble) {
+    return static_cast<double>(problem.num_micro_batches) * bottleneck +
+           static_cast<double>(depth - 1) * (bottleneck - bottleneck_backward) + optimizer_tail;
+  }
   return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail;
 }
 
@@ -283,7 +287,10 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   ev.max_overflow = -std::numeric_limits<double>::infinity();
   for (int s = 0; s < k; ++s) {
     const StageFigures& f = ev.stages[s];
-    ev.bottleneck = std::max(ev.bottleneck, f.time());
+    if (f.time() > ev.bottleneck) {
+      ev.bottleneck = f.time();
+      ev.bottleneck_backward = f.backward;
+    }
     double overflow = f.memory - p.memory_limit;
     if (overflow > ev.max_overflow) {
       ev.max_overflow = overflow;

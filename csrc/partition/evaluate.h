@@ -54,6 +54,7 @@ struct Evaluation {
   std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
   int depth = 0;
   double bottleneck = 0.0;             // slowest stage time per micro-batch
+  double bottleneck_backward = 0.0;    // that stage's backward
   // How far the optimizer steps reach past the pipeline's end: a stage sums its gradients over
   // its replicas and steps after its last backward, which comes before the backwards still to
   // run on the stages upstream of it (the longest such path); max over stages of (its
@@ -62,7 +63,10 @@ struct Evaluation {
   double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
   int worst_memory_stage = -1;         // the stage with that overflow
   bool fits() const { return max_overflow <= 0.0; }
-  // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail
+  // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail; under the zero-bubble
+  // schedule (Problem::zero_bubble) the fill and drain are ZB-H1's, whose weight-gradient halves
+  // fill the bubbles: num_micro_batches x bottleneck + (depth - 1) x (bottleneck - its backward)
+  // + optimizer_tail (F + I - W per stage of the fill, with I = W = B / 2).
   double iteration_seconds(const Problem& problem) const;
 };
 

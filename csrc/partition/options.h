@@ -27,6 +27,10 @@ struct Options {
   int seed = 0;                         // METIS seed
   bool refine = true;                   // boundary refinement for graphpipe and metis
   cost::InFlightRule in_flight;         // empty: 1F1B depth rule
+  // The plan will run under the zero-bubble schedule (zb_graph, schedule/generate.h): the
+  // predicted step counts ZB-H1's shorter fill and drain (Evaluation::iteration_seconds), so
+  // the partitioners weigh depth against it.
+  bool zero_bubble = false;
   // Let stages run as several data-parallel replicas (docs/design.md, "Replicated stages in the
   // planner"): every partitioner then chooses replica counts too, all stages' devices together
   // at most the device count. Off: one device per stage, the plans of before.

@@ -44,6 +44,7 @@ struct PartitionRequest {
   Problem problem(std::int64_t micro_batch_size) const {
     Problem p = make_problem(model, batch_size, micro_batch_size, max_stages, memory_limit, options.in_flight);
     p.chain = chain;
+    p.zero_bubble = options.zero_bubble;
     if (options.replicate || !options.stage_devices.empty()) {
       p.replicas = std::make_shared<const ReplicaTable>(model, micro_batch_size, devices.count);
       p.device_budget = devices.count;

@@ -36,6 +36,8 @@ struct Problem {
   // are forwarded through the stages in between), so depth = stages and stage i of S holds
   // min(S - i, M) micro-batches whatever the operator edges say.
   bool chain = false;
+  // Planned for the zero-bubble schedule (Options::zero_bubble).
+  bool zero_bubble = false;
   // Replicated stages (Options::replicate; docs/design.md, "Replicated stages in the planner"):
   // when set, a stage may run as several data-parallel replicas, the devices of all stages
   // together at most device_budget. Null: one device per stage, as before replication existed.

@@ -103,8 +103,9 @@ class Pipeline:
         # polling the store in the exchanges below, raise naming it instead of waiting.
         traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules))
         if plan is None:
+            # The planner plans for the schedule that will run (zb_graph's shorter bubbles).
             plan = self._partition_on_rank0(dict(plan_options, partitioner=partitioner, devices=devices,
-                                                 micro_batches=micro_batches))
+                                                 micro_batches=micro_batches, schedule=schedule))
         elif plan_options or devices is not None or partitioner != "graphpipe":
             given = sorted(plan_options) + (["devices"] if devices is not None else []) + (
                 ["partitioner"] if partitioner != "graphpipe" else [])

@@ -268,3 +268,24 @@ def test_manual_stage_devices(uno) -> None:
         graphpipe.plan(graph, 3, "graphpipe", stage_devices={0: [0, 1]})
     with pytest.raises(graphpipe.InputError, match="stage_devices"):
         graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices=[[0, 1]])
+
+
+def test_planning_for_the_zero_bubble_schedule_predicts_its_shorter_bubbles() -> None:
+    """plan(schedule="zb_graph") prices the fill and drain as ZB-H1's: on the same cut, the
+    predicted step is shorter by (depth - 1) x the bottleneck stage's backward; an unknown
+    schedule is the core's PlanningError listing the kinds."""
+    import graphpipe
+    from graphpipe.models import build_model
+
+    model, example = build_model("mmt:size=paper,device=meta")
+    graph = graphpipe.trace(model, example)
+    devices = graphpipe.devices(8, "v100", per_node=8)
+    fixed = {"batch_size": 256, "micro_batches": 16}
+    one = graphpipe.plan(graph, devices, "sequential", **fixed)
+    zb = graphpipe.plan(graph, devices, "sequential", schedule="zb_graph", **fixed)
+    assert [list(s.nodes) for s in one.stages] == [list(s.nodes) for s in zb.stages]
+    slowest = max(one.stages, key=lambda s: s.forward_seconds + s.backward_seconds + s.transfer_seconds)
+    assert zb.predicted_iteration_seconds == pytest.approx(
+        one.predicted_iteration_seconds - (one.depth - 1) * slowest.backward_seconds, rel=1e-9)
+    with pytest.raises(graphpipe.PlanningError, match="zb_graph"):
+        graphpipe.plan(graph, devices, schedule="zero-bubble")
