@@ -22,21 +22,21 @@ SIZES = [(4, 16), (8, 64), (16, 128), (32, 256), (64, 512)]
 TARGET = (32, 256, 0.100)  # stages, micro-batches, seconds
 
 
-def chain(stages: int, micro_batches: int):
-    """A chain plan of equal stages (1 ms forward, 2 ms backward, 1 MB per edge) and V100-like
-    links (10 us, 10 GB/s)."""
+def chain(stages: int, micro_batches: int, forward: float = 1e-3, backward: float = 2e-3, edge_bytes: float = 1e6):
+    """A chain plan of equal stages (by default 1 ms forward, 2 ms backward, 1 MB per edge) and
+    V100-like links (10 us, 10 GB/s)."""
     plan = _C.Plan()
     plan_stages = []
     for s in range(stages):
         st = _C.Stage()
         st.id, st.devices = s, [s]
-        st.forward_seconds, st.backward_seconds = 1e-3, 2e-3
+        st.forward_seconds, st.backward_seconds = forward, backward
         st.activation_bytes, st.param_bytes = 1e6, 1e6
         plan_stages.append(st)
     edges = []
     for s in range(stages - 1):
         e = _C.StageEdge()
-        e.src, e.dst, e.bytes = s, s + 1, 1e6
+        e.src, e.dst, e.bytes = s, s + 1, edge_bytes
         edges.append(e)
     plan.stages, plan.edges = plan_stages, edges
     plan.num_micro_batches, plan.micro_batch_size = micro_batches, 1

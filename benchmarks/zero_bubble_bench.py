@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 import graphpipe
-from graphpipe._ext import _C
 from graphpipe.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODELS = {
     "mmt": "mmt:size=paper,device=meta",
@@ -36,22 +38,11 @@ MODELS = {
 
 
 def chain(p: int, M: int) -> Any:
-    """p equal stages in a chain: forward 1, backward 2 (so I = W = 1), M micro-batches."""
-    plan = _C.Plan()
-    stages = []
-    for s in range(p):
-        st = _C.Stage()
-        st.id, st.devices = s, [s]
-        st.forward_seconds, st.backward_seconds, st.activation_bytes = 1.0, 2.0, 1.0
-        stages.append(st)
-    edges = []
-    for s in range(p - 1):
-        e = _C.StageEdge()
-        e.src, e.dst, e.bytes = s, s + 1, 0.0
-        edges.append(e)
-    plan.stages, plan.edges = stages, edges
-    plan.num_micro_batches, plan.micro_batch_size, plan.batch_size, plan.num_devices = M, 1, M, p
-    return plan
+    """p equal stages in a chain: forward 1, backward 2 (so I = W = 1), M micro-batches (the
+    simulator benchmark's chain with these costs)."""
+    from sim_bench import chain as bench_chain
+
+    return bench_chain(p, M, forward=1.0, backward=2.0, edge_bytes=0.0)[0]
 
 
 def free_devices(n: int) -> Any:

@@ -151,3 +151,68 @@ def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], l
         optimizer.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def train_pipeline(pipe: Any, batches: list, lr: float) -> dict[str, Any]:
+    """On one rank: SGD over ``batches`` with ``pipe`` (a rank without parameters steps nothing);
+    the losses every rank got and this rank's parameters afterwards, what a gold test compares
+    with :func:`reference_training`."""
+    params = list(pipe.parameters())
+    optimizer = torch.optim.SGD(params, lr=lr) if params else None
+    losses = []
+    for inputs, targets in batches:
+        if optimizer:
+            optimizer.zero_grad()
+        losses.append(pipe.step(inputs, targets))
+        if optimizer:
+            optimizer.step()
+    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in pipe.named_parameters()}}
+
+
+def fail_in_second_step(pipe: Any, mode: str, stall_seconds: float = 0.0) -> None:
+    """Makes this rank die (``mode="kill"``: SIGKILL) or stall for ``stall_seconds``
+    (``"stuck"``) in the second micro-batch's forward of the second iteration: a fault in the
+    middle of a step, for the failure tests."""
+    import signal
+
+    calls = {"n": 0}
+
+    def hook(module: Any, args: Any, output: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == pipe.num_micro_batches + 2:
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                time.sleep(stall_seconds)
+
+    first = next(m for m in pipe.module.modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_hook(hook)
+
+
+def steps_until_error(pipe: Any, batches: list) -> dict[str, Any]:
+    """Steps ``pipe`` over ``batches``; the graphpipe error that stopped it (type and message)
+    and how long the failing step took, or ``error: None``."""
+    from graphpipe.errors import GraphpipeError
+
+    start = time.monotonic()
+    try:
+        for inputs, targets in batches:
+            start = time.monotonic()
+            pipe.step(inputs, targets)
+    except GraphpipeError as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start}
+    return {"error": None, "elapsed": time.monotonic() - start}
+
+
+def survivor_errors(results: list[RankResult], victim: int, timeout: float) -> list[dict[str, Any]]:
+    """The :func:`steps_until_error` results of every rank but ``victim``, checked: each ran,
+    stopped with ``PeerError`` or ``PipelineTimeout``, and within twice ``timeout``."""
+    survivors = []
+    for r in results:
+        if r.rank == victim:
+            continue
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        assert r.value["error"] in ("PeerError", "PipelineTimeout"), r.value
+        assert r.value["elapsed"] < 2 * timeout, r.value
+        survivors.append(r.value)
+    return survivors

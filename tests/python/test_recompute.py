@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.runtime.testing import run_ranks, train_pipeline
 
 LIMIT = 60_000
 ASSIGNMENT = {"blocks.0": 0, "blocks.1": 0, "blocks.2": 1, "blocks.3": 1, "head": 1}
@@ -73,13 +73,7 @@ def _worker(rank: int, world: int, schedule: str) -> dict[str, Any]:
     plan, graph = _plan(model, example, LIMIT)
     with graphpipe.wrap(model, (example,), nn.functional.mse_loss, plan=plan.to_json(graph), schedule=schedule,
                         timeout=60) as pipe:
-        opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)
-        losses = []
-        for inputs, targets in batches:
-            opt.zero_grad()
-            losses.append(pipe.step(inputs, targets))
-            opt.step()
-        return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in pipe.named_parameters()}}
+        return train_pipeline(pipe, batches, LR)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb_graph"])

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_cases, run_ranks
+from graphpipe.runtime.testing import run_cases, run_ranks, train_pipeline
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 PARTITIONERS = ["graphpipe", "metis", "sequential"]
@@ -86,20 +86,7 @@ def train_case(name: str, partitioner: str, schedule: str, timeout: float = 60.0
         model, example, default_loss(name), partitioner=partitioner, schedule=schedule,
         micro_batches=MICRO_BATCHES, timeout=timeout,
     )
-    params = list(pipe.parameters())
-    opt = torch.optim.SGD(params, lr=LR) if params else None
-    losses = []
-    for inputs, targets in batches:
-        if opt:
-            opt.zero_grad()
-        losses.append(pipe.step(inputs, targets))
-        if opt:
-            opt.step()
-    return {
-        "losses": torch.stack(losses),
-        "params": {k: v.detach().clone() for k, v in pipe.named_parameters()},
-        "stages": pipe.plan.num_stages,
-    }
+    return train_pipeline(pipe, batches, LR) | {"stages": pipe.plan.num_stages}
 
 
 def _world_worker(rank: int, world: int, cases: list[tuple[str, str, str]]) -> dict[tuple, Any]:
