@@ -76,3 +76,43 @@ def stage_report(measured: list[dict[str, Any]], predicted: Any = None) -> str:
         lines.append(f"{s:>5} | {m['forward']:9.4f} {p['forward']:9.4f} | {m['backward']:9.4f} {p['backward']:9.4f}")
     lines.append(f"iteration: measured {meas_span:.4f} s, predicted {pred_span:.4f} s")
     return "\n".join(lines)
+
+
+class SavedActivations:
+    """Counts the bytes autograd keeps for the backward (the activations a stage stashes), live
+    and at the peak, through ``torch.autograd.graph.saved_tensors_hooks``: each saved tensor is
+    wrapped in a holder whose release, when autograd frees the graph (after a B, or after a W
+    for a split backward), subtracts its bytes. Parameters are left out (they are not stashed
+    per micro-batch). Use as a context manager around the stage's forward calls."""
+
+    class _Held:
+        __slots__ = ("tensor", "nbytes", "owner", "__weakref__")
+
+        def __init__(self, tensor: Any, nbytes: int, owner: "SavedActivations") -> None:
+            self.tensor, self.nbytes, self.owner = tensor, nbytes, owner
+
+        def __del__(self) -> None:
+            self.owner.live -= self.nbytes
+
+    def __init__(self, parameters: Any = ()) -> None:
+        self.live = 0
+        self.peak = 0
+        self._params = {id(p) for p in parameters}
+
+    def _pack(self, tensor: Any) -> Any:
+        if id(tensor) in self._params:
+            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        return SavedActivations._Held(tensor, nbytes, self)
+
+    @staticmethod
+    def _unpack(held: Any) -> Any:
+        return held.tensor if isinstance(held, SavedActivations._Held) else held
+
+    def hooks(self) -> Any:
+        """The context manager that routes this stage's saved tensors through the counter."""
+        import torch
+
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+from contextlib import nullcontext
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
+from graphpipe.runtime.measure import SavedActivations
 from graphpipe.planning import plan as make_plan
 from graphpipe.runtime.plan import check_runnable, load_plan, plan_json, stage_ranks
 from graphpipe.runtime.process_group import new_process_group
@@ -181,6 +183,7 @@ class Pipeline:
         self._layouts: dict[int, Any] = {}
         self._specs_for: int | None = None
         self.last_timings: list[Any] = []
+        self._saved: SavedActivations | None = None
 
     def _agree(
         self, traced: Any, model: nn.Module, plan_text: str, schedule: str, micro_batches: int | None
@@ -433,7 +436,8 @@ class Pipeline:
                 args.extend(unflatten_values(layouts[e], tensors))
             # The stage switches grad mode where the model has no_grad blocks: restore the
             # caller's mode even when the stage raises.
-            with torch.set_grad_enabled(torch.is_grad_enabled()):
+            saved = self._saved.hooks() if self._saved is not None and torch.is_grad_enabled() else nullcontext()
+            with torch.set_grad_enabled(torch.is_grad_enabled()), saved:
                 if recompute and torch.is_grad_enabled():
                     # Activation recomputation (the planner's choice for a stage that does not
                     # fit otherwise): torch's non-reentrant checkpoint keeps only the inputs and
@@ -461,7 +465,8 @@ class Pipeline:
         this rank's part of the iteration is done, before the loss is broadcast. That is faster:
         the broadcast waits for the rank that computes the loss, so an optimizer stepped after
         ``step`` returns cannot overlap the other ranks' remaining backward work (the simulator
-        assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``).
+        assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``) and counts the
+        activations autograd stashes (``peak_saved_activation_bytes``).
         """
         values, mbs = self._prepare(inputs)
         self._input_check.check_targets(targets)
@@ -488,6 +493,7 @@ class Pipeline:
             losses.append(scaled.detach())
             return scaled
 
+        self._saved = SavedActivations(self.module.parameters()) if record else None
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
         during = "in the pipelined forward and backward"
         try:
@@ -552,6 +558,12 @@ class Pipeline:
         if self.group is dist.distributed_c10d._get_default_group():
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+    @property
+    def peak_saved_activation_bytes(self) -> int:
+        """The most bytes autograd held for this rank's backward at any time during the last
+        ``step(..., record=True)`` (its stashed activations; parameters not counted)."""
+        return self._saved.peak if self._saved is not None else 0
 
     def measured_tasks(self, gather: bool = True) -> list[dict[str, Any]]:
         """The last ``step(..., record=True)`` as graphpipe.viz task dicts: this rank's, or
