@@ -118,6 +118,7 @@ namespace {
 // Figures of every segment units[j..e) of the chunked order, shared by all probes.
 struct Segment {
   double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  std::size_t times = 0;  // where its replica_stage_time at each level starts in `times`
 };
 
 }  // namespace
@@ -143,7 +144,10 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
     }
   }
   // seg[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
+  int usable = 0;  // the levels whose replica counts fit the device budget
+  while (usable < levels && table.replicas(usable) <= p.device_budget) ++usable;
   std::vector<std::vector<Segment>> seg(units);
+  std::size_t count = 0;
   {
     std::vector<int> stamps(p.num_nodes(), -1);
     for (int j = 0; j < units; ++j) {
@@ -151,57 +155,76 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
       for (int e = j + 1; e <= units; ++e) {
         for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
         if (g.static_bytes > p.memory_limit) break;
-        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes});
+        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, count});
+        count += static_cast<std::size_t>(usable);
+      }
+    }
+  }
+  // Each segment's time at every level (replica_stage_time, an all-reduce estimate each), which
+  // no probe's target changes: computed once here, when that takes at most 64 MB (it does unless
+  // max_stages is far below the device count), so that the probes only compare.
+  auto stage_time = [&](int j, int e, int l) {
+    const Segment& s = seg[j][e - j - 1];
+    return replica_stage_time(p, l, prefix[l][e] - prefix[l][j], s.transfer, s.cross_bytes, s.params);
+  };
+  std::vector<double> times;
+  if (count <= (std::size_t{8} << 20)) {
+    times.resize(count);
+    for (int j = 0; j < units; ++j) {
+      for (int e = j + 1; e <= j + static_cast<int>(seg[j].size()); ++e) {
+        for (int l = 0; l < usable; ++l) times[seg[j][e - j - 1].times + l] = stage_time(j, e, l);
       }
     }
   }
   // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
   auto least_level = [&](int j, int e, double target, double flight) {
     const Segment& s = seg[j][e - j - 1];
-    for (int l = 0; l < levels; ++l) {
-      if (table.replicas(l) > p.device_budget) break;
-      const double compute = prefix[l][e] - prefix[l][j];
+    for (int l = 0; l < usable; ++l) {
       if (s.static_bytes + s.act_bytes * table.row_fraction(l) * flight > p.memory_limit) continue;
-      if (replica_stage_time(p, l, compute, s.transfer, s.cross_bytes, s.params) <= target) return l;
+      if ((times.empty() ? stage_time(j, e, l) : times[s.times + l]) <= target) return l;
     }
     return -1;
   };
   constexpr int kNone = 1 << 29;
-  // dev[k][j]: fewest devices for units j.. in exactly k stages; cut and level to rebuild.
-  std::vector<std::vector<int>> dev(K + 1, std::vector<int>(units + 1, kNone)), cut = dev, lev = dev;
+  // dev[j][k]: fewest devices for units j.. in exactly k stages; cut and level to rebuild. Rows
+  // by unit, so that the inner loop over k reads and writes contiguous memory.
+  std::vector<std::vector<int>> dev(units + 1, std::vector<int>(K + 1, kNone)), cut = dev, lev = dev;
   auto feasible = [&](double target) {
     for (auto& row : dev) std::fill(row.begin(), row.end(), kNone);
-    dev[0][units] = 0;
+    dev[units][0] = 0;
     for (int j = units - 1; j >= 0; --j) {
       const int reach = j + static_cast<int>(seg[j].size());
+      int* here = dev[j].data();
       for (int e = j + 1; e <= reach; ++e) {
         // The least compute the segment can reach only grows with e: past the target, stop.
         if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
+        const int* after = dev[e].data();
+        const Segment& s = seg[j][e - j - 1];
         int base = -1;  // least level at one micro-batch in flight: more in flight only need more
-        for (int k = 1; k <= K && k <= units - j; ++k) {
-          const int rest = dev[k - 1][e];
-          if (rest >= kNone || (k == 1) != (e == units)) continue;
+        // k = 1 only for the last segment (e == units), k >= 2 only before it.
+        for (int k = e == units ? 1 : 2; k <= K && k <= units - j && (k == 1) == (e == units); ++k) {
+          const int rest = after[k - 1];
+          if (rest >= kNone) continue;
           if (base < 0) {
             base = least_level(j, e, target, in_flight(1));
             if (base < 0) break;
           }
           int l = base;
-          const Segment& s = seg[j][e - j - 1];
           if (s.static_bytes + s.act_bytes * table.row_fraction(l) * in_flight(k) > p.memory_limit) {
             l = least_level(j, e, target, in_flight(k));
-            if (l < 0) continue;
+            if (l < 0) break;  // more micro-batches in flight for larger k: none fits either
           }
           const int total = rest + table.replicas(l);
-          if (total < dev[k][j]) {
-            dev[k][j] = total;
-            cut[k][j] = e;
-            lev[k][j] = l;
+          if (total < here[k]) {
+            here[k] = total;
+            cut[j][k] = e;
+            lev[j][k] = l;
           }
         }
       }
     }
     for (int k = 1; k <= K; ++k) {
-      if (dev[k][0] <= p.device_budget) return true;
+      if (dev[0][k] <= p.device_budget) return true;
     }
     return false;
   };
@@ -227,13 +250,13 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
   std::pair<std::vector<int>, std::vector<int>> best;
   double best_step = 0.0, best_bottleneck = 0.0;
   for (int k = 1; k <= K; ++k) {
-    if (dev[k][0] > p.device_budget) continue;
+    if (dev[0][k] > p.device_budget) continue;
     std::vector<int> assignment(p.num_nodes(), 0), replicas;
     int j = 0;
     for (int left = k; left >= 1; --left) {
-      const int e = cut[left][j];
+      const int e = cut[j][left];
       for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = k - left;
-      replicas.push_back(table.replicas(lev[left][j]));
+      replicas.push_back(table.replicas(lev[j][left]));
       j = e;
     }
     Evaluation ev = evaluate(p, assignment, replicas);
