@@ -1,6 +1,7 @@
 #include "partition/graphpipe_dp.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <numeric>
@@ -28,6 +29,12 @@ struct Stats {
   // every replica level starts in the planner's level arena (-1: not replicated).
   double params = 0.0, cross_bytes = 0.0;
   std::int64_t levels = -1;
+  // Replicated problems: bit l of `meets` says whether level l's replica meets the target of
+  // probe `probe` (Planner::need). That test depends on neither the devices nor the in-flight
+  // count that need() varies, so it is made once per group, level and probe instead of once per
+  // need() call; a new probe makes the mask again.
+  mutable std::uint64_t meets = 0;
+  mutable int probe = -1;
 };
 
 // How a fragment's best plan starts, so that the rebuild can follow it.
@@ -389,14 +396,34 @@ class Planner {
   // meets the target and fits with `in_flight_count` micro-batches (replica_allocation.h says
   // how a replica is timed); 0 when none does. Grows with in_flight_count.
   int need(const Stats& s, int in_flight_count, int n) const {
-    for (int l = 0; l < num_levels_ && rep_->replicas(l) <= n; ++l) {
-      if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count > p_.memory_limit) continue;
-      const double compute = l == 0 ? s.compute : arena_[s.levels + l];
-      if (replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params) <= target_) {
+    if (num_levels_ > 64) {  // more levels than a mask holds (micro-batches of thousands of rows)
+      for (int l = 0; l < num_levels_ && rep_->replicas(l) <= n; ++l) {
+        if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count > p_.memory_limit) continue;
+        if (meets_target(s, l)) return rep_->replicas(l);
+      }
+      return 0;
+    }
+    if (s.probe != probe_id_) {  // a mask of another target
+      std::uint64_t mask = 0;
+      for (int l = 0; l < num_levels_; ++l) {
+        if (meets_target(s, l)) mask |= std::uint64_t{1} << l;
+      }
+      s.meets = mask;
+      s.probe = probe_id_;
+    }
+    // The scan above, over the levels that meet the target only (ascending).
+    for (std::uint64_t left = s.meets; left != 0; left &= left - 1) {
+      const int l = std::countr_zero(left);
+      if (rep_->replicas(l) > n) return 0;
+      if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count <= p_.memory_limit) {
         return rep_->replicas(l);
       }
     }
     return 0;
+  }
+  bool meets_target(const Stats& s, int l) const {
+    const double compute = l == 0 ? s.compute : arena_[s.levels + l];
+    return replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params) <= target_;
   }
 
   // Replicated problems: a stage of figures s with `after` stages at least after it (inside the
@@ -474,6 +501,7 @@ class Planner {
 
   bool feasible(double target) {
     target_ = target;
+    ++probe_id_;  // every Stats' cached meets() mask is stale now
     memo_.clear();
     join_memo_.clear();
     return solve(tree_.root, devices_, 0).h < kInf;
@@ -902,6 +930,7 @@ class Planner {
   int next_stamp_ = 0;
   int devices_ = 1;
   double target_ = 0.0;
+  int probe_id_ = 0;                   // bumped with every target (Stats::probe)
   std::vector<std::vector<graph::NodeId>> leaves_;
   std::vector<Stats> whole_;
   std::vector<int> parent_, slot_;

@@ -1,6 +1,7 @@
 #include "partition/refine.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 
@@ -44,6 +45,10 @@ class Refiner {
       act_[b] += p.edge_bytes[e];
       ++count_[a * k_ + b];
     }
+    adjacent_.assign(static_cast<std::size_t>(k_) * words_, 0);
+    for (int a = 0; a < k_; ++a)
+      for (int b = 0; b < k_; ++b)
+        if (count_[a * k_ + b]) flip(a * k_ + b);
     dt_.assign(k_, 0.0);
     da_.assign(k_, 0.0);
     touched_flag_.assign(k_, 0);
@@ -67,19 +72,35 @@ class Refiner {
   double time(int s) const { return compute_[s] + transfer_[s]; }
   double memory(int s) const { return static_[s] + act_[s] * in_flight_[s]; }
 
-  // Topological order of stages, reachability and in-flight counts after a change.
+  // Stage pair a * k_ + b gained its first operator edge or lost its last: toggle its bit.
+  void flip(int pair) {
+    const int a = pair / k_, b = pair % k_;
+    adjacent_[static_cast<std::size_t>(a) * words_ + b / 64] ^= std::uint64_t{1} << (b % 64);
+  }
+
+  // Calls f(b) for every stage b that stage a has an edge to, ascending.
+  template <class F>
+  void for_each_successor(int a, F f) const {
+    const std::uint64_t* row = &adjacent_[static_cast<std::size_t>(a) * words_];
+    for (int w = 0; w < words_; ++w) {
+      for (std::uint64_t left = row[w]; left != 0; left &= left - 1) f(w * 64 + std::countr_zero(left));
+    }
+  }
+
+  // Topological order of stages, reachability and in-flight counts after a change. O(k + stage
+  // edges x words) from the adjacency bit rows (every loop visits the pairs in the order a scan
+  // of the count matrix would).
   void update_structure() {
     std::vector<int> indegree(k_, 0);
-    for (int a = 0; a < k_; ++a)
-      for (int b = 0; b < k_; ++b)
-        if (count_[a * k_ + b]) ++indegree[b];
+    for (int a = 0; a < k_; ++a) for_each_successor(a, [&](int b) { ++indegree[b]; });
     std::vector<int> order;
+    order.reserve(k_);
     for (int s = 0; s < k_; ++s)
       if (!indegree[s]) order.push_back(s);
     for (std::size_t i = 0; i < order.size(); ++i) {
-      int a = order[i];
-      for (int b = 0; b < k_; ++b)
-        if (count_[a * k_ + b] && --indegree[b] == 0) order.push_back(b);
+      for_each_successor(order[i], [&](int b) {
+        if (--indegree[b] == 0) order.push_back(b);
+      });
     }
     if (static_cast<int>(order.size()) != k_) {
       throw PlanningError("internal error: refinement reached a cyclic stage graph");
@@ -88,19 +109,16 @@ class Refiner {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       int a = *it;
       std::uint64_t* row = &reach_[static_cast<std::size_t>(a) * words_];
-      for (int b = 0; b < k_; ++b) {
-        if (!count_[a * k_ + b]) continue;
+      for_each_successor(a, [&](int b) {
         row[b / 64] |= std::uint64_t{1} << (b % 64);
         const std::uint64_t* other = &reach_[static_cast<std::size_t>(b) * words_];
         for (int w = 0; w < words_; ++w) row[w] |= other[w];
-      }
+      });
     }
     std::vector<int> position(k_);
     for (int i = 0; i < k_; ++i) position[order[i]] = i;
     cost::StageEdges edges;
-    for (int a = 0; a < k_; ++a)
-      for (int b = 0; b < k_; ++b)
-        if (count_[a * k_ + b]) edges.push_back({position[a], position[b]});
+    for (int a = 0; a < k_; ++a) for_each_successor(a, [&](int b) { edges.push_back({position[a], position[b]}); });
     std::vector<int> by_position = p_.in_flight(k_, edges, p_.num_micro_batches);
     in_flight_.assign(k_, 1);
     for (int s = 0; s < k_; ++s) in_flight_[s] = by_position[position[s]];
@@ -167,17 +185,27 @@ class Refiner {
   }
 
   void apply(int v, int from, int to) {
+    // The stage graph (and so the order, reachability and in-flight counts that
+    // update_structure derives from it alone) changes only when a stage pair gains its first
+    // operator edge or loses its last.
+    bool changed = false;
+    auto less = [&](int pair) {
+      if (--count_[pair] == 0) flip(pair), changed = true;
+    };
+    auto more = [&](int pair) {
+      if (count_[pair]++ == 0) flip(pair), changed = true;
+    };
     for (graph::EdgeId e : g_.in_edges(v)) {
       int x = label_[g_.edge(e).src];
       double t = p_.edge_seconds[e], b = p_.edge_bytes[e];
-      if (x != from) transfer_[x] -= t, transfer_[from] -= t, act_[from] -= b, --count_[x * k_ + from];
-      if (x != to) transfer_[x] += t, transfer_[to] += t, act_[to] += b, ++count_[x * k_ + to];
+      if (x != from) transfer_[x] -= t, transfer_[from] -= t, act_[from] -= b, less(x * k_ + from);
+      if (x != to) transfer_[x] += t, transfer_[to] += t, act_[to] += b, more(x * k_ + to);
     }
     for (graph::EdgeId e : g_.out_edges(v)) {
       int y = label_[g_.edge(e).dst];
       double t = p_.edge_seconds[e], b = p_.edge_bytes[e];
-      if (y != from) transfer_[from] -= t, transfer_[y] -= t, act_[y] -= b, --count_[from * k_ + y];
-      if (y != to) transfer_[to] += t, transfer_[y] += t, act_[y] += b, ++count_[to * k_ + y];
+      if (y != from) transfer_[from] -= t, transfer_[y] -= t, act_[y] -= b, less(from * k_ + y);
+      if (y != to) transfer_[to] += t, transfer_[y] += t, act_[y] += b, more(to * k_ + y);
     }
     compute_[from] -= p_.compute[v];
     compute_[to] += p_.compute[v];
@@ -194,7 +222,7 @@ class Refiner {
     slot_[v] = static_cast<int>(members_[to].size());
     members_[to].push_back(v);
     label_[v] = to;
-    update_structure();
+    if (changed) update_structure();
   }
 
   bool step() {
@@ -322,6 +350,7 @@ class Refiner {
   std::vector<int> slot_;
   std::vector<int> count_;
   std::vector<std::uint64_t> reach_;
+  std::vector<std::uint64_t> adjacent_;  // bit b of row a: count_[a * k_ + b] > 0
   std::vector<int> in_flight_;
   std::vector<double> dt_, da_;
   std::vector<char> touched_flag_;

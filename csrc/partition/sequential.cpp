@@ -49,10 +49,11 @@ std::vector<int> sequential_assignment(const Problem& p) {
   const auto M = p.num_micro_batches;
   auto in_flight = [&](int k) { return static_cast<int>(std::min<std::int64_t>(k, M)); };
 
-  // f[k][j]: slowest stage of the best chain of exactly k stages covering units j..units-1.
-  std::vector<std::vector<double>> f(K + 1, std::vector<double>(units + 1, kInf));
-  std::vector<std::vector<int>> cut(K + 1, std::vector<int>(units + 1, -1));
-  f[0][units] = 0.0;
+  // f[j][k]: slowest stage of the best chain of exactly k stages covering units j..units-1 (rows
+  // by unit: the loop over k reads f[j][.] and f[e][.] contiguously).
+  std::vector<std::vector<double>> f(units + 1, std::vector<double>(K + 1, kInf));
+  std::vector<std::vector<int>> cut(units + 1, std::vector<int>(K + 1, -1));
+  f[units][0] = 0.0;
   std::vector<int> stamps(p.num_nodes(), -1);
   int stamp = 0;
   // k = 1: the whole suffix as one stage, grown from the back.
@@ -61,14 +62,14 @@ std::vector<int> sequential_assignment(const Problem& p) {
     for (int j = units - 1; j >= 0; --j) {
       for (int i = bounds[j]; i < bounds[j + 1]; ++i) suffix.add(p.order[i]);
       if (K >= 1 && suffix.memory(in_flight(1)) <= p.memory_limit) {
-        f[1][j] = suffix.time();
-        cut[1][j] = units;
+        f[j][1] = suffix.time();
+        cut[j][1] = units;
       }
     }
   }
   // The stage counts k that the first segment j..e-1 may still improve. Once the segment's
-  // compute reaches f[k][j] no longer segment can lower it (a chain's value is at least its
-  // first stage's time, which is at least its compute; compute only grows with e and f[k][j]
+  // compute reaches f[j][k] no longer segment can lower it (a chain's value is at least its
+  // first stage's time, which is at least its compute; compute only grows with e and f[j][k]
   // only falls), so k is dropped for good: the inner loop runs over the few k whose best chain
   // is still slower than the segment, instead of all of them for every e.
   std::vector<int> open;
@@ -83,16 +84,18 @@ std::vector<int> sequential_assignment(const Problem& p) {
       for (int i = bounds[e - 1]; i < bounds[e]; ++i) group.add(p.order[i]);
       if (group.static_bytes > p.memory_limit) break;  // grows with e: no longer segment fits
       std::size_t kept = 0;
+      double* here = f[j].data();
+      const double* after = f[e].data();
       for (int k : open) {
-        if (!(group.compute < f[k][j])) continue;
+        if (!(group.compute < here[k])) continue;
         open[kept++] = k;
-        double rest = f[k - 1][e];
+        double rest = after[k - 1];
         if (rest == kInf) continue;
         if (group.memory(in_flight(k)) > p.memory_limit) continue;
         double value = std::max(group.time(), rest);
-        if (value < f[k][j]) {
-          f[k][j] = value;
-          cut[k][j] = e;
+        if (value < here[k]) {
+          here[k] = value;
+          cut[j][k] = e;
         }
       }
       open.resize(kept);
@@ -100,13 +103,13 @@ std::vector<int> sequential_assignment(const Problem& p) {
   }
   int best_k = -1;
   for (int k = 1; k <= K; ++k) {
-    if (f[k][0] < kInf && (best_k < 0 || f[k][0] < f[best_k][0])) best_k = k;
+    if (f[0][k] < kInf && (best_k < 0 || f[0][k] < f[0][best_k])) best_k = k;
   }
   if (best_k < 0) return {};
   std::vector<int> assignment(p.num_nodes(), 0);
   int j = 0, label = 0;
   for (int k = best_k; k >= 1; --k, ++label) {
-    int e = cut[k][j];
+    int e = cut[j][k];
     for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = label;
     j = e;
   }
@@ -118,6 +121,7 @@ namespace {
 // Figures of every segment units[j..e) of the chunked order, shared by all probes.
 struct Segment {
   double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  std::size_t times = 0;  // where its replica_stage_time at each level starts in `times`
 };
 
 }  // namespace
@@ -143,7 +147,10 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
     }
   }
   // seg[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
+  int usable = 0;  // the levels whose replica counts fit the device budget
+  while (usable < levels && table.replicas(usable) <= p.device_budget) ++usable;
   std::vector<std::vector<Segment>> seg(units);
+  std::size_t count = 0;
   {
     std::vector<int> stamps(p.num_nodes(), -1);
     for (int j = 0; j < units; ++j) {
@@ -151,57 +158,88 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
       for (int e = j + 1; e <= units; ++e) {
         for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
         if (g.static_bytes > p.memory_limit) break;
-        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes});
+        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, count});
+        count += static_cast<std::size_t>(usable);
       }
     }
   }
+  // Each segment's time at every level (replica_stage_time, an all-reduce estimate each), which
+  // no probe's target changes: computed once here, when that takes at most 64 MB (it does unless
+  // max_stages is far below the device count), so that the probes only compare.
+  auto stage_time = [&](int j, int e, int l) {
+    const Segment& s = seg[j][e - j - 1];
+    return replica_stage_time(p, l, prefix[l][e] - prefix[l][j], s.transfer, s.cross_bytes, s.params);
+  };
+  std::vector<double> times;
+  if (count <= (std::size_t{8} << 20)) {
+    times.resize(count);
+    for (int j = 0; j < units; ++j) {
+      for (int e = j + 1; e <= j + static_cast<int>(seg[j].size()); ++e) {
+        for (int l = 0; l < usable; ++l) times[seg[j][e - j - 1].times + l] = stage_time(j, e, l);
+      }
+    }
+  }
+  std::vector<double> fraction(usable);
+  for (int l = 0; l < usable; ++l) fraction[l] = table.row_fraction(l);
   // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
   auto least_level = [&](int j, int e, double target, double flight) {
     const Segment& s = seg[j][e - j - 1];
-    for (int l = 0; l < levels; ++l) {
-      if (table.replicas(l) > p.device_budget) break;
-      const double compute = prefix[l][e] - prefix[l][j];
-      if (s.static_bytes + s.act_bytes * table.row_fraction(l) * flight > p.memory_limit) continue;
-      if (replica_stage_time(p, l, compute, s.transfer, s.cross_bytes, s.params) <= target) return l;
+    for (int l = 0; l < usable; ++l) {
+      if (s.static_bytes + s.act_bytes * fraction[l] * flight > p.memory_limit) continue;
+      if ((times.empty() ? stage_time(j, e, l) : times[s.times + l]) <= target) return l;
     }
     return -1;
   };
   constexpr int kNone = 1 << 29;
-  // dev[k][j]: fewest devices for units j.. in exactly k stages; cut and level to rebuild.
-  std::vector<std::vector<int>> dev(K + 1, std::vector<int>(units + 1, kNone)), cut = dev, lev = dev;
+  // dev[j][k]: fewest devices for units j.. in exactly k stages; cut and level to rebuild. Rows
+  // by unit, so that the inner loop over k reads and writes contiguous memory.
+  std::vector<std::vector<int>> dev(units + 1, std::vector<int>(K + 1, kNone)), cut = dev, lev = dev;
+  // The stage counts k with dev[j][k] < kNone lie in [k_lo[j], k_hi[j]] (empty when lo > hi): the
+  // loop over k for a first segment j..e-1 visits only those the rest from e can take.
+  std::vector<int> k_lo(units + 1), k_hi(units + 1);
   auto feasible = [&](double target) {
     for (auto& row : dev) std::fill(row.begin(), row.end(), kNone);
-    dev[0][units] = 0;
+    dev[units][0] = 0;
+    k_lo[units] = k_hi[units] = 0;
     for (int j = units - 1; j >= 0; --j) {
+      k_lo[j] = K + 1;
+      k_hi[j] = 0;
       const int reach = j + static_cast<int>(seg[j].size());
+      int* here = dev[j].data();
       for (int e = j + 1; e <= reach; ++e) {
         // The least compute the segment can reach only grows with e: past the target, stop.
         if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
+        const int* after = dev[e].data();
+        const Segment& s = seg[j][e - j - 1];
         int base = -1;  // least level at one micro-batch in flight: more in flight only need more
-        for (int k = 1; k <= K && k <= units - j; ++k) {
-          const int rest = dev[k - 1][e];
-          if (rest >= kNone || (k == 1) != (e == units)) continue;
+        // k = 1 only for the last segment (e == units), k >= 2 only before it.
+        const int k_first = std::max(e == units ? 1 : 2, k_lo[e] + 1);
+        const int k_last = std::min({K, units - j, e == units ? 1 : k_hi[e] + 1});
+        for (int k = k_first; k <= k_last; ++k) {
+          const int rest = after[k - 1];
+          if (rest >= kNone) continue;
           if (base < 0) {
             base = least_level(j, e, target, in_flight(1));
             if (base < 0) break;
           }
           int l = base;
-          const Segment& s = seg[j][e - j - 1];
-          if (s.static_bytes + s.act_bytes * table.row_fraction(l) * in_flight(k) > p.memory_limit) {
+          if (s.static_bytes + s.act_bytes * fraction[l] * in_flight(k) > p.memory_limit) {
             l = least_level(j, e, target, in_flight(k));
-            if (l < 0) continue;
+            if (l < 0) break;  // more micro-batches in flight for larger k: none fits either
           }
           const int total = rest + table.replicas(l);
-          if (total < dev[k][j]) {
-            dev[k][j] = total;
-            cut[k][j] = e;
-            lev[k][j] = l;
+          if (total < here[k]) {
+            here[k] = total;
+            cut[j][k] = e;
+            lev[j][k] = l;
+            k_lo[j] = std::min(k_lo[j], k);
+            k_hi[j] = std::max(k_hi[j], k);
           }
         }
       }
     }
     for (int k = 1; k <= K; ++k) {
-      if (dev[k][0] <= p.device_budget) return true;
+      if (dev[0][k] <= p.device_budget) return true;
     }
     return false;
   };
@@ -227,13 +265,13 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
   std::pair<std::vector<int>, std::vector<int>> best;
   double best_step = 0.0, best_bottleneck = 0.0;
   for (int k = 1; k <= K; ++k) {
-    if (dev[k][0] > p.device_budget) continue;
+    if (dev[0][k] > p.device_budget) continue;
     std::vector<int> assignment(p.num_nodes(), 0), replicas;
     int j = 0;
     for (int left = k; left >= 1; --left) {
-      const int e = cut[left][j];
+      const int e = cut[j][left];
       for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = k - left;
-      replicas.push_back(table.replicas(lev[left][j]));
+      replicas.push_back(table.replicas(lev[j][left]));
       j = e;
     }
     Evaluation ev = evaluate(p, assignment, replicas);

@@ -4,13 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
 #include "partition/graphpipe_dp.h"
+#include "partition/group_stats.h"
 #include "partition/problem.h"
+#include "partition/replica_allocation.h"
+#include "partition/replicas.h"
+#include "partition/sequential.h"
 #include "test_partition_graphs.h"
 
 namespace graph = graphpipe::graph;
@@ -97,5 +103,55 @@ TEST(PartitionGraphpipeDp, ForkAndJoinStagesUseEveryDevice) {
     const int stage = ev.stage_of[*g.find(small)];
     int members = static_cast<int>(std::count(ev.stage_of.begin(), ev.stage_of.end(), stage));
     EXPECT_GT(members, 2) << small << " should share its stage with branch layers";
+  }
+}
+
+// Replicated stages: the tree DP caches, per group of operators, which replica levels meet the
+// target, and its rows of groups outlive a probe (they serve smaller targets later). A mask kept
+// from an earlier, larger target would let a later probe accept stages that are too slow. On a
+// chain the tree DP's family holds every contiguous cut with every replica count, like the
+// replicated sequential DP's (which caches nothing per target), so with memory lifted the tree
+// DP's first plan must be as balanced as the sequential DP's within the bisection tolerance.
+TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
+  for (int seed = 0; seed < 24; ++seed) {
+    const auto g = tst::random_chain(7100 + seed, 8 + seed % 17);
+    const int devices = 4 + seed % 13;
+    cost::Devices d = cost::v100(devices, 4);
+    cost::CostModel model(g, d);
+    auto sp = graph::decompose_series_parallel(g);
+    ASSERT_TRUE(sp.is_series_parallel);
+    for (std::int64_t mb : {4, 16}) {
+      pt::Problem p = pt::make_problem(model, 16, mb, std::min<int>(devices, g.num_nodes()), 1e15, {});
+      p.replicas = std::make_shared<const pt::ReplicaTable>(model, mb, devices);
+      p.device_budget = devices;
+      // The slowest stage as the DPs time it (replica_allocation.h).
+      auto slowest = [&](const std::vector<int>& assignment, const std::vector<int>& replicas) {
+        std::vector<int> stamps(p.num_nodes(), -1);
+        double worst = 0.0;
+        for (int s = 0; s < static_cast<int>(replicas.size()); ++s) {
+          pt::GroupStats group(p, stamps, s);
+          std::vector<double> level_compute(p.replicas->num_levels(), 0.0);
+          for (std::size_t v = 0; v < assignment.size(); ++v) {
+            if (assignment[v] != s) continue;
+            group.add(static_cast<graph::NodeId>(v));
+            for (int l = 0; l < p.replicas->num_levels(); ++l) level_compute[l] += p.replicas->compute(l, static_cast<int>(v));
+          }
+          const int level = p.replicas->level_of(replicas[s]);
+          worst = std::max(worst, pt::replica_stage_time(p, level, level_compute[level], group.transfer,
+                                                         group.cross_bytes, group.params));
+        }
+        return worst;
+      };
+      const auto tree = pt::graphpipe_plans(p, sp.tree, 1e-3);
+      ASSERT_FALSE(tree.empty()) << "seed " << seed;
+      const auto [chain, chain_replicas] = pt::sequential_replicated(p, 1e-3);
+      ASSERT_FALSE(chain.empty()) << "seed " << seed;
+      int used = 0;
+      for (int r : tree.front().replicas) used += r;
+      EXPECT_LE(used, devices) << "seed " << seed;
+      EXPECT_LE(slowest(tree.front().assignment, tree.front().replicas),
+                slowest(chain, chain_replicas) * (1.0 + 2e-3) + 1e-12)
+          << "seed " << seed << " micro-batch " << mb;
+    }
   }
 }
