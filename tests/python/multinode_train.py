@@ -14,14 +14,12 @@ Cases (every plan has a stage edge between the nodes: ranks 0-1 are one node, 2-
 - ``graph_4_stages``: branches 0-1 | branches 2-3 | top 0-1 | top 2-3 and out on ranks 0..3:
   a stage DAG whose two branch stages, both on node 0, feed stage 2 on node 1.
 - ``hybrid_replicas``: the 2-stage split, stage 0 replicated on ranks [0, 1] (node 0),
-  stage 1 on ranks [2, 3] (node 1); needs ``manual_plan(..., stage_devices=)``.
+  stage 1 on ranks [2, 3] (node 1).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 from typing import Any
 
@@ -42,23 +40,12 @@ ENV_KEYS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "MASTER_ADDR", "MA
             "GLOO_SOCKET_IFNAME", "GRAPHPIPE_EMULATED_NODE"]
 
 
-def replicas_available() -> bool:
-    """Whether this build's manual_plan takes ``stage_devices=`` (data-parallel stages)."""
-    from graphpipe.runtime import manual_plan
-
-    return "stage_devices" in inspect.signature(manual_plan).parameters
-
-
 def make_plan(case: str, graph: Any) -> Any:
     """The case's plan for ``graph`` (a Plan or its JSON dict)."""
     from graphpipe.runtime import manual_plan
 
     if case == "cross_node_2_stages":
-        # manual_plan puts stage s on rank s; move stage 1 to rank 2, on the other node.
-        plan = json.loads(manual_plan(graph, TWO_STAGES, MICRO_BATCHES).to_json(graph))
-        plan["stages"][1]["devices"] = [2]
-        plan["num_devices"] = 4
-        return plan
+        return manual_plan(graph, TWO_STAGES, MICRO_BATCHES, stage_devices=[[0], [2]])
     if case == "graph_4_stages":
         return manual_plan(graph, FOUR_STAGES, MICRO_BATCHES)
     if case == "hybrid_replicas":

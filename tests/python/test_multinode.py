@@ -28,10 +28,6 @@ LAUNCH_TIMEOUT = 90.0  # seconds for both nodes' torchrun, rendezvous to exit
 RTOL, ATOL = 1e-10, 1e-12  # float64: only the micro-batches' summation order differs
 
 
-def _available_cases() -> list[str]:
-    return [c for c in mt.CASES if c != "hybrid_replicas" or mt.replicas_available()]
-
-
 _LAUNCH: dict[str, Any] = {}
 
 
@@ -44,7 +40,7 @@ def _launch() -> dict[str, Any]:
         _LAUNCH["skip"] = f"two emulated nodes unavailable: {why}"
         print(_LAUNCH["skip"])
         return _LAUNCH
-    cases = _available_cases()
+    cases = mt.CASES
     # The ranks import the graphpipe this process imported (the sources or an installed copy).
     home = str(Path(graphpipe.__file__).resolve().parents[1])
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
@@ -118,8 +114,6 @@ def test_ranks_land_on_two_nodes(launch: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", mt.CASES)
 def test_training_across_nodes_matches_single_process(case: str, launch: dict[str, Any],
                                                       reference: dict[str, Any]) -> None:
-    if case == "hybrid_replicas" and not mt.replicas_available():
-        pytest.skip("replicated stages not available in this build")
     print(launch["summary"])
     assert all(r.returncode == 0 for r in launch["results"]), "a node failed:\n" + launch["report"]
     ranks = launch["ranks"]
