@@ -13,6 +13,7 @@
 
 #include "bindings/bindings.h"
 #include "cost/gradient_buckets.h"
+#include "runtime/comm_hook.h"
 #include "runtime/errors.h"
 #include "runtime/executor.h"
 #include "runtime/gradient_buckets.h"
@@ -66,17 +67,39 @@ void bind_runtime(py::module_& m) {
 
   py::class_<runtime::GradientBuckets, std::shared_ptr<runtime::GradientBuckets>>(
       m, "GradientBuckets",
-      "Sums a replicated stage's gradients over its replicas in buckets that start during the last "
-      "backward (runtime/gradient_buckets.h).")
+      "Synchronises a replicated stage's gradients over its replicas in buckets that start during the last "
+      "backward, through a communication hook (runtime/gradient_buckets.h).")
       .def(py::init([](std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       double timeout_seconds, double bucket_bytes) {
-             return std::make_shared<runtime::GradientBuckets>(std::move(parameters), std::move(group),
-                                                               to_ms(timeout_seconds), bucket_bytes);
+                       double timeout_seconds, double bucket_bytes, std::shared_ptr<runtime::CommHook> hook) {
+             const auto timeout = to_ms(timeout_seconds);
+             // Attaching a hook may communicate (and wait); Python hooks take the GIL themselves.
+             py::gil_scoped_release release;
+             return std::make_shared<runtime::GradientBuckets>(std::move(parameters), std::move(group), timeout,
+                                                               bucket_bytes, std::move(hook));
            }),
            py::arg("parameters"), py::arg("group"), py::arg("timeout"),
-           py::arg("bucket_bytes") = cost::kDefaultBucketBytes)
+           py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("hook") = py::none(),
+           "`group`: the stage's process group, or a CountingGroup over it (graphpipe._C.counting_group), which "
+           "a Python hook's state must name. `hook`: a CommHook (default: all_reduce_hook(), the exact sum).")
       .def_property_readonly("num_buckets", &runtime::GradientBuckets::num_buckets)
-      .def_property_readonly("bytes", &runtime::GradientBuckets::bytes);
+      .def_property_readonly("bytes", &runtime::GradientBuckets::bytes,
+                             "Gradient bytes synchronised per iteration (the buckets' sizes).")
+      .def_property_readonly("group", &runtime::GradientBuckets::group, "The CountingGroup the hook communicates over.")
+      .def_property_readonly("hook", &runtime::GradientBuckets::hook)
+      .def_property_readonly("bytes_communicated", &runtime::GradientBuckets::bytes_communicated,
+                             "Payload bytes this rank's hook handed to collectives (input tensor sizes), cumulative "
+                             "since construction or reset_traffic() (runtime/counting_group.h).")
+      .def_property_readonly("collectives", &runtime::GradientBuckets::collectives,
+                             "Collectives the hook issued, cumulative since construction or reset_traffic().")
+      .def("reset_traffic", &runtime::GradientBuckets::reset_traffic)
+      .def("arm", &runtime::GradientBuckets::arm,
+           "The next backward is the iteration's last: buckets start as their gradients become final.")
+      .def(
+          "finish", [](runtime::GradientBuckets& b) { b.finish(); }, py::call_guard<py::gil_scoped_release>(),
+          "Starts the buckets left, waits for every bucket (within the timeout) and writes the results into the "
+          "gradients.")
+      .def("abandon", &runtime::GradientBuckets::abandon,
+           "Disarms and forgets the buckets in flight (after a failed iteration).");
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
 
   py::class_<runtime::Executor>(m, "Executor",

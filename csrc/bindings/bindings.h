@@ -14,6 +14,8 @@ void bind_cost(pybind11::module_& m);
 void bind_partition(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);
+// Communication hooks before the runtime: GradientBuckets takes a CommHook.
+void bind_comm_hooks(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 
 }  // namespace graphpipe::bindings

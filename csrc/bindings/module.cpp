@@ -10,5 +10,6 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_partition(m);
   graphpipe::bindings::bind_schedule(m);
   graphpipe::bindings::bind_sim(m);
+  graphpipe::bindings::bind_comm_hooks(m);
   graphpipe::bindings::bind_runtime(m);
 }
