@@ -139,6 +139,8 @@ void bind_runtime(py::module_& m) {
       .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
       .def("set_parameters", &runtime::Executor::set_parameters, py::arg("parameters"),
            "The stage's trainable parameters, whose gradients a W instruction computes.")
+      .def("set_local_updates", &runtime::Executor::set_local_updates, py::arg("on"),
+           "The replicas of this rank's stage update locally (local SGD): AR waits for nothing.")
       .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
            "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).")
       .def(

@@ -341,7 +341,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
     throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
   }
   const bool replicated = stage_ >= 0 && schedule_.replicas(stage_) > 1;
-  if (replicated && train && !buckets_) {
+  if (replicated && train && !buckets_ && !local_updates_) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " runs a replica of stage " +
                 std::to_string(stage_) + " but was given no gradient buckets (set_gradient_buckets)");
   }
@@ -504,7 +504,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
         }
       } else if (ins.kind == OpKind::backward_input) {
         backward_input(ins);
-      } else if (ins.kind == OpKind::all_reduce) {
+      } else if (ins.kind == OpKind::all_reduce && buckets_) {
         // Its measured span starts when the first bucket's sum started, inside the backward.
         const auto first = buckets_->finish();
         start = std::chrono::duration<double>(first - t0).count();

@@ -18,7 +18,8 @@
 //       not keep them), so I + W costs more than B: the price of a W that can wait;
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
 //   AR  (replicated stages) wait for the replicas' gradient sum, started bucket by bucket during
-//       the last backward (gradient_buckets.h), and write it into the gradients;
+//       the last backward (gradient_buckets.h), and write it into the gradients; nothing where
+//       the replicas update locally (set_local_updates: local SGD averages after the step);
 //   OPT nothing: the user's optimizer steps after run().
 // Replicated stages (schedule.h): the rank runs replica r of its stage on the rows
 // schedule::shard_rows gives it in every micro-batch; its inputs, outputs and gradients have
@@ -106,6 +107,10 @@ class Executor {
   // The sum of this replica's gradients with the other replicas' (required on a replicated
   // stage: its program has an all_reduce).
   void set_gradient_buckets(std::shared_ptr<GradientBuckets> buckets) { buckets_ = std::move(buckets); }
+  // Instead, the replicas of this rank's stage update on their own gradients (local SGD,
+  // graphpipe/runtime/replica_sync.py averages their parameters after the optimizer step): AR
+  // then has nothing to wait for.
+  void set_local_updates(bool on) { local_updates_ = on; }
   // The stage's trainable parameters: what a W instruction computes the gradients of (required
   // when the program splits its backwards).
   void set_parameters(std::vector<at::Tensor> parameters) { parameters_ = std::move(parameters); }
@@ -166,6 +171,7 @@ class Executor {
   std::vector<std::vector<at::Tensor>> specs_;
   std::int64_t rows_ = 0;  // of a micro-batch, as given with the specs
   std::shared_ptr<GradientBuckets> buckets_;
+  bool local_updates_ = false;
   std::vector<at::Tensor> parameters_;
   Transport transport_;
   c10::Device device_{c10::kCPU};

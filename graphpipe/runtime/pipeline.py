@@ -42,6 +42,7 @@ from graphpipe.runtime.measure import SavedActivations
 from graphpipe.planning import plan as make_plan
 from graphpipe.runtime.plan import check_runnable, load_plan, plan_json, stage_ranks
 from graphpipe.runtime.process_group import new_process_group
+from graphpipe.runtime.replica_sync import ReplicaSync
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
     StageGraph,
@@ -52,6 +53,8 @@ from graphpipe.runtime.stages import (
     unflatten_values,
 )
 from graphpipe.simulation import schedule as generate_schedule
+from graphpipe.sync import AllReduce, SyncMethod
+from graphpipe.sync import parse as parse_sync
 from graphpipe.trace import trace_module
 
 __all__ = ["Pipeline", "wrap"]
@@ -79,6 +82,7 @@ class Pipeline:
         device: Any = None,
         leaf_modules: Any = (),
         bucket_bytes: float | None = None,
+        sync: SyncMethod | str | None = None,
         **plan_options: Any,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -95,6 +99,8 @@ class Pipeline:
         if not self._bucket_bytes > 0:
             raise InputError(f"graphpipe.wrap: bucket_bytes must be positive, got {bucket_bytes!r}")
         self._buckets: Any = None
+        self.sync_method = parse_sync(sync)
+        self._replica_sync: ReplicaSync | None = None
         self._replica_groups: list[Any] = []
         self._global_ranks = [self._global(r) for r in range(self.world_size)]
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
@@ -106,8 +112,12 @@ class Pipeline:
         traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules))
         if plan is None:
             # The planner plans for the schedule that will run (zb_graph's shorter bubbles).
-            plan = self._partition_on_rank0(dict(plan_options, partitioner=partitioner, devices=devices,
-                                                 micro_batches=micro_batches, schedule=schedule))
+            # ... and for the sync method its replicated stages will use (the default needs no say).
+            options = dict(plan_options, partitioner=partitioner, devices=devices, micro_batches=micro_batches,
+                           schedule=schedule)
+            if self.sync_method != AllReduce():
+                options["sync"] = self.sync_method
+            plan = self._partition_on_rank0(options)
         elif plan_options or devices is not None or partitioner != "graphpipe":
             given = sorted(plan_options) + (["devices"] if devices is not None else []) + (
                 ["partitioner"] if partitioner != "graphpipe" else [])
@@ -200,6 +210,7 @@ class Pipeline:
             "schedule": schedule,
             "micro_batches": micro_batches,
             "timeout": self.timeout,
+            "sync method": repr(self.sync_method),
         }
         self._board.share("agreement", mine)
         everyone = self._board.collect("agreement", what="model description")
@@ -225,18 +236,28 @@ class Pipeline:
         # What a split backward's W computes the gradients of (zero-bubble schedules).
         self.executor.set_parameters([p for p in self.module.parameters() if p.requires_grad])
         # Replicated stages: one process group per stage's replicas, made by every rank in stage
-        # order (torch names groups by the order they are made, process_group.py), for the sum
-        # of the replicas' gradients.
+        # order (torch names groups by the order they are made, process_group.py), for the sync
+        # method's communication (replica_sync.py).
+        method = self.sync_method
+        if method.local_updates and self._stages.shared_params and any(len(st.ranks) > 1 for st in self._stages.stages):
+            raise InputError(f"sync={method.describe()}: parameters tied across stages cannot be trained with "
+                             "local updates on replicated stages (their replicas would drift apart from the other "
+                             "stage's copy); use a gradient method (AllReduce, TopK, PowerSGD)")
         for st in self._stages.stages:
             if len(st.ranks) < 2:
                 continue
             sub = new_process_group([self._global_ranks[r] for r in st.ranks], list(st.ranks), self._whole_world,
                                     backend, self.timeout, self._board, f"the replicas of stage {st.index}")
             self._replica_groups.append(sub)
+            hierarchy = self._hierarchy_groups(st, backend) if getattr(method, "hierarchical", False) else None
             if st is self._stage:
                 params = [p for p in self.module.parameters() if p.requires_grad]
-                self._buckets = _C.GradientBuckets(params, sub, self.timeout, self._bucket_bytes)
-                self.executor.set_gradient_buckets(self._buckets)
+                self._replica_sync = ReplicaSync(method, params, sub, self.timeout, self._bucket_bytes, hierarchy)
+                if method.local_updates:
+                    self.executor.set_local_updates(True)
+                else:
+                    self._buckets = self._replica_sync.buckets
+                    self.executor.set_gradient_buckets(self._buckets)
         if self.device.type == "cuda":
             # CUDA path: transfers on their own stream, ordered with events. NCCL moves GPU
             # memory itself; a CPU-only backend (Gloo) gets host-staged copies, which is what lets
@@ -244,6 +265,36 @@ class Pipeline:
             self.executor.use_cuda(self.device.index if self.device.index is not None else torch.cuda.current_device())
             if "nccl" not in backend:
                 self.executor.set_host_staging(True)
+
+    def _hierarchy_groups(self, st: Any, backend: str) -> tuple[Any, Any] | None:
+        """AllReduce(hierarchical=True): the groups of stage ``st``'s replicas on one node, and of
+        its replicas with the same index on each node; every rank makes every group, in stage then
+        node order (process_group.py). Returns this rank's two groups, None for a stage on one
+        node. A node is ``ranks_per_node`` consecutive global ranks (torchrun numbers them so)."""
+        import os
+
+        per_node = self.sync_method.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        nodes: dict[int, list[int]] = {}
+        for r in st.ranks:
+            nodes.setdefault(self._global_ranks[r] // per_node, []).append(r)
+        if len(nodes) < 2:
+            return None
+        sizes = {len(v) for v in nodes.values()}
+        if len(sizes) != 1:
+            raise InputError(f"AllReduce(hierarchical=True): stage {st.index}'s replicas are spread unevenly over "
+                             f"nodes ({ {n: len(v) for n, v in nodes.items()} }); a hierarchical sum needs as many "
+                             "replicas on every node")
+        mine: list[Any] = [None, None]
+        made = [(list(v), 0) for v in nodes.values()]
+        made += [([v[i] for v in nodes.values()], 1) for i in range(sizes.pop())]
+        for members, level in made:
+            g = new_process_group([self._global_ranks[r] for r in members], members, self._whole_world, backend,
+                                  self.timeout, self._board,
+                                  f"stage {st.index}'s replicas {'inside a node' if level == 0 else 'across nodes'}")
+            self._replica_groups.append(g)
+            if self.rank in members:
+                mine[level] = g
+        return (mine[0], mine[1]) if self.rank in st.ranks else None
 
     # ---- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
@@ -255,6 +306,7 @@ class Pipeline:
         self.executor = None
         self._shared = None
         self._buckets = None
+        self._replica_sync = None
         for sub in self._replica_groups:
             if sub is not None:
                 try:
@@ -495,12 +547,18 @@ class Pipeline:
 
         self._saved = SavedActivations(self.module.parameters()) if record else None
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
+        replicas = self._replica_sync
+        if replicas is not None:
+            replicas.before_step(optimizer)
         during = "in the pipelined forward and backward"
         try:
             self.last_timings = self._executor().run(fn, True, record)
             during = "summing tied parameters' gradients"
             if self._shared.active:
                 self._shared.all_reduce()
+            if replicas is not None:
+                begin, end = self._executor().my_rows(mbs)
+                replicas.after_backward((end - begin) / mbs)
             total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
             # Every rank broadcasts the same dtype (float64, exact for any float loss): a rank
             # without the output does not know the loss's dtype, and a size mismatch aborts gloo.
@@ -508,6 +566,11 @@ class Pipeline:
             if optimizer is not None:  # local work: before the broadcast, which may wait for peers
                 during = "in the optimizer step"
                 optimizer.step()
+            if replicas is not None:
+                # Before zero_grad: torch's averager averages only parameters that have a gradient.
+                during = f"synchronising the replicas of stage {self.stage} ({self.sync_method.describe()})"
+                replicas.after_optimizer_step()
+            if optimizer is not None:
                 optimizer.zero_grad()
             if len(self.output_ranks) == 1:
                 during = f"in the loss broadcast from rank {self.output_rank}"
@@ -580,6 +643,28 @@ class Pipeline:
         except BaseException as exc:
             raise self._fail(exc, "gathering measured tasks") from exc
         return [t for tasks in everyone for t in (tasks or [])]
+
+    # ---- replicas' sync -------------------------------------------------------------------
+    @property
+    def sync_stats(self) -> dict[str, Any]:
+        """This rank's replica sync so far: the method, steps, synchronisations and the bytes
+        it handed to the replicas' collectives (measured); empty unless the rank holds a
+        replicated stage."""
+        return self._replica_sync.stats() if self._replica_sync is not None else {}
+
+    def sync_state_dict(self) -> dict[str, Any]:
+        """This rank's sync state (local SGD's step and QSR's round, top-k's residuals,
+        PowerSGD's error feedback and factors), for a checkpoint: save it with the parameters and
+        the optimizer's state, and a resumed run continues exactly as an uninterrupted one."""
+        return self._replica_sync.state_dict() if self._replica_sync is not None else {}
+
+    def load_sync_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`sync_state_dict`'s state (of the same rank and sync method)."""
+        if self._replica_sync is None:
+            if state:
+                raise InputError(f"rank {self.rank} holds no replicated stage, but was given sync state")
+            return
+        self._replica_sync.load_state_dict(dict(state))
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -668,6 +753,7 @@ def wrap(
     devices: Any = None,
     device: Any = None,
     bucket_bytes: float | None = None,
+    sync: SyncMethod | str | None = None,
     **options: Any,
 ) -> Pipeline:
     """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
@@ -692,6 +778,10 @@ def wrap(
         bucket_bytes: size of the buckets in which a replicated stage's gradients are summed
             over its replicas, each starting as soon as the last backward has produced its
             gradients (default ``graphpipe._C.default_bucket_bytes``, 1 MiB).
+        sync: how replicated stages synchronise (graphpipe/sync.py): ``"allreduce"`` (default,
+            exact), ``graphpipe.sync.AllReduce(hierarchical=True)``, ``LocalSGD(period)``,
+            ``QSR(base_period, alpha)``, ``TopK(ratio)`` or ``PowerSGD(rank)``. The planner plans
+            for it. Local methods need ``step(..., optimizer=...)``.
         options: ``leaf_modules`` (modules traced as one operator), and every other keyword of
             :func:`graphpipe.plan` (``memory_limit``, ``micro_batch_size``, ``optimizer``,
             ``manual``, ``device_kind``, ``seed``), passed to it unchanged. With ``plan=``,
@@ -710,5 +800,6 @@ def wrap(
         devices=devices,
         device=device,
         bucket_bytes=bucket_bytes,
+        sync=sync,
         **options,
     )

@@ -1,0 +1,178 @@
+"""ReplicaSync: one rank's share of keeping a replicated stage's replicas in agreement, by the
+method ``wrap(..., sync=...)`` chose (graphpipe/sync.py).
+
+Two families:
+
+- Gradient methods (AllReduce, TopK, PowerSGD) sum the replicas' gradients every step, in the
+  C++ executor's gradient buckets (``_C.GradientBuckets``, runtime/gradient_buckets.h), which
+  start each bucket's communication hook as soon as the last backward has produced its
+  gradients. Each replica's gradients are exact shares of the micro-batch's (the loss is scaled
+  by the replica's share of the rows), so an exact sum is the single-process gradient.
+- Local methods (LocalSGD, QSR) exchange nothing during the step: each replica's gradients are
+  rescaled from its share of the batch to the mean over its own rows, so that each replica takes
+  an ordinary SGD step on its part of the batch; then, at the end of a round, the replicas'
+  parameters are averaged with torch's model averaging (``PeriodicModelAverager`` for a fixed
+  period, ``utils.average_parameters`` at the end of each QSR round). The executor's all-reduce
+  instruction does nothing on such a stage (``set_local_updates``).
+
+Every collective of either family goes through a counting wrapper of the replicas' process group
+(``_C.counting_group``, runtime/counting_group.h), so ``stats`` reports the bytes this rank really handed to
+collectives, whichever code (graphpipe's or torch's hooks and averagers) issued them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphpipe._ext import _C
+from graphpipe.errors import InputError
+from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, SyncMethod, TopK
+
+__all__ = ["ReplicaSync"]
+
+
+class ReplicaSync:
+    """The sync state of one replica of a replicated stage."""
+
+    def __init__(
+        self,
+        method: SyncMethod,
+        parameters: list[nn.Parameter],
+        group: Any,
+        timeout: float,
+        bucket_bytes: float,
+        hierarchy: tuple[Any, Any] | None = None,
+    ) -> None:
+        """``group``: the stage's replicas' process group. ``hierarchy``: the (intra-node,
+        inter-node) groups of this rank, for ``AllReduce(hierarchical=True)``."""
+        self.method = method
+        self.parameters = parameters
+        # What torch's hooks and averagers are given: every collective they issue is counted.
+        self.group = _C.counting_group(group)
+        self.buckets: Any = None
+        self.steps = 0
+        self.syncs = 0
+        self._averager: Any = None
+        self._round_left = 0  # QSR: local steps left in the current round (0: a round starts)
+        self._powersgd_state: Any = None
+        self._hook: Any = None
+        if method.local_updates:
+            if isinstance(method, LocalSGD):
+                import warnings
+
+                from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+                # warmup_steps = H - 1: torch's averager then averages after steps H, 2H, ...
+                # (complete rounds), not after the first step. Period 1 is a legitimate reference
+                # point (it equals all-reducing parameters every step), which torch warns about.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self._averager = PeriodicModelAverager(period=method.period, warmup_steps=method.period - 1,
+                                                           process_group=self.group)
+            return
+        if isinstance(method, AllReduce):
+            if method.hierarchical:
+                if hierarchy is None:
+                    raise InputError("AllReduce(hierarchical=True): this stage's replicas lie on one node, "
+                                     "so there is no hierarchy to use")
+                # The buckets count the hook's traffic on these groups with their own.
+                self._hook = _C.hierarchical_all_reduce_hook(*hierarchy)
+            else:
+                self._hook = _C.all_reduce_hook()
+        elif isinstance(method, TopK):
+            self._hook = _C.topk_hook(method.ratio)
+        elif isinstance(method, PowerSGD):
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+            self._powersgd_state = powersgd.PowerSGDState(
+                process_group=self.group,
+                matrix_approximation_rank=method.rank,
+                start_powerSGD_iter=method.start_iter,
+                min_compression_rate=method.min_compression_rate,
+                random_seed=method.seed,
+            )
+            self._hook = _C.python_comm_hook(self._powersgd_state, powersgd.powerSGD_hook)
+        else:
+            raise InputError(f"unknown sync method {method!r}")
+        self.buckets = _C.GradientBuckets(parameters, self.group, timeout, bucket_bytes, hook=self._hook)
+
+    # ---- per step --------------------------------------------------------------------------
+    def before_step(self, optimizer: Any) -> None:
+        """Local methods need the optimizer: they step it themselves, then average."""
+        if self.method.local_updates and optimizer is None:
+            raise InputError(f"sync={self.method.describe()}: pass optimizer= to step(); a local-SGD replica "
+                             "must step before its parameters are averaged, inside step()")
+        if isinstance(self.method, QSR) and self._round_left == 0:
+            lr = float(optimizer.param_groups[0]["lr"])
+            self._round_left = self.method.period(lr)
+
+    def after_backward(self, share: float) -> None:
+        """Local methods: this replica's gradients become the mean over its own rows."""
+        if not self.method.local_updates or share == 1.0:
+            return
+        with torch.no_grad():
+            for p in self.parameters:
+                if p.grad is not None:
+                    p.grad.div_(share)
+
+    def after_optimizer_step(self) -> None:
+        """Local methods: average the parameters at the end of a round."""
+        self.steps += 1
+        if not self.method.local_updates:
+            self.syncs += 1
+            return
+        if isinstance(self.method, QSR):
+            self._round_left -= 1
+            if self._round_left == 0:
+                from torch.distributed.algorithms.model_averaging import utils
+
+                utils.average_parameters(iter(self.parameters), self.group)
+                self.syncs += 1
+            return
+        averager = self._averager
+        if averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0:
+            self.syncs += 1
+        averager.average_parameters(self.parameters)
+
+    # ---- figures and checkpoints -------------------------------------------------------------
+    @property
+    def bytes_communicated(self) -> int:
+        """Bytes this rank handed to the replicas' collectives so far (measured by the counting
+        process groups)."""
+        if self.buckets is not None:
+            return int(self.buckets.bytes_communicated)
+        return int(self.group.bytes_communicated)
+
+    def stats(self) -> dict[str, Any]:
+        return {"method": self.method.describe(), "steps": self.steps, "syncs": self.syncs,
+                "bytes": self.bytes_communicated}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue exactly: counters, QSR's round, local SGD's step,
+        top-k's residuals, PowerSGD's state (its error feedback, warm-start factors, random
+        generator and iteration count)."""
+        state: dict[str, Any] = {"method": repr(self.method), "steps": self.steps, "syncs": self.syncs,
+                                 "round_left": self._round_left}
+        if self._averager is not None:
+            state["averager_step"] = self._averager.step
+        if isinstance(self.method, TopK):
+            state["residuals"] = self._hook.state_dict()
+        if self._powersgd_state is not None:
+            state["powersgd"] = {slot: getattr(self._powersgd_state, slot)
+                                 for slot in type(self._powersgd_state).__slots__ if slot != "process_group"}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("method") != repr(self.method):
+            raise InputError(f"sync state was saved for {state.get('method')}, this pipeline runs {self.method!r}")
+        self.steps, self.syncs, self._round_left = state["steps"], state["syncs"], state["round_left"]
+        if self._averager is not None:
+            self._averager.step = state["averager_step"]
+        if isinstance(self.method, TopK):
+            self._hook.load_state_dict(state["residuals"])
+        if self._powersgd_state is not None:
+            for slot, value in state["powersgd"].items():
+                setattr(self._powersgd_state, slot, value)
