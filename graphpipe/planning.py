@@ -17,7 +17,8 @@ from graphpipe._ext import _C
 from graphpipe.errors import InputError
 from graphpipe.trace import trace
 
-__all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "PARTITIONERS", "DEVICE_KINDS", "OPTIMIZERS"]
+__all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "sync_method", "PARTITIONERS", "DEVICE_KINDS",
+           "OPTIMIZERS"]
 
 #: Partitioner names accepted by :func:`plan`, as the C++ registry lists them.
 PARTITIONERS: tuple[str, ...] = tuple(_C.partitioner_names())
@@ -96,6 +97,7 @@ def plan(
     replicate: bool = False,
     stage_devices: Mapping[int, Sequence[int]] | None = None,
     schedule: str = "1f1b",
+    sync: Any = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -121,6 +123,12 @@ def plan(
         schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
             ``zb_graph`` makes the predicted step the zero-bubble schedule's (shorter fill and
             drain), so the choice of cut and micro-batching weighs depth accordingly.
+        sync: how replicated stages will synchronise (see :func:`sync_method`): a
+            ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
+            of every gradient. Each replicated stage is charged that method's cost per step
+            (local SGD's averaging amortised over its period; top-k's and PowerSGD's smaller
+            collectives and their compression compute), so a cheaper method makes more replicas
+            worth their devices. The plan records it (``plan.sync``).
 
     Returns:
         A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
@@ -167,7 +175,31 @@ def plan(
         replicate=bool(replicate),
         stage_devices=ranks,
         zero_bubble=_zero_bubble(schedule),
+        sync=sync_method(sync),
     )
+
+
+def sync_method(sync: Any) -> Any:
+    """The cost model's description (``graphpipe._C.SyncMethod``) of a sync method.
+
+    Accepts ``None`` or ``"allreduce"`` (the default all-reduce), a ``_C.SyncMethod``, or any
+    object whose ``cost_method()`` returns one (the methods of ``graphpipe.sync``).
+
+    Raises:
+        InputError: anything else, naming what was given.
+    """
+    if sync is None or (isinstance(sync, str) and sync in ("allreduce", "all_reduce")):
+        return _C.SyncMethod()
+    if isinstance(sync, _C.SyncMethod):
+        return sync
+    describe = getattr(sync, "cost_method", None)
+    if callable(describe):
+        method = describe()
+        if isinstance(method, _C.SyncMethod):
+            return method
+        raise InputError(f"{type(sync).__name__}.cost_method() returned {type(method).__name__}, "
+                         "not a graphpipe._C.SyncMethod")
+    raise InputError(f"sync must be a graphpipe.sync method, a graphpipe._C.SyncMethod or 'allreduce', got {sync!r}")
 
 
 def _zero_bubble(schedule: str) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 from graphpipe._ext import _C
 from graphpipe.planning import devices as make_devices
+from graphpipe.planning import sync_method
 
 __all__ = ["schedule", "simulate", "SCHEDULES"]
 
@@ -30,6 +31,8 @@ def simulate(
     device_kind: str = "cpu",
     task_overhead_seconds: float = 0.0,
     bucket_bytes: float | None = None,
+    sync: Any = None,
+    sync_step: bool = True,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -42,14 +45,20 @@ def simulate(
         task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated).
         bucket_bytes: the gradient bucket size of replicated stages, as given to ``wrap``
             (default: the runtime's, ``graphpipe._C.default_bucket_bytes``).
+        sync: how replicated stages synchronise (a ``graphpipe.sync`` method or a
+            ``graphpipe._C.SyncMethod``); default: the method the plan was made for
+            (``plan.sync``).
+        sync_step: for local SGD, simulate a step that averages the parameters (default) or a
+            local step; ``amortized_iteration_seconds`` weighs both over the period either way.
 
     Returns:
-        A ``SimResult``: iteration time, throughput, per-rank busy/idle/bubble shares, peak
+        A ``SimResult``: iteration time (and its mean over a local-SGD period), throughput, per-rank busy/idle/bubble shares, peak
         activation memory per stage, the critical path and every task (for ``graphpipe.viz``).
     """
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
     sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
+    method = sync_method(sync) if sync is not None else None
     return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds,
-                       bucket_bytes=buckets)
+                       bucket_bytes=buckets, sync=method, sync_step=bool(sync_step))

@@ -471,7 +471,7 @@ def trace_module(
                     params.append((canonical.get(id(value), str(arg.target)), value))
                 else:
                     buffers.extend(iter_tensors(value))
-        own_names, shared_names, param_bytes = [], [], 0
+        own_names, shared_names, param_bytes, shapes = [], [], 0, []
         for name, p in params:
             if id(p) in owned:
                 shared_names.append(name)
@@ -479,6 +479,10 @@ def trace_module(
                 owned.add(id(p))
                 own_names.append(name)
                 param_bytes += p.numel() * p.element_size()
+                # What the sync pricing needs (cost/sync_cost.h): PowerSGD compresses by shape,
+                # the runtime's gradient buckets hold one dtype each and skip frozen parameters.
+                shapes.append(_C.ParamShape(name=name, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."),
+                                            element_size=p.element_size(), requires_grad=p.requires_grad))
         buffer_bytes = 0
         for b in buffers:
             if id(b) not in owned:
@@ -486,6 +490,7 @@ def trace_module(
                 buffer_bytes += b.numel() * b.element_size()
         info.params, info.shared_params = own_names, shared_names
         info.param_bytes, info.buffer_bytes = param_bytes, buffer_bytes
+        info.param_shapes = shapes
         traced.node_ids[node.name] = graph.add_node(info)
 
     real_nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
@@ -554,7 +559,8 @@ def trace(
 
     Returns:
         The ``OpGraph``: one node per operator with op kind, owning module, forward FLOPs, owned
-        and shared parameters, output bytes per sample; one edge per tensor flow.
+        parameters (with their shapes and dtypes) and shared ones, output bytes per sample; one
+        edge per tensor flow.
 
     Raises:
         TraceError: the model cannot be traced (the message names the construct and a fix), or

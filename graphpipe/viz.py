@@ -22,10 +22,11 @@ One complete ("X") event per task: ``pid`` is the rank, ``tid`` 0 for computatio
 backward, optimizer) and 1 for communication (transfers and all-reduces), ``ts``/``dur`` in microseconds from the start of the
 iteration. Names: ``F<mb> s<stage>`` forward, ``B<mb> s<stage>`` backward, ``A<mb> e<edge>``
 activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step, ``AR s<stage>`` a replicated stage's gradient sum,
-``I<mb> s<stage>`` / ``W<mb> s<stage>`` a split backward's input- and weight-gradient halves. A
-transfer is drawn on its sending rank; ``args.peer`` is the receiving rank. ``args.kind`` is one
-of ``forward, backward, activation, gradient, optimizer, all_reduce, backward_input,
-backward_weight``. ``read_chrome_trace`` turns such a
+``I<mb> s<stage>`` / ``W<mb> s<stage>`` a split backward's input- and weight-gradient halves,
+``C<bucket> s<stage>`` compressing a gradient bucket (top-k, PowerSGD), ``AVG s<stage>`` local
+SGD's parameter averaging. A transfer is drawn on its sending rank; ``args.peer`` is the
+receiving rank. ``args.kind`` is one of ``forward, backward, activation, gradient, optimizer,
+all_reduce, backward_input, backward_weight, compress, average``. ``read_chrome_trace`` turns such a
 file back into task dicts.
 """
 
@@ -55,11 +56,14 @@ TASK_KINDS = {
     "all_reduce": "#55A868",
     "backward_input": "#C44E52",
     "backward_weight": "#DA8BC3",
+    "compress": "#937860",
+    "average": "#2F7F4F",
 }
 _TASK_KEYS = ("name", "kind", "rank", "peer", "stage", "micro_batch", "edge", "start", "end")
 _TRANSFERS = ("activation", "gradient")
-# Drawn on a rank's thin communication lane: transfers and a replicated stage's gradient sum.
-_COMMUNICATION = (*_TRANSFERS, "all_reduce")
+# Drawn on a rank's thin communication lane: transfers, a replicated stage's gradient sum and
+# local SGD's parameter averaging.
+_COMMUNICATION = (*_TRANSFERS, "all_reduce", "average")
 
 
 def tasks_of(result: Any) -> list[dict]:

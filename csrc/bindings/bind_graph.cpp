@@ -15,6 +15,7 @@ using graph::Edge;
 using graph::Node;
 using graph::NodeId;
 using graph::OpGraph;
+using graph::ParamShape;
 using graph::ProfileSample;
 using graph::SPDecomposition;
 using graph::SPNode;
@@ -35,6 +36,28 @@ void bind_graph(py::module_& m) {
                ", backward_seconds=" + std::to_string(p.backward_seconds) + ")";
       });
 
+  py::class_<ParamShape>(m, "ParamShape",
+                         "One parameter tensor as the sync pricing needs it: name, shape, dtype, element size, "
+                         "whether it is trained (graph/op_graph.h).")
+      .def(py::init([](std::string name, std::vector<std::int64_t> shape, std::string dtype, int element_size,
+                       bool requires_grad) {
+             return ParamShape{std::move(name), std::move(shape), std::move(dtype), element_size, requires_grad};
+           }),
+           py::arg("name"), py::arg("shape"), py::arg("dtype") = "float32", py::arg("element_size") = 4,
+           py::arg("requires_grad") = true)
+      .def_readwrite("name", &ParamShape::name)
+      .def_readwrite("shape", &ParamShape::shape)
+      .def_readwrite("dtype", &ParamShape::dtype)
+      .def_readwrite("element_size", &ParamShape::element_size)
+      .def_readwrite("requires_grad", &ParamShape::requires_grad)
+      .def_property_readonly("numel", &ParamShape::numel)
+      .def_property_readonly("bytes", &ParamShape::bytes)
+      .def("__repr__", [](const ParamShape& p) {
+        std::string dims;
+        for (std::size_t i = 0; i < p.shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(p.shape[i]);
+        return "ParamShape(" + p.name + ", [" + dims + "], " + p.dtype + (p.requires_grad ? "" : ", frozen") + ")";
+      });
+
   py::class_<Node>(m, "Node", "One operator of the traced model (quantities per sample).")
       .def(py::init<>())
       .def_readwrite("name", &Node::name)
@@ -45,6 +68,7 @@ void bind_graph(py::module_& m) {
       .def_readwrite("param_bytes", &Node::param_bytes)
       .def_readwrite("params", &Node::params)
       .def_readwrite("shared_params", &Node::shared_params)
+      .def_readwrite("param_shapes", &Node::param_shapes, "Shapes of the owned parameters, one per entry of params.")
       .def_readwrite("buffer_bytes", &Node::buffer_bytes)
       .def_readwrite("output_bytes", &Node::output_bytes)
       .def_readwrite("is_input", &Node::is_input)

@@ -35,6 +35,8 @@ void bind_partition(py::module_& m) {
       .def_readwrite("memory_bytes", &Stage::memory_bytes)
       .def_readwrite("all_reduce_seconds", &Stage::all_reduce_seconds)
       .def_readwrite("recompute", &Stage::recompute)
+      .def_readwrite("parameters", &Stage::parameters,
+                     "The stage module's parameters in the runtime's order (ParamShape list; empty without shapes).")
       .def("__repr__", [](const Stage& s) {
         return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators>";
       });
@@ -67,6 +69,7 @@ void bind_partition(py::module_& m) {
       .def_readwrite("memory_limit_bytes", &Plan::memory_limit_bytes)
       .def_readwrite("optimizer", &Plan::optimizer)
       .def_readwrite("chain", &Plan::chain)
+      .def_readwrite("sync", &Plan::sync, "The sync method the plan was priced for (SyncMethod).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
       .def("to_string", [](const Plan& p, const graph::OpGraph& g) { return partition::to_string(p, g); },
            py::arg("graph"), "Readable table with operator names.")
@@ -92,8 +95,9 @@ void bind_partition(py::module_& m) {
          std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
          const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
          double tolerance, int seed, bool refine, bool replicate,
-         std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble) {
+         std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble, const cost::SyncMethod& sync) {
         partition::Options o;
+        o.sync = sync;
         o.zero_bubble = zero_bubble;
         o.partitioner = partitioner;
         o.batch_size = batch_size;
@@ -116,6 +120,7 @@ void bind_partition(py::module_& m) {
       py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam", py::arg("manual") = py::none(),
       py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true,
       py::arg("replicate") = false, py::arg("stage_devices") = py::none(), py::arg("zero_bubble") = false,
+      py::arg("sync") = cost::SyncMethod{},
       "Cuts the graph into stages (see partition/partitioner.h). batch_size 0 takes the graph's "
       "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
       "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");

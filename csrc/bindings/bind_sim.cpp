@@ -2,6 +2,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "bindings/bindings.h"
 #include "cost/gradient_buckets.h"
 #include "sim/simulate.h"
@@ -36,6 +38,8 @@ py::dict result_dict(const SimResult& r) {
   py::dict d;
   d["overlap"] = r.overlap;
   d["iteration_seconds"] = r.iteration_seconds;
+  d["amortized_iteration_seconds"] = r.amortized_iteration_seconds;
+  d["sync"] = r.sync.describe();
   d["samples"] = r.samples;
   d["samples_per_second"] = r.samples_per_second;
   py::list tasks;
@@ -109,7 +113,10 @@ void bind_sim(py::module_& m) {
 
   py::class_<SimResult>(m, "SimResult", "Prediction of one iteration (see sim/simulate.h).")
       .def_readonly("overlap", &SimResult::overlap)
-      .def_readonly("iteration_seconds", &SimResult::iteration_seconds)
+      .def_readonly("iteration_seconds", &SimResult::iteration_seconds, "Of the simulated step.")
+      .def_readonly("amortized_iteration_seconds", &SimResult::amortized_iteration_seconds,
+                    "Mean over a local-SGD period (iteration_seconds for the other methods).")
+      .def_readonly("sync", &SimResult::sync, "The sync method simulated.")
       .def_readonly("samples", &SimResult::samples)
       .def_readonly("samples_per_second", &SimResult::samples_per_second)
       .def_readonly("tasks", &SimResult::tasks)
@@ -133,8 +140,11 @@ void bind_sim(py::module_& m) {
   m.def(
       "simulate",
       [](const partition::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
-         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes) {
+         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes,
+         std::optional<cost::SyncMethod> sync, bool sync_step) {
         sim::SimOptions options;
+        options.sync = sync;
+        options.sync_step = sync_step;
         options.overlap = overlap;
         options.optimizer_traffic_factor = optimizer_traffic_factor;
         options.task_overhead_seconds = task_overhead_seconds;
@@ -144,8 +154,9 @@ void bind_sim(py::module_& m) {
       },
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
       py::arg("optimizer_traffic_factor") = 4.0, py::arg("task_overhead_seconds") = 0.0,
-      py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
-      "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h).");
+      py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("sync") = py::none(), py::arg("sync_step") = true,
+      "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h); sync: the replicated "
+      "stages' SyncMethod (default the plan's); sync_step: for local SGD, simulate a step that averages.");
 }
 
 }  // namespace graphpipe::bindings

@@ -1,4 +1,4 @@
-// gradient_buckets: how the gradients of a replicated stage are grouped for their all-reduce.
+// gradient_buckets: how the gradients of a replicated stage are grouped for their sync.
 //
 // The runtime (runtime/gradient_buckets.h) sums a replicated stage's gradients in buckets of
 // about kDefaultBucketBytes, filled with parameters in reverse registration order (roughly the
@@ -6,21 +6,48 @@
 // soon as the last backward has produced all of its gradients; the simulator prices the same
 // buckets. A small first-to-last size keeps the overlap: with one large bucket nothing could
 // start before the backward ends. 1 MiB is DDP's first-bucket size.
+//
+// gradient_buckets() is the runtime's layout rule, written here so that the cost model can
+// price what each bucket holds (top-k's k and PowerSGD's factors depend on bucket contents): the
+// parameters are walked from last to first, skipping those that are not trained; each dtype has
+// one open bucket; a parameter goes into its dtype's open bucket unless that bucket already
+// holds bucket_bytes or more, in which case it opens a new one (so a bucket passes the cap by
+// its last parameter, and a parameter larger than the cap is a bucket of its own). Buckets are
+// listed in the order they were opened, which is the order the runtime starts them in.
+// O(P) for P parameters.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/op_graph.h"
 
 namespace graphpipe::cost {
 
 inline constexpr double kDefaultBucketBytes = 1024.0 * 1024.0;
 
 // How many buckets of at most `cap` bytes hold `bytes` of gradients (at least one when there
-// is anything to sum; a single parameter larger than the cap is its own bucket in the runtime).
+// is anything to sum). The simulator's figure for a stage whose parameter shapes are unknown.
 inline int bucket_count(double bytes, double cap = kDefaultBucketBytes) {
   if (bytes <= 0.0) return 0;
   if (cap <= 0.0) return 1;
   return std::max(1, static_cast<int>(std::ceil(bytes / cap)));
 }
+
+struct GradientBucket {
+  std::string dtype;
+  int element_size = 4;
+  std::int64_t numel = 0;
+  std::vector<int> parameters;  // indices into the parameter list, in the bucket's order
+  double bytes() const { return static_cast<double>(numel) * element_size; }
+};
+
+// The runtime's buckets of `parameters` (in the stage module's registration order). A cap <= 0
+// puts each dtype's parameters in one bucket.
+std::vector<GradientBucket> gradient_buckets(const std::vector<graph::ParamShape>& parameters,
+                                             double bucket_bytes = kDefaultBucketBytes);
 
 }  // namespace graphpipe::cost

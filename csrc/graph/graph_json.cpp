@@ -20,6 +20,14 @@ json to_json(const OpGraph& graph) {
                          {"forward_seconds", p.forward_seconds},
                          {"backward_seconds", p.backward_seconds}});
     }
+    json shapes = json::array();
+    for (const ParamShape& p : n.param_shapes) {
+      shapes.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"dtype", p.dtype},
+                        {"element_size", p.element_size},
+                        {"requires_grad", p.requires_grad}});
+    }
     nodes.push_back({{"name", n.name},
                      {"op", n.op},
                      {"target", n.target},
@@ -28,6 +36,7 @@ json to_json(const OpGraph& graph) {
                      {"param_bytes", n.param_bytes},
                      {"params", n.params},
                      {"shared_params", n.shared_params},
+                     {"param_shapes", shapes},
                      {"buffer_bytes", n.buffer_bytes},
                      {"output_bytes", n.output_bytes},
                      {"is_input", n.is_input},
@@ -72,6 +81,27 @@ Node node_from_json(const json& value, const std::string& where) {
   n.param_bytes = jf::non_negative<std::int64_t>(value, "param_bytes", where);
   n.params = string_list(value, "params", where);
   n.shared_params = string_list(value, "shared_params", where);
+  // Optional: graphs written before parameter shapes were recorded have none.
+  if (value.contains("param_shapes")) {
+    const json& shapes = jf::array(value["param_shapes"], where + ".param_shapes");
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const std::string at = where + ".param_shapes[" + std::to_string(i) + "]";
+      ParamShape p;
+      p.name = jf::get<std::string>(shapes[i], "name", at);
+      const json& dims = jf::array(jf::field(shapes[i], "shape", at), at + ".shape");
+      for (std::size_t k = 0; k < dims.size(); ++k) {
+        if (!dims[k].is_number_integer() || dims[k].get<std::int64_t>() < 0) {
+          throw FormatError(at + ".shape[" + std::to_string(k) + "]: expected a non-negative integer");
+        }
+        p.shape.push_back(dims[k].get<std::int64_t>());
+      }
+      p.dtype = jf::get<std::string>(shapes[i], "dtype", at);
+      p.element_size = jf::get<int>(shapes[i], "element_size", at);
+      if (p.element_size < 1) throw FormatError(at + ".element_size: must be at least 1");
+      p.requires_grad = jf::get<bool>(shapes[i], "requires_grad", at);
+      n.param_shapes.push_back(std::move(p));
+    }
+  }
   n.buffer_bytes = jf::non_negative<std::int64_t>(value, "buffer_bytes", where);
   n.output_bytes = jf::non_negative<double>(value, "output_bytes", where);
   n.is_input = jf::get<bool>(value, "is_input", where);

@@ -3,9 +3,12 @@
 //   {"format": "graphpipe.opgraph", "schema_version": 1, "model": "...",
 //    "trace_batch_size": 8,
 //    "nodes": [{"name", "op", "target", "module", "forward_flops", "param_bytes", "params",
-//               "shared_params", "buffer_bytes", "output_bytes", "is_input", "is_output",
+//               "shared_params", "param_shapes", "buffer_bytes", "output_bytes", "is_input", "is_output",
 //               "profile": [{"batch_size", "forward_seconds", "backward_seconds"}]}],
 //    "edges": [{"src": node index, "dst": node index, "bytes": per sample}]}
+//
+// "param_shapes" ([{"name", "shape", "dtype", "element_size", "requires_grad"}], one per owned
+// parameter) is optional when reading: files written before it existed load without shapes.
 //
 // Loading validates everything: the format tag and version, every field's presence and type,
 // ranges (no negative bytes, edge ends in range), and the graph invariants of op_graph.h. A bad

@@ -11,11 +11,51 @@
 
 namespace graphpipe::graph {
 
+std::int64_t ParamShape::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+void check_param_shapes(const Node& node) {
+  if (node.param_shapes.empty()) return;
+  const std::string where = "node '" + node.name + "'";
+  if (node.param_shapes.size() != node.params.size()) {
+    throw GraphError(where + " has " + std::to_string(node.param_shapes.size()) + " parameter shapes for " +
+                     std::to_string(node.params.size()) + " parameters");
+  }
+  std::int64_t bytes = 0;
+  for (std::size_t i = 0; i < node.params.size(); ++i) {
+    const ParamShape& p = node.param_shapes[i];
+    if (p.name != node.params[i]) {
+      throw GraphError(where + ": parameter shape " + std::to_string(i) + " is named '" + p.name +
+                       "', the parameter is '" + node.params[i] + "'");
+    }
+    if (p.element_size < 1) {
+      throw GraphError(where + ": parameter '" + p.name + "' has element size " + std::to_string(p.element_size));
+    }
+    if (p.dtype.empty()) throw GraphError(where + ": parameter '" + p.name + "' has no dtype");
+    for (std::int64_t d : p.shape) {
+      if (d < 0) throw GraphError(where + ": parameter '" + p.name + "' has a negative dimension");
+    }
+    bytes += p.bytes();
+  }
+  if (bytes != node.param_bytes) {
+    throw GraphError(where + ": its parameter shapes hold " + std::to_string(bytes) + " bytes, param_bytes says " +
+                     std::to_string(node.param_bytes));
+  }
+}
+
+}  // namespace
+
 NodeId OpGraph::add_node(Node node) {
   if (node.name.empty()) throw GraphError("a node needs a non-empty name");
   if (by_name_.count(node.name) != 0) {
     throw GraphError("duplicate node name '" + node.name + "'");
   }
+  check_param_shapes(node);
   const auto id = static_cast<NodeId>(nodes_.size());
   by_name_.emplace(node.name, id);
   nodes_.push_back(std::move(node));
@@ -195,6 +235,7 @@ bool OpGraph::reaches(NodeId from, NodeId to) const {
 
 void OpGraph::validate() const {
   if (nodes_.empty()) throw GraphError("the graph has no nodes");
+  for (const Node& n : nodes_) check_param_shapes(n);
   (void)topological_order();  // throws on a cycle, naming it
   std::vector<NodeId> starts = inputs();
   if (starts.empty()) starts = sources();

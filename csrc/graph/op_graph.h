@@ -11,7 +11,8 @@
 //   - node names are unique and non-empty; edges join existing, distinct nodes; no duplicate edge;
 //   - the graph is acyclic (a cycle is reported with its nodes, in order);
 //   - every node marked as output is reachable from a node marked as input (or from a source
-//     when no input is marked).
+//     when no input is marked);
+//   - a node's param_shapes are empty or name its params in order and add up to param_bytes.
 // Costs: adding nodes and edges is amortised O(1); topological_order and validate are
 // O(V log V + E); reaches() is one O(V + E) search per call.
 #pragma once
@@ -27,6 +28,19 @@ namespace graphpipe::graph {
 
 using NodeId = std::int32_t;
 using EdgeId = std::int32_t;
+
+// One parameter tensor as the sync pricing needs it (cost/sync_cost.h): its shape (PowerSGD
+// compresses by shape), its dtype (the runtime's gradient buckets hold one dtype each), its element
+// size in bytes, and whether it is trained (the runtime sums only the gradients of trained ones).
+struct ParamShape {
+  std::string name;                  // qualified name, as in Node::params
+  std::vector<std::int64_t> shape;   // empty: a scalar
+  std::string dtype = "float32";     // torch's name without "torch." ("float32", "bfloat16", ...)
+  int element_size = 4;              // bytes per element
+  bool requires_grad = true;
+  std::int64_t numel() const;
+  std::int64_t bytes() const { return numel() * element_size; }
+};
 
 // Measured time of one operator at one batch size (medians over repeats, in seconds).
 struct ProfileSample {
@@ -44,6 +58,10 @@ struct Node {
   std::int64_t param_bytes = 0;         // bytes of the parameters this node owns
   std::vector<std::string> params;      // qualified names of the parameters it owns
   std::vector<std::string> shared_params;  // parameters it uses that another node owns
+  // The owned parameters' shapes, one per entry of `params` in the same order, or empty (graphs
+  // traced before shapes were recorded: the sync pricing then treats param_bytes as one flat
+  // float32 tensor). When given, their bytes add up to param_bytes (checked by add_node).
+  std::vector<ParamShape> param_shapes;
   std::int64_t buffer_bytes = 0;        // bytes of non-trainable buffers it owns
   double output_bytes = 0.0;            // output activation bytes per sample
   bool is_input = false;
@@ -59,7 +77,8 @@ struct Edge {
 
 class OpGraph {
  public:
-  // Adds a node; throws GraphError on an empty or duplicate name.
+  // Adds a node; throws GraphError on an empty or duplicate name, or on param_shapes that do not
+  // match params and param_bytes (naming the parameter).
   NodeId add_node(Node node);
   // Adds an edge; throws GraphError on an unknown node, a self loop, a duplicate edge or
   // negative bytes.

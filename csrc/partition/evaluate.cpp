@@ -5,7 +5,6 @@
 #include <queue>
 
 #include "common/error.h"
-#include "cost/all_reduce.h"
 #include "partition/placement.h"
 
 namespace graphpipe::partition {
@@ -160,11 +159,11 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
       fraction[s] = p.replicas->row_fraction(level[s]);
     }
   }
-  std::vector<double> params(k, 0.0);
+  std::vector<cost::SyncLoad> sync(replicated ? k : 0);
   for (int v = 0; v < n; ++v) {
     const int stage = ev.stage_of[v];
     StageFigures& s = ev.stages[stage];
-    params[stage] += p.param_bytes[v];
+    if (replicated) sync[stage] += p.sync_load[v];
     if (s.replicas == 1) {
       s.forward += p.forward[v];
       s.backward += p.backward[v];
@@ -240,7 +239,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   }
   for (int s = 0; s < k; ++s) {
     StageFigures& f = ev.stages[s];
-    if (f.replicas > 1) f.all_reduce = cost::best_all_reduce(p.model->devices(), f.devices, params[s]).seconds;
+    if (f.replicas > 1) f.all_reduce = stage_sync_seconds(p, f.devices, sync[s]);
   }
   std::sort(ev.stage_edges.begin(), ev.stage_edges.end());
   ev.stage_edges.erase(std::unique(ev.stage_edges.begin(), ev.stage_edges.end()), ev.stage_edges.end());

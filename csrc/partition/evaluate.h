@@ -13,9 +13,10 @@
 // is judged as one replica, which computes a shard of ceil(b / d) rows (ReplicaTable), stashes
 // that shard's activations, and moves its share of every crossing tensor, bytes / max(d_src,
 // d_dst), in one transfer (latency + share / bandwidth). The stages get ranks by place_stages
-// (placement.h) unless given, and each replicated stage's gradient all-reduce is priced by
-// cost::best_all_reduce on its ranks; it runs after the stage's last backward and before its
-// optimizer step, so it joins the optimizer tail below. With one device per stage every figure
+// (placement.h) unless given, and each replicated stage's sync is priced by the problem's sync
+// method on its ranks (cost/sync_cost.h, as one bucket of all its operators' gradients; with the
+// default all-reduce, cost::best_all_reduce of its parameter bytes); it runs after the stage's
+// last backward, next to its optimizer step, so it joins the optimizer tail below. With one device per stage every figure
 // is what it was before replication existed, and stage s is on device s.
 #pragma once
 
@@ -35,7 +36,7 @@ struct StageFigures {
   double memory = 0.0;
   int replicas = 1;               // devices of the stage
   std::vector<int> devices;       // its ranks, ascending
-  double all_reduce = 0.0;        // gradient all-reduce over those ranks, once per iteration
+  double all_reduce = 0.0;        // the sync over those ranks, per iteration (Problem::sync)
   double input_bytes = 0.0;       // one micro-batch's received tensors (what recomputation keeps)
   // Activation recomputation, chosen when the stage does not fit otherwise (and then fits
   // better): only the received tensors of the micro-batches in flight are kept, the forward

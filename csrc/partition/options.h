@@ -10,6 +10,7 @@
 
 #include "cost/cost_model.h"
 #include "cost/in_flight.h"
+#include "cost/sync_method.h"
 #include "partition/manual.h"
 
 namespace graphpipe::partition {
@@ -35,6 +36,10 @@ struct Options {
   // planner"): every partitioner then chooses replica counts too, all stages' devices together
   // at most the device count. Off: one device per stage, the plans of before.
   bool replicate = false;
+  // How replicated stages synchronise (cost/sync_method.h): the planner charges each replicated
+  // stage this method's cost per step (docs/design.md, "Pricing the sync methods"), so a cheaper
+  // method makes more replicas worth their devices. Ignored for stages of one device.
+  cost::SyncMethod sync;
   // For "manual": the ranks of some stages (stage -> device ids); a stage not named gets one
   // device, the lowest one no stage names. Implies replicated stages for the stages named.
   std::map<int, std::vector<int>> stage_devices;

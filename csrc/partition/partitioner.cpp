@@ -167,6 +167,7 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
   check_graph_and_devices(g, devices, o.replicate || !o.stage_devices.empty());
   std::unique_ptr<Partitioner> partitioner = make_partitioner(o.partitioner);  // unknown name: PlanningError
   check_search_options(o);
+  o.sync.validate();
   cost::CostModel model(g, devices, o.optimizer);
   const std::int64_t batch = resolve_batch(g, o);
   std::vector<std::int64_t> micro_batch_sizes = micro_batch_candidates(batch, resolve_micro_batch(batch, o));
@@ -214,6 +215,7 @@ Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Opti
   }
   Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner, best.replicas,
                          best.devices);
+  plan.sync = o.sync;
   log::info(best.partitioner + ": " + std::to_string(plan.stages.size()) + " stages, depth " +
             std::to_string(plan.depth) + ", micro-batch " + std::to_string(plan.micro_batch_size));
   return plan;

@@ -48,6 +48,7 @@ struct PartitionRequest {
     if (options.replicate || !options.stage_devices.empty()) {
       p.replicas = std::make_shared<const ReplicaTable>(model, micro_batch_size, devices.count);
       p.device_budget = devices.count;
+      set_sync(p, options.sync);
     }
     return p;
   }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/sync_method.h"
 #include "graph/op_graph.h"
 
 namespace graphpipe::partition {
@@ -45,10 +46,16 @@ struct Stage {
   int in_flight = 1;                 // micro-batches whose activations are held at peak
   double memory_bytes = 0.0;         // predicted peak of one replica: weights, grads, optimizer, activations
   double static_bytes = 0.0;         // of which weights, grads, optimizer state and buffers (full stage)
-  // Predicted time of summing the stage's gradients (param_bytes) over its devices once per
-  // iteration (cost::best_all_reduce on `devices`); 0 for one device. The step estimate charges
-  // it after the stage's last backward, before its optimizer step.
+  // Predicted time per step of keeping the replicas in agreement by the plan's sync method
+  // (Plan::sync; cost/sync_cost.h): with the default all-reduce, summing the stage's gradients
+  // (cost::best_all_reduce on `devices`); local SGD's averaging amortised over its period; top-k
+  // and PowerSGD's compression compute and collectives. 0 for one device. The step estimate
+  // charges it after the stage's last backward, next to its optimizer step.
   double all_reduce_seconds = 0.0;
+  // The parameters the stage's module holds, in the runtime's order (partition/stage_parameters.h),
+  // which lays out its gradient buckets. Derived from the graph (never stored in the plan's JSON);
+  // empty when the graph has no parameter shapes.
+  std::vector<graph::ParamShape> parameters;
   // Activation recomputation (chosen by the planner when the stage does not fit otherwise): the
   // stage keeps only its received tensors per micro-batch in flight and runs its forward again
   // during its backward, which backward_seconds includes; memory_bytes counts it so.
@@ -83,6 +90,9 @@ struct Plan {
   double predicted_iteration_seconds = 0.0;
   double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under
   std::string optimizer;                // "sgd", "momentum" or "adam": sets the memory figures
+  // How replicated stages synchronise (cost/sync_method.h): what all_reduce_seconds prices and
+  // what the simulator runs by default.
+  cost::SyncMethod sync;
   // The stages run as a chain in list order (the sequential baseline): stage i waits for stage
   // i - 1 even where no operator edge joins them (skip tensors are forwarded), so depth is the
   // stage count and in-flight counts are chain positions. `edges` still lists only the stage

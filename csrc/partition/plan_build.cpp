@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "partition/plan_io.h"
+#include "partition/stage_parameters.h"
 
 namespace graphpipe::partition {
 
@@ -55,6 +56,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
   plan.chain = p.chain;
+  plan.sync = p.sync;
   plan.stages.resize(ev.num_stages);
   for (int s = 0; s < ev.num_stages; ++s) {
     Stage& st = plan.stages[s];
@@ -97,6 +99,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
   plan.bottleneck_seconds_per_sample = ev.bottleneck / static_cast<double>(p.micro_batch_size);
   plan.predicted_iteration_seconds = ev.iteration_seconds(p);
   validate_plan(plan, g);
+  fill_stage_parameters(plan, g);
   return plan;
 }
 

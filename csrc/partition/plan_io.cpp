@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/json_fields.h"
+#include "partition/stage_parameters.h"
 
 namespace graphpipe::partition {
 
@@ -204,6 +205,7 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
           {"memory_limit_bytes", plan.memory_limit_bytes},
           {"optimizer", plan.optimizer},
           {"chain", plan.chain},
+          {"sync", cost::to_json(plan.sync)},
           {"stages", stages},
           {"edges", edges}};
 }
@@ -233,6 +235,14 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.memory_limit_bytes = jf::non_negative<double>(doc, "memory_limit_bytes", "$");
   plan.optimizer = jf::get<std::string>(doc, "optimizer", "$");
   plan.chain = jf::get<bool>(doc, "chain", "$");
+  // Optional: plans written before sync methods existed were made for the all-reduce.
+  if (doc.contains("sync")) {
+    try {
+      plan.sync = cost::sync_method_from_json(doc["sync"], "$.sync");
+    } catch (const PlanningError& e) {
+      throw FormatError(std::string("$.sync: ") + e.what());
+    }
+  }
   const auto& stages = jf::array(jf::field(doc, "stages", "$"), "$.stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const std::string where = "$.stages[" + std::to_string(i) + "]";
@@ -297,6 +307,7 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   } catch (const PlanningError& e) {
     throw FormatError(std::string("the plan does not fit this graph: ") + e.what());
   }
+  fill_stage_parameters(plan, g);
   return plan;
 }
 

@@ -6,12 +6,15 @@
 //    "micro_batch_size": 8, "num_micro_batches": 8, "num_devices": 4, "depth": 3,
 //    "bottleneck_seconds_per_sample": ..., "predicted_iteration_seconds": ...,
 //    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
+//    "sync": {"kind": "all_reduce", ...} (cost/sync_method.h; optional when reading: all_reduce),
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
 //                "backward_seconds", "transfer_seconds", "param_bytes", "static_bytes",
 //                "activation_bytes", "in_flight", "memory_bytes", "all_reduce_seconds", "recompute"}],
 //    ("all_reduce_seconds" is optional when reading: 0, as in plans from before replicated stages;
 //    "recompute" too: false)
 //    "edges": [{"src": 0, "dst": 1, "edges": [operator edge ids], "bytes": ...}]}
+//
+// Stage::parameters is not written: reading derives it from the graph (stage_parameters.h).
 //
 // Operators are named (not numbered) so that a reader can follow the file; operator edges are
 // numbered, which the fingerprint makes safe (it covers the edge list).

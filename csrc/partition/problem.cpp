@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "cost/sync_cost.h"
 
 namespace graphpipe::partition {
 
@@ -53,7 +54,39 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
     p.edge_bytes[e] = g.edge(static_cast<graph::EdgeId>(e)).bytes * static_cast<double>(micro_batch_size);
     p.edge_seconds[e] = model.transfer_seconds(p.edge_bytes[e]);
   }
+  set_sync(p, cost::SyncMethod{});  // the all-reduce until the caller says otherwise
   return p;
+}
+
+void set_sync(Problem& p, const cost::SyncMethod& method) {
+  method.validate();
+  p.sync = method;
+  const graph::OpGraph& g = *p.graph;
+  const cost::Devices& devices = p.model->devices();
+  p.sync_load.assign(g.num_nodes(), {});
+  p.sync_total = {};
+  p.total_param_bytes = 0.0;
+  for (std::size_t v = 0; v < g.num_nodes(); ++v) {
+    const graph::Node& n = g.node(static_cast<graph::NodeId>(v));
+    p.total_param_bytes += static_cast<double>(n.param_bytes);
+    if (n.param_bytes > 0 && n.param_shapes.empty()) {
+      if (method.kind == cost::SyncKind::power_sgd) {
+        throw PlanningError("PowerSGD is priced by the shapes of the parameters, and operator " + graph::describe(g, static_cast<graph::NodeId>(v)) +
+                            " has parameter bytes without shapes (a graph traced before shapes were recorded): trace "
+                            "the model again with graphpipe.trace");
+      }
+      p.sync_load[v] = cost::flat_load(static_cast<double>(n.param_bytes));
+    } else {
+      for (const graph::ParamShape& t : n.param_shapes) p.sync_load[v] += cost::tensor_load(method, t, devices);
+    }
+    p.sync_total += p.sync_load[v];
+  }
+}
+
+double stage_sync_seconds(const Problem& p, const std::vector<int>& ranks, const cost::SyncLoad& load) {
+  if (ranks.size() < 2) return 0.0;
+  const cost::GroupPricer pricer(p.model->devices(), ranks, p.sync.hierarchical);
+  return cost::single_bucket_seconds(p.sync, load, pricer);
 }
 
 std::vector<std::int64_t> micro_batch_candidates(std::int64_t batch_size, std::int64_t fixed) {

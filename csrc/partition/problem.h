@@ -18,6 +18,8 @@
 
 #include "cost/cost_model.h"
 #include "cost/in_flight.h"
+#include "cost/sync_load.h"
+#include "cost/sync_method.h"
 #include "graph/op_graph.h"
 #include "partition/replicas.h"
 
@@ -43,6 +45,14 @@ struct Problem {
   // together at most device_budget. Null: one device per stage, as before replication existed.
   std::shared_ptr<const ReplicaTable> replicas;
   int device_budget = 1;         // devices a plan may use in all (max_stages without replication)
+  // How replicated stages synchronise, and what each operator's owned parameters ask of it
+  // (cost/sync_load.h; make_problem sets the default all-reduce, set_sync another method). The
+  // planner prices a stage's sync as one bucket holding all of its operators' gradients
+  // (docs/design.md §4.9).
+  cost::SyncMethod sync;
+  std::vector<cost::SyncLoad> sync_load;  // per operator
+  cost::SyncLoad sync_total;              // the whole graph's
+  double total_param_bytes = 0.0;         // the whole graph's param_bytes
 
   std::vector<graph::NodeId> order;  // topological order of the operators
   std::vector<int> position;         // position[v] = index of v in order
@@ -62,6 +72,14 @@ struct Problem {
 Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
                      std::int64_t micro_batch_size, int max_stages, double memory_limit,
                      cost::InFlightRule in_flight);
+
+// Sets problem.sync and the operators' sync loads. PowerSGD prices by parameter shapes: an
+// operator with parameter bytes but no shapes is a PlanningError naming it.
+void set_sync(Problem& problem, const cost::SyncMethod& method);
+
+// Per step seconds of the sync of a stage on `ranks` whose operators' loads sum to `load`
+// (cost::price_sync of one bucket; 0 for one rank).
+double stage_sync_seconds(const Problem& problem, const std::vector<int>& ranks, const cost::SyncLoad& load);
 
 // Micro-batch sizes a partitioner may choose: the powers of two that divide the mini-batch
 // (1, 2, 4, ...), as in the paper. A fixed size gives just itself (checked to divide it).

@@ -15,8 +15,18 @@ double replica_stage_time(const Problem& p, int level, double compute, double tr
   const double bandwidth = table.link_bandwidth();
   // Every crossing transfer keeps its latency; its bytes term shrinks to the share.
   const double saved = bandwidth > 0.0 ? cross_bytes / bandwidth * (1.0 - 1.0 / d) : 0.0;
-  return compute + std::max(0.0, transfer - saved) +
-         table.all_reduce_estimate(d, params) / static_cast<double>(p.num_micro_batches);
+  return compute + std::max(0.0, transfer - saved) + sync_estimate(p, d, params) / static_cast<double>(p.num_micro_batches);
+}
+
+double sync_estimate(const Problem& p, int d, double params) {
+  const ReplicaTable& table = *p.replicas;
+  // The default all-reduce of every parameter byte: the estimate the planner always used.
+  if (p.sync.kind == cost::SyncKind::all_reduce && !p.sync.hierarchical && p.sync_total.bytes == p.total_param_bytes) {
+    return table.all_reduce_estimate(d, params);
+  }
+  if (d <= 1 || params <= 0.0 || p.total_param_bytes <= 0.0) return 0.0;
+  const EstimatePricer pricer(table, p.model->devices(), d, p.sync.hierarchical);
+  return cost::single_bucket_seconds(p.sync, p.sync_total.scaled(params / p.total_param_bytes), pricer);
 }
 
 namespace {

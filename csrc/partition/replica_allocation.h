@@ -10,8 +10,8 @@
 //
 // Replica-aware stage time used inside the DPs: a stage of d replicas is charged
 //   compute at ceil(b / d) rows + its crossing transfers with each tensor's bytes / d
-//   + its all-reduce estimate / num_micro_batches,
-// the all-reduce amortised over the micro-batches because it runs once per iteration, while the
+//   + its sync estimate / num_micro_batches,
+// the sync (the all-reduce by default) amortised over the micro-batches because it runs once per iteration, while the
 // slowest stage's time repeats (M + depth - 1) times in the step. The transfer share assumes the
 // neighbours have no more replicas (bytes / max(d_src, d_dst) is at most bytes / d), so the DPs
 // never promise less than the evaluation charges.
@@ -29,6 +29,13 @@ namespace graphpipe::partition {
 // compute at that level, its transfer and crossing bytes on one device, its parameter bytes.
 double replica_stage_time(const Problem& problem, int level, double compute, double transfer, double cross_bytes,
                           double params);
+
+// The DPs' O(1) estimate of the sync of a stage of `params` parameter bytes on d replicas: the
+// problem's sync method (Problem::sync) priced by the table's collective estimates
+// (EstimatePricer) on the graph's sync load scaled to the stage's share of the parameter bytes
+// (a stage is assumed as compressible as the whole graph; the plan's figure prices its own
+// operators, evaluate.h). With the default all-reduce it is ReplicaTable::all_reduce_estimate.
+double sync_estimate(const Problem& problem, int d, double params);
 
 // Replica counts by label for `assignment`, starting from `replicas` (empty: one each), adding
 // devices greedily as above within problem.device_budget. Returns `replicas` unchanged (or ones)

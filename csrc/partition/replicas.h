@@ -10,16 +10,17 @@
 // weighs are the least d of each shard size, d <= min(devices, b): the table's "levels".
 //
 // ReplicaTable holds, for one micro-batch size, every operator's forward and backward time at
-// each level's shard, and a fast estimate of the all-reduce of B bytes over d devices that the
-// partitioners' inner loops use (the figures of a finished plan use cost::best_all_reduce on the
-// stage's real device group; evaluate.h). Building it is O(levels x V + R^2 log R) for R
-// replica counts; each query is O(1).
+// each level's shard, and fast estimates of the collectives (all-reduce, all-gather) of B bytes
+// over d devices that the partitioners' inner loops use to price a stage's sync (the figures of
+// a finished plan price it on the stage's real device group; evaluate.h). Building it is
+// O(levels x V + R^2 log R) for R replica counts; each query is O(1).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "cost/sync_cost.h"
 
 namespace graphpipe::partition {
 
@@ -48,6 +49,10 @@ class ReplicaTable {
   // worth at a time, as placement (placement.h) tries to give a stage. Exact where the all-reduce
   // is affine in the bytes (one kind of link on the ring's slowest step, as in the presets).
   double all_reduce_estimate(int d, double bytes) const;
+  // The same kind of estimate for the algorithms cost::GroupPricer uses: the all-reduce forced
+  // hierarchical or by the cheaper algorithm, the all-gather by the ring or forced hierarchical.
+  double all_reduce_estimate(int d, double bytes, bool hierarchical) const;
+  double all_gather_estimate(int d, double bytes, bool hierarchical) const;
   // The slowest link's bandwidth (CostModel::transfer_seconds' figure), kept here because
   // Devices::slowest_link_bandwidth scans every pair and the DPs ask for it per stage.
   double link_bandwidth() const { return link_bandwidth_; }
@@ -64,7 +69,26 @@ class ReplicaTable {
   std::vector<std::vector<double>> forward_, backward_;
   // Per d: for ring and hierarchical, two lines (through small and through large buffers)
   // whose max bounds that algorithm's convex, piecewise-affine cost from above.
-  std::vector<std::vector<Line>> all_reduce_;
+  std::vector<std::vector<Line>> all_reduce_, all_gather_;
+  static double chords(const std::vector<Line>& lines, std::size_t first, std::size_t last, double bytes);
+};
+
+// The table's collective estimates for a stage of d replicas, as a cost::CollectivePricer, so
+// that the planner's inner loops price a sync method by the same rules as the plan's figures.
+class EstimatePricer final : public cost::CollectivePricer {
+ public:
+  EstimatePricer(const ReplicaTable& table, const cost::Devices& devices, int replicas, bool hierarchical)
+      : table_(&table), devices_(&devices), replicas_(replicas), hierarchical_(hierarchical) {}
+  int replicas() const override { return replicas_; }
+  const cost::Devices& devices() const override { return *devices_; }
+  cost::AllReduceCost all_reduce(double bytes) const override;
+  cost::AllReduceCost all_gather(double bytes) const override;
+
+ private:
+  const ReplicaTable* table_;
+  const cost::Devices* devices_;
+  int replicas_;
+  bool hierarchical_;
 };
 
 }  // namespace graphpipe::partition

@@ -5,8 +5,8 @@
 #include <deque>
 #include <sstream>
 
-#include "cost/all_reduce.h"
 #include "cost/gradient_buckets.h"
+#include "cost/sync_cost.h"
 #include "schedule/check.h"
 #include "schedule/generate.h"
 #include "schedule/shards.h"
@@ -96,9 +96,10 @@ void check_inputs(const Plan& plan, const Schedule& s, const cost::Devices& devi
 // Replays the schedule's programs, timing every task. One object per simulate() call.
 class Replay {
  public:
-  Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options)
-      : plan_(plan), s_(s), devices_(devices), options_(options), R_(s.num_ranks()),
-        M_(s.num_micro_batches) {
+  Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options,
+         const cost::SyncMethod& method, bool averaging)
+      : plan_(plan), s_(s), devices_(devices), options_(options), method_(method), averaging_(averaging),
+        R_(s.num_ranks()), M_(s.num_micro_batches) {
     const std::size_t E = s.edges.size();
     transfer_task_.assign(2 * E * M_, -1);
     pc_.assign(R_, 0);
@@ -119,6 +120,7 @@ class Replay {
       in_edges_[s.edges[e].dst].push_back(static_cast<int>(e));
       out_edges_[s.edges[e].src].push_back(static_cast<int>(e));
     }
+    price_syncs();
   }
 
   std::vector<Task> run() {
@@ -143,6 +145,48 @@ class Replay {
     double time;
     int cause;
   };
+
+  // What a replicated stage's sync costs, bucket by bucket (cost/sync_cost.h).
+  struct StageSync {
+    bool replicated = false;
+    std::vector<cost::BucketCost> buckets;  // gradient methods, in start order
+    // Bucket k's gradients are final once ready[k] / ready_whole of the last backward has run.
+    std::vector<double> ready;
+    double ready_whole = 1.0;
+    cost::BucketCost average;               // local SGD: one averaging of the parameters
+  };
+
+  void price_syncs() {
+    sync_.resize(s_.num_stages());
+    for (int st = 0; st < s_.num_stages(); ++st) {
+      const auto& ranks = s_.stage_ranks[st];
+      if (ranks.size() < 2) continue;
+      const auto& stage = plan_.stages[st];
+      StageSync& ss = sync_[st];
+      ss.replicated = true;
+      const std::vector<cost::SyncLoad> loads =
+          cost::stage_bucket_loads(method_, stage.parameters, stage.param_bytes, options_.bucket_bytes, devices_);
+      const cost::GroupPricer pricer(devices_, ranks, method_.hierarchical);
+      cost::SyncCost priced = cost::price_sync(method_, loads, pricer);
+      if (method_.local_updates()) {
+        if (!priced.buckets.empty()) ss.average = priced.buckets.front();
+        continue;
+      }
+      ss.buckets = std::move(priced.buckets);
+      // Without parameter shapes the buckets are equal: bucket k is final k / K of the way.
+      const bool equal = stage.parameters.empty();
+      ss.ready_whole = equal ? static_cast<double>(loads.size()) : 0.0;
+      for (std::size_t k = 0; k < loads.size(); ++k) {
+        if (equal) {
+          ss.ready.push_back(static_cast<double>(k + 1));
+        } else {
+          ss.ready_whole += loads[k].bytes;
+          ss.ready.push_back(ss.ready_whole);
+        }
+      }
+      if (ss.ready_whole <= 0.0) ss.ready_whole = 1.0;
+    }
+  }
 
   std::size_t pair(int src, int dst) const { return static_cast<std::size_t>(src) * R_ + dst; }
   std::size_t pair_of(int r, const Instruction& i) const {
@@ -171,6 +215,24 @@ class Replay {
 
   int add_compute(int r, const Instruction& i, double start, int cause) {
     if (i.kind == OpKind::all_reduce) return add_all_reduce(r, i, start, cause);
+    if (i.kind == OpKind::optimizer_step && averaging_ && sync_[i.stage].replicated) {
+      // Local SGD: the step that averages runs the all-reduce of the parameters after the
+      // optimizer step, not overlapped with anything (torch's model averaging).
+      const int step = add_task(r, i, start, cause);
+      Task t;
+      t.kind = TaskKind::average;
+      t.rank = r;
+      t.stage = i.stage;
+      t.start = tasks_[step].end;
+      t.end = t.start + sync_[i.stage].average.seconds();
+      t.cause = step;
+      tasks_.push_back(t);
+      return static_cast<int>(tasks_.size()) - 1;
+    }
+    return add_task(r, i, start, cause);
+  }
+
+  int add_task(int r, const Instruction& i, double start, int cause) {
     Task t;
     t.kind = i.kind == OpKind::forward           ? TaskKind::forward
              : i.kind == OpKind::backward        ? TaskKind::backward
@@ -190,15 +252,18 @@ class Replay {
     return index;
   }
 
-  // The sum of a replicated stage's gradients, as the runtime runs it (cost/gradient_buckets.h):
-  // K buckets of equal size, bucket k's gradients final k/K of the way through the stage's last
-  // backward (the backward produces them at an even pace), each summed in turn by
-  // cost::best_all_reduce over the stage's ranks. The task spans the first bucket's start to
-  // the last bucket's end; the rank goes on (to its optimizer step) at its end. Since `start`
-  // (the rank's clock) is at or after the last backward's end, the task ends no earlier than it.
+  // The sync of a replicated stage's gradients, as the runtime runs it (cost/gradient_buckets.h):
+  // bucket k's gradients are final once the stage's last backward has produced the buckets up to
+  // k (at an even pace over the bytes); a compressing method then compresses the bucket (after
+  // the previous bucket's compression), and its collectives run after the previous bucket's
+  // (cost/sync_cost.h prices both; with the default all-reduce, cost::best_all_reduce over the
+  // stage's ranks). The all_reduce task spans the first collective's start to the last one's
+  // end; the rank goes on (to its optimizer step) at its end. Since `start` (the rank's clock)
+  // is at or after the last backward's end, the task ends no earlier than it. Local SGD has no
+  // gradient exchange: an empty task.
   int add_all_reduce(int r, const Instruction& i, double start, int cause) {
-    const auto& stage = plan_.stages[i.stage];
-    const int K = cost::bucket_count(stage.param_bytes, options_.bucket_bytes);
+    const StageSync& ss = sync_[i.stage];
+    const int K = static_cast<int>(ss.buckets.size());
     Task t;
     t.kind = TaskKind::all_reduce;
     t.rank = r;
@@ -209,16 +274,32 @@ class Replay {
     const int b = last_backward_[i.stage];
     if (K > 0 && b >= 0) {
       const double b0 = tasks_[b].start, b1 = tasks_[b].end;
-      const double each = cost::best_all_reduce(devices_, s_.stage_ranks[i.stage], stage.param_bytes / K).seconds;
-      double free = 0.0;
+      double free = 0.0, compressed = 0.0;
+      int last_compress = -1;
       for (int k = 1; k <= K; ++k) {
-        const double ready = b0 + (b1 - b0) * k / K;
-        const double begin = std::max(ready, free);
+        const cost::BucketCost& bucket = ss.buckets[k - 1];
+        const double ready = b0 + (b1 - b0) * ss.ready[k - 1] / ss.ready_whole;
+        double begin = ready;
+        if (bucket.compute_seconds > 0.0) {
+          Task c;
+          c.kind = TaskKind::compress;
+          c.rank = r;
+          c.stage = i.stage;
+          c.micro_batch = k - 1;
+          c.start = std::max(ready, compressed);
+          c.end = c.start + bucket.compute_seconds;
+          c.cause = last_compress >= 0 && compressed > ready ? last_compress : b;
+          tasks_.push_back(c);
+          last_compress = static_cast<int>(tasks_.size()) - 1;
+          compressed = c.end;
+          begin = c.end;
+        }
+        begin = std::max(begin, free);
         if (k == 1) t.start = begin;
-        free = begin + each;
+        free = begin + bucket.comm_seconds;
       }
       t.end = std::max(free, start);
-      if (free < start) t.cause = cause;
+      if (last_compress >= 0 && free > start) t.cause = last_compress;
     }
     tasks_.push_back(t);
     return static_cast<int>(tasks_.size()) - 1;
@@ -383,6 +464,9 @@ class Replay {
   const Schedule& s_;
   const cost::Devices& devices_;
   const SimOptions& options_;
+  const cost::SyncMethod method_;
+  const bool averaging_;  // local SGD: this step averages the parameters
+  std::vector<StageSync> sync_;  // per stage
   const int R_;
   const int M_;
   std::vector<Task> tasks_;
@@ -410,6 +494,8 @@ std::string_view task_kind_name(TaskKind kind) {
     case TaskKind::all_reduce: return "all_reduce";
     case TaskKind::backward_input: return "backward_input";
     case TaskKind::backward_weight: return "backward_weight";
+    case TaskKind::compress: return "compress";
+    case TaskKind::average: return "average";
   }
   return "?";
 }
@@ -425,6 +511,8 @@ std::string task_name(const Task& t) {
     case TaskKind::all_reduce: return "AR s" + std::to_string(t.stage);
     case TaskKind::backward_input: return "I" + mb + " s" + std::to_string(t.stage);
     case TaskKind::backward_weight: return "W" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::compress: return "C" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::average: return "AVG s" + std::to_string(t.stage);
   }
   return "?";
 }
@@ -436,10 +524,14 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
 
   SimResult result;
   result.overlap = options.overlap;
+  result.sync = options.sync.value_or(plan.sync);
+  result.sync.validate();
   // Replicas run their lead's program in lockstep (schedule/schedule.h): the leads are replayed,
   // and each replica's figures are its lead's.
   const Schedule leads = schedule::leads_only(s);
-  result.tasks = Replay(plan, leads, devices, options).run();
+  const bool averages = result.sync.local_updates() &&
+                        std::any_of(s.stage_ranks.begin(), s.stage_ranks.end(), [](const auto& r) { return r.size() > 1; });
+  result.tasks = Replay(plan, leads, devices, options, result.sync, averages && options.sync_step).run();
   const auto& tasks = result.tasks;
 
   int last = -1;
@@ -447,10 +539,22 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     if (last < 0 || tasks[k].end >= tasks[last].end) last = static_cast<int>(k);
   }
   result.iteration_seconds = last < 0 ? 0.0 : tasks[last].end;
+  result.amortized_iteration_seconds = result.iteration_seconds;
+  if (averages) {
+    // The other kind of step, for the mean over a period: one step in `period` averages.
+    double other = 0.0;
+    for (const Task& t : Replay(plan, leads, devices, options, result.sync, !options.sync_step).run()) {
+      other = std::max(other, t.end);
+    }
+    const double averaging = options.sync_step ? result.iteration_seconds : other;
+    const double local = options.sync_step ? other : result.iteration_seconds;
+    result.amortized_iteration_seconds = local + (averaging - local) * cost::amortisation(result.sync);
+  }
   result.samples = plan.batch_size > 0 ? plan.batch_size
                                        : s.num_micro_batches * std::max<std::int64_t>(plan.micro_batch_size, 1);
-  result.samples_per_second =
-      result.iteration_seconds > 0.0 ? static_cast<double>(result.samples) / result.iteration_seconds : 0.0;
+  result.samples_per_second = result.amortized_iteration_seconds > 0.0
+                                  ? static_cast<double>(result.samples) / result.amortized_iteration_seconds
+                                  : 0.0;
   for (int k = last; k >= 0; k = tasks[k].cause) result.critical_path.push_back(k);
   std::reverse(result.critical_path.begin(), result.critical_path.end());
 
@@ -461,7 +565,7 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
       comm[t.rank].push_back({t.start, t.end});
       comm[t.peer].push_back({t.start, t.end});
-    } else if (t.kind == TaskKind::all_reduce) {
+    } else if (t.kind == TaskKind::all_reduce || t.kind == TaskKind::average) {
       comm[t.rank].push_back({t.start, t.end});
     } else {
       compute[t.rank].push_back({t.start, t.end});
@@ -525,7 +629,13 @@ std::string SimResult::summary() const {
   std::snprintf(line, sizeof line, "simulation (%s): iteration %.6g s, %.6g samples/s (%lld samples)\n",
                 overlap ? "communication overlapped" : "communication blocking", iteration_seconds,
                 samples_per_second, static_cast<long long>(samples));
-  out << line << "rank  stage   busy    comm  bubble\n";
+  out << line;
+  if (amortized_iteration_seconds != iteration_seconds) {
+    std::snprintf(line, sizeof line, "sync %s: amortised iteration %.6g s\n", sync.describe().c_str(),
+                  amortized_iteration_seconds);
+    out << line;
+  }
+  out << "rank  stage   busy    comm  bubble\n";
   for (const auto& r : ranks) {
     std::snprintf(line, sizeof line, "%4d  %5d  %5.1f%%  %5.1f%%  %5.1f%%\n", r.rank, r.stage,
                   100 * r.busy_share, 100 * r.comm_share, 100 * r.bubble_share);

@@ -38,12 +38,28 @@
 // rows at once (schedule/shards.h); the all_reduce task sums the stage's gradients in buckets
 // that start during the last backward, as the runtime does (add_all_reduce in simulate.cpp).
 //
+// Sync methods (cost/sync_method.h, SimOptions::sync, by default the plan's): the buckets are the
+// runtime's (cost/gradient_buckets.h, from Stage::parameters; without parameter shapes,
+// bucket_count equal buckets of param_bytes), each priced by cost/sync_cost.h. Bucket k's
+// gradients are final once the last backward has produced its share of the bytes (the backward
+// produces them at an even pace, in bucket order). Top-k and PowerSGD first compress the bucket
+// (a `compress` task on the rank, after the previous bucket's compression), then run its
+// collectives after the previous bucket's; the all_reduce task spans the first collective's
+// start to the last one's end. Compression is assumed to overlap the rest of the backward, as
+// the collectives do (optimistic where the backward keeps the device busy). Local SGD exchanges
+// nothing during the step (the all_reduce task is empty); on a step that averages, an `average`
+// task after the optimizer step all-reduces the parameters. One iteration is simulated:
+// SimOptions::sync_step chooses a step that averages (the default) or a local one, and
+// amortized_iteration_seconds weighs the two over the period (one averaging step in `period`),
+// from a second replay of the other kind. samples_per_second is per amortised iteration.
+//
 // The schedule must be valid and deadlock-free (it is checked first; ScheduleError otherwise) and
 // match the plan (same stages and edges). Cost: O(T log T) for T tasks, about 15-20 ms
 // for 32 stages x 256 micro-batches (deadlock check included) on one core.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,12 +67,15 @@
 #include "cost/cost_model.h"
 #include "cost/devices.h"
 #include "cost/gradient_buckets.h"
+#include "cost/sync_method.h"
 #include "partition/plan.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::sim {
 
-enum class TaskKind { forward, backward, activation, gradient, optimizer, all_reduce, backward_input, backward_weight };
+enum class TaskKind {
+  forward, backward, activation, gradient, optimizer, all_reduce, backward_input, backward_weight, compress, average
+};
 
 std::string_view task_kind_name(TaskKind kind);  // "forward", "backward", "activation", ...
 
@@ -65,7 +84,7 @@ struct Task {
   int rank = 0;          // where it runs; for a transfer, the sending rank
   int peer = -1;         // for a transfer, the receiving rank
   int stage = 0;         // for a transfer, the sending stage
-  int micro_batch = -1;  // -1 for the optimizer step
+  int micro_batch = -1;  // -1 for the optimizer step; a compress task's gradient bucket
   int edge = -1;         // for a transfer, the index into Plan::edges
   double start = 0.0;
   double end = 0.0;
@@ -74,7 +93,8 @@ struct Task {
 
 // "F3 s1" (forward of micro-batch 3 at stage 1), "B3 s1", "A3 e0" (activation of micro-batch 3
 // over edge 0), "G3 e0" (its gradient), "OPT s1", "AR s1" (the replicas' gradient sum), "I3 s1"
-// and "W3 s1" (a split backward's input- and weight-gradient halves).
+// and "W3 s1" (a split backward's input- and weight-gradient halves), "C2 s1" (compressing
+// gradient bucket 2 of stage 1: top-k, PowerSGD) and "AVG s1" (local SGD's parameter averaging).
 std::string task_name(const Task& task);
 
 struct RankStats {
@@ -104,13 +124,21 @@ struct SimOptions {
   double task_overhead_seconds = 0.0;
   // Bucket size of a replicated stage's gradient all-reduce (cost/gradient_buckets.h).
   double bucket_bytes = cost::kDefaultBucketBytes;
+  // How replicated stages synchronise; empty: the plan's method (Plan::sync).
+  std::optional<cost::SyncMethod> sync;
+  // Local SGD: simulate a step that averages the parameters (true) or a local step (false).
+  bool sync_step = true;
 };
 
 struct SimResult {
   bool overlap = true;
-  double iteration_seconds = 0.0;
+  double iteration_seconds = 0.0;  // of the simulated step
+  // The mean iteration over a local-SGD period: (period - 1) local steps and one that averages;
+  // iteration_seconds for every other method.
+  double amortized_iteration_seconds = 0.0;
+  cost::SyncMethod sync;           // the method simulated
   std::int64_t samples = 0;  // per iteration
-  double samples_per_second = 0.0;
+  double samples_per_second = 0.0;  // samples / amortized_iteration_seconds
   std::vector<Task> tasks;         // computes in each rank's program order, transfers as matched
   std::vector<RankStats> ranks;
   std::vector<StageStats> stages;

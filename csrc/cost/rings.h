@@ -1,0 +1,29 @@
+// rings: the pieces every collective's price is built from (all_reduce.h, all_gather.h).
+//
+// A collective over a group runs as rings of devices; a ring step moves one chunk from every
+// member to the next at once and lasts as long as its slowest link. Rings are ordered by node,
+// then device, so that a node's devices are neighbours and a ring crosses each node boundary
+// once. All functions are O(d log d) for a group of d devices.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "cost/devices.h"
+
+namespace graphpipe::cost {
+
+// Throws PlanningError for a device outside the description or one named twice.
+void check_group(const Devices& devices, const std::vector<int>& group);
+// The group by node, then device.
+std::vector<int> ring_order(const Devices& devices, std::vector<int> group);
+// The slowest link of one ring step moving `chunk` bytes from every member to the next.
+double ring_step_seconds(const Devices& devices, const std::vector<int>& ring, double chunk);
+// Ring links that cross a node boundary (0 or 2 and more for a ring spanning nodes).
+int inter_node_links(const Devices& devices, const std::vector<int>& ring);
+// The group's devices by node, each node's in ring order.
+std::map<int, std::vector<int>> by_node(const Devices& devices, const std::vector<int>& group);
+// Whether every node holds as many of the group's devices (what the two-level algorithms need).
+bool equal_nodes(const std::map<int, std::vector<int>>& nodes);
+
+}  // namespace graphpipe::cost

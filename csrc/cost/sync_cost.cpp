@@ -1,0 +1,169 @@
+#include "cost/sync_cost.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "cost/all_gather.h"
+#include "cost/gradient_buckets.h"
+
+namespace graphpipe::cost {
+
+GroupPricer::GroupPricer(const Devices& devices, std::vector<int> group, bool hierarchical)
+    : devices_(&devices), group_(std::move(group)), hierarchical_(hierarchical) {}
+
+AllReduceCost GroupPricer::all_reduce(double bytes) const {
+  return hierarchical_ ? hierarchical_all_reduce(*devices_, group_, bytes) : best_all_reduce(*devices_, group_, bytes);
+}
+
+AllReduceCost GroupPricer::all_gather(double bytes) const {
+  return hierarchical_ ? hierarchical_all_gather(*devices_, group_, bytes) : ring_all_gather(*devices_, group_, bytes);
+}
+
+namespace {
+
+// Memory-bound work: `bytes` of traffic over the memory bandwidth, plus `launches` kernels.
+double memory_seconds(const Devices& devices, double bytes, double launches) {
+  const double traffic = devices.memory_bandwidth > 0.0 ? bytes / devices.memory_bandwidth : 0.0;
+  return traffic + launches * devices.op_overhead_seconds;
+}
+
+void add(BucketCost& cost, const AllReduceCost& collective, double bytes) {
+  cost.payload_bytes += bytes;
+  cost.collectives += 1.0;
+  cost.comm_seconds += collective.seconds;
+  cost.intra_node_bytes += collective.intra_node_bytes_per_device;
+  cost.inter_node_bytes += collective.inter_node_bytes_per_device;
+}
+
+}  // namespace
+
+BucketCost price_bucket(const SyncMethod& method, const SyncLoad& load, const CollectivePricer& pricer) {
+  BucketCost cost;
+  const int d = pricer.replicas();
+  if (d < 2 || load.tensors <= 0.0) return cost;
+  const Devices& devices = pricer.devices();
+  const double e = load.element_size();
+  switch (method.kind) {
+    case SyncKind::all_reduce:
+      add(cost, pricer.all_reduce(load.bytes), load.bytes);
+      break;
+    case SyncKind::top_k: {
+      // As the runtime computes it: k = ceil(ratio x n) (at least one entry of a non-empty bucket).
+      const double k = std::ceil(method.ratio * load.numel);
+      add(cost, pricer.all_gather(k * e), k * e);
+      add(cost, pricer.all_gather(k * kTopKIndexBytes), k * kTopKIndexBytes);
+      const double traffic = kTopKBucketPasses * load.bytes + k * (e + kTopKIndexBytes) +
+                             static_cast<double>(d) * k * (3.0 * e + kTopKIndexBytes);
+      cost.compute_seconds = memory_seconds(devices, traffic, kTopKBucketLaunches);
+      break;
+    }
+    case SyncKind::power_sgd: {
+      const double u = load.uncompressed_numel * e, p = load.p_numel * e, q = load.q_numel * e;
+      add(cost, pricer.all_reduce(u), u);
+      add(cost, pricer.all_reduce(p), p);
+      add(cost, pricer.all_reduce(q), q);
+      cost.compute_seconds = load.compress_seconds +
+                             memory_seconds(devices, kPowerSgdBucketPasses * load.bytes + 4.0 * u,
+                                            kPowerSgdBucketLaunches + load.uncompressed_tensors);
+      break;
+    }
+    case SyncKind::local_sgd:
+      add(cost, pricer.all_reduce(load.bytes), load.bytes);
+      cost.compute_seconds = memory_seconds(devices, kAverageTraffic * load.bytes, kAverageLaunches + load.tensors);
+      break;
+  }
+  return cost;
+}
+
+double amortisation(const SyncMethod& method) { return method.local_updates() ? 1.0 / method.period : 1.0; }
+
+double single_bucket_seconds(const SyncMethod& method, const SyncLoad& load, const CollectivePricer& pricer) {
+  if (pricer.replicas() < 2) return 0.0;
+  return amortisation(method) * price_bucket(method, load, pricer).seconds();
+}
+
+SyncCost price_sync(const SyncMethod& method, const std::vector<SyncLoad>& buckets, const CollectivePricer& pricer) {
+  method.validate();
+  SyncCost cost;
+  if (pricer.replicas() < 2) return cost;
+  const double weight = amortisation(method);
+  if (method.local_updates()) {
+    SyncLoad all;
+    for (const SyncLoad& b : buckets) all += b;
+    cost.buckets.push_back(price_bucket(method, all, pricer));
+  } else {
+    cost.buckets.reserve(buckets.size());
+    for (const SyncLoad& b : buckets) cost.buckets.push_back(price_bucket(method, b, pricer));
+  }
+  for (const BucketCost& b : cost.buckets) {
+    cost.sync_step_payload_bytes += b.payload_bytes;
+    cost.sync_step_seconds += b.seconds();
+    cost.payload_bytes += weight * b.payload_bytes;
+    cost.collectives += weight * b.collectives;
+    cost.compute_seconds += weight * b.compute_seconds;
+    cost.comm_seconds += weight * b.comm_seconds;
+    cost.intra_node_bytes_per_device += weight * b.intra_node_bytes;
+    cost.inter_node_bytes_per_device += weight * b.inter_node_bytes;
+  }
+  return cost;
+}
+
+std::vector<SyncLoad> stage_bucket_loads(const SyncMethod& method, const std::vector<graph::ParamShape>& parameters,
+                                         double param_bytes, double bucket_bytes, const Devices& devices) {
+  std::vector<SyncLoad> loads;
+  if (parameters.empty()) {
+    if (param_bytes > 0.0 && method.kind == SyncKind::power_sgd) {
+      throw PlanningError("PowerSGD is priced by the shapes of the parameters, and this stage's " +
+                          std::to_string(static_cast<long long>(param_bytes)) +
+                          " parameter bytes come without them (a graph traced before shapes were recorded, or a "
+                          "hand-made plan): trace the model again with graphpipe.trace");
+    }
+    const int K = bucket_count(param_bytes, bucket_bytes);
+    for (int k = 0; k < K; ++k) loads.push_back(flat_load(param_bytes / K));
+    return loads;
+  }
+  for (const GradientBucket& b : gradient_buckets(parameters, bucket_bytes)) {
+    SyncLoad load;
+    for (int p : b.parameters) load += tensor_load(method, parameters[p], devices);
+    loads.push_back(load);
+  }
+  return loads;
+}
+
+SyncCost stage_sync_cost(const SyncMethod& method, const Devices& devices, const std::vector<int>& group,
+                         const std::vector<graph::ParamShape>& parameters, double param_bytes, double bucket_bytes) {
+  method.validate();
+  const GroupPricer pricer(devices, group, method.hierarchical);
+  if (group.size() < 2) return {};
+  return price_sync(method, stage_bucket_loads(method, parameters, param_bytes, bucket_bytes, devices), pricer);
+}
+
+namespace {
+
+// Prices every collective at nothing: for the payload alone.
+class PayloadPricer final : public CollectivePricer {
+ public:
+  explicit PayloadPricer(int replicas) : replicas_(replicas) { devices_.count = replicas; }
+  int replicas() const override { return replicas_; }
+  const Devices& devices() const override { return devices_; }
+  AllReduceCost all_reduce(double) const override { return {}; }
+  AllReduceCost all_gather(double) const override { return {}; }
+
+ private:
+  int replicas_;
+  Devices devices_;  // no throughput or bandwidth: compute prices at 0
+};
+
+}  // namespace
+
+double sync_payload_bytes(const SyncMethod& method, const std::vector<graph::ParamShape>& parameters,
+                          double param_bytes, double bucket_bytes, int replicas, bool sync_step) {
+  method.validate();
+  if (replicas < 2) return 0.0;
+  const PayloadPricer pricer(replicas);
+  const SyncCost cost =
+      price_sync(method, stage_bucket_loads(method, parameters, param_bytes, bucket_bytes, pricer.devices()), pricer);
+  return sync_step ? cost.sync_step_payload_bytes : cost.payload_bytes;
+}
+
+}  // namespace graphpipe::cost
