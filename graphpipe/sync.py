@@ -178,8 +178,9 @@ class TopK(SyncMethod):
 @dataclass(frozen=True)
 class PowerSGD(SyncMethod):
     """torch's PowerSGD communication hook (rank-``rank`` factors with error feedback and warm
-    start), run on the replicas' gradient buckets. The first ``start_iter - 1`` steps sum
-    exactly, as torch's hook does; torch requires ``start_iter > 1`` with error feedback."""
+    start), run on the replicas' gradient buckets. The first ``start_iter`` steps sum exactly
+    (torch's hook all-reduces plainly until its iteration count reaches ``start_iter``); torch
+    requires ``start_iter > 1`` with error feedback."""
 
     rank: int = 1
     start_iter: int = 2
@@ -194,7 +195,7 @@ class PowerSGD(SyncMethod):
                              f"got {self.start_iter!r}")
 
     def cost_method(self) -> "_C.SyncMethod":
-        return _C.SyncMethod(kind="power_sgd", rank=self.rank)
+        return _C.SyncMethod(kind="power_sgd", rank=self.rank, min_compression_rate=self.min_compression_rate)
 
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank}"

@@ -142,12 +142,13 @@ void bind_sync(py::module_& m) {
   m.def(
       "sync_payload_bytes",
       [](const SyncMethod& method, const std::vector<graph::ParamShape>& parameters, double bucket_bytes, int replicas,
-         bool sync_step) {
-        return cost::sync_payload_bytes(method, parameters, 0.0, bucket_bytes, replicas, sync_step);
+         bool sync_step, int replicas_per_node) {
+        return cost::sync_payload_bytes(method, parameters, 0.0, bucket_bytes, replicas, sync_step, replicas_per_node);
       },
       py::arg("method"), py::arg("parameters"), py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
-      py::arg("replicas") = 2, py::arg("sync_step") = false,
-      "Bytes one replica hands to collectives per step (local SGD: amortised, or on a step that averages).");
+      py::arg("replicas") = 2, py::arg("sync_step") = false, py::arg("replicas_per_node") = 0,
+      "Bytes one replica hands to collectives per step (local SGD: amortised, or on a step that averages); "
+      "replicas_per_node (0: one node) shapes a hierarchical all-reduce.");
   m.def(
       "sync_payload_bytes",
       [](const SyncMethod& method, const partition::Stage& stage, double bucket_bytes, std::optional<int> replicas,

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "cost/all_gather.h"
 #include "cost/gradient_buckets.h"
+#include "cost/rings.h"
 
 namespace graphpipe::cost {
 
@@ -13,6 +14,22 @@ GroupPricer::GroupPricer(const Devices& devices, std::vector<int> group, bool hi
 
 AllReduceCost GroupPricer::all_reduce(double bytes) const {
   return hierarchical_ ? hierarchical_all_reduce(*devices_, group_, bytes) : best_all_reduce(*devices_, group_, bytes);
+}
+
+double hierarchical_all_reduce_payload(double numel, double element_size, int local, int nodes) {
+  if (local < 1 || nodes < 1) throw PlanningError("hierarchical all-reduce: a group needs nodes with replicas");
+  const double c = std::ceil(numel / local);
+  const double elements = (local > 1 ? local * c + c : 0.0) + (nodes > 1 ? c : 0.0);
+  return elements * element_size;
+}
+
+double GroupPricer::all_reduce_payload(double numel, double element_size) const {
+  if (!hierarchical_) return numel * element_size;
+  const auto nodes = by_node(*devices_, group_);
+  // Unequal nodes: the runtime refuses them; the flat all-reduce is what a plan could run.
+  if (!equal_nodes(nodes)) return numel * element_size;
+  return hierarchical_all_reduce_payload(numel, element_size, static_cast<int>(nodes.begin()->second.size()),
+                                         static_cast<int>(nodes.size()));
 }
 
 AllReduceCost GroupPricer::all_gather(double bytes) const {
@@ -45,15 +62,16 @@ BucketCost price_bucket(const SyncMethod& method, const SyncLoad& load, const Co
   const double e = load.element_size();
   switch (method.kind) {
     case SyncKind::all_reduce:
-      add(cost, pricer.all_reduce(load.bytes), load.bytes);
+      add(cost, pricer.all_reduce(load.bytes), pricer.all_reduce_payload(load.numel, load.element_size()));
       break;
     case SyncKind::top_k: {
       // As the runtime computes it: k = ceil(ratio x n) (at least one entry of a non-empty bucket).
       const double k = std::ceil(method.ratio * load.numel);
-      add(cost, pricer.all_gather(k * e), k * e);
-      add(cost, pricer.all_gather(k * kTopKIndexBytes), k * kTopKIndexBytes);
-      const double traffic = kTopKBucketPasses * load.bytes + k * (e + kTopKIndexBytes) +
-                             static_cast<double>(d) * k * (3.0 * e + kTopKIndexBytes);
+      // Values and positions packed into one all-gather per bucket.
+      const double position = top_k_position_bytes(load.numel);
+      add(cost, pricer.all_gather(k * (e + position)), k * (e + position));
+      const double traffic = kTopKBucketPasses * load.bytes + k * (e + position) +
+                             static_cast<double>(d) * k * (3.0 * e + position);
       cost.compute_seconds = memory_seconds(devices, traffic, kTopKBucketLaunches);
       break;
     }
@@ -143,24 +161,35 @@ namespace {
 // Prices every collective at nothing: for the payload alone.
 class PayloadPricer final : public CollectivePricer {
  public:
-  explicit PayloadPricer(int replicas) : replicas_(replicas) { devices_.count = replicas; }
+  PayloadPricer(int replicas, bool hierarchical, int per_node)
+      : replicas_(replicas), hierarchical_(hierarchical), per_node_(per_node) {
+    devices_.count = replicas;
+  }
   int replicas() const override { return replicas_; }
   const Devices& devices() const override { return devices_; }
   AllReduceCost all_reduce(double) const override { return {}; }
   AllReduceCost all_gather(double) const override { return {}; }
+  double all_reduce_payload(double numel, double element_size) const override {
+    const int local = per_node_ > 0 ? std::min(per_node_, replicas_) : replicas_;
+    if (!hierarchical_ || replicas_ % local != 0) return numel * element_size;
+    return hierarchical_all_reduce_payload(numel, element_size, local, replicas_ / local);
+  }
 
  private:
   int replicas_;
+  bool hierarchical_;
+  int per_node_;
   Devices devices_;  // no throughput or bandwidth: compute prices at 0
 };
 
 }  // namespace
 
 double sync_payload_bytes(const SyncMethod& method, const std::vector<graph::ParamShape>& parameters,
-                          double param_bytes, double bucket_bytes, int replicas, bool sync_step) {
+                          double param_bytes, double bucket_bytes, int replicas, bool sync_step,
+                          int replicas_per_node) {
   method.validate();
   if (replicas < 2) return 0.0;
-  const PayloadPricer pricer(replicas);
+  const PayloadPricer pricer(replicas, method.hierarchical, replicas_per_node);
   const SyncCost cost =
       price_sync(method, stage_bucket_loads(method, parameters, param_bytes, bucket_bytes, pricer.devices()), pricer);
   return sync_step ? cost.sync_step_payload_bytes : cost.payload_bytes;

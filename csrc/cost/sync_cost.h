@@ -6,12 +6,13 @@
 // stage of d replicas:
 //
 //   all_reduce  one all-reduce of n e bytes.
-//   top_k       k = ceil(ratio x n) entries: an all-gather of their values (k e bytes) and one of
-//               their int64 indices (8 k bytes), so k (e + 8) bytes handed over; compute (memory
-//               bound): kTopKBucketPasses passes over the bucket's n e bytes (error feedback's add,
-//               the magnitudes, the selection, the residual's update, zeroing the result), the k
-//               selected entries written (k (e + 8)), and the d k gathered entries scatter-added
-//               (read value and index, read-modify-write the dense entry: d k (3 e + 8)), over
+//   top_k       k = ceil(ratio x n) entries: one all-gather of their values and positions packed
+//               together (k (e + p) bytes, p = 4 for int32 positions, 8 past 2^31 elements,
+//               top_k_position_bytes); compute (memory bound): kTopKBucketPasses passes over the
+//               bucket's n e bytes (error feedback's add, the magnitudes, the selection, the
+//               residual's update, zeroing the result), the k selected entries written
+//               (k (e + p)), and the d k gathered entries scatter-added
+//               (read value and position, read-modify-write the dense entry: d k (3 e + p)), over
 //               the device's memory bandwidth, plus kTopKBucketLaunches kernel launches.
 //   power_sgd   the three all-reduces of torch's hook, in its order: the uncompressed tensors
 //               (u e bytes), P (sum of rows x r' e) and Q (sum of cols x r' e), issued even when
@@ -56,7 +57,11 @@ inline constexpr double kPowerSgdBucketPasses = 8.0;   // 3 add + 2 copy + 3 sub
 inline constexpr double kPowerSgdBucketLaunches = 6.0;
 inline constexpr double kAverageTraffic = 6.0;         // 2 flatten + 2 divide + 2 copy back
 inline constexpr double kAverageLaunches = 2.0;
-inline constexpr double kTopKIndexBytes = 8.0;         // int64 indices
+// Top-k's positions travel packed after the values, as int32 where a bucket's positions fit
+// (fewer than 2^31 elements), else int64: the runtime's hook (runtime/topk_hook.cpp) asks this
+// function, so the price and the traffic agree by construction.
+inline bool top_k_narrow_positions(double numel) { return numel <= 2147483647.0; }
+inline double top_k_position_bytes(double numel) { return top_k_narrow_positions(numel) ? 4.0 : 8.0; }
 
 // Prices the collectives of one stage's replicas.
 class CollectivePricer {
@@ -68,7 +73,17 @@ class CollectivePricer {
   // an all-gather).
   virtual AllReduceCost all_reduce(double bytes) const = 0;
   virtual AllReduceCost all_gather(double bytes) const = 0;
+  // Input bytes one replica hands to the collectives of an all-reduce of `numel` elements of
+  // `element_size` bytes: the buffer for a flat all-reduce; hierarchical_all_reduce_payload for
+  // the hierarchical one.
+  virtual double all_reduce_payload(double numel, double element_size) const { return numel * element_size; }
 };
+
+// The hierarchical all-reduce as the runtime runs it (runtime/hierarchical_hook.h) on `nodes`
+// nodes of `local` replicas each: an all-to-all inside the node (local x c elements handed over,
+// c = ceil(numel / local)), an all-reduce of the c-element chunk across nodes, an all-gather of
+// it inside the node; a step is skipped where its group has one rank.
+double hierarchical_all_reduce_payload(double numel, double element_size, int local, int nodes);
 
 // The exact prices on a group of ranks of `devices` (the group is checked: PlanningError).
 class GroupPricer final : public CollectivePricer {
@@ -78,6 +93,7 @@ class GroupPricer final : public CollectivePricer {
   const Devices& devices() const override { return *devices_; }
   AllReduceCost all_reduce(double bytes) const override;
   AllReduceCost all_gather(double bytes) const override;
+  double all_reduce_payload(double numel, double element_size) const override;
 
  private:
   const Devices* devices_;
@@ -139,7 +155,9 @@ SyncCost stage_sync_cost(const SyncMethod& method, const Devices& devices, const
 // group measures): price_sync's payload_bytes on `replicas` devices, amortised over the period
 // for local_sgd, or on a step that averages with sync_step. No devices are needed: the payload
 // does not depend on them. 0 for fewer than two replicas.
+// `replicas_per_node` (0: all on one node) matters only to a hierarchical method.
 double sync_payload_bytes(const SyncMethod& method, const std::vector<graph::ParamShape>& parameters,
-                          double param_bytes, double bucket_bytes, int replicas, bool sync_step = false);
+                          double param_bytes, double bucket_bytes, int replicas, bool sync_step = false,
+                          int replicas_per_node = 0);
 
 }  // namespace graphpipe::cost

@@ -8,7 +8,7 @@
 //               period varies) the replicas' parameters are averaged by one all-reduce of the
 //               parameter bytes after the optimizer step (torch's model averaging).
 //   top_k       every step, per bucket of n gradient entries, k = ceil(ratio x n) values and
-//               their int64 indices are all-gathered (error feedback keeps the rest locally).
+//               their positions are all-gathered, packed (error feedback keeps the rest locally).
 //   power_sgd   every step, torch's PowerSGD hook of rank `rank`: per bucket, the tensors worth
 //               compressing (min_compression_rate) send rank-r factors P and Q, the others are
 //               all-reduced as they are. Priced in its steady state, after start_powerSGD_iter.

@@ -1,5 +1,7 @@
 #include "runtime/topk_hook.h"
 
+#include "cost/sync_cost.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>
 
@@ -73,7 +75,7 @@ c10::intrusive_ptr<c10::ivalue::Future> TopKHook::runHook(c10d::GradBucket& buck
     acc.index_fill_(0, positions, 0);
     it->second = acc;
   }
-  const bool narrow_positions = n <= std::numeric_limits<std::int32_t>::max();
+  const bool narrow_positions = cost::top_k_narrow_positions(static_cast<double>(n));
   const auto position_type = narrow_positions ? at::kInt : at::kLong;
   positions = positions.to(position_type);
   const std::int64_t value_bytes = k * static_cast<std::int64_t>(values.element_size());

@@ -162,16 +162,17 @@ TEST(CostSync, TopKSendsCeilOfRatioEntriesPerBucket) {
   const std::vector<ParamShape> params = {param("h", {1001}, "float16", 2), param("f", {1000})};
   auto cost = gc::stage_sync_cost(m, d, first(4), params, 0.0, 0.0);
   ASSERT_EQ(cost.buckets.size(), 2u);
-  EXPECT_DOUBLE_EQ(cost.buckets[0].payload_bytes, 10.0 * (4 + 8));
-  EXPECT_DOUBLE_EQ(cost.buckets[1].payload_bytes, 11.0 * (2 + 8));
-  EXPECT_DOUBLE_EQ(cost.payload_bytes, 120.0 + 110.0);
-  EXPECT_DOUBLE_EQ(cost.collectives, 4.0);  // values and indices of each bucket
-  // Communication: ring all-gathers of the values and of the indices.
-  const double comm0 = gc::ring_all_gather(d, first(4), 40.0).seconds + gc::ring_all_gather(d, first(4), 80.0).seconds;
+  // Values and int32 positions, packed (as runtime/topk_hook.cpp sends them).
+  EXPECT_DOUBLE_EQ(cost.buckets[0].payload_bytes, 10.0 * (4 + 4));
+  EXPECT_DOUBLE_EQ(cost.buckets[1].payload_bytes, 11.0 * (2 + 4));
+  EXPECT_DOUBLE_EQ(cost.payload_bytes, 80.0 + 66.0);
+  EXPECT_DOUBLE_EQ(cost.collectives, 2.0);  // one packed all-gather per bucket
+  // Communication: one ring all-gather of the packed entries.
+  const double comm0 = gc::ring_all_gather(d, first(4), 80.0).seconds;
   EXPECT_NEAR(cost.buckets[0].comm_seconds, comm0, 1e-15);
-  EXPECT_NEAR(comm0, 3.0 * (2e-6 + 40.0 / 100e9) + 3.0 * (2e-6 + 80.0 / 100e9), 1e-15);
+  EXPECT_NEAR(comm0, 3.0 * (2e-6 + 80.0 / 100e9), 1e-15);
   // Compute over 1 GB/s: 12 passes over 4000 B, 10 entries written, 4 x 10 entries scattered.
-  const double traffic = 12.0 * 4000.0 + 10.0 * 12.0 + 4.0 * 10.0 * (3.0 * 4.0 + 8.0);
+  const double traffic = 12.0 * 4000.0 + 10.0 * 8.0 + 4.0 * 10.0 * (3.0 * 4.0 + 4.0);
   EXPECT_NEAR(cost.buckets[0].compute_seconds, traffic / 1e9, 1e-15);
   // The same bytes as the payload function, which needs no devices.
   EXPECT_DOUBLE_EQ(gc::sync_payload_bytes(m, params, 0.0, 0.0, 4), cost.payload_bytes);
@@ -274,7 +275,20 @@ TEST(CostSync, HierarchicalForcesTheTwoLevelAlgorithms) {
   k.ratio = 0.5;
   k.hierarchical = true;
   auto topk = gc::stage_sync_cost(k, d, first(8), {param("w", {1000})}, 0.0, 0.0);
-  // 500 entries: 2000 B of values and 4000 B of indices, each gathered across then within nodes.
-  EXPECT_DOUBLE_EQ(topk.inter_node_bytes_per_device, 2000.0 + 4000.0);
-  EXPECT_DOUBLE_EQ(topk.intra_node_bytes_per_device, 3.0 * 2.0 * (2000.0 + 4000.0));
+  // 500 entries: 2000 B of values and 2000 B of int32 positions, gathered across then within nodes.
+  EXPECT_DOUBLE_EQ(topk.inter_node_bytes_per_device, 2000.0 + 2000.0);
+  EXPECT_DOUBLE_EQ(topk.intra_node_bytes_per_device, 3.0 * 2.0 * (2000.0 + 2000.0));
+}
+
+TEST(CostSync, HierarchicalPayloadIsWhatTheRuntimeHandsOver) {
+  // runtime/hierarchical_hook.h: all-to-all of L chunks of c = ceil(n / L), all-reduce of one
+  // chunk across nodes, all-gather of it inside the node; steps on one-rank groups skipped.
+  EXPECT_DOUBLE_EQ(gc::hierarchical_all_reduce_payload(1001, 4, 2, 2), (2 * 501 + 501 + 501) * 4.0);
+  EXPECT_DOUBLE_EQ(gc::hierarchical_all_reduce_payload(10, 4, 4, 1), (4 * 3 + 3) * 4.0);
+  EXPECT_DOUBLE_EQ(gc::hierarchical_all_reduce_payload(10, 2, 1, 4), 10 * 2.0);
+  auto m = method(gc::SyncKind::all_reduce);
+  m.hierarchical = true;
+  EXPECT_DOUBLE_EQ(gc::sync_payload_bytes(m, {param("w", {1001})}, 0.0, 0.0, 4, false, 2), 8016.0);
+  m.hierarchical = false;
+  EXPECT_DOUBLE_EQ(gc::sync_payload_bytes(m, {param("w", {1001})}, 0.0, 0.0, 4, false, 2), 4004.0);
 }

@@ -103,7 +103,7 @@ def test_payload_bytes_of_each_method() -> None:
     numel = 100 * 1000 + 100  # one bucket: the bias opens it, the weight joins it
     payload = lambda method, **kw: _C.sync_payload_bytes(method, params, **kw)  # noqa: E731
     assert payload(_C.SyncMethod()) == numel * 4
-    assert payload(_C.SyncMethod(kind="top_k", ratio=0.01)) == math.ceil(0.01 * numel) * (4 + 8)
+    assert payload(_C.SyncMethod(kind="top_k", ratio=0.01)) == math.ceil(0.01 * numel) * (4 + 4)  # values + int32 positions
     # PowerSGD rank 2: the 100 x 1000 weight is compressed ((100 + 1000) * 2 * 2 < 100000) into
     # P (100 x 2) and Q (1000 x 2); the bias is all-reduced as it is.
     assert payload(_C.SyncMethod(kind="power_sgd", rank=2)) == (100 + 100 * 2 + 1000 * 2) * 4
