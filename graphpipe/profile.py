@@ -185,7 +185,7 @@ def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any
 
 
 def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], None], warmup: int,
-                      repeats: int) -> tuple[dict[str, float], float, dict[str, Any]]:
+                      repeats: int) -> tuple[dict[str, float], float, dict[fx.Node, Any]]:
     """Runs the graph forward and backward ``warmup + repeats`` times, as in training.
 
     Returns each operator's median forward seconds (timed in place), the median backward
@@ -193,7 +193,7 @@ def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], 
     of every node (the inputs each operator's backward is then timed on)."""
     forward: dict[str, list[float]] = {}
     backward: list[float] = []
-    env: dict[str, Any] = {}
+    env: dict[fx.Node, Any] = {}
     for i in range(warmup + repeats):
         run = _TimedRun(gm, sync)
         whole = _timed_backward(run.run(*values), sync)  # as in training: inputs need no gradient
@@ -283,8 +283,10 @@ def profile(
         timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
         for name, node_id in traced.node_ids.items():
             node = by_name[name]
-            alone = (0.0, 0.0, 0.0) if node.op == "placeholder" else _operator_backward(gm, node, env, sync, warmup,
-                                                                                       repeats)
+            if node.op == "placeholder":
+                alone = (0.0, 0.0, 0.0)
+            else:
+                alone = _operator_backward(gm, node, env, sync, warmup, repeats)
             timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
         factor = _scale_factor([t[2] for t in timed], whole_backward)
         for node_id, fwd, bwd, inputs_half, weights_half in timed:
