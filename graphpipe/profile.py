@@ -12,6 +12,16 @@ backward of the whole graph: the split comes from the operators, the total from 
 Inputs for batch size ``b`` are the example inputs' rows ``0..b-1`` (repeated cyclically when
 ``b`` exceeds the example batch).
 
+Each operator's backward is also timed split in two, as the runtime splits a stage's backward
+for a zero-bubble schedule (runtime/executor.h): I, ``torch.autograd.grad`` of its outputs with
+respect to its inputs (every floating input, as if received from another stage: the runtime's
+received activations need a gradient even where the model's data did not) keeping the graph,
+then W, ``torch.autograd.backward`` of the same outputs with respect to its parameters (0 for an
+operator without any). I and W are scaled by the operator's backward factor above: what makes
+an operator timed alone faster than in the real run (hot caches) applies to both halves alike.
+How a stage's halves follow from its operators' (W walks again the activation gradients between
+the stage's outputs and its parameters) is the C++ core's rule (partition/backward_halves.h).
+
 The partitioner reads the resulting curve to choose micro-batch sizes: per-sample cost usually
 falls as the batch grows, because every operator call carries a fixed overhead.
 """
@@ -48,6 +58,38 @@ def _leafify(t: torch.Tensor) -> torch.Tensor:
     """A detached copy; floating tensors require grad so the backward reaches them."""
     copy = t.detach()
     return copy.requires_grad_(True) if copy.is_floating_point() else copy
+
+
+def _operator_args(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]
+                   ) -> tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor], list[torch.Tensor]]:
+    """``node``'s arguments for timing it alone, from the values of a run (``env``).
+
+    Returns the args and kwargs, the operator's inputs that need a gradient (detached leaf copies
+    of the floating tensors other operators or the graph inputs give it) and its parameters (its
+    module's, and those it reads as attributes, as detached leaf copies) that need one. Other
+    attributes (buffers, constants) get no gradient, as in training.
+    """
+    inputs: list[torch.Tensor] = []
+    params: list[torch.Tensor] = []
+
+    def value(a: fx.Node) -> Any:
+        v = env[a]
+        if a.op != "get_attr":
+            leaves = pytree.tree_map_only(torch.Tensor, _leafify, v)
+            inputs.extend(t for t in iter_tensors(leaves) if t.requires_grad)
+            return leaves
+        if isinstance(v, nn.Parameter):
+            copy = v.detach().requires_grad_(v.requires_grad)
+            if copy.requires_grad:
+                params.append(copy)
+            return copy
+        return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, v)
+
+    args = fx.node.map_arg(node.args, value)
+    kwargs = fx.node.map_arg(node.kwargs, value)
+    if node.op == "call_module":
+        params.extend(p for p in gm.get_submodule(str(node.target)).parameters() if p.requires_grad)
+    return args, kwargs, inputs, params
 
 
 def _callable(gm: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
@@ -96,8 +138,54 @@ def _timed_backward(output: Any, sync: Callable[[], None]) -> float | None:
     return time.perf_counter() - start
 
 
+def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                 sync: Callable[[], None]) -> tuple[float, float] | None:
+    """Seconds of the backward from ``output`` split as the runtime splits it: I, the gradients of
+    ``inputs`` alone keeping the graph, then W, those of ``params`` alone (0 without any; I is 0
+    without inputs). None when no output needs a gradient."""
+    outs = [t for t in iter_tensors(output) if t.requires_grad]
+    if not outs:
+        return None
+    grads = [torch.ones_like(t) for t in outs]
+    sync()
+    start = time.perf_counter()
+    if inputs:
+        torch.autograd.grad(outs, list(inputs), grads, retain_graph=True, allow_unused=True)
+        sync()
+    middle = time.perf_counter()
+    if not params:
+        return (middle - start if inputs else 0.0), 0.0
+    torch.autograd.backward(outs, grads, inputs=list(params))
+    sync()
+    return (middle - start if inputs else 0.0), time.perf_counter() - middle
+
+
+def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any], sync: Callable[[], None],
+                       warmup: int, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of ``node``'s backward timed alone, whole and split into I and W (a fresh
+    forward on fresh leaf copies of its inputs each time; 0s when no output needs a gradient)."""
+    fn = _callable(gm, node)
+
+    def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+        args, kwargs, inputs, params = _operator_args(gm, node, env)
+        return fn(*args, **kwargs), inputs, params
+
+    whole: list[float] = []
+    split: list[tuple[float, float]] = []
+    for i in range(warmup + repeats):
+        alone = _timed_backward(forward()[0], sync)
+        halves = _timed_split(*forward(), sync)
+        if i >= warmup and alone is not None and halves is not None:
+            whole.append(alone)
+            split.append(halves)
+    if not whole:
+        return 0.0, 0.0, 0.0
+    return (statistics.median(whole), statistics.median(h[0] for h in split),
+            statistics.median(h[1] for h in split))
+
+
 def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], None], warmup: int,
-                      repeats: int) -> tuple[dict[str, float], float, dict[str, Any]]:
+                      repeats: int) -> tuple[dict[str, float], float, dict[fx.Node, Any]]:
     """Runs the graph forward and backward ``warmup + repeats`` times, as in training.
 
     Returns each operator's median forward seconds (timed in place), the median backward
@@ -105,7 +193,7 @@ def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], 
     of every node (the inputs each operator's backward is then timed on)."""
     forward: dict[str, list[float]] = {}
     backward: list[float] = []
-    env: dict[str, Any] = {}
+    env: dict[fx.Node, Any] = {}
     for i in range(warmup + repeats):
         run = _TimedRun(gm, sync)
         whole = _timed_backward(run.run(*values), sync)  # as in training: inputs need no gradient
@@ -120,13 +208,13 @@ def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], 
     return medians, (statistics.median(backward) if backward else 0.0), env
 
 
-def _scale_to_total(seconds: Sequence[float], total: float) -> list[float]:
-    """``seconds`` scaled by one factor so that they add up to ``total``; unchanged when they
-    add up to nothing or ``total`` is not positive (nothing to scale, or nothing measured)."""
+def _scale_factor(seconds: Sequence[float], total: float) -> float:
+    """The one factor that makes ``seconds`` add up to ``total``; 1 when they add up to nothing
+    or ``total`` is not positive (nothing to scale, or nothing measured)."""
     current = sum(seconds)
     if current <= 0.0 or total <= 0.0:
-        return list(seconds)
-    return [s * total / current for s in seconds]
+        return 1.0
+    return total / current
 
 
 def profile(
@@ -192,27 +280,18 @@ def profile(
         rows = torch.arange(b) % base_batch
         values = _take_rows(traced.placeholder_values, rows, base_batch)
         forward_in_place, whole_backward, env = _whole_graph_runs(gm, values, sync, warmup, repeats)
-        timed: list[tuple[int, float, float]] = []  # (node, forward, backward alone)
+        timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
         for name, node_id in traced.node_ids.items():
             node = by_name[name]
             if node.op == "placeholder":
-                timed.append((node_id, 0.0, 0.0))
-                continue
-            fn = _callable(gm, node)
-            args = fx.node.map_arg(node.args, lambda a: env[a])
-            kwargs = fx.node.map_arg(node.kwargs, lambda a: env[a])
-            args, kwargs = pytree.tree_map_only(torch.Tensor, _leafify, (args, kwargs))
-
-            def forward() -> Any:
-                return fn(*args, **kwargs)
-
-            samples = [_timed_backward(forward(), sync) for _ in range(warmup + repeats)]
-            kept = [t for t in samples[warmup:] if t is not None]  # none: no output needs a gradient
-            bwd = statistics.median(kept) if kept else 0.0
-            timed.append((node_id, forward_in_place.get(name, 0.0), bwd))
-        backward = _scale_to_total([t[2] for t in timed], whole_backward)
-        for (node_id, fwd, _), bwd in zip(timed, backward):
-            results[node_id].append(_C.ProfileSample(b, fwd, bwd))
+                alone = (0.0, 0.0, 0.0)
+            else:
+                alone = _operator_backward(gm, node, env, sync, warmup, repeats)
+            timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
+        factor = _scale_factor([t[2] for t in timed], whole_backward)
+        for node_id, fwd, bwd, inputs_half, weights_half in timed:
+            results[node_id].append(
+                _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
     for p, grad in saved_grads.items():
         p.grad = grad
     with torch.no_grad():

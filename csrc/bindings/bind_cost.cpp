@@ -66,6 +66,8 @@ void bind_cost(py::module_& m) {
       .def_property_readonly("optimizer", [](const CostModel& c) { return cost::to_string(c.optimizer()); })
       .def("forward_seconds", &CostModel::forward_seconds, py::arg("node"), py::arg("micro_batch"))
       .def("backward_seconds", &CostModel::backward_seconds, py::arg("node"), py::arg("micro_batch"))
+      .def("backward_input_seconds", &CostModel::backward_input_seconds, py::arg("node"), py::arg("micro_batch"))
+      .def("backward_weight_seconds", &CostModel::backward_weight_seconds, py::arg("node"), py::arg("micro_batch"))
       .def("compute_seconds", &CostModel::compute_seconds, py::arg("node"), py::arg("micro_batch"))
       .def("is_profiled", &CostModel::is_profiled, py::arg("node"))
       .def("transfer_seconds", py::overload_cast<double>(&CostModel::transfer_seconds, py::const_), py::arg("bytes"))

@@ -23,17 +23,24 @@ using graph::SPTree;
 
 void bind_graph(py::module_& m) {
   py::class_<ProfileSample>(m, "ProfileSample", "Measured time of one operator at one batch size.")
-      .def(py::init([](std::int64_t batch_size, double forward_seconds, double backward_seconds) {
-             return ProfileSample{batch_size, forward_seconds, backward_seconds};
+      .def(py::init([](std::int64_t batch_size, double forward_seconds, double backward_seconds,
+                       double backward_input_seconds, double backward_weight_seconds) {
+             return ProfileSample{batch_size, forward_seconds, backward_seconds, backward_input_seconds,
+                                  backward_weight_seconds};
            }),
-           py::arg("batch_size"), py::arg("forward_seconds"), py::arg("backward_seconds"))
+           py::arg("batch_size"), py::arg("forward_seconds"), py::arg("backward_seconds"),
+           py::arg("backward_input_seconds") = 0.0, py::arg("backward_weight_seconds") = 0.0)
       .def_readwrite("batch_size", &ProfileSample::batch_size)
       .def_readwrite("forward_seconds", &ProfileSample::forward_seconds)
       .def_readwrite("backward_seconds", &ProfileSample::backward_seconds)
+      .def_readwrite("backward_input_seconds", &ProfileSample::backward_input_seconds)
+      .def_readwrite("backward_weight_seconds", &ProfileSample::backward_weight_seconds)
       .def("__repr__", [](const ProfileSample& p) {
         return "ProfileSample(batch_size=" + std::to_string(p.batch_size) +
                ", forward_seconds=" + std::to_string(p.forward_seconds) +
-               ", backward_seconds=" + std::to_string(p.backward_seconds) + ")";
+               ", backward_seconds=" + std::to_string(p.backward_seconds) +
+               ", backward_input_seconds=" + std::to_string(p.backward_input_seconds) +
+               ", backward_weight_seconds=" + std::to_string(p.backward_weight_seconds) + ")";
       });
 
   py::class_<ParamShape>(m, "ParamShape",

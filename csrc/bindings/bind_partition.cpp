@@ -27,6 +27,8 @@ void bind_partition(py::module_& m) {
       .def_readwrite("devices", &Stage::devices)
       .def_readwrite("forward_seconds", &Stage::forward_seconds)
       .def_readwrite("backward_seconds", &Stage::backward_seconds)
+      .def_readwrite("backward_input_seconds", &Stage::backward_input_seconds)
+      .def_readwrite("backward_weight_seconds", &Stage::backward_weight_seconds)
       .def_readwrite("transfer_seconds", &Stage::transfer_seconds)
       .def_readwrite("param_bytes", &Stage::param_bytes)
       .def_readwrite("static_bytes", &Stage::static_bytes)

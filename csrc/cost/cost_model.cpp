@@ -54,13 +54,21 @@ double CostModel::analytic_work(graph::NodeId id, std::int64_t b) const {
   return std::max(n.forward_flops * b / devices_.flops_per_second, bytes / devices_.memory_bandwidth);
 }
 
-double CostModel::profiled(graph::NodeId id, std::int64_t b, bool backward) const {
+double CostModel::input_share(graph::NodeId id) const {
+  const graph::Node& n = graph_->node(id);
+  return n.param_bytes > 0 || !n.params.empty() || !n.shared_params.empty() ? 0.5 : 1.0;
+}
+
+double CostModel::profiled(graph::NodeId id, std::int64_t b, Part part) const {
   const auto& profile = graph_->node(id).profile;
+  const double share = part == Part::backward_input ? input_share(id) : 1.0 - input_share(id);
   auto at = [&](std::size_t i) {
     const auto& s = profile[i];
-    double t = backward ? (s.backward_seconds > 0.0 ? s.backward_seconds : 2.0 * s.forward_seconds)
-                        : s.forward_seconds;
-    return t;
+    if (part == Part::forward) return s.forward_seconds;
+    const double whole = s.backward_seconds > 0.0 ? s.backward_seconds : 2.0 * s.forward_seconds;
+    if (part == Part::backward) return whole;
+    if (s.backward_input_seconds + s.backward_weight_seconds <= 0.0) return share * whole;  // not split
+    return part == Part::backward_input ? s.backward_input_seconds : s.backward_weight_seconds;
   };
   const double x = static_cast<double>(b);
   double t;
@@ -89,15 +97,25 @@ double CostModel::profiled(graph::NodeId id, std::int64_t b, bool backward) cons
 }
 
 double CostModel::forward_seconds(graph::NodeId node, std::int64_t micro_batch) const {
-  if (is_profiled(node)) return profiled(node, micro_batch, false);
+  if (is_profiled(node)) return profiled(node, micro_batch, Part::forward);
   if (graph_->node(node).op == "input") return 0.0;
   return devices_.op_overhead_seconds + analytic_work(node, micro_batch);
 }
 
 double CostModel::backward_seconds(graph::NodeId node, std::int64_t micro_batch) const {
-  if (is_profiled(node)) return profiled(node, micro_batch, true);
+  if (is_profiled(node)) return profiled(node, micro_batch, Part::backward);
   if (graph_->node(node).op == "input") return 0.0;
   return devices_.op_overhead_seconds + 2.0 * analytic_work(node, micro_batch);
+}
+
+double CostModel::backward_input_seconds(graph::NodeId node, std::int64_t micro_batch) const {
+  if (is_profiled(node)) return profiled(node, micro_batch, Part::backward_input);
+  return input_share(node) * backward_seconds(node, micro_batch);
+}
+
+double CostModel::backward_weight_seconds(graph::NodeId node, std::int64_t micro_batch) const {
+  if (is_profiled(node)) return profiled(node, micro_batch, Part::backward_weight);
+  return (1.0 - input_share(node)) * backward_seconds(node, micro_batch);
 }
 
 double CostModel::compute_seconds(graph::NodeId node, std::int64_t micro_batch) const {

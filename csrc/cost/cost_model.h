@@ -12,6 +12,13 @@
 //     with bytes(b) = param_bytes + (inputs + output)*b, backward = op_overhead + 2 x that work.
 //     The fixed overhead is why small micro-batches cost more per sample. Graph inputs (op
 //     "input") cost nothing.
+// The backward's two halves as a zero-bubble runtime runs them (docs/design.md §5.1): I, the
+// gradients of the operator's inputs alone, and W, those of its parameters alone. Measured ones
+// (ProfileSample::backward_input/weight_seconds) are interpolated like the backward. Otherwise
+// (no profile, or one from before the split was measured) the backward is split by rule: an
+// operator with parameters (its own or shared) spends about as long on its weights' gradient as
+// on its input's (two products of the same size), I = W = backward / 2; one without has no W,
+// I = backward. How a stage's I and W follow from its operators' is partition/backward_halves.h.
 // Transfer of a tensor between stages: latency + bytes / bandwidth over the slowest link of the
 // description (placement-independent, so a partitioner need not know which rank a stage gets).
 // Memory of a stage:
@@ -56,6 +63,10 @@ class CostModel {
 
   double forward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
   double backward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
+  // The backward's halves, I (input gradients) and W (weight gradients), timed apart; their sum
+  // need not equal backward_seconds (two autograd passes, each with its own overheads).
+  double backward_input_seconds(graph::NodeId node, std::int64_t micro_batch) const;
+  double backward_weight_seconds(graph::NodeId node, std::int64_t micro_batch) const;
   // Forward plus backward.
   double compute_seconds(graph::NodeId node, std::int64_t micro_batch) const;
   // True when the node's time comes from its measured profile.
@@ -79,8 +90,11 @@ class CostModel {
   }
 
  private:
+  enum class Part { forward, backward, backward_input, backward_weight };
   double analytic_work(graph::NodeId node, std::int64_t micro_batch) const;
-  double profiled(graph::NodeId node, std::int64_t micro_batch, bool backward) const;
+  double profiled(graph::NodeId node, std::int64_t micro_batch, Part part) const;
+  // The input-gradient share of a backward the profile does not split (the rule above).
+  double input_share(graph::NodeId node) const;
 
   const graph::OpGraph* graph_;
   Devices devices_;

@@ -18,7 +18,9 @@ json to_json(const OpGraph& graph) {
     for (const ProfileSample& p : n.profile) {
       profile.push_back({{"batch_size", p.batch_size},
                          {"forward_seconds", p.forward_seconds},
-                         {"backward_seconds", p.backward_seconds}});
+                         {"backward_seconds", p.backward_seconds},
+                         {"backward_input_seconds", p.backward_input_seconds},
+                         {"backward_weight_seconds", p.backward_weight_seconds}});
     }
     json shapes = json::array();
     for (const ParamShape& p : n.param_shapes) {
@@ -118,6 +120,13 @@ Node node_from_json(const json& value, const std::string& where) {
     previous = p.batch_size;
     p.forward_seconds = jf::non_negative<double>(profile[i], "forward_seconds", at);
     p.backward_seconds = jf::non_negative<double>(profile[i], "backward_seconds", at);
+    // Optional: graphs profiled before the split backward was measured have neither.
+    if (profile[i].contains("backward_input_seconds")) {
+      p.backward_input_seconds = jf::non_negative<double>(profile[i], "backward_input_seconds", at);
+    }
+    if (profile[i].contains("backward_weight_seconds")) {
+      p.backward_weight_seconds = jf::non_negative<double>(profile[i], "backward_weight_seconds", at);
+    }
     n.profile.push_back(p);
   }
   return n;

@@ -4,8 +4,11 @@
 //    "trace_batch_size": 8,
 //    "nodes": [{"name", "op", "target", "module", "forward_flops", "param_bytes", "params",
 //               "shared_params", "param_shapes", "buffer_bytes", "output_bytes", "is_input", "is_output",
-//               "profile": [{"batch_size", "forward_seconds", "backward_seconds"}]}],
+//               "profile": [{"batch_size", "forward_seconds", "backward_seconds",
+//                            "backward_input_seconds", "backward_weight_seconds"}]}],
 //    "edges": [{"src": node index, "dst": node index, "bytes": per sample}]}
+// ("backward_input_seconds" and "backward_weight_seconds" are optional when reading: 0, not
+// profiled, as in graphs profiled before the split backward was measured.)
 //
 // "param_shapes" ([{"name", "shape", "dtype", "element_size", "requires_grad"}], one per owned
 // parameter) is optional when reading: files written before it existed load without shapes.

@@ -47,6 +47,12 @@ struct ProfileSample {
   std::int64_t batch_size = 0;
   double forward_seconds = 0.0;
   double backward_seconds = 0.0;
+  // The backward split as a zero-bubble schedule's runtime runs it (graphpipe/profile.py):
+  // input gradients alone (I), then weight gradients alone (W; 0 without parameters). Both 0:
+  // not profiled (profiles from before the split existed); the cost model then splits
+  // backward_seconds by its rule (cost/cost_model.h).
+  double backward_input_seconds = 0.0;
+  double backward_weight_seconds = 0.0;
 };
 
 struct Node {

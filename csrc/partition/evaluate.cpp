@@ -5,14 +5,15 @@
 #include <queue>
 
 #include "common/error.h"
+#include "partition/backward_halves.h"
 #include "partition/placement.h"
 
 namespace graphpipe::partition {
 
 double Evaluation::iteration_seconds(const Problem& problem) const {
   if (problem.zero_bubble) {
-    return static_cast<double>(problem.num_micro_batches) * bottleneck +
-           static_cast<double>(depth - 1) * (bottleneck - bottleneck_backward) + optimizer_tail;
+    return static_cast<double>(problem.num_micro_batches) * split_bottleneck +
+           static_cast<double>(depth - 1) * split_fill + optimizer_tail;
   }
   return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail;
 }
@@ -160,6 +161,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     }
   }
   std::vector<cost::SyncLoad> sync(replicated ? k : 0);
+  std::vector<char> input_walks(k, 0);
   for (int v = 0; v < n; ++v) {
     const int stage = ev.stage_of[v];
     StageFigures& s = ev.stages[stage];
@@ -174,6 +176,27 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     s.static_bytes += p.static_bytes[v];
     s.activation_bytes += p.act_bytes[v] * fraction[stage];
     s.optimizer += p.optimizer[v];
+  }
+  {
+    // I and W of each stage's split backward, from its operators' at the stage's rows.
+    std::vector<double> level_input, level_weight;
+    if (replicated) {
+      level_input.resize(n);
+      level_weight.resize(n);
+      for (int v = 0; v < n; ++v) {
+        const int stage = ev.stage_of[v];
+        const bool one = ev.stages[stage].replicas == 1;
+        level_input[v] = one ? p.backward_input[v] : p.replicas->backward_input(level[stage], v);
+        level_weight[v] = one ? p.backward_weight[v] : p.replicas->backward_weight(level[stage], v);
+      }
+    }
+    const auto halves = backward_halves(g, p.order, ev.stage_of, k, replicated ? level_input : p.backward_input,
+                                        replicated ? level_weight : p.backward_weight);
+    for (int s = 0; s < k; ++s) {
+      ev.stages[s].backward_input = halves[s].input;
+      ev.stages[s].backward_weight = halves[s].weight;
+      input_walks[s] = halves[s].input_walks;
+    }
   }
   // One transfer of a replica's share of edge e between stages x and y (re-sharded directly).
   auto share_seconds = [&](std::size_t e, int x, int y) {
@@ -274,6 +297,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
         f.recompute = true;
         f.memory = kept;
         f.backward += f.forward;
+        (input_walks[s] ? f.backward_input : f.backward_weight) += f.forward;
       }
     }
   }
@@ -286,9 +310,11 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   ev.max_overflow = -std::numeric_limits<double>::infinity();
   for (int s = 0; s < k; ++s) {
     const StageFigures& f = ev.stages[s];
-    if (f.time() > ev.bottleneck) {
-      ev.bottleneck = f.time();
-      ev.bottleneck_backward = f.backward;
+    if (f.time() > ev.bottleneck) ev.bottleneck = f.time();
+    const double split = f.forward + f.backward_input + f.backward_weight + f.transfer;
+    if (split > ev.split_bottleneck) {
+      ev.split_bottleneck = split;
+      ev.split_fill = std::max(0.0, f.forward + f.transfer + f.backward_input - f.backward_weight);
     }
     double overflow = f.memory - p.memory_limit;
     if (overflow > ev.max_overflow) {

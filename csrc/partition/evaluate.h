@@ -29,6 +29,9 @@ namespace graphpipe::partition {
 
 struct StageFigures {
   double forward = 0.0, backward = 0.0, transfer = 0.0;
+  // The backward split as a zero-bubble schedule runs it (backward_halves.h): I and W. A
+  // recomputed stage's forward is added to the half that runs it first.
+  double backward_input = 0.0, backward_weight = 0.0;
   double optimizer = 0.0;         // the stage's optimizer step, once per iteration
   double static_bytes = 0.0;
   double activation_bytes = 0.0;  // one micro-batch, received tensors included
@@ -55,7 +58,10 @@ struct Evaluation {
   std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
   int depth = 0;
   double bottleneck = 0.0;             // slowest stage time per micro-batch
-  double bottleneck_backward = 0.0;    // that stage's backward
+  // Under a split backward: the slowest stage's forward + I + W + transfer, and its share of the
+  // zero-bubble fill, max(0, forward + transfer + I - W).
+  double split_bottleneck = 0.0;
+  double split_fill = 0.0;
   // How far the optimizer steps reach past the pipeline's end: a stage sums its gradients over
   // its replicas and steps after its last backward, which comes before the backwards still to
   // run on the stages upstream of it (the longest such path); max over stages of (its
@@ -66,8 +72,9 @@ struct Evaluation {
   bool fits() const { return max_overflow <= 0.0; }
   // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail; under the zero-bubble
   // schedule (Problem::zero_bubble) the fill and drain are ZB-H1's, whose weight-gradient halves
-  // fill the bubbles: num_micro_batches x bottleneck + (depth - 1) x (bottleneck - its backward)
-  // + optimizer_tail (F + I - W per stage of the fill, with I = W = B / 2).
+  // fill the bubbles: num_micro_batches x split_bottleneck + (depth - 1) x split_fill +
+  // optimizer_tail (M (F + I + W) + (p - 1)(F + I - W) on a chain; with I = W = B / 2 the
+  // 1F1B bottleneck's M (F + B) + (p - 1) F).
   double iteration_seconds(const Problem& problem) const;
 };
 

@@ -35,6 +35,12 @@ struct Stage {
   // Figures marked "per replica" are one replica's, for the largest shard (ceil(b / d) rows).
   double forward_seconds = 0.0;      // predicted, one micro-batch, per replica
   double backward_seconds = 0.0;     // predicted, one micro-batch, per replica
+  // The backward split as a zero-bubble schedule runs it (partition/backward_halves.h): I, the
+  // input gradients, and W, the weight gradients, per micro-batch and replica. Their sum exceeds
+  // backward_seconds where W walks again activation gradients that I computed. Both 0: not
+  // known (plans from before they existed); schedule::backward_split then halves the backward.
+  double backward_input_seconds = 0.0;
+  double backward_weight_seconds = 0.0;
   // Predicted transfer time of one micro-batch charged to this stage, per replica: one transfer
   // (latency + share / bandwidth) per operator edge entering or leaving the stage, where the
   // share is the edge's bytes / max(d_src, d_dst) (the runtime re-shards rows between the
@@ -58,7 +64,8 @@ struct Stage {
   std::vector<graph::ParamShape> parameters;
   // Activation recomputation (chosen by the planner when the stage does not fit otherwise): the
   // stage keeps only its received tensors per micro-batch in flight and runs its forward again
-  // during its backward, which backward_seconds includes; memory_bytes counts it so.
+  // during its backward, which backward_seconds includes (and backward_input_seconds, or
+  // backward_weight_seconds for a stage whose I walks no operator); memory_bytes counts it so.
   bool recompute = false;
 };
 

@@ -67,6 +67,8 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
     st.recompute = f.recompute;
     st.forward_seconds = f.forward;
     st.backward_seconds = f.backward;
+    st.backward_input_seconds = f.backward_input;
+    st.backward_weight_seconds = f.backward_weight;
     st.transfer_seconds = f.transfer;
     st.static_bytes = f.static_bytes;
     st.activation_bytes = f.activation_bytes;

@@ -177,6 +177,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
                       {"devices", st.devices},
                       {"forward_seconds", st.forward_seconds},
                       {"backward_seconds", st.backward_seconds},
+                      {"backward_input_seconds", st.backward_input_seconds},
+                      {"backward_weight_seconds", st.backward_weight_seconds},
                       {"transfer_seconds", st.transfer_seconds},
                       {"param_bytes", st.param_bytes},
                       {"static_bytes", st.static_bytes},
@@ -275,6 +277,13 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
     // Optional: plans written before replicated stages existed have one device per stage.
     if (js.contains("all_reduce_seconds")) st.all_reduce_seconds = jf::non_negative<double>(js, "all_reduce_seconds", where);
     if (js.contains("recompute")) st.recompute = jf::get<bool>(js, "recompute", where);
+    // Optional too: plans written before the split backward was priced (then halves).
+    if (js.contains("backward_input_seconds")) {
+      st.backward_input_seconds = jf::non_negative<double>(js, "backward_input_seconds", where);
+    }
+    if (js.contains("backward_weight_seconds")) {
+      st.backward_weight_seconds = jf::non_negative<double>(js, "backward_weight_seconds", where);
+    }
     plan.stages.push_back(std::move(st));
   }
   const auto& edges = jf::array(jf::field(doc, "edges", "$"), "$.edges");

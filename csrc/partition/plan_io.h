@@ -8,10 +8,12 @@
 //    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
 //    "sync": {"kind": "all_reduce", ...} (cost/sync_method.h; optional when reading: all_reduce),
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
-//                "backward_seconds", "transfer_seconds", "param_bytes", "static_bytes",
-//                "activation_bytes", "in_flight", "memory_bytes", "all_reduce_seconds", "recompute"}],
+//                "backward_seconds", "backward_input_seconds", "backward_weight_seconds",
+//                "transfer_seconds", "param_bytes", "static_bytes", "activation_bytes", "in_flight",
+//                "memory_bytes", "all_reduce_seconds", "recompute"}],
 //    ("all_reduce_seconds" is optional when reading: 0, as in plans from before replicated stages;
-//    "recompute" too: false)
+//    "recompute" too: false; "backward_input_seconds" and "backward_weight_seconds" too: 0, not
+//    known, as in plans from before the split backward was priced)
 //    "edges": [{"src": 0, "dst": 1, "edges": [operator edge ids], "bytes": ...}]}
 //
 // Stage::parameters is not written: reading derives it from the graph (stage_parameters.h).

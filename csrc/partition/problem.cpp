@@ -34,6 +34,8 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
   p.forward.resize(n);
   p.backward.resize(n);
   p.compute.resize(n);
+  p.backward_input.resize(n);
+  p.backward_weight.resize(n);
   p.static_bytes.resize(n);
   p.optimizer.resize(n);
   p.param_bytes.resize(n);
@@ -43,6 +45,8 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
     p.forward[v] = model.forward_seconds(id, micro_batch_size);
     p.backward[v] = model.backward_seconds(id, micro_batch_size);
     p.compute[v] = p.forward[v] + p.backward[v];
+    p.backward_input[v] = model.backward_input_seconds(id, micro_batch_size);
+    p.backward_weight[v] = model.backward_weight_seconds(id, micro_batch_size);
     p.static_bytes[v] = model.static_bytes(id);
     p.optimizer[v] = model.optimizer_seconds(id);
     p.param_bytes[v] = static_cast<double>(g.node(id).param_bytes);

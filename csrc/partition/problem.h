@@ -57,6 +57,9 @@ struct Problem {
   std::vector<graph::NodeId> order;  // topological order of the operators
   std::vector<int> position;         // position[v] = index of v in order
   std::vector<double> forward, backward, compute;  // compute = forward + backward
+  // The backward's halves timed apart (CostModel::backward_input/weight_seconds); a stage's I
+  // and W follow from them by backward_halves.h.
+  std::vector<double> backward_input, backward_weight;
   std::vector<double> static_bytes;  // weights + grads + optimizer state + buffers
   std::vector<double> optimizer;     // the operator's share of the optimizer step, per iteration
   std::vector<double> param_bytes;   // parameters (what a replicated stage's all-reduce sums)

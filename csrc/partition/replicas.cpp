@@ -24,11 +24,15 @@ ReplicaTable::ReplicaTable(const cost::CostModel& model, std::int64_t micro_batc
   const std::size_t n = g.num_nodes();
   forward_.assign(rows_.size(), std::vector<double>(n));
   backward_.assign(rows_.size(), std::vector<double>(n));
+  input_.assign(rows_.size(), std::vector<double>(n));
+  weight_.assign(rows_.size(), std::vector<double>(n));
   for (std::size_t l = 0; l < rows_.size(); ++l) {
     for (std::size_t v = 0; v < n; ++v) {
       auto id = static_cast<graph::NodeId>(v);
       forward_[l][v] = model.forward_seconds(id, rows_[l]);
       backward_[l][v] = model.backward_seconds(id, rows_[l]);
+      input_[l][v] = model.backward_input_seconds(id, rows_[l]);
+      weight_[l][v] = model.backward_weight_seconds(id, rows_[l]);
     }
   }
   // Each algorithm's cost is a sum of per-step maxima of affine functions of the bytes, so it is

@@ -9,10 +9,11 @@
 // 2 rows), and a replica count above b leaves a replica without rows, so the counts a planner
 // weighs are the least d of each shard size, d <= min(devices, b): the table's "levels".
 //
-// ReplicaTable holds, for one micro-batch size, every operator's forward and backward time at
-// each level's shard, and fast estimates of the collectives (all-reduce, all-gather) of B bytes
-// over d devices that the partitioners' inner loops use to price a stage's sync (the figures of
-// a finished plan price it on the stage's real device group; evaluate.h). Building it is
+// ReplicaTable holds, for one micro-batch size, every operator's forward and backward time (and
+// the backward's halves) at each level's shard, and fast estimates of the collectives
+// (all-reduce, all-gather) of B bytes over d devices that the partitioners' inner loops use to
+// price a stage's sync (the figures of a finished plan price it on the stage's real device group;
+// evaluate.h). Building it is
 // O(levels x V + R^2 log R) for R replica counts; each query is O(1).
 #pragma once
 
@@ -42,6 +43,9 @@ class ReplicaTable {
   double forward(int level, int node) const { return forward_[level][node]; }
   double backward(int level, int node) const { return backward_[level][node]; }
   double compute(int level, int node) const { return forward_[level][node] + backward_[level][node]; }
+  // The backward's halves (CostModel::backward_input/weight_seconds) at the level's shard.
+  double backward_input(int level, int node) const { return input_[level][node]; }
+  double backward_weight(int level, int node) const { return weight_[level][node]; }
   // The fraction of a micro-batch's rows the largest shard holds: what activations and the bytes
   // a replica receives scale by.
   double row_fraction(int level) const { return static_cast<double>(rows_[level]) / static_cast<double>(rows_[0]); }
@@ -66,7 +70,7 @@ class ReplicaTable {
   std::vector<int> replicas_;
   std::vector<std::int64_t> rows_;
   std::vector<int> level_of_;
-  std::vector<std::vector<double>> forward_, backward_;
+  std::vector<std::vector<double>> forward_, backward_, input_, weight_;
   // Per d: for ring and hierarchical, two lines (through small and through large buffers)
   // whose max bounds that algorithm's convex, piecewise-affine cost from above.
   std::vector<std::vector<Line>> all_reduce_, all_gather_;

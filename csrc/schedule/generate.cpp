@@ -115,7 +115,14 @@ std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
 }
 
 std::pair<double, double> backward_split(const partition::Stage& stage) {
-  return {stage.backward_seconds / 2.0, stage.backward_seconds / 2.0};
+  if (stage.backward_input_seconds > 0.0 || stage.backward_weight_seconds > 0.0) {
+    return {stage.backward_input_seconds, stage.backward_weight_seconds};
+  }
+  // Not priced (a plan from before the split was): halves of the backward, a recomputed
+  // forward to I, which runs first.
+  const double again = stage.recompute ? std::min(stage.forward_seconds, stage.backward_seconds) : 0.0;
+  const double half = (stage.backward_seconds - again) / 2.0;
+  return {half + again, half};
 }
 
 namespace {

@@ -29,8 +29,8 @@
 //                W's fill the bubbles that the forward and input-gradient waves leave, on every
 //                branch of the DAG, without delaying the critical path. On a chain with equal
 //                F, I and W times and memory for the W's, the iteration is ZB-H1's (Qi et al.,
-//                ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: I and W each take half
-//                the stage's backward (backward_split()).
+//                ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: the stage's own I and W
+//                (backward_split()).
 // Per-stage micro-batch sizes (the paper's stages may use different sizes) are deferred: Plan
 // carries a single micro_batch_size, and every policy here assumes it.
 //
@@ -78,10 +78,12 @@ std::string_view policy_name(Policy policy);
 // or two stages share a rank, PlanningError when the plan's stages or edges are malformed.
 std::vector<std::vector<int>> stage_ranks(const partition::Plan& plan);
 // The predicted seconds of a stage's backward halves, I (input gradients) and W (weight
-// gradients), for one micro-batch: half of Stage::backward_seconds each. An operator with weights
-// spends about as long on its weights' gradient as on its input's (two matrix products of the
-// same size); the stage's operators without weights make the real split lean toward I, which a
-// measured trace shows (docs/design.md §5.1).
+// gradients), for one micro-batch: the stage's own Stage::backward_input_seconds and
+// backward_weight_seconds, priced by the planner from its operators' (partition/backward_halves.h;
+// their sum may exceed backward_seconds: the runtime's W walks activation gradients again). A
+// stage without them (both 0: a plan from before they existed, or a stage built by hand) gets
+// half of its backward each; a recomputed stage's forward, which backward_seconds includes, then
+// goes to I, which runs it first.
 std::pair<double, double> backward_split(const partition::Stage& stage);
 // h_s: stages on the longest path from s to a sink, s included.
 std::vector<int> stages_to_sink(const partition::Plan& plan);

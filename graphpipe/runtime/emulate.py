@@ -155,8 +155,11 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     figures = pipe.plan.stages[stage.index]
     fwd = figures.forward_seconds if forward_seconds is None else forward_seconds
     bwd = figures.backward_seconds if backward_seconds is None else backward_seconds
-    # The input-gradient share of the backward, as the schedules and the simulator split it.
-    share = _C.backward_split(figures)[0] / figures.backward_seconds if figures.backward_seconds > 0 else 0.5
+    # I as the schedules and the simulator price it, W the rest of the backward: a whole backward
+    # (1F1B) waits the stage's backward, a split one too (the extra activation gradients the real
+    # W walks again, which the simulator's W includes, are not emulated).
+    split_input = _C.backward_split(figures)[0]
+    share = min(1.0, split_input / figures.backward_seconds) if figures.backward_seconds > 0 else 0.5
     stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale, bwd * scale * share)
     pipe.module = stage.module
     if pipe.executor is not None:

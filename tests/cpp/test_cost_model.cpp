@@ -66,6 +66,52 @@ TEST(CostModel, ProfileInterpolatesAndExtrapolates) {
   EXPECT_LE(t1, 0.005);
 }
 
+TEST(CostModel, BackwardHalvesAreInterpolatedLikeTheBackward) {
+  auto g = two_nodes();
+  // Split at both sizes: I and W interpolate and extrapolate as the backward does; their sum is
+  // what was measured, not the backward.
+  g.mutable_node(1).profile = {{2, 0.010, 0.030, 0.012, 0.020}, {8, 0.020, 0.050, 0.024, 0.040}};
+  Devices d = v100(2);
+  d.relative_speed = 2.0;
+  CostModel m(g, d);
+  EXPECT_NEAR(m.backward_input_seconds(1, 2), 0.012 / 2, 1e-12);
+  EXPECT_NEAR(m.backward_weight_seconds(1, 2), 0.020 / 2, 1e-12);
+  EXPECT_NEAR(m.backward_input_seconds(1, 4), (0.012 + 0.012 * 2 / 6) / 2, 1e-12);
+  EXPECT_NEAR(m.backward_weight_seconds(1, 4), (0.020 + 0.020 * 2 / 6) / 2, 1e-12);
+  EXPECT_NEAR(m.backward_weight_seconds(1, 16), 0.080 / 2, 1e-12);  // per-sample time of the largest
+  EXPECT_DOUBLE_EQ(m.backward_input_seconds(0, 4), 0.0);            // graph input
+  EXPECT_DOUBLE_EQ(m.backward_weight_seconds(0, 4), 0.0);
+}
+
+TEST(CostModel, BackwardHalvesWithoutMeasurementFollowTheRule) {
+  auto g = two_nodes();
+  graph::Node relu;
+  relu.name = "relu";
+  relu.op = "call_module";
+  relu.forward_flops = 1e6;
+  relu.output_bytes = 2000;
+  g.add_node(relu);
+  g.add_edge(1, 2, 2000);
+  CostModel analytic(g, v100(2));
+  // With weights: half each; without: all I, no W.
+  EXPECT_DOUBLE_EQ(analytic.backward_input_seconds(1, 4), analytic.backward_seconds(1, 4) / 2);
+  EXPECT_DOUBLE_EQ(analytic.backward_weight_seconds(1, 4), analytic.backward_seconds(1, 4) / 2);
+  EXPECT_DOUBLE_EQ(analytic.backward_input_seconds(2, 4), analytic.backward_seconds(2, 4));
+  EXPECT_DOUBLE_EQ(analytic.backward_weight_seconds(2, 4), 0.0);
+  // A profile from before the split was measured (I = W = 0): the rule on its backward, which
+  // may itself be 2 x forward.
+  g.mutable_node(1).profile = {{2, 0.010, 0.0}, {8, 0.020, 0.050}};
+  g.mutable_node(2).profile = {{2, 0.001, 0.003}};
+  CostModel old(g, v100(2));
+  EXPECT_NEAR(old.backward_input_seconds(1, 2), 0.010, 1e-12);
+  EXPECT_NEAR(old.backward_weight_seconds(1, 8), 0.025, 1e-12);
+  EXPECT_NEAR(old.backward_input_seconds(2, 4), 0.006, 1e-12);
+  EXPECT_DOUBLE_EQ(old.backward_weight_seconds(2, 4), 0.0);
+  // A user of shared parameters (no bytes of its own) has weights too.
+  g.mutable_node(2).shared_params = {"fc.weight"};
+  EXPECT_NEAR(CostModel(g, v100(2)).backward_weight_seconds(2, 4), 0.003, 1e-12);
+}
+
 TEST(CostModel, MemoryFactorsPerOptimizer) {
   auto g = two_nodes();
   Devices d = v100(2);

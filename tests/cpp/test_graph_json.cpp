@@ -28,7 +28,7 @@ OpGraph sample() {
   lin.param_bytes = 4096;
   lin.params = {"block.lin.weight", "block.lin.bias"};
   lin.output_bytes = 128.0;
-  lin.profile = {{1, 1e-5, 2e-5}, {4, 2e-5, 3e-5}};
+  lin.profile = {{1, 1e-5, 2e-5, 1.5e-5, 1.25e-5}, {4, 2e-5, 3e-5}};
   auto& skip = g.mutable_node(*g.find("skip"));
   skip.shared_params = {"block.lin.weight"};
   skip.buffer_bytes = 16;
@@ -58,10 +58,30 @@ TEST(GraphJson, RoundTripKeepsEverything) {
   EXPECT_DOUBLE_EQ(lin.forward_flops, 2048.5);
   ASSERT_EQ(lin.profile.size(), 2u);
   EXPECT_EQ(lin.profile[1].batch_size, 4);
+  EXPECT_DOUBLE_EQ(lin.profile[0].backward_input_seconds, 1.5e-5);
+  EXPECT_DOUBLE_EQ(lin.profile[0].backward_weight_seconds, 1.25e-5);
+  EXPECT_DOUBLE_EQ(lin.profile[1].backward_input_seconds, 0.0);  // not split
   EXPECT_EQ(back.node(*back.find("skip")).shared_params.size(), 1u);
   EXPECT_EQ(back.trace_batch_size, 8);
   EXPECT_TRUE(back.node(*back.find("x")).is_input);
   EXPECT_EQ(back.num_edges(), g.num_edges());
+}
+
+TEST(GraphJson, ProfilesWithoutTheSplitBackwardStillLoad) {
+  // A graph profiled before I and W were measured: its samples have neither field.
+  auto doc = nlohmann::json::parse(gg::dumps(sample()));
+  for (auto& node : doc["nodes"]) {
+    for (auto& p : node["profile"]) {
+      p.erase("backward_input_seconds");
+      p.erase("backward_weight_seconds");
+    }
+  }
+  OpGraph back = gg::loads(doc.dump());
+  const auto& lin = back.node(*back.find("lin"));
+  ASSERT_EQ(lin.profile.size(), 2u);
+  EXPECT_DOUBLE_EQ(lin.profile[0].backward_seconds, 2e-5);
+  EXPECT_DOUBLE_EQ(lin.profile[0].backward_input_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(lin.profile[0].backward_weight_seconds, 0.0);
 }
 
 TEST(GraphJson, SaveAndLoadFile) {
@@ -98,6 +118,9 @@ TEST(GraphJson, MalformedFilesAreRejectedWithTheReason) {
                 .find("cycle"),
             std::string::npos);
   EXPECT_NE(edit([](auto& d) { d["nodes"][1]["profile"][1]["batch_size"] = 1; }).find("increasing"),
+            std::string::npos);
+  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["profile"][0]["backward_weight_seconds"] = -1e-5; })
+                .find("$.nodes[1].profile[0].backward_weight_seconds: must not be negative"),
             std::string::npos);
   EXPECT_NE(edit([](auto& d) { d["trace_batch_size"] = 0; }).find("trace_batch_size"),
             std::string::npos);

@@ -91,3 +91,48 @@ TEST(ZeroBubble, TokensRoundTrip) {
   const auto s = gs::generate(plan, "zb_graph");
   EXPECT_EQ(gs::parse(s.to_string()), s);
 }
+
+TEST(ZeroBubble, BackwardSplitUsesTheStagesOwnHalves) {
+  graphpipe::partition::Stage st;
+  st.forward_seconds = 1.0;
+  st.backward_seconds = 2.0;
+  // Not priced (a plan from before the halves were): half of the backward each.
+  EXPECT_EQ(gs::backward_split(st), (std::pair{1.0, 1.0}));
+  // A recomputed stage's backward holds its forward again, which I runs first.
+  st.recompute = true;
+  st.backward_seconds = 3.0;
+  EXPECT_EQ(gs::backward_split(st), (std::pair{2.0, 1.0}));
+  // Priced: the stage's own figures, whatever their sum (W walks activation gradients again).
+  st.backward_input_seconds = 0.25;
+  st.backward_weight_seconds = 3.5;
+  EXPECT_EQ(gs::backward_split(st), (std::pair{0.25, 3.5}));
+  // A stage whose I runs nothing (it receives no tensor that needs a gradient).
+  st.backward_input_seconds = 0.0;
+  EXPECT_EQ(gs::backward_split(st), (std::pair{0.0, 3.5}));
+}
+
+TEST(ZeroBubble, SimulatedHalvesTakeEachStagesFigures) {
+  // A chain of 3 stages with different I and W each (I + W above the backward on stage 1).
+  auto plan = chain_plan(3, 6);
+  const std::vector<std::pair<double, double>> halves = {{0.0, 2.0}, {0.75, 1.75}, {1.5, 0.5}};
+  for (int s = 0; s < 3; ++s) {
+    plan.stages[s].backward_input_seconds = halves[s].first;
+    plan.stages[s].backward_weight_seconds = halves[s].second;
+  }
+  const auto r = simulate(plan, gs::generate(plan, gs::Policy::zb_graph), devices(3));
+  int inputs = 0, weights = 0;
+  for (const auto& task : r.tasks) {
+    if (task.kind == TaskKind::backward_input) {
+      ++inputs;
+      EXPECT_DOUBLE_EQ(task.end - task.start, halves[task.stage].first) << task_name(task);
+    } else if (task.kind == TaskKind::backward_weight) {
+      ++weights;
+      EXPECT_DOUBLE_EQ(task.end - task.start, halves[task.stage].second) << task_name(task);
+    }
+  }
+  EXPECT_EQ(inputs, 3 * 6);
+  EXPECT_EQ(weights, 3 * 6);
+  // Every rank computes M (F + I + W): stage 1's I + W = 2.5 exceeds its backward of 2.
+  EXPECT_NEAR(r.ranks[1].busy_seconds, 6 * (1.0 + 2.5), 1e-9);
+  EXPECT_GE(r.iteration_seconds, 6 * 3.5);
+}

@@ -270,10 +270,10 @@ def test_manual_stage_devices(uno) -> None:
         graphpipe.plan(graph, 3, "manual", manual=mapping, stage_devices=[[0, 1]])
 
 
-def test_planning_for_the_zero_bubble_schedule_predicts_its_shorter_bubbles() -> None:
-    """plan(schedule="zb_graph") prices the fill and drain as ZB-H1's: on the same cut, the
-    predicted step is shorter by (depth - 1) x the bottleneck stage's backward; an unknown
-    schedule is the core's PlanningError listing the kinds."""
+def test_planning_for_the_zero_bubble_schedule_prices_its_split_backward() -> None:
+    """plan(schedule="zb_graph") prices the fill and drain as ZB-H1's with the slowest stage's own
+    I and W: M (F + I + W + T) + (depth - 1) max(0, F + T + I - W) plus the same optimizer tail;
+    an unknown schedule is the core's PlanningError listing the kinds."""
     import graphpipe
     from graphpipe.models import build_model
 
@@ -284,8 +284,18 @@ def test_planning_for_the_zero_bubble_schedule_predicts_its_shorter_bubbles() ->
     one = graphpipe.plan(graph, devices, "sequential", **fixed)
     zb = graphpipe.plan(graph, devices, "sequential", schedule="zb_graph", **fixed)
     assert [list(s.nodes) for s in one.stages] == [list(s.nodes) for s in zb.stages]
-    slowest = max(one.stages, key=lambda s: s.forward_seconds + s.backward_seconds + s.transfer_seconds)
-    assert zb.predicted_iteration_seconds == pytest.approx(
-        one.predicted_iteration_seconds - (one.depth - 1) * slowest.backward_seconds, rel=1e-9)
+    # The first stage receives nothing; a later one that continues a branch receives its
+    # activations: I runs there, and W walks its activation gradients again (I + W > B).
+    assert zb.stages[0].backward_input_seconds == 0.0 < zb.stages[0].backward_weight_seconds
+    assert any(s.backward_input_seconds + s.backward_weight_seconds > s.backward_seconds for s in zb.stages)
+    M = one.num_micro_batches
+    slowest = max(s.forward_seconds + s.backward_seconds + s.transfer_seconds for s in one.stages)
+    tail = one.predicted_iteration_seconds - (M + one.depth - 1) * slowest
+    split = max(zb.stages, key=lambda s: s.forward_seconds + s.backward_input_seconds + s.backward_weight_seconds
+                + s.transfer_seconds)
+    time = split.forward_seconds + split.backward_input_seconds + split.backward_weight_seconds + split.transfer_seconds
+    fill = max(0.0, split.forward_seconds + split.transfer_seconds + split.backward_input_seconds
+               - split.backward_weight_seconds)
+    assert zb.predicted_iteration_seconds == pytest.approx(M * time + (zb.depth - 1) * fill + tail, rel=1e-9)
     with pytest.raises(graphpipe.PlanningError, match="zb_graph"):
         graphpipe.plan(graph, devices, schedule="zero-bubble")

@@ -12,6 +12,7 @@ from torch import nn
 
 import graphpipe
 from graphpipe.models import build_model
+from graphpipe.runtime import manual_plan
 
 # The module, not the function graphpipe.profile that the package exports under its name.
 profile_module = importlib.import_module("graphpipe.profile")
@@ -93,10 +94,76 @@ def test_profile_scales_operator_backwards_to_the_whole_graph_backward(monkeypat
             assert n.profile[i].forward_seconds == pytest.approx(reported[batch].get(n.name, 0.0))
 
 
-def test_scale_to_total() -> None:
-    assert profile_module._scale_to_total([1.0, 3.0], 8.0) == [2.0, 6.0]
-    assert profile_module._scale_to_total([0.0, 0.0], 8.0) == [0.0, 0.0]  # nothing to share out
-    assert profile_module._scale_to_total([1.0, 3.0], 0.0) == [1.0, 3.0]  # nothing measured
+def test_scale_factor() -> None:
+    assert profile_module._scale_factor([1.0, 3.0], 8.0) == 2.0
+    assert profile_module._scale_factor([0.0, 0.0], 8.0) == 1.0  # nothing to share out
+    assert profile_module._scale_factor([1.0, 3.0], 0.0) == 1.0  # nothing measured
+
+
+class _Mixed(nn.Module):
+    """Weights in a module, none in a ReLU, and a weight read as an attribute by a function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.relu = nn.ReLU()
+        self.w = nn.Parameter(torch.randn(8, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.relu(self.fc(x)), self.w)
+
+
+def test_profile_splits_each_backward_as_the_runtime_does() -> None:
+    """I (input gradients) and W (weight gradients) of every operator: both measured where it
+    has weights, W exactly 0 where it has none; the first layer, whose input is the model's data,
+    still gets the I a stage would run on that input received from another stage."""
+    model, inputs = _Mixed(), (torch.randn(4, 16),)
+    graph = graphpipe.trace(model, inputs)
+    graphpipe.profile(graph, model, inputs, batch_sizes=(2, 8), repeats=3, warmup=1)
+    by_target = {n.target: n for n in graph.nodes}
+    assert set(by_target) >= {"Linear", "ReLU", "torch.nn.functional.linear"}
+    for target in ("Linear", "torch.nn.functional.linear"):
+        for p in by_target[target].profile:
+            assert p.backward_input_seconds > 0 and p.backward_weight_seconds > 0, (target, p)
+    for p in by_target["ReLU"].profile:
+        assert p.backward_input_seconds > 0
+        assert p.backward_weight_seconds == 0.0
+    for n in graph.nodes:
+        if n.op == "input":
+            assert all(p.backward_input_seconds == 0.0 == p.backward_weight_seconds for p in n.profile)
+    # Profiling leaves no gradient behind, the attribute-read weight's included.
+    assert all(p.grad is None for p in model.parameters())
+    # The planner prices each stage's halves from them: the stage holding fc receives nothing
+    # that needs a gradient (it reads the model input), so its I is 0 and its W covers fc.
+    # The stage after it receives fc's output (or relu's): its I runs from there.
+    plan = manual_plan(graph, {"fc": 0, "relu": 1, "linear": 1}, 2)
+    stage_of = {graph.node(v).name: s for s, st in enumerate(plan.stages) for v in st.nodes}
+    assert stage_of["fc"] == 0 and stage_of["linear"] == 1
+    first, last = plan.stages
+    assert first.backward_input_seconds == 0.0 < first.backward_weight_seconds
+    assert last.backward_input_seconds > 0.0 and last.backward_weight_seconds > 0.0
+
+
+def test_profile_scales_the_halves_by_their_operators_backward_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """I and W are scaled by the factor that makes the operators' backwards add up to the whole
+    graph's: known per-operator figures in, those figures times one factor out."""
+    model, inputs = _Mixed(), (torch.randn(4, 16),)
+    graph = graphpipe.trace(model, inputs)
+    real = profile_module._whole_graph_runs
+    alone = {"fc": (4.0, 1.0, 2.0), "relu": (1.0, 1.0, 0.0), "linear": (3.0, 2.0, 1.5)}
+
+    def whole(gm: Any, values: Any, sync: Any, warmup: int, repeats: int) -> Any:
+        forward, _, env = real(gm, values, sync, warmup, repeats)
+        return forward, 16.0, env  # twice the operators' 8.0
+
+    monkeypatch.setattr(profile_module, "_whole_graph_runs", whole)
+    monkeypatch.setattr(profile_module, "_operator_backward", lambda gm, node, *rest: alone[node.name])
+    graphpipe.profile(graph, model, inputs, batch_sizes=(4,), repeats=1, warmup=0)
+    for n in graph.nodes:
+        if n.name in alone:
+            b, i, w = alone[n.name]
+            p = n.profile[0]
+            assert (p.backward_seconds, p.backward_input_seconds, p.backward_weight_seconds) == (2 * b, 2 * i, 2 * w)
 
 
 def test_profile_leaves_the_model_as_it_was() -> None:

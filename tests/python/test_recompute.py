@@ -64,6 +64,11 @@ def test_the_planner_recomputes_only_the_stage_that_does_not_fit() -> None:
     # The forward runs again in the backward: charged there, and in the predicted step.
     assert tight.stages[0].backward_seconds == pytest.approx(roomy.stages[0].backward_seconds + roomy.stages[0].forward_seconds)
     assert tight.predicted_iteration_seconds > roomy.predicted_iteration_seconds
+    # Split for zero-bubble: stage 0 reads the model input, so its I walks nothing and the
+    # recomputation runs in its W (which uses the activations first).
+    assert tight.stages[0].backward_input_seconds == roomy.stages[0].backward_input_seconds == 0.0
+    assert tight.stages[0].backward_weight_seconds == pytest.approx(
+        roomy.stages[0].backward_weight_seconds + roomy.stages[0].forward_seconds)
 
 
 def _worker(rank: int, world: int, schedule: str) -> dict[str, Any]:
