@@ -440,6 +440,7 @@ def zero_compute(plan: Any, graph: Any) -> Any:
     text = json.loads(plan.to_json(graph))
     for stage in text["stages"]:
         stage["forward_seconds"] = stage["backward_seconds"] = 0.0
+        stage["backward_input_seconds"] = stage["backward_weight_seconds"] = 0.0
     return graphpipe.Plan.from_json(json.dumps(text), graph)
 
 
