@@ -138,9 +138,13 @@ void bind_runtime(py::module_& m) {
           py::arg("rows"), "This rank's rows [begin, end) of a micro-batch of `rows` rows.")
       .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
       .def("set_parameters", &runtime::Executor::set_parameters, py::arg("parameters"),
-           "The stage's trainable parameters, whose gradients a W instruction computes.")
+           "The stage's trainable parameters, whose gradients a W instruction computes (an empty "
+           "list: a stage without any).")
       .def("set_local_updates", &runtime::Executor::set_local_updates, py::arg("on"),
            "The replicas of this rank's stage update locally (local SGD): AR waits for nothing.")
+      .def_property_readonly("held_micro_batches", &runtime::Executor::held_micro_batches,
+                             "Micro-batches whose state (activations, outputs, graphs kept between an "
+                             "I and its W) the executor holds: 0 after every run().")
       .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
            "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).")
       .def(

@@ -316,15 +316,20 @@ void Executor::backward_input(const Instruction& ins) {
       if (t.requires_grad()) leaves.push_back(t);
     }
   }
+  // A stage without trainable parameters has no W work: its I is the whole backward, so it
+  // need not keep the graph (keeping it would only hold the activations until the W).
+  const bool weights = !parameters_->empty();
   if (!roots.empty() && !leaves.empty()) {
-    auto got = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true, /*create_graph=*/false,
+    auto got = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/weights, /*create_graph=*/false,
                                      /*allow_unused=*/true);
     for (std::size_t k = 0; k < leaves.size(); ++k) {
       if (got[k].defined()) leaves[k].mutable_grad() = got[k];
     }
   }
-  st.kept_roots = std::move(roots);
-  st.kept_grads = std::move(grads);
+  if (weights) {
+    st.kept_roots = std::move(roots);
+    st.kept_grads = std::move(grads);
+  }
 }
 
 void Executor::backward_weight(const Instruction& ins) {
@@ -332,8 +337,10 @@ void Executor::backward_weight(const Instruction& ins) {
   std::vector<at::Tensor> roots = std::move(st.kept_roots), grads = std::move(st.kept_grads);
   st.kept_roots.clear();
   st.kept_grads.clear();
-  if (roots.empty() || parameters_.empty()) return;  // dropping the roots frees the graph
-  torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, parameters_);
+  if (roots.empty() || parameters_->empty()) return;  // dropping the roots frees the graph
+  // A parameter the roots do not reach (used under no_grad, or only by another micro-batch's
+  // branch) just gets no gradient: backward with `inputs` allows unused ones.
+  torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, *parameters_);
 }
 
 std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
@@ -455,10 +462,13 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
     if (kind == OpKind::backward || kind == OpKind::backward_weight) last_backward = i;
     splits = splits || kind == OpKind::backward_weight;
   }
-  if (splits && parameters_.empty() && stage_ >= 0) {
+  // Only a missing set_parameters() is an error: an empty list is a legitimate stage without
+  // trainable parameters (a stage of parameter-free operators between two others, which the
+  // corpus's partitioners produce), whose W does nothing.
+  if (splits && !parameters_ && stage_ >= 0) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
-                "'s program splits its backwards (I and W) but the executor was given no parameters "
-                "(set_parameters)");
+                "'s program splits its backwards (I and W) but set_parameters() was never called "
+                "(pass an empty list for a stage without trainable parameters)");
   }
   std::vector<std::size_t> next_receive(ins_list.size(), ins_list.size());
   if (transport_.matches_by_tag()) {

@@ -11,7 +11,8 @@
 //   B   torch::autograd::backward over the stashed loss (gradient 1) and the outputs that require
 //       grad (their received gradients), then drop the stash of that micro-batch's outputs;
 //   I   (zero-bubble schedules) the input-gradient half: torch::autograd::grad of the same roots
-//       with respect to the received activations only, into their .grad, keeping the graph;
+//       with respect to the received activations only, into their .grad, keeping the graph
+//       (a stage without trainable parameters keeps nothing: its I is its whole backward);
 //   W   the weight-gradient half: torch::autograd::backward of the kept roots with respect to
 //       the stage's parameters (set_parameters), which frees the graph. It walks the part of the
 //       graph between the outputs and the parameters again (I computed those gradients but did
@@ -49,6 +50,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,8 +114,13 @@ class Executor {
   // then has nothing to wait for.
   void set_local_updates(bool on) { local_updates_ = on; }
   // The stage's trainable parameters: what a W instruction computes the gradients of (required
-  // when the program splits its backwards).
+  // when the program splits its backwards). An empty list is a stage without trainable
+  // parameters (only parameter-free operators, or frozen ones): its I frees the graph at once
+  // and its W has nothing to do; not calling this at all is the error run() reports.
   void set_parameters(std::vector<at::Tensor> parameters) { parameters_ = std::move(parameters); }
+  // How many micro-batches' state (received activations, stashed outputs, graphs kept between an
+  // I and its W) the executor holds: 0 after every run(), which is what tests check.
+  std::size_t held_micro_batches() const { return state_.size(); }
   void set_timeout(std::chrono::milliseconds timeout) {
     transport_.set_timeout(timeout);
     if (buckets_) buckets_->set_timeout(timeout);
@@ -172,7 +179,7 @@ class Executor {
   std::int64_t rows_ = 0;  // of a micro-batch, as given with the specs
   std::shared_ptr<GradientBuckets> buckets_;
   bool local_updates_ = false;
-  std::vector<at::Tensor> parameters_;
+  std::optional<std::vector<at::Tensor>> parameters_;  // unset: set_parameters never called
   Transport transport_;
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;

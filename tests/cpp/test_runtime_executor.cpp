@@ -245,3 +245,86 @@ TEST(RuntimeExecutor, RankGroupMismatchIsRejected) {
                         std::chrono::milliseconds(100)),
                Error);
 }
+
+// Zero-bubble (split backward, I then W) with a stage that has no trainable parameters in the
+// middle of a chain: stage 0 h = x W0, stage 1 tanh(h) (parameter-free, as a partitioner cuts
+// out an activation or a buffer read), stage 2 sum((g W1)^2) / M. The middle stage's I must
+// still send its input gradients and its W do nothing; before, an empty parameter list was
+// refused as if set_parameters had never been called.
+TEST(RuntimeExecutor, ZeroBubbleWithAParameterFreeStageEqualsOneProcess) {
+  at::manual_seed(0);
+  const int M = 4;
+  auto x = at::randn({8, 4});
+  auto w0 = at::randn({4, 3}).requires_grad_(true);
+  auto w1 = at::randn({3, 2}).requires_grad_(true);
+  auto meta = at::TensorOptions().device(at::kMeta);
+  const std::vector<std::vector<at::Tensor>> specs = {{at::empty({2, 3}, meta)}, {at::empty({2, 3}, meta)}};
+  std::vector<runtime::ForwardFn> fns = {
+      [&](int m, std::vector<std::vector<at::Tensor>>&) {
+        StageOutput out;
+        out.edges = {{at::matmul(x.narrow(0, 2 * m, 2), w0)}};
+        return out;
+      },
+      [&](int, std::vector<std::vector<at::Tensor>>& in) {
+        StageOutput out;
+        out.edges = {{at::tanh(in.at(0).at(0))}};
+        return out;
+      },
+      [&](int, std::vector<std::vector<at::Tensor>>& in) {
+        StageOutput out;
+        out.loss = at::matmul(in.at(0).at(0), w1).pow(2).sum() / M;
+        return out;
+      },
+  };
+  const std::vector<std::vector<at::Tensor>> params = {{w0}, {}, {w1}};
+  auto sched = schedule::generate(graphpipe::testing::chain_plan(3, M), "zb_graph");
+  auto box = std::make_shared<Mailbox>();
+  std::vector<std::unique_ptr<Executor>> ex;
+  for (int r = 0; r < 3; ++r) {
+    ex.push_back(std::make_unique<Executor>(sched, r, c10::make_intrusive<LoopbackGroup>(box, r, 3),
+                                            std::chrono::milliseconds(5000)));
+    ex[r]->set_edge_specs(specs);
+    ex[r]->set_parameters(params[r]);
+  }
+  bool split = false;
+  for (const auto& ins : ex[1]->program()) split = split || ins.kind == schedule::OpKind::backward_weight;
+  ASSERT_TRUE(split) << "zb_graph should split the middle stage's backwards";
+  std::vector<std::exception_ptr> failures(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ex[r]->run(fns[r], true);
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& f : failures) {
+    if (f) std::rethrow_exception(f);
+  }
+  for (const auto& e : ex) EXPECT_EQ(e->held_micro_batches(), 0u);  // no graph kept past run()
+
+  auto r0 = w0.detach().clone().requires_grad_(true);
+  auto r1 = w1.detach().clone().requires_grad_(true);
+  auto loss = at::matmul(at::tanh(at::matmul(x, r0)), r1).pow(2).sum() / M;
+  torch::autograd::backward({loss});
+  ASSERT_TRUE(w0.grad().defined());
+  EXPECT_TRUE(at::allclose(w0.grad(), r0.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(w1.grad(), r1.grad(), 1e-5, 1e-5));
+}
+
+TEST(RuntimeExecutor, ZeroBubbleWithoutSetParametersIsRefused) {
+  auto box = std::make_shared<Mailbox>();
+  Executor e1(schedule::generate(graphpipe::testing::chain_plan(2, 2), "zb_graph"), 1,
+              c10::make_intrusive<LoopbackGroup>(box, 1, 2), std::chrono::milliseconds(200));
+  TwoStageModel model;
+  e1.set_edge_specs(model.specs());
+  try {
+    e1.run(model.stage1(), true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_parameters() was never called"), std::string::npos) << e.what();
+  }
+}
