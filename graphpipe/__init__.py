@@ -22,6 +22,7 @@ from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduc
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
+from graphpipe import sync
 from graphpipe.trace import trace
 
 OpGraph = _C.OpGraph
@@ -70,6 +71,7 @@ __all__ = [
     "schedule",
     "set_log_level",
     "simulate",
+    "sync",
     "trace",
     "wrap",
 ]

@@ -149,9 +149,23 @@ LOSSY = [("topk", "2x2"), ("powersgd", "2x2")]
 STATEFUL = ["local3", "qsr", "topk", "powersgd"]
 
 
+def planned_case() -> dict[str, Any]:
+    """wrap without a plan: rank 0 plans for the sync method the pipeline will run."""
+    import graphpipe
+
+    model, batches = make_model()
+    with graphpipe.wrap(model, (batches[0][0],), nn.functional.cross_entropy, devices=4, replicate=True,
+                        micro_batches=MICRO_BATCHES, sync=TopK(0.5), timeout=60) as pipe:
+        params = list(pipe.parameters())  # a rank the planner left without a stage has none
+        optimizer = torch.optim.SGD(params, lr=LR) if params else None
+        loss = float(pipe.step(*batches[0], optimizer=optimizer))
+        return {"plan_sync": pipe.plan.sync.kind, "ratio": pipe.plan.sync.ratio, "loss": loss}
+
+
 def _worker(rank: int, world: int) -> dict[str, Any]:
     return {"train": run_cases(train_case, EXACT + LOCAL + LOSSY),
-            "checkpoint": run_cases(checkpoint_case, [(n, "2x2") for n in STATEFUL])}
+            "checkpoint": run_cases(checkpoint_case, [(n, "2x2") for n in STATEFUL]),
+            "planned": run_cases(planned_case, [()])}
 
 
 _RESULTS: list[Any] = []
@@ -317,3 +331,11 @@ def test_a_resumed_run_equals_an_uninterrupted_one(name: str) -> None:
         for k, v in resumed["params"].items():
             torch.testing.assert_close(v, straight["params"][k], rtol=0, atol=0,
                                        msg=lambda m, k=k, r=r: f"rank {r.rank} {k}: {m}")
+
+
+def test_wrap_plans_for_the_sync_method_it_runs() -> None:
+    for r in results():
+        got = r.value["planned"][()]
+        assert "error" not in got, f"rank {r.rank}: {got['error']}"
+        assert (got["plan_sync"], got["ratio"]) == ("top_k", 0.5)
+        assert math.isfinite(got["loss"])
