@@ -36,17 +36,9 @@ AllReduceCost hierarchical_all_gather(const Devices& devices, const std::vector<
   AllReduceCost cost;
   cost.algorithm = AllReduceAlgorithm::hierarchical;
   // Across nodes first: ring j joins the j-th device of every node; n - 1 steps of `bytes`.
-  double inter = 0.0;
-  for (std::size_t j = 0; j < local; ++j) {
-    std::vector<int> ring;
-    for (const auto& [node, members] : nodes) ring.push_back(members[j]);
-    if (ring.size() > 1) inter = std::max(inter, (n - 1.0) * ring_step_seconds(devices, ring, bytes));
-  }
+  const double inter = slowest_cross_node_rings(devices, nodes, n - 1.0, bytes);
   // Then inside every node: L - 1 steps of the n x bytes each device holds now.
-  double intra = 0.0;
-  for (const auto& [node, members] : nodes) {
-    intra = std::max(intra, (L - 1.0) * ring_step_seconds(devices, members, n * bytes));
-  }
+  const double intra = slowest_node_rings(devices, nodes, L - 1.0, n * bytes);
   cost.seconds = inter + intra;
   cost.inter_node_bytes_per_device = (n - 1.0) * bytes;
   cost.intra_node_bytes_per_device = (L - 1.0) * n * bytes;

@@ -52,17 +52,9 @@ AllReduceCost hierarchical_all_reduce(const Devices& devices, const std::vector<
   AllReduceCost cost;
   cost.algorithm = AllReduceAlgorithm::hierarchical;
   // Reduce-scatter and all-gather inside every node: L - 1 steps of bytes / L each.
-  double intra = 0.0;
-  for (const auto& [node, members] : nodes) {
-    intra = std::max(intra, (L - 1.0) * ring_step_seconds(devices, members, bytes / L));
-  }
+  const double intra = slowest_node_rings(devices, nodes, L - 1.0, bytes / L);
   // Across nodes: ring j joins the j-th device of every node and sums their 1 / L shares.
-  double inter = 0.0;
-  for (std::size_t j = 0; j < local; ++j) {
-    std::vector<int> ring;
-    for (const auto& [node, members] : nodes) ring.push_back(members[j]);
-    if (ring.size() > 1) inter = std::max(inter, 2.0 * (n - 1.0) * ring_step_seconds(devices, ring, bytes / (L * n)));
-  }
+  const double inter = slowest_cross_node_rings(devices, nodes, 2.0 * (n - 1.0), bytes / (L * n));
   cost.seconds = 2.0 * intra + inter;
   cost.intra_node_bytes_per_device = 2.0 * (L - 1.0) * bytes / L;
   cost.inter_node_bytes_per_device = 2.0 * (n - 1.0) * bytes / (L * n);
