@@ -124,13 +124,22 @@ class _TimedRun(fx.Interpreter):
         return result
 
 
-def _timed_backward(output: Any, sync: Callable[[], None]) -> float | None:
-    """Seconds of the backward from ``output``'s tensors that need a gradient (all-ones output
-    gradients); None when none does."""
+def _backward_roots(output: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """The tensors of ``output`` that need a gradient and all-ones gradients for them; None
+    when none does."""
     outs = [t for t in iter_tensors(output) if t.requires_grad]
     if not outs:
         return None
-    grads = [torch.ones_like(t) for t in outs]
+    return outs, [torch.ones_like(t) for t in outs]
+
+
+def _timed_backward(output: Any, sync: Callable[[], None]) -> float | None:
+    """Seconds of the backward from ``output``'s tensors that need a gradient (all-ones output
+    gradients); None when none does."""
+    roots = _backward_roots(output)
+    if roots is None:
+        return None
+    outs, grads = roots
     sync()
     start = time.perf_counter()
     torch.autograd.backward(outs, grads)
@@ -143,10 +152,10 @@ def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[t
     """Seconds of the backward from ``output`` split as the runtime splits it: I, the gradients of
     ``inputs`` alone keeping the graph, then W, those of ``params`` alone (0 without any; I is 0
     without inputs). None when no output needs a gradient."""
-    outs = [t for t in iter_tensors(output) if t.requires_grad]
-    if not outs:
+    roots = _backward_roots(output)
+    if roots is None:
         return None
-    grads = [torch.ones_like(t) for t in outs]
+    outs, grads = roots
     sync()
     start = time.perf_counter()
     if inputs:
