@@ -7,6 +7,8 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "partition/recompute.h"
+
 namespace graphpipe::partition {
 
 namespace {
@@ -38,9 +40,34 @@ std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
   return sets;
 }
 
-// A set of operators as a stage, alone: its time and the two parts of its memory.
+// A set of operators as a stage, alone: its time, the two parts of its memory, and what
+// activation recomputation runs again and keeps (forward seconds, received bytes; recompute.h).
 struct Figures {
   double time = 0.0, static_bytes = 0.0, act_bytes = 0.0, optimizer = 0.0;
+  double forward = 0.0, input_bytes = 0.0;
+  void add(const Figures& f) {
+    time += f.time;
+    static_bytes += f.static_bytes;
+    act_bytes += f.act_bytes;
+    forward += f.forward;
+    input_bytes += f.input_bytes;
+  }
+  void remove(const Figures& f) {
+    time -= f.time;
+    static_bytes -= f.static_bytes;
+    act_bytes -= f.act_bytes;
+    forward -= f.forward;
+    input_bytes -= f.input_bytes;
+  }
+  StageMemory memory(int in_flight, double limit) const {
+    return stage_memory(static_bytes, act_bytes, input_bytes, in_flight, limit);
+  }
+  // The stage's time at `in_flight` micro-batches when it fits the limit (recomputed where it
+  // fits only so), infinity when it does not.
+  double time_if_fits(int in_flight, double limit) const {
+    const StageMemory m = memory(in_flight, limit);
+    return m.bytes <= limit ? time + m.extra_seconds(forward) : std::numeric_limits<double>::infinity();
+  }
 };
 
 Figures figures_of(const Problem& p, Set stage) {
@@ -52,10 +79,12 @@ Figures figures_of(const Problem& p, Set stage) {
     f.static_bytes += p.static_bytes[v];
     f.act_bytes += p.act_bytes[v];
     f.optimizer += p.optimizer[v];
+    f.forward += p.forward[v];
     for (graph::EdgeId e : g.in_edges(v)) {
       if (stage & bit(g.edge(e).src)) continue;
       f.time += p.edge_seconds[e];
       f.act_bytes += p.edge_bytes[e];  // received tensors are stashed for the backward
+      f.input_bytes += p.edge_bytes[e];
     }
     for (graph::EdgeId e : g.out_edges(v)) {
       if (!(stage & bit(g.edge(e).dst))) f.time += p.edge_seconds[e];
@@ -100,9 +129,7 @@ std::vector<Grouping> group_parts(const Figures* parts, int m, int cap, int in_f
   cap = std::min(cap, m);
   std::vector<Grouping> best(cap + 1);
   if (cap < 1) return best;
-  auto fits = [&](const Figures& f) {
-    return cost::CostModel::stage_memory(f.static_bytes, f.act_bytes, in_flight) <= limit;
-  };
+  auto fits = [&](const Figures& f) { return f.memory(in_flight, limit).bytes <= limit; };
   if (m <= kExactComponents) {
     // Every partition of the parts into at most cap labelled-by-first-use groups.
     std::vector<int> group(m, 0);
@@ -111,21 +138,18 @@ std::vector<Grouping> group_parts(const Figures* parts, int m, int cap, int in_f
       if (q == m) {
         double slowest = 0.0;
         for (int s = 0; s < used; ++s) {
-          if (!fits(stage[s])) return;
-          slowest = std::max(slowest, stage[s].time);
+          const double time = stage[s].time_if_fits(in_flight, limit);
+          if (time == kInf) return;
+          slowest = std::max(slowest, time);
         }
         if (slowest < best[used].slowest) best[used] = {slowest, group};
         return;
       }
       for (int s = 0; s <= std::min(used, cap - 1); ++s) {
         group[q] = s;
-        stage[s].time += parts[q].time;
-        stage[s].static_bytes += parts[q].static_bytes;
-        stage[s].act_bytes += parts[q].act_bytes;
+        stage[s].add(parts[q]);
         self(self, q + 1, std::max(used, s + 1));
-        stage[s].time -= parts[q].time;
-        stage[s].static_bytes -= parts[q].static_bytes;
-        stage[s].act_bytes -= parts[q].act_bytes;
+        stage[s].remove(parts[q]);
       }
     };
     visit(visit, 0, 0);
@@ -145,8 +169,7 @@ std::vector<Grouping> group_parts(const Figures* parts, int m, int cap, int in_f
       int pick = -1;
       for (int s = 0; s < g; ++s) {
         Figures f = stage[s];
-        f.static_bytes += parts[q].static_bytes;
-        f.act_bytes += parts[q].act_bytes;
+        f.add(parts[q]);
         if (fits(f) && (pick < 0 || stage[s].time < stage[pick].time)) pick = s;
       }
       if (pick < 0) {
@@ -155,13 +178,11 @@ std::vector<Grouping> group_parts(const Figures* parts, int m, int cap, int in_f
       }
       group[q] = pick;
       used[pick] = true;
-      stage[pick].time += parts[q].time;
-      stage[pick].static_bytes += parts[q].static_bytes;
-      stage[pick].act_bytes += parts[q].act_bytes;
+      stage[pick].add(parts[q]);
     }
     if (!ok || std::find(used.begin(), used.end(), false) != used.end()) continue;
     double slowest = 0.0;
-    for (const Figures& f : stage) slowest = std::max(slowest, f.time);
+    for (const Figures& f : stage) slowest = std::max(slowest, f.time_if_fits(in_flight, limit));
     best[g] = {slowest, group};
   }
   return best;
@@ -187,8 +208,12 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
   if (static_cast<double>(K + 1) * (K + 1) * d > kMaxWork / 10) return {};
 
   auto in_flight = [&](int r) { return static_cast<int>(std::min<std::int64_t>(r, p.num_micro_batches)); };
-  auto fits = [&](const Figures& f, int r) {
-    return cost::CostModel::stage_memory(f.static_bytes, f.act_bytes, in_flight(r)) <= p.memory_limit;
+  // Whether the layer fits on one device at r layers before the end without recomputation:
+  // then so does every stage of its components at every r' <= r, and none is recomputed, so its
+  // groupings are the same at every such r.
+  auto fits_plain = [&](const Figures& f, int r) {
+    const StageMemory m = f.memory(in_flight(r), p.memory_limit);
+    return !m.recompute && m.bytes <= p.memory_limit;
   };
   // Components recur in many layers: their figures are computed once.
   std::unordered_map<Set, int> component_index;
@@ -210,8 +235,7 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
         }
         const Figures& f = component_figures[it->second];
         heavy = heavy || f.static_bytes > p.memory_limit;
-        whole.static_bytes += f.static_bytes;
-        whole.act_bytes += f.act_bytes;
+        whole.add(f);
         parts.push_back(it->second);
         ++layer.count;
       }
@@ -219,7 +243,7 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
         parts.resize(layer.first);
         continue;
       }
-      layer.roomy = fits(whole, K);
+      layer.roomy = fits_plain(whole, K);
       layers.push_back(layer);
     }
   }
@@ -242,7 +266,7 @@ std::vector<std::vector<int>> downset_plans(const Problem& p, int max_downsets) 
     if (layer.count == 1) {  // most layers: one component, one stage
       slowest.assign(K + 1, kInf);
       const Figures& f = component_figures[parts[layer.first]];
-      if (fits(f, r)) slowest[1] = f.time;
+      slowest[1] = f.time_if_fits(in_flight(r), p.memory_limit);
       return slowest.data();
     }
     double* kept = roomy_slowest.data() + l * (K + 1);

@@ -27,7 +27,9 @@
 // kExactComponents components, longest-processing-time-first beyond that.
 // Memory: a stage r layers before the end has at most r stages on a path to a sink, so under
 // 1F1B it holds at most min(r, M) micro-batches; what fits at that count fits in the plan (the
-// caller evaluates every plan with the real rule).
+// caller evaluates every plan with the real rule). A stage that fits there only with activation
+// recomputation is taken recomputed and timed with its forward once more (recompute.h, the rule
+// the evaluation applies; both its need and its time only grow with the count).
 // Optimizer tail (evaluate.h): the first layer's stages have nothing upstream, so their
 // optimizer steps outlast the pipeline; the last move of each r (the layer from the empty
 // down-set) is chosen by (M + r - 1) x slowest stage + the first layer's largest optimizer step.

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "partition/backward_halves.h"
 #include "partition/placement.h"
+#include "partition/recompute.h"
 
 namespace graphpipe::partition {
 
@@ -288,17 +289,14 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   for (int s = 0; s < k; ++s) {
     StageFigures& f = ev.stages[s];
     f.in_flight = in_flight[s];
-    f.memory = cost::CostModel::stage_memory(f.static_bytes, f.activation_bytes, f.in_flight);
-    // Recomputation where the activations do not fit: keep each micro-batch's inputs, hold one
-    // micro-batch's activations while its forward runs again in the backward.
-    if (p.memory_limit > 0.0 && f.memory > p.memory_limit) {
-      const double kept = f.static_bytes + f.input_bytes * f.in_flight + f.activation_bytes;
-      if (kept < f.memory) {
-        f.recompute = true;
-        f.memory = kept;
-        f.backward += f.forward;
-        (input_walks[s] ? f.backward_input : f.backward_weight) += f.forward;
-      }
+    // Recomputation where the activations do not fit (recompute.h, the rule the DPs share):
+    // the forward runs again in the backward, in the half that first uses the activations.
+    const StageMemory m = stage_memory(f.static_bytes, f.activation_bytes, f.input_bytes, f.in_flight, p.memory_limit);
+    f.memory = m.bytes;
+    if (m.recompute) {
+      f.recompute = true;
+      f.backward += f.forward;
+      (input_walks[s] ? f.backward_input : f.backward_weight) += f.forward;
     }
   }
   // Backward work upstream of each stage (stages are numbered topologically, edges by src).

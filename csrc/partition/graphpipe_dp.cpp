@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "partition/group_stats.h"
+#include "partition/recompute.h"
 #include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
@@ -25,6 +26,9 @@ constexpr double kGrowMargin = 1.5;
 
 struct Stats {
   double compute = 0.0, time = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  // Forward seconds and received tensors' bytes: what activation recomputation runs again and
+  // keeps (recompute.h).
+  double forward = 0.0, input_bytes = 0.0;
   // Replicated problems only: parameter and crossing bytes, and where the group's compute at
   // every replica level starts in the planner's level arena (-1: not replicated).
   double params = 0.0, cross_bytes = 0.0;
@@ -207,8 +211,15 @@ class Planner {
     }
     lo = std::max(lo, p_.total_compute() / devices_);
     double hi = whole_[root].time;
-    // At the whole graph's time every grouping meets the target: only memory can fail.
-    if (probe(hi) >= kInf) return {};
+    // At the whole graph's time every grouping meets the target: only memory can fail. A stage
+    // that fits only recomputed runs its forward once more (recompute.h), so a layout may need
+    // up to the whole forward more; that target is probed only when the first fails, so that the
+    // search (and every plan that fits without recomputation) stays as it was.
+    if (probe(hi) >= kInf) {
+      if (rep_) return {};  // replicated stages are not recomputed by the DP (need())
+      hi += whole_[root].forward;
+      if (probe(hi) >= kInf) return {};
+    }
     if (probe(lo) < kInf) {
       hi = lo;
     } else {
@@ -279,7 +290,7 @@ class Planner {
   Stats group(const std::vector<graph::NodeId>& nodes) {
     GroupStats g(p_, stamps_, next_stamp_++);
     for (graph::NodeId v : nodes) g.add(v);
-    Stats s{g.compute, g.time(), g.static_bytes, g.act_bytes, g.params, g.cross_bytes, -1};
+    Stats s{g.compute, g.time(), g.static_bytes, g.act_bytes, g.forward, g.input_bytes, g.params, g.cross_bytes, -1};
     if (rep_) {
       level_sums_.assign(num_levels_, 0.0);
       for (graph::NodeId v : nodes) add_levels(v);
@@ -337,8 +348,8 @@ class Planner {
         g.add(v);
         if (rep_) add_levels(v);
       }
-      r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes, g.params, g.cross_bytes,
-                         rep_ ? store_levels() : -1});
+      r.stats.push_back({g.compute, g.time(), g.static_bytes, g.act_bytes, g.forward, g.input_bytes, g.params,
+                         g.cross_bytes, rep_ ? store_levels() : -1});
       if (least() > reach || g.static_bytes > p_.memory_limit) break;
     }
     r.complete = q >= items.size();
@@ -387,8 +398,12 @@ class Planner {
   int in_flight(int depth) const {
     return static_cast<int>(std::min<std::int64_t>(depth, p_.num_micro_batches));
   }
+  // Whether a stage of figures s meets the target and fits with `in_flight_count` micro-batches,
+  // recomputed where it fits only so (recompute.h; then its time has the forward once more).
+  // Monotone in in_flight_count, as the moves below assume.
   bool fits(const Stats& s, int in_flight_count) const {
-    return s.time <= target_ && s.static_bytes + s.act_bytes * in_flight_count <= p_.memory_limit;
+    return stage_fits(s.time, s.forward, s.static_bytes, s.act_bytes, s.input_bytes, in_flight_count,
+                      p_.memory_limit, target_);
   }
   bool too_big(const Stats& s) const { return least_compute(s) > target_ || s.static_bytes > p_.memory_limit; }
 

@@ -34,6 +34,12 @@
 // too, but only up to the target where that depth stops paying off, with at most
 // max(16, probes of the first search) more probes. Every such plan is returned.
 //
+// Memory: a stage that does not fit with its in-flight micro-batches' activations but fits
+// with activation recomputation is taken recomputed, its time with the forward once more
+// (recompute.h, the rule the evaluation applies), so such layouts are in the family too; that
+// test stays monotone in the in-flight count, which the argument above needs. With replicated
+// stages (need()) the DP does not consider recomputation yet.
+//
 // Graphs that are not series-parallel have no tree; the caller falls back to METIS (documented
 // in graphpipe_portfolio.h). Cost per target: O(states x (L + log n)) with L the children a
 // stage can hold within the target; states are tree positions x devices x the d values actually

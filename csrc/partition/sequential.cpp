@@ -6,6 +6,7 @@
 
 #include "partition/evaluate.h"
 #include "partition/group_stats.h"
+#include "partition/recompute.h"
 #include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
@@ -61,8 +62,9 @@ std::vector<int> sequential_assignment(const Problem& p) {
     GroupStats suffix(p, stamps, stamp++);
     for (int j = units - 1; j >= 0; --j) {
       for (int i = bounds[j]; i < bounds[j + 1]; ++i) suffix.add(p.order[i]);
-      if (K >= 1 && suffix.memory(in_flight(1)) <= p.memory_limit) {
-        f[j][1] = suffix.time();
+      const StageMemory m = suffix.memory(in_flight(1), p.memory_limit);
+      if (K >= 1 && m.bytes <= p.memory_limit) {
+        f[j][1] = suffix.time() + m.extra_seconds(suffix.forward);
         cut[j][1] = units;
       }
     }
@@ -91,8 +93,10 @@ std::vector<int> sequential_assignment(const Problem& p) {
         open[kept++] = k;
         double rest = after[k - 1];
         if (rest == kInf) continue;
-        if (group.memory(in_flight(k)) > p.memory_limit) continue;
-        double value = std::max(group.time(), rest);
+        // Recomputed where it fits only so (recompute.h): slower, never below its compute.
+        const StageMemory m = group.memory(in_flight(k), p.memory_limit);
+        if (m.bytes > p.memory_limit) continue;
+        double value = std::max(group.time() + m.extra_seconds(group.forward), rest);
         if (value < here[k]) {
           here[k] = value;
           cut[j][k] = e;

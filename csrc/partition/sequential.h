@@ -2,7 +2,10 @@
 // one topological order of the operators cut into contiguous segments, so the stages form a
 // chain. A dynamic program over (segment start, stages left) minimises the slowest stage's time
 // under the memory limit, where the i-th stage from the end of a chain holds min(i, M)
-// micro-batches in flight (1F1B); among equally fast chains the shortest wins.
+// micro-batches in flight (1F1B); among equally fast chains the shortest wins. A segment that
+// fits only with activation recomputation is taken recomputed and timed with its forward once
+// more (recompute.h, the rule the evaluation applies), so the DP's slowest stage is the one the
+// evaluation predicts wherever the order has no skip tensors to relay.
 //
 // Exact over cut positions for up to U "units" of the order, U = sqrt(4e7 / stages) (about 790
 // for 64 stages); longer orders are first cut into U chunks of about equal compute, so cuts fall
@@ -17,7 +20,8 @@
 // the fewest devices that cover the order with stages of time <= T that fit in memory, each
 // segment taking its least replica count that does. T is feasible when that is at most the
 // device budget. Of the least feasible T's chains (one per stage count), the one with the least
-// predicted step (evaluate.h) is returned, with its replica counts. The order is cut into at
+// predicted step (evaluate.h) is returned, with its replica counts. This DP does not consider
+// recomputation yet: a segment must fit with all its micro-batches' activations. The order is cut into at
 // most U = sqrt(4e6 / stages) units (about 250 for 64 stages); cost O(U^2 x (stages + levels))
 // per probe, about log2(range / tolerance) probes.
 #pragma once

@@ -1,5 +1,6 @@
 """Activation recomputation: a plan that fits its memory limit only by recomputing a stage's
-forward in its backward trains equal to single-process training, under 1F1B and zb_graph.
+forward in its backward trains equal to single-process training, under 1F1B and zb_graph; and
+the automatic partitioners' DPs find such plans themselves (partition/recompute.h).
 
 The model's stage 0 holds wide elementwise activations and few parameters: under a 60 kB limit
 its two micro-batches in flight do not fit, but its received inputs (none: it reads the model
@@ -83,7 +84,10 @@ def _worker(rank: int, world: int, schedule: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb_graph"])
 def test_a_recomputed_stage_trains_like_one_process(schedule: str) -> None:
-    results = run_ranks(_worker, 2, schedule, timeout=120)
+    _check_like_one_process(run_ranks(_worker, 2, schedule, timeout=120))
+
+
+def _check_like_one_process(results: list[Any]) -> None:
     model, _, batches = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
@@ -99,3 +103,46 @@ def test_a_recomputed_stage_trains_like_one_process(schedule: str) -> None:
         torch.testing.assert_close(r.value["losses"], torch.stack(losses))
         for k, v in r.value["params"].items():
             torch.testing.assert_close(v, ref[k].detach(), msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _planned(partitioner: str) -> tuple[Any, Any]:
+    import graphpipe
+
+    model, example, _ = _setup()
+    graph = graphpipe.trace(model, (example,))
+    return graphpipe.plan(graph, 2, partitioner, micro_batches=MICRO_BATCHES, memory_limit=LIMIT,
+                          optimizer="sgd"), graph
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "sequential"])
+def test_the_partitioners_find_a_plan_that_fits_only_recomputed(partitioner: str) -> None:
+    import graphpipe
+
+    plan, graph = _planned(partitioner)
+    # Under the limit, but only with the recomputed stage: its activations of all its in-flight
+    # micro-batches would not fit.
+    assert [s.recompute for s in plan.stages] == [True, False]
+    assert max(s.memory_bytes for s in plan.stages) <= LIMIT
+    # The tree DP's family (or the chain cuts) holds it: no need for the METIS fallback.
+    assert plan.partitioner != "graphpipe(fallback)"
+    roomy = graphpipe.plan(graph, 2, partitioner, micro_batches=MICRO_BATCHES, optimizer="sgd")
+    assert not any(s.recompute for s in roomy.stages)
+    assert max(s.memory_bytes for s in roomy.stages) > LIMIT
+    # The recomputed forward is paid for in the predicted step.
+    assert plan.predicted_iteration_seconds > roomy.predicted_iteration_seconds
+
+
+def _planned_worker(rank: int, world: int, partitioner: str) -> dict[str, Any]:
+    import graphpipe
+
+    model, example, batches = _setup()
+    with graphpipe.wrap(model, (example,), nn.functional.mse_loss, partitioner=partitioner,
+                        micro_batches=MICRO_BATCHES, memory_limit=LIMIT, optimizer="sgd", timeout=60) as pipe:
+        assert [s.recompute for s in pipe.plan.stages] == [True, False]
+        return train_pipeline(pipe, batches, LR)
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "sequential"])
+def test_a_planned_recomputed_pipeline_trains_like_one_process(partitioner: str) -> None:
+    results = run_ranks(_planned_worker, 2, partitioner, timeout=120)
+    _check_like_one_process(results)
