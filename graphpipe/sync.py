@@ -23,8 +23,7 @@ method                 what crosses the replicas' links                         
 =====================  ==========================================================  ============
 
 What is torch's and what is graphpipe's: local SGD averages with torch's
-``torch.distributed.algorithms.model_averaging`` (``PeriodicModelAverager`` and
-``utils.average_parameters``); PowerSGD and fp16 compression are torch's DDP communication hooks,
+``torch.distributed.algorithms.model_averaging`` (``utils.average_parameters``); PowerSGD and fp16 compression are torch's DDP communication hooks,
 run unchanged on graphpipe's gradient buckets through torch's ``PythonCommHook``. Written here,
 because torch has none: QSR's period rule (below), top-k with error feedback and the hierarchical
 all-reduce (C++, ``csrc/runtime``).
@@ -84,7 +83,7 @@ class AllReduce(SyncMethod):
 @dataclass(frozen=True)
 class LocalSGD(SyncMethod):
     """Replicas step on their own gradients; parameters are averaged every ``period`` steps
-    (torch's ``PeriodicModelAverager``), first after the first step."""
+    (torch's ``model_averaging.utils.average_parameters``): after steps H, 2H, ..."""
 
     period: int
     local_updates = True

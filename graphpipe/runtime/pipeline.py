@@ -567,7 +567,6 @@ class Pipeline:
                 during = "in the optimizer step"
                 optimizer.step()
             if replicas is not None:
-                # Before zero_grad: torch's averager averages only parameters that have a gradient.
                 during = f"synchronising the replicas of stage {self.stage} ({self.sync_method.describe()})"
                 replicas.after_optimizer_step()
             if optimizer is not None:

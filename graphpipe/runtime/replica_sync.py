@@ -11,13 +11,13 @@ Two families:
 - Local methods (LocalSGD, QSR) exchange nothing during the step: each replica's gradients are
   rescaled from its share of the batch to the mean over its own rows, so that each replica takes
   an ordinary SGD step on its part of the batch; then, at the end of a round, the replicas'
-  parameters are averaged with torch's model averaging (``PeriodicModelAverager`` for a fixed
-  period, ``utils.average_parameters`` at the end of each QSR round). The executor's all-reduce
+  parameters are averaged with torch's model averaging (``utils.average_parameters``): after
+  every ``period`` steps for LocalSGD, at the end of each QSR round. The executor's all-reduce
   instruction does nothing on such a stage (``set_local_updates``).
 
 Every collective of either family goes through a counting wrapper of the replicas' process group
 (``_C.counting_group``, runtime/counting_group.h), so ``stats`` reports the bytes this rank really handed to
-collectives, whichever code (graphpipe's or torch's hooks and averagers) issued them.
+collectives, whichever code (graphpipe's hooks, torch's hooks and averaging) issued them.
 """
 
 from __future__ import annotations
@@ -50,28 +50,15 @@ class ReplicaSync:
         inter-node) groups of this rank, for ``AllReduce(hierarchical=True)``."""
         self.method = method
         self.parameters = parameters
-        # What torch's hooks and averagers are given: every collective they issue is counted.
+        # What torch's hooks and averaging are given: every collective they issue is counted.
         self.group = _C.counting_group(group)
         self.buckets: Any = None
         self.steps = 0
         self.syncs = 0
-        self._averager: Any = None
         self._round_left = 0  # QSR: local steps left in the current round (0: a round starts)
         self._powersgd_state: Any = None
         self._hook: Any = None
         if method.local_updates:
-            if isinstance(method, LocalSGD):
-                import warnings
-
-                from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-
-                # warmup_steps = H - 1: torch's averager then averages after steps H, 2H, ...
-                # (complete rounds), not after the first step. Period 1 is a legitimate reference
-                # point (it equals all-reducing parameters every step), which torch warns about.
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    self._averager = PeriodicModelAverager(period=method.period, warmup_steps=method.period - 1,
-                                                           process_group=self.group)
             return
         if isinstance(method, AllReduce):
             if method.hierarchical:
@@ -105,9 +92,11 @@ class ReplicaSync:
         if self.method.local_updates and optimizer is None:
             raise InputError(f"sync={self.method.describe()}: pass optimizer= to step(); a local-SGD replica "
                              "must step before its parameters are averaged, inside step()")
-        if isinstance(self.method, QSR) and self._round_left == 0:
-            lr = float(optimizer.param_groups[0]["lr"])
-            self._round_left = self.method.period(lr)
+        if self._round_left == 0:  # a round starts: its length
+            if isinstance(self.method, QSR):
+                self._round_left = self.method.period(float(optimizer.param_groups[0]["lr"]))
+            elif isinstance(self.method, LocalSGD):
+                self._round_left = self.method.period
 
     def after_backward(self, share: float) -> None:
         """Local methods: this replica's gradients become the mean over its own rows."""
@@ -124,18 +113,16 @@ class ReplicaSync:
         if not self.method.local_updates:
             self.syncs += 1
             return
-        if isinstance(self.method, QSR):
-            self._round_left -= 1
-            if self._round_left == 0:
-                from torch.distributed.algorithms.model_averaging import utils
+        # A round of local steps ends with one average of every parameter (torch's
+        # model_averaging.utils.average_parameters, over all parameters: torch's averagers skip
+        # those without a gradient, which could leave replicas that differ in which parameters
+        # a step reached out of step with each other).
+        self._round_left -= 1
+        if self._round_left == 0:
+            from torch.distributed.algorithms.model_averaging import utils
 
-                utils.average_parameters(iter(self.parameters), self.group)
-                self.syncs += 1
-            return
-        averager = self._averager
-        if averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0:
+            utils.average_parameters(iter(self.parameters), self.group)
             self.syncs += 1
-        averager.average_parameters(self.parameters)
 
     # ---- figures and checkpoints -------------------------------------------------------------
     @property
@@ -156,8 +143,6 @@ class ReplicaSync:
         generator and iteration count)."""
         state: dict[str, Any] = {"method": repr(self.method), "steps": self.steps, "syncs": self.syncs,
                                  "round_left": self._round_left}
-        if self._averager is not None:
-            state["averager_step"] = self._averager.step
         if isinstance(self.method, TopK):
             state["residuals"] = self._hook.state_dict()
         if self._powersgd_state is not None:
@@ -169,8 +154,6 @@ class ReplicaSync:
         if state.get("method") != repr(self.method):
             raise InputError(f"sync state was saved for {state.get('method')}, this pipeline runs {self.method!r}")
         self.steps, self.syncs, self._round_left = state["steps"], state["syncs"], state["round_left"]
-        if self._averager is not None:
-            self._averager.step = state["averager_step"]
         if isinstance(self.method, TopK):
             self._hook.load_state_dict(state["residuals"])
         if self._powersgd_state is not None:
