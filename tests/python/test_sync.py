@@ -162,10 +162,30 @@ def planned_case() -> dict[str, Any]:
         return {"plan_sync": pipe.plan.sync.kind, "ratio": pipe.plan.sync.ratio, "loss": loss}
 
 
+def refused_case(what: str) -> dict[str, Any]:
+    """Bad uses, on every rank: the error each rank raises (type and message)."""
+    import graphpipe
+    from graphpipe.runtime.plan import manual_plan
+    from graphpipe.trace import trace_module
+
+    model, batches = make_model()
+    example = (batches[0][0],)
+    graph = trace_module(model, example).graph
+    plan = manual_plan(graph, {"fc1": 0, "fc2": 1, "fc3": 1}, MICRO_BATCHES, stage_devices=PLACEMENTS["2x2"])
+    sync = LocalSGD(2) if what == "no optimizer" else AllReduce(hierarchical=True, ranks_per_node=2)
+    try:
+        with graphpipe.wrap(model, example, nn.functional.cross_entropy, plan=plan, timeout=30, sync=sync) as pipe:
+            pipe.step(*batches[0])  # no optimizer=
+    except Exception as exc:  # noqa: BLE001 - the test compares it
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {"type": None}
+
+
 def _worker(rank: int, world: int) -> dict[str, Any]:
     return {"train": run_cases(train_case, EXACT + LOCAL + LOSSY),
             "checkpoint": run_cases(checkpoint_case, [(n, "2x2") for n in STATEFUL]),
-            "planned": run_cases(planned_case, [()])}
+            "planned": run_cases(planned_case, [()]),
+            "refused": {what: refused_case(what) for what in ("no optimizer", "no hierarchy")}}
 
 
 _RESULTS: list[Any] = []
@@ -339,3 +359,15 @@ def test_wrap_plans_for_the_sync_method_it_runs() -> None:
         assert "error" not in got, f"rank {r.rank}: {got['error']}"
         assert (got["plan_sync"], got["ratio"]) == ("top_k", 0.5)
         assert math.isfinite(got["loss"])
+
+
+def test_bad_uses_are_every_ranks_named_error() -> None:
+    """A local method stepped without its optimizer, and a hierarchical all-reduce for replicas
+    that share one node: every rank raises InputError naming the problem (none hangs)."""
+    for r in results():
+        no_opt = r.value["refused"]["no optimizer"]
+        assert no_opt["type"] in ("InputError", "PeerError"), no_opt
+        assert "pass optimizer= to step()" in no_opt["message"], no_opt
+        flat = r.value["refused"]["no hierarchy"]
+        assert flat["type"] in ("InputError", "PeerError"), flat
+        assert "lie on one node" in flat["message"], flat
