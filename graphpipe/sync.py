@@ -55,6 +55,10 @@ class SyncMethod(ABC):
     def cost_method(self) -> "_C.SyncMethod":
         """This method as the cost model and the simulator price it."""
 
+    def round_length(self, lr: float) -> int:
+        """Local methods: the local steps of a round that starts at learning rate ``lr``."""
+        raise InputError(f"{self.describe()} does not update locally: it has no rounds")
+
     def describe(self) -> str:
         """A short name for tables and logs."""
         return repr(self)
@@ -91,6 +95,9 @@ class LocalSGD(SyncMethod):
     def __post_init__(self) -> None:
         if not isinstance(self.period, int) or self.period < 1:
             raise InputError(f"LocalSGD: period must be a positive integer, got {self.period!r}")
+
+    def round_length(self, lr: float) -> int:
+        return self.period
 
     def cost_method(self) -> "_C.SyncMethod":
         return _C.SyncMethod(kind="local_sgd", period=float(self.period))
@@ -130,6 +137,9 @@ class QSR(SyncMethod):
     def period(self, lr: float) -> int:
         """The length of a round that starts at learning rate ``lr``."""
         return qsr_period(self.base_period, self.alpha, lr)
+
+    def round_length(self, lr: float) -> int:
+        return self.period(lr)
 
     def rounds(self, lrs: Iterable[float]) -> list[int]:
         """The round lengths QSR runs on a schedule of per-step learning rates (the last round

@@ -29,7 +29,7 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
-from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, SyncMethod, TopK
+from graphpipe.sync import AllReduce, PowerSGD, SyncMethod, TopK
 
 __all__ = ["ReplicaSync"]
 
@@ -55,7 +55,7 @@ class ReplicaSync:
         self.buckets: Any = None
         self.steps = 0
         self.syncs = 0
-        self._round_left = 0  # QSR: local steps left in the current round (0: a round starts)
+        self._round_left = 0  # local methods: steps left in the current round (0: one starts)
         self._powersgd_state: Any = None
         self._hook: Any = None
         if method.local_updates:
@@ -92,11 +92,8 @@ class ReplicaSync:
         if self.method.local_updates and optimizer is None:
             raise InputError(f"sync={self.method.describe()}: pass optimizer= to step(); a local-SGD replica "
                              "must step before its parameters are averaged, inside step()")
-        if self._round_left == 0:  # a round starts: its length
-            if isinstance(self.method, QSR):
-                self._round_left = self.method.period(float(optimizer.param_groups[0]["lr"]))
-            elif isinstance(self.method, LocalSGD):
-                self._round_left = self.method.period
+        if self.method.local_updates and self._round_left == 0:  # a round starts: its length
+            self._round_left = self.method.round_length(float(optimizer.param_groups[0]["lr"]))
 
     def after_backward(self, share: float) -> None:
         """Local methods: this replica's gradients become the mean over its own rows."""
@@ -138,7 +135,7 @@ class ReplicaSync:
                 "bytes": self.bytes_communicated}
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs to continue exactly: counters, QSR's round, local SGD's step,
+        """What a resumed run needs to continue exactly: counters, the local round's steps left,
         top-k's residuals, PowerSGD's state (its error feedback, warm-start factors, random
         generator and iteration count)."""
         state: dict[str, Any] = {"method": repr(self.method), "steps": self.steps, "syncs": self.syncs,
