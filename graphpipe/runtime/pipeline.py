@@ -105,6 +105,8 @@ class Pipeline:
         self._global_ranks = [self._global(r) for r in range(self.world_size)]
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
         self._failure: str | None = None
+        #: Training steps this pipeline completed (restored by :meth:`load`).
+        self.step_count = 0
         self.executor: Any = None
         self._pg: Any = None
         # Everything rank-local is guarded: a rank that fails publishes its cause, and the others,
@@ -666,6 +668,22 @@ class Pipeline:
         self._replica_sync.load_state_dict(dict(state))
 
     # ---- checkpoints ---------------------------------------------------------------------
+    def save(self, path: str, optimizer: Any = None, extra: Mapping[str, Any] | None = None) -> None:
+        """Collective: writes a torch.distributed.checkpoint (DCP) checkpoint to the folder
+        ``path`` (graphpipe/runtime/checkpoint.py): each rank its stage's parameters, buffers and
+        ``optimizer``'s state under the plain model's names, its sync state, the step count and
+        ``extra``."""
+        from graphpipe.runtime.checkpoint import save
+
+        save(self, path, optimizer=optimizer, extra=extra)
+
+    def load(self, path: str, optimizer: Any = None) -> dict[str, Any]:
+        """Collective: restores a checkpoint written by :meth:`save`, under this plan or
+        another one, on every rank or on none; returns the ``extra`` it was saved with."""
+        from graphpipe.runtime.checkpoint import load
+
+        return load(self, path, optimizer=optimizer)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's shard: its stage's parameters and buffers under the original names (the
         entries of the original model's ``state_dict`` that this stage holds)."""
