@@ -20,7 +20,7 @@ from graphpipe.errors import (
 )
 from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
 from graphpipe.profile import profile
-from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, wrap
+from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, init_distributed, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
 from graphpipe import sync
 from graphpipe.trace import trace
@@ -66,6 +66,7 @@ __all__ = [
     "TransferMismatch",
     "all_reduce_cost",
     "devices",
+    "init_distributed",
     "plan",
     "profile",
     "schedule",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphpipe._ext import _C
+from graphpipe.runtime.launch import init_distributed
 from graphpipe.runtime.microbatch import merge, split
 from graphpipe.runtime.pipeline import DEFAULT_TIMEOUT, Pipeline, wrap
 from graphpipe.runtime.plan import load_plan, manual_plan
@@ -22,6 +23,7 @@ __all__ = [
     "TransferMismatch",
     "Pipeline",
     "build_stages",
+    "init_distributed",
     "load_plan",
     "manual_plan",
     "merge",

@@ -30,6 +30,9 @@ def split(value: Any, chunks: int, what: str = "inputs") -> list[Any]:
     """``value`` cut into ``chunks`` equal micro-batches along dim 0 (0-d tensors and non-tensors
     are repeated in every micro-batch). A batch that does not divide raises InputError."""
     size = batch_size(value, what)
+    if size == 0:
+        # 0 % chunks == 0: without this an empty batch ran and returned a NaN loss.
+        raise InputError(f"the batch in {what} holds 0 samples; a step needs at least {chunks} (one per micro-batch)")
     if size % chunks != 0:
         raise InputError(
             f"the batch of {size} samples in {what} does not divide into {chunks} micro-batches; "

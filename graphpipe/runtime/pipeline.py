@@ -38,10 +38,18 @@ from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
+from graphpipe.runtime.consensus import agree
 from graphpipe.runtime.measure import SavedActivations
+from graphpipe.runtime.nonfinite import StepGuard
 from graphpipe.planning import plan as make_plan
 from graphpipe.runtime.plan import check_runnable, load_plan, plan_json, stage_ranks
 from graphpipe.runtime.process_group import new_process_group
+from graphpipe.runtime.replica_agreement import (
+    broadcast_buffers_from_first_replica,
+    broadcast_from_first_replica,
+    digests,
+    first_disagreement,
+)
 from graphpipe.runtime.replica_sync import ReplicaSync
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import (
@@ -83,6 +91,8 @@ class Pipeline:
         leaf_modules: Any = (),
         bucket_bytes: float | None = None,
         sync: SyncMethod | str | None = None,
+        skip_nonfinite: bool = True,
+        check_replicas_every: int | None = None,
         **plan_options: Any,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -100,8 +110,15 @@ class Pipeline:
             raise InputError(f"graphpipe.wrap: bucket_bytes must be positive, got {bucket_bytes!r}")
         self._buckets: Any = None
         self.sync_method = parse_sync(sync)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        if check_replicas_every is not None and (not isinstance(check_replicas_every, int) or check_replicas_every < 1):
+            raise InputError(f"graphpipe.wrap: check_replicas_every must be a positive int or None, got "
+                             f"{check_replicas_every!r}")
+        self.check_replicas_every = check_replicas_every
+        self._guard = StepGuard()
         self._replica_sync: ReplicaSync | None = None
         self._replica_groups: list[Any] = []
+        self._my_replica_group: Any = None  # this rank's stage's replicas, when it has several
         self._global_ranks = [self._global(r) for r in range(self.world_size)]
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
         self._failure: str | None = None
@@ -119,16 +136,19 @@ class Pipeline:
                            schedule=schedule)
             if self.sync_method != AllReduce():
                 options["sync"] = self.sync_method
+            planning = _describe_options(options)
             plan = self._partition_on_rank0(options)
         elif plan_options or devices is not None or partitioner != "graphpipe":
             given = sorted(plan_options) + (["devices"] if devices is not None else []) + (
                 ["partitioner"] if partitioner != "graphpipe" else [])
             raise InputError(f"graphpipe.wrap: plan= was given, so the planning options {given} would be ignored; "
                              "pass either a plan or the options to make one")
+        else:
+            planning = {}
         plan_text = self._board.guard(lambda: plan_json(plan, traced.graph))
         # Agreement first, so that a rank with another model is named as such rather than
         # failing to read a plan made for a graph it does not have.
-        self._agree(traced, model, plan_text, schedule, micro_batches)
+        self._agree(traced, model, plan_text, schedule, micro_batches, planning)
         # Every rank reads the plan text through the C++ loader, which validates it against
         # this rank's trace: a bad plan raises the loader's own error here, on every rank.
         self.plan = self._board.guard(lambda: self._load_plan(plan_text, traced.graph, micro_batches))
@@ -198,7 +218,8 @@ class Pipeline:
         self._saved: SavedActivations | None = None
 
     def _agree(
-        self, traced: Any, model: nn.Module, plan_text: str, schedule: str, micro_batches: int | None
+        self, traced: Any, model: nn.Module, plan_text: str, schedule: str, micro_batches: int | None,
+        planning: dict[str, str],
     ) -> None:
         """Every rank must run the same model, plan and options: each shares a description and
         compares it with every other rank's, so a rank that differs fails here, on every rank,
@@ -208,11 +229,16 @@ class Pipeline:
             "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
             "example inputs": [(tuple(t.shape), str(t.dtype)) for t in flatten_values(list(traced.placeholder_values))],
             "operator output bytes": [traced.graph.node(i).output_bytes for i in range(traced.graph.num_nodes)],
+            # Before the plan: rank 0 alone plans, so another rank's options would otherwise be
+            # ignored without a word.
+            "planning options": planning,
             "plan": plan_text,
             "schedule": schedule,
             "micro_batches": micro_batches,
             "timeout": self.timeout,
             "sync method": repr(self.sync_method),
+            "skip_nonfinite": self.skip_nonfinite,
+            "check_replicas_every": self.check_replicas_every,
         }
         self._board.share("agreement", mine)
         everyone = self._board.collect("agreement", what="model description")
@@ -234,6 +260,8 @@ class Pipeline:
             self._stages.shared_params, [st.ranks for st in self._stages.stages], self.stage, self.module,
             tied_group, self.timeout, is_lead=self._stage is None or self._stage.ranks[0] == self.rank,
         )
+        # Copies of tied parameters start as their first holder's (replica_agreement.py).
+        self._shared.broadcast_from_first()
         self.executor = _C.Executor(self.schedule, self.rank, self._pg, self.timeout)
         # What a split backward's W computes the gradients of (zero-bubble schedules).
         self.executor.set_parameters([p for p in self.module.parameters() if p.requires_grad])
@@ -253,6 +281,9 @@ class Pipeline:
             self._replica_groups.append(sub)
             hierarchy = self._hierarchy_groups(st, backend) if getattr(method, "hierarchical", False) else None
             if st is self._stage:
+                # Replicas start equal, as DDP's do: the first replica's parameters and buffers.
+                broadcast_from_first_replica(self.module, sub)
+                self._my_replica_group = sub
                 params = [p for p in self.module.parameters() if p.requires_grad]
                 self._replica_sync = ReplicaSync(method, params, sub, self.timeout, self._bucket_bytes, hierarchy)
                 if method.local_updates:
@@ -309,6 +340,7 @@ class Pipeline:
         self._shared = None
         self._buckets = None
         self._replica_sync = None
+        self._my_replica_group = None
         for sub in self._replica_groups:
             if sub is not None:
                 try:
@@ -510,7 +542,8 @@ class Pipeline:
 
         return forward
 
-    def step(self, inputs: Any, targets: Any, *, optimizer: Any = None, record: bool = False) -> torch.Tensor:
+    def step(self, inputs: Any, targets: Any, *, optimizer: Any = None, scaler: Any = None,
+             record: bool = False) -> torch.Tensor:
         """One training iteration over a batch; returns the full-batch loss (on every rank).
 
         Gradients accumulate into this rank's parameters (``.grad``), as if ``loss_fn`` had been
@@ -521,7 +554,15 @@ class Pipeline:
         ``step`` returns cannot overlap the other ranks' remaining backward work (the simulator
         assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``) and counts the
         activations autograd stashes (``peak_saved_activation_bytes``).
+
+        With ``optimizer``, a step whose gradients are NaN or infinite on any stage is skipped on
+        every rank (``skipped_steps``; ``wrap(skip_nonfinite=False)`` turns that off): the
+        ranks' flags travel with the loss in the step's closing all-reduce, so every rank
+        decides alike (runtime/nonfinite.py). ``scaler``, a ``torch.amp.GradScaler``, scales
+        the loss, and its ``found_inf`` is that combined flag, so its step and its scale
+        update are the same on every stage.
         """
+        StepGuard.check_arguments(optimizer, scaler)
         values, mbs = self._prepare(inputs)
         self._input_check.check_targets(targets)
         if self.device.type != "cpu":
@@ -545,13 +586,17 @@ class Pipeline:
                 raise InputError("loss_fn must return a scalar tensor")
             scaled = loss * share / M if share != 1.0 else loss / M
             losses.append(scaled.detach())
-            return scaled
+            return scaler.scale(scaled) if scaler is not None else scaled
 
         self._saved = SavedActivations(self.module.parameters()) if record else None
         fn = self._forward_fn(values, mbs, on_output) if self._stage is not None else _no_stage
         replicas = self._replica_sync
         if replicas is not None:
             replicas.before_step(optimizer)
+        # Whether the optimizer waits for every rank's verdict on its gradients (nonfinite.py).
+        guarded = optimizer is not None and (self.skip_nonfinite or scaler is not None)
+        StepGuard.prime(scaler, self.device)
+        saved_buffers = StepGuard.save_buffers(self.module) if guarded else []
         during = "in the pipelined forward and backward"
         try:
             self.last_timings = self._executor().run(fn, True, record)
@@ -562,27 +607,52 @@ class Pipeline:
                 begin, end = self._executor().my_rows(mbs)
                 replicas.after_backward((end - begin) / mbs)
             total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
-            # Every rank broadcasts the same dtype (float64, exact for any float loss): a rank
-            # without the output does not know the loss's dtype, and a size mismatch aborts gloo.
-            buf = total.detach().to(torch.float64).reshape(1)
-            if optimizer is not None:  # local work: before the broadcast, which may wait for peers
+            # One closing all-reduce (sum) of [this rank's part of the loss, its non-finite flag]:
+            # the loss stage's ranks add their parts, every other rank adds 0. Every rank sends
+            # float64 (exact for any float loss): a rank without the output does not know the
+            # loss's dtype, and a size mismatch aborts gloo.
+            flag = StepGuard.local_flag(self.module.parameters(), optimizer, scaler) if guarded else 0.0
+            buf = torch.stack([total.detach().to(torch.float64).reshape(()).cpu(),
+                               torch.tensor(flag, dtype=torch.float64)]).to(self.device)
+            if optimizer is not None and not guarded:  # local work first: the all-reduce waits for peers
                 during = "in the optimizer step"
                 optimizer.step()
+                optimizer.zero_grad()
+            during = f"in the loss sum from the loss stage's ranks {self.output_ranks}"
+            dist.all_reduce(buf, group=self._pg)
+            if guarded:
+                during = "in the optimizer step"
+                self._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, self.rank, self.module, saved_buffers)
             if replicas is not None:
                 during = f"synchronising the replicas of stage {self.stage} ({self.sync_method.describe()})"
                 replicas.after_optimizer_step()
-            if optimizer is not None:
-                optimizer.zero_grad()
-            if len(self.output_ranks) == 1:
-                during = f"in the loss broadcast from rank {self.output_rank}"
-                dist.broadcast(buf, src=self._global(self.output_rank), group=self._pg)
-            else:
-                # A replicated loss stage has the loss in parts: summed (every other rank adds 0).
-                during = f"in the loss sum over the loss stage's ranks {self.output_ranks}"
-                dist.all_reduce(buf, group=self._pg)
+                broadcast_buffers_from_first_replica(self.module, self._my_replica_group)
         except BaseException as exc:
             raise self._fail(exc, during) from exc
+        self.step_count += 1
+        if self.check_replicas_every is not None and self.step_count % self.check_replicas_every == 0:
+            self.check_replicas()
         return buf[0].to(self._loss_dtype(mbs))
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped on every rank because some stage's gradients were NaN or
+        infinite (see :meth:`step`)."""
+        return self._guard.skipped_steps
+
+    def check_replicas(self) -> None:
+        """Collective: raises ``InputError`` on every rank when the replicas of some replicated
+        stage hold different parameters or buffers (a hash of each one's bytes, compared between
+        replicas), naming the stage, the rank and the first differing entry."""
+        mine = digests(self.module) if self._stage is not None and len(self._stage.ranks) > 1 else []
+        everyone: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(everyone, mine, group=self._live_group())
+        except BaseException as exc:
+            raise self._fail(exc, "comparing the replicas") from exc
+        problem = first_disagreement([st.ranks for st in self._stages.stages], dict(enumerate(everyone)))
+        if problem is not None:
+            raise InputError(f"Pipeline.check_replicas: {problem}")
 
     def _loss_dtype(self, mbs: int) -> torch.dtype:
         """The dtype step() returns the loss in: the model output's floating dtype (which every
@@ -660,12 +730,26 @@ class Pipeline:
         return self._replica_sync.state_dict() if self._replica_sync is not None else {}
 
     def load_sync_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`sync_state_dict`'s state (of the same rank and sync method)."""
+        """Collective: restores :meth:`sync_state_dict`'s state (of the same rank and sync
+        method), on every rank or, if any rank's state does not fit, on none (every rank raises
+        ``InputError`` naming it)."""
         if self._replica_sync is None:
-            if state:
-                raise InputError(f"rank {self.rank} holds no replicated stage, but was given sync state")
-            return
-        self._replica_sync.load_state_dict(dict(state))
+            refusal = f"rank {self.rank} holds no replicated stage, but was given sync state" if state else None
+        else:
+            refusal = self._replica_sync.state_refusal(state)
+        self._agree_on("Pipeline.load_sync_state_dict", refusal)
+        if self._replica_sync is not None:
+            self._replica_sync.load_state_dict(dict(state))
+
+    def _agree_on(self, what: str, refusal: str | None) -> None:
+        """consensus.agree over the pipeline's group: an InputError (every rank refuses) keeps
+        the pipeline usable; a failure of the exchange itself fails the pipeline."""
+        try:
+            agree(self._live_group(), refusal, what)
+        except InputError:
+            raise
+        except BaseException as exc:
+            raise self._fail(exc, f"agreeing on {what}") from exc
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, path: str, optimizer: Any = None, extra: Mapping[str, Any] | None = None) -> None:
@@ -705,14 +789,13 @@ class Pipeline:
         return {k: merged[k] for k in self._state_keys if k in merged}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> None:
-        """Loads this rank's entries from a shard or a full state dict (original names)."""
+        """Collective: loads this rank's entries from a shard or a full state dict (original
+        names). Every rank checks every entry it would take (present, a tensor, the same shape,
+        a dtype ``torch.can_cast`` allows) before copying any, and the ranks agree: if any rank's
+        check fails, every rank raises ``InputError`` naming that rank and entry, and no rank has
+        changed anything."""
         own = self.state_dict()
-        missing = [k for k in own if k not in state]
-        if strict and missing:
-            raise InputError(
-                f"state dict lacks {len(missing)} entries of rank {self.rank}'s stage, e.g. {missing[:3]}; "
-                "pass this rank's shard (state_dict()) or the full state dict"
-            )
+        self._agree_on("Pipeline.load_state_dict", _load_refusal(own, state, strict, self.rank))
         self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=False)
 
 
@@ -725,6 +808,34 @@ def _collective_error(exc: RuntimeError, rank: int, timeout: float, during: str)
     if "connection" in text.lower() or "closed" in text.lower() or "peer" in text.lower():
         return _C.PeerError(f"rank {rank}: a peer left {during}: {text}")
     return exc
+
+
+def _load_refusal(own: Mapping[str, torch.Tensor], state: Mapping[str, Any], strict: bool, rank: int) -> str | None:
+    """Why ``state`` cannot be loaded into a stage holding ``own`` (None: it can)."""
+    missing = [k for k in own if k not in state]
+    if strict and missing:
+        return (f"the state dict lacks {len(missing)} entries of rank {rank}'s stage, e.g. {missing[:3]}; pass this "
+                "rank's shard (state_dict()) or the full state dict")
+    for k, mine in own.items():
+        if k not in state:
+            continue
+        given = state[k]
+        if not isinstance(given, torch.Tensor):
+            return f"entry {k!r} for rank {rank} is a {type(given).__name__}, not a tensor"
+        if given.shape != mine.shape:
+            return f"entry {k!r} for rank {rank} has shape {tuple(given.shape)}, the model's has {tuple(mine.shape)}"
+        if not torch.can_cast(given.dtype, mine.dtype):
+            return f"entry {k!r} for rank {rank} has dtype {given.dtype}, which does not cast to the model's {mine.dtype}"
+    return None
+
+
+def _describe_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """The planning options as comparable text (a Devices description by its JSON, not its
+    address), for wrap's agreement check."""
+    def text(value: Any) -> str:
+        return value.to_json() if isinstance(value, _C.Devices) else repr(value)
+
+    return {k: text(v) for k, v in sorted(options.items())}
 
 
 def _first_difference(theirs: Any, mine: Any) -> str:
@@ -771,6 +882,8 @@ def wrap(
     device: Any = None,
     bucket_bytes: float | None = None,
     sync: SyncMethod | str | None = None,
+    skip_nonfinite: bool = True,
+    check_replicas_every: int | None = None,
     **options: Any,
 ) -> Pipeline:
     """Wraps ``model`` for graph pipeline training on the ranks of ``group`` (default: the
@@ -799,6 +912,12 @@ def wrap(
             exact), ``graphpipe.sync.AllReduce(hierarchical=True)``, ``LocalSGD(period)``,
             ``QSR(base_period, alpha)``, ``TopK(ratio)`` or ``PowerSGD(rank)``. The planner plans
             for it. Local methods need ``step(..., optimizer=...)``.
+        skip_nonfinite: with ``step(..., optimizer=...)``, skip the optimizer step on every rank
+            when any stage's gradients hold a NaN or an infinity (default True).
+        check_replicas_every: run :meth:`Pipeline.check_replicas` after every N-th step (default
+            never). Replicas always start equal: ``wrap`` broadcasts each replicated stage's
+            parameters and buffers from its first replica, and tied parameters from their first
+            holder.
         options: ``leaf_modules`` (modules traced as one operator), and every other keyword of
             :func:`graphpipe.plan` (``memory_limit``, ``micro_batch_size``, ``optimizer``,
             ``manual``, ``device_kind``, ``seed``), passed to it unchanged. With ``plan=``,
@@ -818,5 +937,7 @@ def wrap(
         device=device,
         bucket_bytes=bucket_bytes,
         sync=sync,
+        skip_nonfinite=skip_nonfinite,
+        check_replicas_every=check_replicas_every,
         **options,
     )

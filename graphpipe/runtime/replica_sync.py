@@ -147,9 +147,23 @@ class ReplicaSync:
                                  for slot in type(self._powersgd_state).__slots__ if slot != "process_group"}
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def state_refusal(self, state: Any) -> str | None:
+        """Why ``state`` cannot be restored here (None: it can), checked before anything is set."""
+        if not isinstance(state, dict) and not hasattr(state, "get"):
+            return f"sync state must be a dict (sync_state_dict()), got a {type(state).__name__}"
         if state.get("method") != repr(self.method):
-            raise InputError(f"sync state was saved for {state.get('method')}, this pipeline runs {self.method!r}")
+            return f"sync state was saved for {state.get('method')}, this pipeline runs {self.method!r}"
+        needed = ["steps", "syncs", "round_left"] + (["residuals"] if isinstance(self.method, TopK) else []) + (
+            ["powersgd"] if self._powersgd_state is not None else [])
+        lacking = [k for k in needed if k not in state]
+        if lacking:
+            return f"sync state lacks {lacking}"
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        refusal = self.state_refusal(state)
+        if refusal is not None:
+            raise InputError(refusal)
         self.steps, self.syncs, self._round_left = state["steps"], state["syncs"], state["round_left"]
         if isinstance(self.method, TopK):
             self._hook.load_state_dict(state["residuals"])

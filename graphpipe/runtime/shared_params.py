@@ -75,25 +75,32 @@ class SharedParameterSync:
         """Whether this rank holds a parameter shared with another stage."""
         return bool(self._syncs)
 
+    def broadcast_from_first(self) -> None:
+        """Every copy of each tied parameter becomes its first holder's (the lowest rank of its
+        group), so that copies built from different seeds start as one parameter."""
+        with torch.no_grad():
+            for ranks, sub, params in self._syncs:
+                flat = _flatten_dense_tensors([p.detach() for p in params])
+                self._wait(dist.broadcast(flat, group=sub, group_src=0, async_op=True), ranks, "broadcasting")
+                for p, value in zip(params, _unflatten_dense_tensors(flat, params)):
+                    p.copy_(value)
+
+    def _wait(self, work: Any, ranks: tuple[int, ...], doing: str) -> None:
+        try:
+            completed = work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            raise _C.PeerError(f"graphpipe: {doing} tied parameters with ranks {list(ranks)} failed: {exc}") from exc
+        if completed is False:
+            raise _C.PipelineTimeout(f"graphpipe: {doing} tied parameters with ranks {list(ranks)} did not finish "
+                                     f"within {self.timeout:g} s")
+
     def all_reduce(self) -> None:
         """Sums each shared parameter's gradient over its holders (a rank whose uses produced no
         gradient contributes zeros)."""
         for ranks, sub, params in self._syncs:
             grads = [p.grad if p.grad is not None and self._contributes else torch.zeros_like(p) for p in params]
             flat = _flatten_dense_tensors(grads)
-            work = dist.all_reduce(flat, group=sub, async_op=True)
-            try:
-                completed = work.wait(timeout=datetime.timedelta(seconds=self.timeout))
-            except RuntimeError as exc:
-                raise _C.PeerError(
-                    f"graphpipe: summing the gradients of tied parameters with ranks {list(ranks)} "
-                    f"failed: {exc}"
-                ) from exc
-            if completed is False:
-                raise _C.PipelineTimeout(
-                    f"graphpipe: summing the gradients of tied parameters with ranks {list(ranks)} "
-                    f"did not finish within {self.timeout:g} s"
-                )
+            self._wait(dist.all_reduce(flat, group=sub, async_op=True), ranks, "summing the gradients of")
             for p, summed in zip(params, _unflatten_dense_tensors(flat, grads)):
                 if p.grad is None:
                     p.grad = summed

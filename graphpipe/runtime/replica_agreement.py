@@ -1,0 +1,74 @@
+"""Replicas that start equal and can be shown to stay equal.
+
+A replicated stage's replicas, and the copies of a parameter tied across stages, are one set of
+weights held on several ranks. Ranks build the model themselves, so their copies start equal only
+if every rank seeded alike; one that did not (a script seeding by rank, or not at all) kept its
+difference forever, since summed gradients move every copy by the same amount. So ``wrap`` makes
+them equal as DDP does when it is built: each set is broadcast from its first holder
+(``torch.distributed.utils._sync_module_states``, DDP's own function, for a stage's parameters
+and buffers; one flat broadcast for tied copies, which live under other names on other stages).
+
+``digests`` and ``first_disagreement`` are the opt-in check (``Pipeline.check_replicas``): a
+hash of each parameter's and buffer's bytes, compared between the replicas of every stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.utils import _sync_module_states, _sync_params_and_buffers
+
+__all__ = ["broadcast_buffers_from_first_replica", "broadcast_from_first_replica", "digests", "first_disagreement"]
+
+#: Bytes per coalesced broadcast (DDP's default bucket for its initial broadcast, 250 MiB).
+_BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+def broadcast_from_first_replica(module: nn.Module, replica_group: Any) -> None:
+    """Collective over a stage's replicas: every replica's parameters and buffers become its
+    first replica's (group rank 0), as DDP's constructor does (``broadcast_buffers=True``)."""
+    _sync_module_states(module, replica_group, _BROADCAST_BUCKET_BYTES, src=0,
+                        params_and_buffers_to_ignore=set(), broadcast_buffers=True)
+
+
+def broadcast_buffers_from_first_replica(module: nn.Module, replica_group: Any) -> None:
+    """Collective over a stage's replicas: the first replica's buffers (BatchNorm's running
+    statistics, which each replica updates from its own rows) to every replica. DDP does this
+    before each forward; ``step`` does it at the end of each step, so that the replicas are equal
+    whenever the user can look (a checkpoint, ``check_replicas``, evaluation)."""
+    buffers = list(module.buffers())
+    if buffers:
+        _sync_params_and_buffers(replica_group, buffers, _BROADCAST_BUCKET_BYTES, 0)
+
+
+def digests(module: nn.Module) -> list[tuple[str, str]]:
+    """(name, hash of the bytes) of each parameter and buffer of ``module``, in module order."""
+    out = []
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        out.append((name, hashlib.blake2b(data.tobytes(), digest_size=12).hexdigest()))
+    return out
+
+
+def first_disagreement(stage_ranks: Sequence[Sequence[int]],
+                       by_rank: Mapping[int, list[tuple[str, str]]]) -> str | None:
+    """Where the replicas of some stage differ, in words (stage, ranks, first entry); None when
+    every replicated stage's replicas hold the same bytes. ``by_rank``: each rank's
+    :func:`digests`."""
+    for stage, ranks in enumerate(stage_ranks):
+        if len(ranks) < 2:
+            continue
+        first = by_rank[ranks[0]]
+        for other in ranks[1:]:
+            theirs = by_rank[other]
+            for (name, mine), (_, their) in zip(first, theirs):
+                if mine != their:
+                    return (f"stage {stage}'s replicas differ: rank {other}'s {name!r} is not rank "
+                            f"{ranks[0]}'s")
+            if len(first) != len(theirs):
+                return f"stage {stage}'s replicas hold different entries (ranks {ranks[0]} and {other})"
+    return None
