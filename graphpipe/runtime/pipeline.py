@@ -548,11 +548,12 @@ class Pipeline:
 
         Gradients accumulate into this rank's parameters (``.grad``), as if ``loss_fn`` had been
         applied to the whole batch; zero them and step your optimizer as in ordinary training,
-        or pass ``optimizer`` (over ``pipe.parameters()``): it is stepped and zeroed as soon as
-        this rank's part of the iteration is done, before the loss is broadcast. That is faster:
-        the broadcast waits for the rank that computes the loss, so an optimizer stepped after
-        ``step`` returns cannot overlap the other ranks' remaining backward work (the simulator
-        assumes it does). ``record=True`` keeps per-instruction timestamps (``measured_tasks``) and counts the
+        or pass ``optimizer`` (over ``pipe.parameters()``): it is stepped and zeroed inside
+        ``step``. With ``wrap(skip_nonfinite=False)`` that happens as soon as this rank's part of
+        the iteration is done, before the closing loss sum, which waits for the rank that
+        computes the loss (so the step overlaps the other ranks' remaining backward work, as the
+        simulator assumes); by default it happens after that sum, which carries every rank's
+        non-finite flag. ``record=True`` keeps per-instruction timestamps (``measured_tasks``) and counts the
         activations autograd stashes (``peak_saved_activation_bytes``).
 
         With ``optimizer``, a step whose gradients are NaN or infinite on any stage is skipped on
@@ -618,7 +619,8 @@ class Pipeline:
                 during = "in the optimizer step"
                 optimizer.step()
                 optimizer.zero_grad()
-            during = f"in the loss sum from the loss stage's ranks {self.output_ranks}"
+            during = (f"in the loss sum from rank {self.output_rank}" if len(self.output_ranks) == 1
+                      else f"in the loss sum over the loss stage's ranks {self.output_ranks}")
             dist.all_reduce(buf, group=self._pg)
             if guarded:
                 during = "in the optimizer step"

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -143,18 +144,29 @@ def _guard_worker(rank: int, world: int) -> dict[str, Any]:
     bad = {k: v + 1 for k, v in full.items()}
     if rank == 1:
         bad["b.0.weight"] = torch.zeros(3, 3)
+    start = time.perf_counter()
     try:
         pipe.load_state_dict(bad)
         out["load_error"] = None
     except graphpipe.InputError as exc:
         out["load_error"] = str(exc)
+    out["load_seconds"] = time.perf_counter() - start
     out["load_unchanged"] = all(torch.equal(v, before[k]) for k, v in _snapshot(pipe).items())
+    try:  # sync state given to rank 2 alone, which holds no replicated stage
+        pipe.load_sync_state_dict({"method": "AllReduce()"} if rank == 2 else {})
+        out["sync_load_error"] = None
+    except graphpipe.InputError as exc:
+        out["sync_load_error"] = str(exc)
 
     # A NaN sample: the step is skipped on every rank (parameters, momentum and BatchNorm
     # statistics as they were), the loss comes back NaN.
+    start = time.perf_counter()
     pipe.step(*_batch(1), optimizer=opt)
+    out["good_step_seconds"] = time.perf_counter() - start
     after_good = _snapshot(pipe)
+    start = time.perf_counter()
     out["nan_loss"] = float(pipe.step(*_batch(2, nan_sample=True), optimizer=opt))
+    out["skipped_step_seconds"] = time.perf_counter() - start
     out["nan_unchanged"] = all(torch.equal(v, after_good[k]) for k, v in _snapshot(pipe).items())
     # A NaN gradient on the first stage alone (the loss is finite): skipped everywhere too.
     hook = pipe.module.get_parameter("emb.weight").register_hook(
@@ -181,9 +193,12 @@ def test_loads_are_all_or_nothing_and_nonfinite_steps_are_skipped_everywhere() -
     for r in out:
         assert r["load_error"] is not None and "rank 1" in r["load_error"] and "b.0.weight" in r["load_error"]
         assert r["load_unchanged"]
+        assert r["sync_load_error"] is not None and "rank 2" in r["sync_load_error"]
         assert r["nan_unchanged"] and r["first_stage_unchanged"] and r["skipped"] == 2
         assert r["empty_error"] is not None and "0 samples" in r["empty_error"]
     assert all(r["nan_loss"] != r["nan_loss"] for r in out)  # NaN returned on every rank
+    print(f"refused load: {max(r['load_seconds'] for r in out) * 1e3:.1f} ms on the slowest rank; "
+          f"good step {out[0]['good_step_seconds'] * 1e3:.1f} ms, skipped step {out[0]['skipped_step_seconds'] * 1e3:.1f} ms")
     # Only rank 0's embedding gradient was NaN (a hook there), so that loss itself was finite.
     assert all(abs(r["first_stage_nan_loss"]) < float("inf") for r in out)
     expected = _reference([_batch(1), _batch(3)])
