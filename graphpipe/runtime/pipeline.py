@@ -211,6 +211,7 @@ class Pipeline:
         self._signature = inspect.signature(model.forward)
         self._model_name = type(model).__name__
         self._state_keys = list(model.state_dict().keys())
+        self._aliases = _state_aliases(model)
         self._input_check = BatchCheck(self._model_name, self._placeholder_values(self._example_args))
         self._layouts: dict[int, Any] = {}
         self._specs_for: int | None = None
@@ -774,7 +775,13 @@ class Pipeline:
         """This rank's shard: its stage's parameters and buffers under the original names (the
         entries of the original model's ``state_dict`` that this stage holds)."""
         wanted = set(self._state_keys)
-        return {k: v for k, v in self.module.state_dict().items() if k in wanted}
+        own = {k: v for k, v in self.module.state_dict().items() if k in wanted}
+        # A tensor the model registers under several names (``self.p1 = self.p0``, a module
+        # assigned to two attributes) has one name in the stage module: the others are added.
+        for name in list(own):
+            for alias in self._aliases.get(name, ()):
+                own.setdefault(alias, own[name])
+        return {k: own[k] for k in self._state_keys if k in own}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict gathered from every rank (on every rank), in the
@@ -810,6 +817,16 @@ def _collective_error(exc: RuntimeError, rank: int, timeout: float, during: str)
     if "connection" in text.lower() or "closed" in text.lower() or "peer" in text.lower():
         return _C.PeerError(f"rank {rank}: a peer left {during}: {text}")
     return exc
+
+
+def _state_aliases(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """For every state-dict name of a tensor the model registers under several names, the other
+    names (parameters and buffers, found by identity as ``named_parameters(remove_duplicate=False)``
+    lists them)."""
+    names: dict[int, list[str]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(t), []).append(name)
+    return {n: tuple(m for m in group if m != n) for group in names.values() if len(group) > 1 for n in group}
 
 
 def _load_refusal(own: Mapping[str, torch.Tensor], state: Mapping[str, Any], strict: bool, rank: int) -> str | None:

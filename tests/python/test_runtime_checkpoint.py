@@ -64,3 +64,45 @@ def test_checkpoint_resume_equals_uninterrupted(tmp_path: Any) -> None:
         torch.testing.assert_close(full_b[k], full_a[k], rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
     model, _, _ = make_model(NAME)
     model.load_state_dict(full_b)  # the gathered dict is an ordinary state dict of the model
+
+
+class _Aliased(torch.nn.Module):
+    """A parameter and a module each registered under two names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 4)
+        self.again = self.second  # one module, two attributes
+        self.p0 = torch.nn.Parameter(torch.ones(4))
+        self.p1 = self.p0  # one parameter, two names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.again(torch.relu(self.first(x))) * self.p1
+
+
+def _aliased_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.runtime import manual_plan
+    from graphpipe.trace import trace_module
+
+    torch.manual_seed(0)
+    model = _Aliased()
+    x = torch.randn(8, 4)
+    plan = manual_plan(trace_module(model, (x,)).graph, {"x": 0, "first": 0, "": 1}, 2)
+    pipe = graphpipe.wrap(model, (x,), lambda out, y: ((out - y) ** 2).mean(), plan=plan, timeout=60)
+    opt = torch.optim.SGD(list(pipe.parameters()), lr=0.1)
+    pipe.step((x,), torch.zeros(8, 4), optimizer=opt)
+    full = pipe.full_state_dict()
+    pipe.load_state_dict(full)  # the full dict, aliases included, loads back
+    return {"full": full, "shard": sorted(pipe.state_dict())}
+
+
+def test_aliased_names_round_trip_into_the_plain_model() -> None:
+    out = _ok(run_ranks(_aliased_worker, 2, timeout=120))
+    full = out[0]["full"]
+    assert list(full) == list(_Aliased().state_dict())  # every name, in the model's order
+    assert torch.equal(full["p0"], full["p1"]) and torch.equal(full["second.weight"], full["again.weight"])
+    plain = _Aliased()
+    plain.load_state_dict(full, strict=True)
+    assert "again.weight" in out[1]["shard"] and "second.weight" in out[1]["shard"]
