@@ -443,6 +443,16 @@ class Pipeline:
         return self.train(False)
 
     @property
+    def stage_ranks(self) -> list[int]:
+        """The ranks that run this rank's stage, its first replica first ([] when it holds none)."""
+        return [int(r) for r in self._stage.ranks] if self._stage is not None else []
+
+    @property
+    def model_keys(self) -> list[str]:
+        """The plain model's ``state_dict`` keys, in its order (aliases included)."""
+        return list(self._state_keys)
+
+    @property
     def stage(self) -> int:
         """Index of the stage this rank runs (-1 when it holds none)."""
         return self._stage.index if self._stage is not None else -1

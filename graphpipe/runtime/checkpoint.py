@@ -1,0 +1,469 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): ``Pipeline.save`` / ``Pipeline.load``, and
+the plain model's side, :func:`load_into_model` and :func:`model_state_dict`.
+
+One checkpoint is a DCP folder whose state dict has four parts, all under the plain model's
+names (fully qualified names), so that it loads under any plan, any world size, or into the
+plain single-process model:
+
+- ``model.<fqn>``: every parameter and buffer, written once: by the first rank (the lead replica)
+  of the stage that holds it (DCP drops the duplicates of a tensor tied across stages);
+- ``optim.state.<fqn>.<name>``, ``optim.param_groups.<fqn>.<hyperparameter>``: the optimizer's
+  state in torch's flat FQN-keyed form (``get_optimizer_state_dict`` with
+  ``StateDictOptions(flatten_optimizer_state_dict=True)``, the form torch made for pipeline
+  stages, whose ranks each hold other parameters), also by the lead replica;
+- ``sync.rank<r>``: what is private to rank r, as one pickled blob: its sync method's state
+  (``Pipeline.sync_state_dict``: local SGD's round, top-k's residuals, PowerSGD's state), and on a
+  replicated stage its own buffers (a replica's BatchNorm statistics see only its rows), plus,
+  for local methods (LocalSGD, QSR), its own parameters and optimizer state (replicas differ
+  inside a round). Restored only under the same plan and sync method; otherwise ``load`` warns
+  and those start afresh from the shared copy;
+- ``graphpipe``: one pickled blob written by rank 0: format, the model's keys, plan fingerprint,
+  sync method, optimizer class, ``step_count`` and the caller's ``extra``.
+
+Loading is all-or-nothing on every rank. Each rank checks the checkpoint's metadata against what
+it holds, the ranks agree (``consensus.agree``) before any enters DCP's collective load, each
+loads into fresh tensors (never into its module or optimizer), checks what it read, and the ranks
+agree again; only then does any rank copy into its parameters, optimizer and sync state. A
+checkpoint of another model, a missing folder or shard, or a truncated file is an ``InputError``
+on every rank, and no rank changed anything. Every wait is a collective on the pipeline's own
+process group, which has the pipeline's timeout.
+
+What is torch's: the file format, writer, reader and their collectives (``dcp.save``,
+``dcp.load``, ``FileSystemWriter/Reader``), the deduplication of replicated tensors, and the
+FQN-keyed optimizer state (``get_optimizer_state_dict``). What is written here: which rank writes
+what, the per-rank sync blobs, the checks and the two agreements, and the conversion of the flat
+optimizer state back into ``optimizer.load_state_dict``'s form (torch's
+``set_optimizer_state_dict`` first primes a fresh optimizer with a zero-gradient step, which it
+skips when any gradient is set, and expects state for every parameter; a stage whose optimizer
+never stepped some parameter, or a checkpoint saved before the first step, would break it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from graphpipe.errors import InputError
+from graphpipe.runtime.consensus import agree
+
+__all__ = ["save", "load", "load_into_model", "model_state_dict", "FORMAT"]
+
+#: Version of the layout above, stored in every checkpoint.
+FORMAT = 1
+_META = "graphpipe"
+_MODEL = "model."
+_OPTIM = "optim."
+_SYNC = "sync."
+
+
+# ---- saving ---------------------------------------------------------------------------------
+def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None,
+         extra: Mapping[str, Any] | None = None) -> None:
+    """Collective over the pipeline's ranks: writes a DCP checkpoint of ``pipe`` (and
+    ``optimizer``, over ``pipe.parameters()``) to the folder ``path``. ``extra`` (picklable, for
+    example a scheduler's state) is written from rank 0 and returned by :func:`load`."""
+    group = pipe._live_group()  # refuses a closed or failed pipeline
+    path = os.fspath(path)
+    lead = _is_lead(pipe)
+    state: dict[str, Any] = {}
+    own = pipe.state_dict()
+    if lead:
+        # A replicated stage's replicas hold the same parameters (or, for local methods, the
+        # same ones at a round's end): one copy, the lead's, is what other plans load.
+        state["model"] = {k: v.detach() for k, v in own.items()}
+        if optimizer is not None:
+            state["optim"] = _flat_optimizer_state(pipe.module, optimizer)
+    private = _private_state(pipe, optimizer, own)
+    if private is not None:
+        state["sync"] = {f"rank{pipe.rank}": _pickle(private)}
+    if pipe.rank == 0:
+        state[_META] = _pickle({
+            "format": FORMAT,
+            "model_keys": pipe.model_keys,
+            "plan": _plan_fingerprint(pipe),
+            "world_size": pipe.world_size,
+            "sync_method": repr(pipe.sync_method),
+            "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+            "step_count": int(pipe.step_count),
+            "extra": dict(extra) if extra is not None else {},
+        })
+    os.makedirs(path, exist_ok=True)
+    # overwrite=True: saving again to a folder replaces it (torch warns unless told so).
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, overwrite=True), process_group=group)
+
+
+def _is_lead(pipe: Any) -> bool:
+    """Whether this rank writes its stage's shared state: the stage's first rank."""
+    ranks = pipe.stage_ranks
+    return bool(ranks) and ranks[0] == pipe.rank
+
+
+def _replicated(pipe: Any) -> bool:
+    return len(pipe.stage_ranks) > 1
+
+
+def _private_state(pipe: Any, optimizer: Any, own: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
+    """This rank's own part: sync state, and on a replicated stage the state its replicas do not
+    share. None when it has nothing of its own."""
+    sync = pipe.sync_state_dict()
+    if not sync and not _replicated(pipe):
+        return None
+    private: dict[str, Any] = {"sync": sync}
+    if _replicated(pipe):
+        params = {n for n, _ in pipe.module.named_parameters()}
+        local = bool(getattr(pipe.sync_method, "local_updates", False))
+        # Buffers always (each replica's statistics are of its own rows); parameters and the
+        # optimizer only for local methods, whose replicas drift apart inside a round.
+        private["state"] = {k: v.detach().clone() for k, v in own.items() if local or k not in params}
+        if local and optimizer is not None:
+            private["optim"] = _flat_optimizer_state(pipe.module, optimizer)
+    return private
+
+
+def _flat_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state keyed by the parameters' FQNs, in torch's flat form."""
+    if not optimizer.state:
+        # torch's get_optimizer_state_dict would first take a zero-gradient step to create the
+        # state, which changes an Adam's step count: before the first step, only the
+        # hyperparameters (the same flat keys torch writes).
+        names = {id(p): n for n, p in module.named_parameters()}
+        flat: dict[str, Any] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                for k, v in group.items():
+                    if k != "params":
+                        flat[f"param_groups.{names[id(p)]}.{k}"] = v
+        return flat
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    return dict(get_optimizer_state_dict(module, optimizer, options=options))
+
+
+def _plan_fingerprint(pipe: Any) -> str:
+    """A digest of the plan's JSON (stages, devices, micro-batches): a rank of another plan is
+    another replica or stage, whose private state would be wrong here."""
+    return hashlib.sha256(pipe.plan.to_json(pipe.graph).encode()).hexdigest()
+
+
+def _pickle(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _unpickle(blob: Any, what: str) -> Any:
+    if not isinstance(blob, (bytes, bytearray)):
+        raise InputError(f"{what} is {type(blob).__name__}, not graphpipe's pickled record")
+    # Our own records (and the caller's extra), written by save(): not weights only.
+    return torch.load(io.BytesIO(blob), weights_only=False)
+
+
+# ---- loading --------------------------------------------------------------------------------
+def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Collective over the pipeline's ranks: restores a checkpoint written by :func:`save`, under
+    this plan or another, into every rank's stage (and ``optimizer``), or raises the same
+    ``InputError`` on every rank and changes nothing. Returns the ``extra`` it was saved with."""
+    group = pipe._live_group()
+    path = os.fspath(path)
+    where = f"Pipeline.load({path!r})"
+    own = pipe.state_dict()
+    template: dict[str, Any] | None = None
+    refusal: str | None = None
+    try:
+        metadata = _read_metadata(path)
+        template = _template(metadata, own, pipe.module, optimizer, model_keys=pipe.model_keys)
+        private_key = f"{_SYNC}rank{pipe.rank}"
+        if private_key in metadata.state_dict_metadata:
+            template.setdefault("sync", {})[f"rank{pipe.rank}"] = None
+    except InputError as exc:
+        refusal = str(exc)
+    # No rank may enter DCP's collective load alone: all of them, or none.
+    agree(group, refusal, where)
+    assert template is not None
+    loaded: dict[str, Any] = {}
+    try:
+        dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
+        loaded = _checked(template, own, pipe.module, optimizer)
+        private = _unpickle(template["sync"][f"rank{pipe.rank}"], "this rank's sync record") \
+            if "sync" in template else None
+        restore_private = _same_run(pipe, loaded["meta"], private)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the same refusal on every rank
+        # (DCP's CheckpointException is a BaseException: named here, or it would escape.)
+        refusal = _reason(exc, path)
+    agree(group, refusal, where)
+    # Every rank read and checked everything: apply.
+    state, optim = loaded["model"], loaded["optim"]
+    if restore_private and private is not None:
+        state = {**state, **private.get("state", {})}
+        if "optim" in private:
+            optim = private["optim"]
+    _copy_into(own, state)
+    if optimizer is not None and optim is not None:
+        _load_flat_optimizer_state(pipe.module, optimizer, optim)
+    if restore_private and private is not None:
+        pipe.load_sync_state_dict(private["sync"])
+    pipe.step_count = int(loaded["meta"]["step_count"])
+    return dict(loaded["meta"]["extra"])
+
+
+def _same_run(pipe: Any, meta: Mapping[str, Any], private: Mapping[str, Any] | None) -> bool:
+    """Whether this rank's private state (sync state, replica-own state) may be restored: only
+    under the same plan and sync method. Otherwise warn: those start afresh."""
+    same = meta.get("plan") == _plan_fingerprint(pipe) and meta.get("sync_method") == repr(pipe.sync_method)
+    if not same and (private is not None or pipe.sync_state_dict()):
+        warnings.warn(
+            f"graphpipe checkpoint: saved under another plan or sync method ({meta.get('sync_method')}, "
+            f"{meta.get('world_size')} ranks) than this pipeline's ({pipe.sync_method!r}, {pipe.world_size} "
+            f"ranks): rank {pipe.rank} loads the shared parameters and optimizer state, and its sync method's "
+            "state (local rounds, residuals, replica statistics) starts afresh",
+            stacklevel=3,
+        )
+    return same
+
+
+def _reason(exc: BaseException, path: str) -> str:
+    """One line naming what went wrong while reading, for every rank's InputError."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, cause = sorted(exc.failures.items())[0]
+        cause_exc = cause[0] if isinstance(cause, tuple) else cause
+        first = str(cause_exc).strip().splitlines()[0] if str(cause_exc).strip() else ""
+        return (f"reading the checkpoint {path} failed on rank {rank} ({type(cause_exc).__name__}: {first}); "
+                "a shard file is missing or damaged")
+    if isinstance(exc, InputError):
+        return str(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"reading the checkpoint {path} failed ({type(exc).__name__}: {first}); a file is missing or damaged"
+
+
+def _read_metadata(path: str) -> Metadata:
+    if not os.path.isdir(path):
+        raise InputError(f"no checkpoint at {path}: the folder does not exist")
+    try:
+        return dcp.FileSystemReader(path).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - named below
+        raise InputError(f"{path} is not a readable checkpoint: its metadata file (.metadata) is missing or "
+                         f"damaged ({type(exc).__name__}: {exc})") from exc
+
+
+def _template(metadata: Metadata, own: Mapping[str, torch.Tensor], module: nn.Module, optimizer: Any,
+              model_keys: list[str]) -> dict[str, Any]:
+    """What this rank reads, as fresh tensors (never its own), after checking the metadata
+    against what it holds: the checkpoint's model must be this one."""
+    entries = metadata.state_dict_metadata
+    if _META not in entries:
+        raise InputError("it is not a graphpipe checkpoint (no 'graphpipe' record): write it with Pipeline.save")
+    saved = sorted(k[len(_MODEL):] for k in entries if k.startswith(_MODEL))
+    if sorted(model_keys) != saved:
+        missing = sorted(set(model_keys) - set(saved))
+        unknown = sorted(set(saved) - set(model_keys))
+        raise InputError(f"the checkpoint is of another model: it lacks {len(missing)} of this model's entries "
+                         f"(e.g. {missing[:3]}) and has {len(unknown)} this model lacks (e.g. {unknown[:3]})")
+    model: dict[str, torch.Tensor] = {}
+    for key, tensor in own.items():
+        md = entries[_MODEL + key]
+        if not isinstance(md, TensorStorageMetadata):
+            raise InputError(f"the checkpoint's {key!r} is not a tensor")
+        if tuple(md.size) != tuple(tensor.shape) or md.properties.dtype != tensor.dtype:
+            raise InputError(f"the checkpoint is of another model: its {key!r} is {tuple(md.size)} "
+                             f"{md.properties.dtype}, this model's is {tuple(tensor.shape)} {tensor.dtype}")
+        model[key] = torch.empty_like(tensor, device="cpu")
+    template: dict[str, Any] = {"model": model, _META: None}
+    if optimizer is not None:
+        optim = _optimizer_template(entries, module, optimizer)
+        if optim:
+            template["optim"] = optim
+    return template
+
+
+def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The flat optimizer entries of this rank's parameters that the checkpoint has: fresh
+    tensors of the stored shapes, placeholders for the rest. Every hyperparameter of this
+    optimizer's groups must be there."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    mine: dict[str, str] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in names:
+                raise InputError("the optimizer holds a parameter that is not this rank's stage's: build it over "
+                                 "pipe.parameters()")
+            mine[names[id(p)]] = ""
+    optim: dict[str, Any] = {}
+    has_any = any(k.startswith(_OPTIM) for k in entries)
+    if not has_any:
+        return optim
+    for key, md in entries.items():
+        if not key.startswith(_OPTIM):
+            continue
+        inner = key[len(_OPTIM):]
+        section, _, rest = inner.partition(".")
+        if section not in ("state", "param_groups") or _owner(rest, mine) is None:
+            continue
+        if isinstance(md, TensorStorageMetadata):
+            optim[inner] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        elif isinstance(md, BytesStorageMetadata):
+            optim[inner] = None
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k in group:
+                if k != "params" and f"param_groups.{names[id(p)]}.{k}" not in optim:
+                    raise InputError(f"the checkpoint has no optimizer hyperparameter {k!r} of {names[id(p)]!r}: "
+                                     f"it was saved with another optimizer than {type(optimizer).__name__}, or "
+                                     "without this parameter")
+    return optim
+
+
+def _owner(rest: str, mine: Mapping[str, Any]) -> str | None:
+    """The FQN among ``mine`` that a flat key's tail (``fqn.name``) belongs to; FQNs have dots,
+    so try every split."""
+    parts = rest.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        fqn = ".".join(parts[:i])
+        if fqn in mine:
+            return fqn
+    return None
+
+
+def _checked(template: dict[str, Any], own: Mapping[str, torch.Tensor], module: nn.Module,
+             optimizer: Any) -> dict[str, Any]:
+    """What DCP read, checked for what it will be applied to (before any rank applies)."""
+    meta = _unpickle(template[_META], "the checkpoint's graphpipe record")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise InputError(f"the checkpoint's format is {meta.get('format') if isinstance(meta, dict) else meta!r}, "
+                         f"this graphpipe reads format {FORMAT}")
+    optim = template.get("optim")
+    if optimizer is not None:
+        if meta.get("optimizer") is None:
+            warnings.warn("graphpipe checkpoint: it was saved without optimizer state; the optimizer is left as it "
+                          "is", stacklevel=4)
+            optim = None
+        elif meta["optimizer"] != type(optimizer).__name__:
+            raise InputError(f"the checkpoint's optimizer is {meta['optimizer']}, this one is "
+                             f"{type(optimizer).__name__}")
+        elif optim is not None:
+            _optimizer_state_from_flat(module, optimizer, optim)  # the conversion must succeed
+    return {"meta": meta, "model": template["model"], "optim": optim}
+
+
+# ---- applying ---------------------------------------------------------------------------------
+def _copy_into(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> None:
+    """In place, so that optimizers keep their parameters."""
+    with torch.no_grad():
+        for key, tensor in own.items():
+            tensor.copy_(state[key])
+
+
+def _optimizer_state_from_flat(module: nn.Module, optimizer: Any, flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``optimizer.load_state_dict``'s form of a flat FQN-keyed optimizer state: the inverse of
+    torch's ``_flatten_optim_state_dict`` for this optimizer's parameters, in its groups."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    state: dict[int, dict[str, Any]] = {}
+    groups: list[dict[str, Any]] = []
+    index = 0
+    for group in optimizer.param_groups:
+        ids: list[int] = []
+        hyper: dict[str, Any] = {}
+        for p in group["params"]:
+            fqn = names[id(p)]
+            prefix = f"state.{fqn}."
+            entry: dict[str, Any] = {}
+            for key, value in flat.items():
+                if key.startswith(prefix):
+                    _set_nested(entry, key[len(prefix):].split("."), value)
+            if entry:
+                state[index] = entry
+            for k in group:
+                if k == "params":
+                    continue
+                value = flat[f"param_groups.{fqn}.{k}"]
+                if k in hyper and not _equal(hyper[k], value):
+                    raise InputError(f"the checkpoint's {k!r} differs between the parameters of one of this "
+                                     f"optimizer's groups ({hyper[k]!r} and {value!r} at {fqn!r}): group them "
+                                     "as they were grouped when saved")
+                hyper[k] = value
+            ids.append(index)
+            index += 1
+        groups.append({**hyper, "params": ids})
+    return {"state": state, "param_groups": groups}
+
+
+def _set_nested(entry: dict[str, Any], parts: list[str], value: Any) -> None:
+    for part in parts[:-1]:
+        entry = entry.setdefault(part, {})
+    entry[parts[-1]] = value
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    return bool(a == b)
+
+
+def _load_flat_optimizer_state(module: nn.Module, optimizer: Any, flat: Mapping[str, Any]) -> None:
+    optimizer.load_state_dict(_optimizer_state_from_flat(module, optimizer, flat))
+
+
+# ---- the plain model ------------------------------------------------------------------------
+def _load_alone(template: dict[str, Any], path: str) -> None:
+    """DCP's load in this process alone (no process group, even inside a distributed job)."""
+    with warnings.catch_warnings():
+        # DCP warns that it assumes a single process: that is the point here.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(template, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+
+
+def load_into_model(model: nn.Module, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None
+                    ) -> dict[str, Any]:
+    """Loads a checkpoint written by ``Pipeline.save`` into the plain, single-process ``model``
+    (and ``optimizer``, over ``model.parameters()``), with DCP and no process group. Reads into
+    fresh tensors and applies only when everything was read; raises ``InputError`` naming the
+    problem otherwise. Returns the ``extra`` it was saved with."""
+    path = os.fspath(path)
+    own = {k: v for k, v in model.state_dict().items()}
+    try:
+        metadata = _read_metadata(path)
+        template = _template(metadata, own, model, optimizer, model_keys=list(own))
+        _load_alone(template, path)
+        loaded = _checked(template, own, model, optimizer)
+    except InputError as exc:
+        raise InputError(f"load_into_model({path!r}): {exc}") from exc
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - named below
+        raise InputError(f"load_into_model({path!r}): {_reason(exc, path)}") from exc
+    _copy_into(own, loaded["model"])
+    if optimizer is not None and loaded["optim"] is not None:
+        _load_flat_optimizer_state(model, optimizer, loaded["optim"])
+    return dict(loaded["meta"]["extra"])
+
+
+def model_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The plain model's state dict from a checkpoint, on the calling process alone (no process
+    group, no other rank involved): the memory-bounded alternative to
+    ``Pipeline.full_state_dict()``, which gathers every shard to every rank. It holds the model's
+    tensors once; the optimizer state is not read. For a ``torch.save`` file of everything, use
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, file)``."""
+    path = os.fspath(path)
+    try:
+        metadata = _read_metadata(path)
+        entries = metadata.state_dict_metadata
+        model = {k[len(_MODEL):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+                 for k, md in entries.items() if k.startswith(_MODEL) and isinstance(md, TensorStorageMetadata)}
+        if _META not in entries or not model:
+            raise InputError("it is not a graphpipe checkpoint (no 'graphpipe' record or no model entries)")
+        template: dict[str, Any] = {"model": model, _META: None}
+        _load_alone(template, path)
+        meta = _unpickle(template[_META], "the checkpoint's graphpipe record")
+    except InputError as exc:
+        raise InputError(f"model_state_dict({path!r}): {exc}") from exc
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - named below
+        raise InputError(f"model_state_dict({path!r}): {_reason(exc, path)}") from exc
+    # In the original model's key order, as Pipeline.full_state_dict returns it.
+    return {k: model[k] for k in meta["model_keys"] if k in model}
