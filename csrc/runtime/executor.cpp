@@ -8,7 +8,9 @@
 
 #include <sstream>
 
+#include "common/log.h"
 #include "runtime/errors.h"
+#include "runtime/instruction_range.h"
 
 namespace graphpipe::runtime {
 
@@ -18,6 +20,8 @@ using schedule::OpKind;
 namespace {
 
 const std::vector<Instruction> kEmpty;
+// Waits at least this long are logged as long (debug level): where the pipeline's bubbles are.
+constexpr double kLongWaitMs = 10.0;
 
 bool carries_grad(const at::Tensor& spec) { return at::isFloatingType(spec.scalar_type()) || at::isComplexType(spec.scalar_type()); }
 
@@ -380,7 +384,10 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
   std::vector<InFlight> sends;
   auto key = [](OpKind kind, int mb, int edge) { return std::make_tuple(static_cast<int>(kind), mb, edge); };
+  const bool debug = log::enabled(log::Level::debug);
   auto finish = [&](InFlight& f) {
+    InstructionRange range(f.ins, " wait");
+    const auto waited_from = std::chrono::steady_clock::now();
     if (hooks_.enter) hooks_.enter();
     try {
       for (const auto& p : f.posted) transport_.wait(p);
@@ -389,6 +396,12 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
       throw;
     }
     if (hooks_.exit) hooks_.exit();
+    if (debug) {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waited_from).count();
+      // A long wait is where a pipeline's bubble shows: say so above the per-transfer lines.
+      log::debug("rank " + std::to_string(rank_) + (ms >= kLongWaitMs ? ": waited long, " : ": completed ") +
+                 where(f.ins) + " after " + std::to_string(ms) + " ms of waiting");
+    }
     if (record) timings.push_back({f.ins, f.start, now()});
   };
   auto land = [&](OpKind kind, int mb, int edge) {
@@ -429,6 +442,8 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
     std::vector<std::pair<Instruction, std::vector<at::Tensor>>> landed;
     post(ins, train, ops, landed);
     InFlight f{ins, {}, {}, record ? now() : 0.0};
+    InstructionRange range(ins, " post");
+    if (debug) log::debug("rank " + std::to_string(rank_) + ": posted " + where(ins));
     if (hooks_.enter) hooks_.enter();
     try {
       f.posted = transport_.post(std::move(ops));
@@ -502,6 +517,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
         reap_sends(true);  // the optimizer step closes the iteration: nothing stays in flight
       }
       double start = record ? now() : 0.0;
+      InstructionRange range(ins);
       if (ins.kind == OpKind::forward) {
         c10::AutoGradMode grad_mode(train);
         forward(ins, fn, train);
