@@ -55,6 +55,10 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path: A
     first = [int(s) for s in re.findall(r"^step (\d+):", before, re.M)]
     assert first in ([0, 1], [0, 1, 2]), first
     assert [int(s) for s in re.findall(r"^step (\d+):", after, re.M)] == list(range(2, STEPS))
+    # ... with the uninterrupted run's losses, step for step.
+    losses = {int(k): v for k, v in re.findall(r"^step (\d+): loss (\S+)", straight.stdout, re.M)}
+    resumed_losses = {int(k): v for k, v in re.findall(r"^step (\d+): loss (\S+)", after, re.M)}
+    assert resumed_losses == {k: losses[k] for k in range(2, STEPS)}, (resumed_losses, losses)
     restart_s = float(resumed.group(2)) - float(killed.group(2))
     print(f"\nelastic restart: kill -> resumed from checkpoint {restart_s:.2f} s; whole run {restarted_s:.1f} s "
           f"(uninterrupted {straight_s:.1f} s)")
