@@ -61,9 +61,12 @@ class StepGuard:
                 by_device.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
         bad = 0.0
         for (device, _), grads in by_device.items():
-            found = torch.zeros(1, device=device)
+            # float32 whatever torch's default dtype (the kernel requires it; a model trained with
+            # torch.set_default_dtype(torch.float64) would otherwise get float64 flags).
+            found = torch.zeros(1, device=device, dtype=torch.float32)
             # Multiplies by 1.0 in place: the values stay exactly as they were.
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1, device=device))
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found,
+                                                              torch.ones(1, device=device, dtype=torch.float32))
             bad = max(bad, float(found.item()))
         return bad
 
@@ -107,5 +110,5 @@ def _scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, torch.Tensor]:
     state = scaler._per_optimizer_states[id(optimizer)]
     found = state["found_inf_per_device"]
     if not found:
-        found[torch.device("cpu")] = torch.zeros(1)
+        found[torch.device("cpu")] = torch.zeros(1, dtype=torch.float32)
     return found

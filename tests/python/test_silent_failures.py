@@ -254,3 +254,19 @@ def test_a_rank_with_another_partitioner_is_named() -> None:
     messages = [m for m in out if m is not None]
     assert messages, out
     assert any("planning options" in m and "partitioner" in m for m in messages), messages
+
+
+def test_the_local_flag_works_under_a_float64_default_dtype() -> None:
+    from graphpipe.runtime.nonfinite import StepGuard
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # as the multi-node and corpus tests train
+    try:
+        p = nn.Parameter(torch.ones(3))
+        p.grad = torch.tensor([1.0, float("inf"), 2.0])
+        assert StepGuard.local_flag([p], None, None) == 1.0
+        p.grad = torch.ones(3)
+        assert StepGuard.local_flag([p], None, None) == 0.0
+        assert torch.equal(p.grad, torch.ones(3))  # the check leaves the gradient as it was
+    finally:
+        torch.set_default_dtype(previous)
