@@ -2,15 +2,16 @@
 
 For each model (default: the MMT and the Transformer of compare.py's BENCH_SPECS), on this CPU:
 trace, profile (``graphpipe.profile``, which times every operator's I and W as the runtime splits
-a backward), plan on 4 ranks (the ``graphpipe`` and ``sequential`` partitioners, 4 micro-batches),
+a backward), plan on 2 and 4 ranks (``--worlds``) (the ``graphpipe`` and ``sequential`` partitioners, 4 micro-batches),
 then for every stage print
 
 - the planner's forward F, backward B and B / 2 (how I and W were priced before), and its I and W
   (partition/backward_halves.h, from the profiled operators);
 - the same stage measured the runtime's way on one process: its stage module (graphpipe.runtime's
   ``build_stages``) run on one micro-batch, B = one whole backward, I = ``torch.autograd.grad`` of
-  its outputs to the activations it receives (keeping the graph), W = ``torch.autograd.backward``
-  of the same outputs to its parameters (runtime/executor.cpp's backward_input / backward_weight;
+  its outputs to the activations it receives, recording the gradients where the parameters' paths
+  join theirs, W = autograd from those joins to its parameters (``graphpipe._C.backward_input``
+  and its ``PendingWeights.run()``: runtime/split_backward.h, what the executor runs;
   all-ones output gradients stand in for the received ones and the loss);
 - and the simulated iteration of the plan under ``1f1b``, under ``zb_graph`` with the stages' own
   halves, and under ``zb_graph`` with halves of the backward (the pricing before).
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import BENCH_SPECS  # noqa: E402
 
-WORLD, MICRO_BATCHES = 4, 4
+MICRO_BATCHES = 4
 
 
 def node_values(gm: fx.GraphModule, values: list[Any]) -> dict[str, Any]:
@@ -82,10 +83,10 @@ def measure_stage(stage: Any, env: dict[str, Any], repeats: int) -> dict[str, fl
         whole.append(time.perf_counter() - start)
         outs, leaves = forward()
         start = time.perf_counter()
-        if leaves:  # the runtime skips I when nothing received needs a gradient
-            torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+        _, pending = graphpipe._C.backward_input(outs, grads, leaves, params)
+        del outs  # as the executor drops the roots after I
         middle = time.perf_counter()
-        torch.autograd.backward(outs, grads, inputs=params)
+        pending.run()
         end = time.perf_counter()
         inputs.append(middle - start)
         weights.append(end - middle)
@@ -107,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["mmt", "transformer"], choices=sorted(BENCH_SPECS))
     parser.add_argument("--repeats", type=int, default=9, help="runs per measured stage figure")
+    parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], help="ranks to plan on")
     parser.add_argument("--profile-repeats", type=int, default=5, help="graphpipe.profile(repeats=...)")
     parser.add_argument("--out", default="results/backward_split_bench.json")
     args = parser.parse_args()
@@ -131,20 +133,20 @@ def main() -> None:
               f"operators: B {1e3 * sums['backward']:.2f} ms, I {1e3 * sums['backward_input']:.2f}, "
               f"W {1e3 * sums['backward_weight']:.2f} ((I + W) / B = "
               f"{(sums['backward_input'] + sums['backward_weight']) / sums['backward']:.2f})")
-        devices = graphpipe.devices(WORLD, "cpu")
-        devices.relative_speed = 1.0  # this machine's profile as it is
         traced = trace_module(model, inputs, None)
         rows = [v[:mb] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch else v
                 for v in traced.placeholder_values]
         env = node_values(traced.module, rows)
-        for partitioner in ("graphpipe", "sequential"):
+        for world, partitioner in [(w, p) for w in args.worlds for p in ("graphpipe", "sequential")]:
+            devices = graphpipe.devices(world, "cpu")
+            devices.relative_speed = 1.0  # this machine's profile as it is
             plan = graphpipe.plan(graph, devices, partitioner, micro_batches=MICRO_BATCHES)
             stages = build_stages(traced.module, plan, graph).stages
-            print(f"\n### {partitioner}: {plan.num_stages} stages, depth {plan.depth}, {plan.num_micro_batches} x "
+            print(f"\n### {partitioner} on {world} ranks: {plan.num_stages} stages, depth {plan.depth}, {plan.num_micro_batches} x "
                   f"{plan.micro_batch_size} rows\n")
             print("| stage | ops | F ms | B ms | B/2 ms | I ms | W ms | measured B ms | measured I ms | "
-                  "measured W ms |")
-            print("|---|---|---|---|---|---|---|---|---|---|")
+                  "measured W ms | measured (I + W) / B |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
             rows_out = []
             for st, module in zip(plan.stages, stages):
                 m = measure_stage(module, env, args.repeats)
@@ -154,7 +156,8 @@ def main() -> None:
                 rows_out.append(row)
                 figures = (st.forward_seconds, st.backward_seconds, st.backward_seconds / 2, st.backward_input_seconds,
                            st.backward_weight_seconds, m["B"], m["I"], m["W"])
-                print(f"| {st.id} | {len(st.nodes)} | " + " | ".join(f"{1e3 * x:.2f}" for x in figures) + " |")
+                print(f"| {st.id} | {len(st.nodes)} | " + " | ".join(f"{1e3 * x:.2f}" for x in figures) +
+                      f" | {(m['I'] + m['W']) / m['B']:.2f} |")
             total = {k: sum(r[k] for r in rows_out) for k in ("B", "I", "W")}
             seen = {k: sum(r["measured"][k] for r in rows_out) for k in ("B", "I", "W")}
             print(f"| all | {sum(r['operators'] for r in rows_out)} | | {1e3 * total['B']:.2f} | "
@@ -169,7 +172,7 @@ def main() -> None:
             print(f"\nsimulated iteration: 1f1b {1e3 * sim['1f1b']:.1f} ms, zb_graph {1e3 * sim['zb_graph']:.1f} ms "
                   f"({sim['zb_graph'] / sim['1f1b']:.3f} of 1f1b), zb_graph with halves of B "
                   f"{1e3 * sim['zb_graph_halves']:.1f} ms ({sim['zb_graph_halves'] / sim['1f1b']:.3f})")
-            report.append({"model": name, "partitioner": partitioner, "micro_batch_size": plan.micro_batch_size,
+            report.append({"model": name, "world": world, "partitioner": partitioner, "micro_batch_size": plan.micro_batch_size,
                            "stages": rows_out, "simulated": sim})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,14 +13,14 @@ Inputs for batch size ``b`` are the example inputs' rows ``0..b-1`` (repeated cy
 ``b`` exceeds the example batch).
 
 Each operator's backward is also timed split in two, as the runtime splits a stage's backward
-for a zero-bubble schedule (runtime/executor.h): I, ``torch.autograd.grad`` of its outputs with
-respect to its inputs (every floating input, as if received from another stage: the runtime's
-received activations need a gradient even where the model's data did not) keeping the graph,
-then W, ``torch.autograd.backward`` of the same outputs with respect to its parameters (0 for an
-operator without any). I and W are scaled by the operator's backward factor above: what makes
+for a zero-bubble schedule (runtime/split_backward.h, run through ``_C.backward_input``): I, the
+gradients of its inputs (every floating input, as if received from another stage: the runtime's
+received activations need a gradient even where the model's data did not), recording those
+arriving where its parameters join; then W, from there to its parameters (0 for an operator
+without any). I and W are scaled by the operator's backward factor above: what makes
 an operator timed alone faster than in the real run (hot caches) applies to both halves alike.
-How a stage's halves follow from its operators' (W walks again the activation gradients between
-the stage's outputs and its parameters) is the C++ core's rule (partition/backward_halves.h).
+How a stage's halves follow from its operators' is the C++ core's rule
+(partition/backward_halves.h).
 
 The partitioner reads the resulting curve to choose micro-batch sizes: per-sample cost usually
 falls as the batch grows, because every operator call carries a fixed overhead.
@@ -158,13 +158,13 @@ def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[t
     outs, grads = roots
     sync()
     start = time.perf_counter()
-    if inputs:
-        torch.autograd.grad(outs, list(inputs), grads, retain_graph=True, allow_unused=True)
-        sync()
+    # The runtime's own split (runtime/split_backward.h): W starts from the gradients I recorded.
+    _, pending = _C.backward_input(outs, grads, list(inputs), list(params))
+    sync()
     middle = time.perf_counter()
-    if not params:
+    if pending.empty:
         return (middle - start if inputs else 0.0), 0.0
-    torch.autograd.backward(outs, grads, inputs=list(params))
+    pending.run()
     sync()
     return (middle - start if inputs else 0.0), time.perf_counter() - middle
 

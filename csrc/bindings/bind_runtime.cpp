@@ -17,6 +17,7 @@
 #include "runtime/errors.h"
 #include "runtime/executor.h"
 #include "runtime/gradient_buckets.h"
+#include "runtime/split_backward.h"
 #include "schedule/check.h"
 #include "schedule/instruction.h"
 #if GRAPHPIPE_WITH_CUDA
@@ -64,6 +65,38 @@ void bind_runtime(py::module_& m) {
         return "InstructionTiming(" + schedule::to_token(t.instruction) + ", " + std::to_string(t.start) + ", " +
                std::to_string(t.end) + ")";
       });
+
+  // The runtime's split backward (runtime/split_backward.h), for the profiler and the benchmarks
+  // to time I and W exactly as the executor runs them.
+  py::class_<runtime::PendingWeights>(m, "PendingWeights",
+                                      "What a split backward's I leaves for its W (run() computes the "
+                                      "parameters' gradients and frees the graph).")
+      .def("run", &runtime::PendingWeights::run, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_roots", &runtime::PendingWeights::num_roots)
+      .def_property_readonly("empty", &runtime::PendingWeights::empty);
+  m.def(
+      "backward_input",
+      [](const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params) {
+        std::vector<at::Tensor> got;
+        runtime::PendingWeights pending;
+        {
+          py::gil_scoped_release release;
+          pending = runtime::backward_input(roots, grads, inputs, params, &got);
+        }
+        py::list out;
+        for (const auto& g : got) {
+          if (g.defined()) {
+            out.append(py::cast(g));
+          } else {
+            out.append(py::none());
+          }
+        }
+        return py::make_tuple(out, std::move(pending));
+      },
+      py::arg("roots"), py::arg("grads"), py::arg("inputs"), py::arg("params"),
+      "A split backward's I: the gradients of roots (seeded with grads) with respect to inputs (None "
+      "where none reaches one), and the PendingWeights whose run() is its W for params.");
 
   py::class_<runtime::GradientBuckets, std::shared_ptr<runtime::GradientBuckets>>(
       m, "GradientBuckets",

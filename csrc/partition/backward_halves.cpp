@@ -26,7 +26,9 @@ std::vector<BackwardHalves> backward_halves(const graph::OpGraph& g, const std::
       throw PlanningError("backward_halves: operator " + graph::describe(g, v) + " is in stage " +
                           std::to_string(s) + " of " + std::to_string(num_stages));
     }
-    bool received = false, after_weights = false;
+    // joins: an in-stage operand comes from a weighted operator that I does not run, so W runs
+    // v again for that operand's gradient (split_backward.h's join).
+    bool received = false, after_weights = false, joins = false;
     for (graph::EdgeId e : g.in_edges(v)) {
       const graph::NodeId u = g.edge(e).src;
       if (stage_of[u] != s) {
@@ -34,6 +36,7 @@ std::vector<BackwardHalves> backward_halves(const graph::OpGraph& g, const std::
       } else {
         received = received || reached[u];
         after_weights = after_weights || weighted[u];
+        joins = joins || (!reached[u] && weighted[u]);
       }
     }
     reached[v] = received;
@@ -42,8 +45,10 @@ std::vector<BackwardHalves> backward_halves(const graph::OpGraph& g, const std::
     if (received) {
       h.input += input[v];
       h.input_walks = true;
+      h.weight += weight[v] + (joins ? input[v] : 0.0);
+    } else {
+      h.weight += weight[v] + (after_weights ? input[v] : 0.0);
     }
-    h.weight += weight[v] + (after_weights ? input[v] : 0.0);
   }
   return halves;
 }

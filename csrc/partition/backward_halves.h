@@ -6,12 +6,15 @@
 // the gradients of its inputs (an operator's I). Operators fed only by model inputs, which a
 // stage reads itself and which need no gradient, are not run: a stage that receives nothing
 // has no I at all (the runtime skips it).
-// W is torch::autograd::backward of the same roots with respect to the stage's parameters. I
-// kept none of the activation gradients it computed, so W walks again every operator on a path
-// from a parameter to a root: each computes its weights' gradient (an operator's W) if it has
-// weights, and the gradients of its inputs (its I again) if one of them depends on a parameter
-// of the stage. So I + W exceeds the unsplit backward by the activation gradients W computes
-// again, as measured on CPU (docs/results.md).
+// W starts where I left off (runtime/split_backward.h): I records the gradients arriving at the
+// operators where a parameter's path joins the input path, and W runs autograd from there to the
+// parameters. An operator I ran costs its weights' gradient in W (an operator's W), plus its I
+// again when one of its in-stage operands comes from a weighted operator I did not run (the
+// join recomputes that operand's gradient; priced whole, an overestimate for a cheap operand).
+// An operator I did not run (fed only by model inputs and parameters) runs wholly in W, as in a
+// plain backward: its weights' gradient, and its inputs' when one of them depends on a
+// parameter of the stage. So I + W is about the unsplit backward, as measured on CPU
+// (docs/results.md).
 //
 // Per operator: I and W as the cost model gives them (cost/cost_model.h); an operator with W > 0
 // is one with weights. A tensor is "received" when its edge crosses into the stage from an

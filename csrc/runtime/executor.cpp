@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "runtime/errors.h"
 #include "runtime/instruction_range.h"
+#include "runtime/split_backward.h"
 
 namespace graphpipe::runtime {
 
@@ -320,31 +321,20 @@ void Executor::backward_input(const Instruction& ins) {
       if (t.requires_grad()) leaves.push_back(t);
     }
   }
-  // A stage without trainable parameters has no W work: its I is the whole backward, so it
-  // need not keep the graph (keeping it would only hold the activations until the W).
-  const bool weights = !parameters_->empty();
-  if (!roots.empty() && !leaves.empty()) {
-    auto got = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/weights, /*create_graph=*/false,
-                                     /*allow_unused=*/true);
-    for (std::size_t k = 0; k < leaves.size(); ++k) {
-      if (got[k].defined()) leaves[k].mutable_grad() = got[k];
-    }
-  }
-  if (weights) {
-    st.kept_roots = std::move(roots);
-    st.kept_grads = std::move(grads);
+  // split_backward.h: I records the gradients where the parameters' paths join the input path,
+  // so that W starts there instead of walking the activation gradients again.
+  std::vector<at::Tensor> got;
+  st.pending = runtime::backward_input(roots, grads, leaves, *parameters_, &got);
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    if (got[k].defined()) leaves[k].mutable_grad() = got[k];
   }
 }
 
 void Executor::backward_weight(const Instruction& ins) {
-  auto& st = state_[ins.micro_batch];
-  std::vector<at::Tensor> roots = std::move(st.kept_roots), grads = std::move(st.kept_grads);
-  st.kept_roots.clear();
-  st.kept_grads.clear();
-  if (roots.empty() || parameters_->empty()) return;  // dropping the roots frees the graph
-  // A parameter the roots do not reach (used under no_grad, or only by another micro-batch's
-  // branch) just gets no gradient: backward with `inputs` allows unused ones.
-  torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, *parameters_);
+  // A parameter W does not reach (used under no_grad, or only by another micro-batch's branch)
+  // just gets no gradient; running it frees the graph that I kept.
+  PendingWeights pending = std::move(state_[ins.micro_batch].pending);
+  pending.run();
 }
 
 std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {

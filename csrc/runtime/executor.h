@@ -10,13 +10,16 @@
 //   RB  receive the gradients of an outgoing edge's floating tensors;
 //   B   torch::autograd::backward over the stashed loss (gradient 1) and the outputs that require
 //       grad (their received gradients), then drop the stash of that micro-batch's outputs;
-//   I   (zero-bubble schedules) the input-gradient half: torch::autograd::grad of the same roots
-//       with respect to the received activations only, into their .grad, keeping the graph
-//       (a stage without trainable parameters keeps nothing: its I is its whole backward);
-//   W   the weight-gradient half: torch::autograd::backward of the kept roots with respect to
-//       the stage's parameters (set_parameters), which frees the graph. It walks the part of the
-//       graph between the outputs and the parameters again (I computed those gradients but did
-//       not keep them), so I + W costs more than B: the price of a W that can wait;
+//   I   (zero-bubble schedules) the input-gradient half: the gradients of the same roots with
+//       respect to the received activations only, into their .grad, recording on the way the
+//       gradients that arrive where the parameters' paths join the input path; the roots and
+//       the rest of the graph I ran are released (runtime/split_backward.h). A stage without
+//       trainable parameters keeps nothing: its I is its whole backward;
+//   W   the weight-gradient half: autograd from those joins, fed the recorded gradients, to the
+//       stage's parameters (set_parameters), accumulating into their .grad and freeing the
+//       graph. It computes no activation gradient that I computed, so I + W costs about one B
+//       (docs/results.md). A stage whose received tensors need no gradient (the first) has no
+//       input path: its W is the plain backward from the roots;
 //   SB  send the .grad of the edge's received leaves (zeros where autograd left none);
 //   AR  (replicated stages) wait for the replicas' gradient sum, started bucket by bucket during
 //       the last backward (gradient_buckets.h), and write it into the gradients; nothing where
@@ -55,6 +58,7 @@
 #include <vector>
 
 #include "runtime/gradient_buckets.h"
+#include "runtime/split_backward.h"
 #include "runtime/transport.h"
 #include "schedule/schedule.h"
 #include "schedule/shards.h"
@@ -141,8 +145,8 @@ class Executor {
     std::map<int, std::vector<at::Tensor>> outputs;    // out-edge -> produced tensors
     std::map<int, std::vector<at::Tensor>> grads;      // out-edge -> received gradients
     at::Tensor loss;
-    // Between an I and its W: the backward's roots and their gradients, graph kept.
-    std::vector<at::Tensor> kept_roots, kept_grads;
+    // Between an I and its W: where W starts, with the gradients I recorded there.
+    PendingWeights pending;
   };
 
   std::string where(const schedule::Instruction& ins) const;

@@ -1,6 +1,7 @@
 // A stage's split backward (I, then W) priced as the runtime runs it: I only over the operators
-// a received tensor reaches, W over every operator a parameter of the stage reaches, walking
-// their activation gradients again (partition/backward_halves.h); and how evaluate() and the
+// a received tensor reaches, W from where the parameters' paths join I's (the weights' gradients,
+// no activation gradient of I's again), the whole backward of what I does not reach
+// (partition/backward_halves.h); and how evaluate() and the
 // plan carry the halves (recomputation, the zero-bubble step estimate, plan JSON).
 #include <gtest/gtest.h>
 
@@ -80,6 +81,32 @@ TEST(BackwardHalves, InputHalfRunsFromTheReceivedTensorsWeightHalfFromTheParamet
   EXPECT_DOUBLE_EQ(h[0].weight, 10.0 + 2.0);
   EXPECT_DOUBLE_EQ(h[1].input, 3.0);
   EXPECT_DOUBLE_EQ(h[1].weight, 30.0);
+}
+
+TEST(BackwardHalves, WeightHalfStartsWhereParametersJoinTheInputPath) {
+  // Stage 1 receives a's output and holds r and b: a weighted operator fed by what I ran costs
+  // only its weights in W, never the input gradients between it and the received tensor.
+  auto g = chain4();
+  const std::vector<double> input = {0.0, 1.0, 2.0, 3.0}, weight = {0.0, 10.0, 20.0, 30.0};
+  auto h = pt::backward_halves(g, g.topological_order(), {0, 0, 1, 1}, 2, input, weight);
+  EXPECT_DOUBLE_EQ(h[1].input, 2.0 + 3.0);
+  EXPECT_DOUBLE_EQ(h[1].weight, 20.0 + 30.0);  // the old rule priced b's I again: 20 + 3 + 30
+  // A join: b adds the received path (r) to a local weighted branch (w, fed by the model input):
+  // W runs w wholly and b again for w's operand.
+  graph::OpGraph j = chain4();
+  graph::Node w;
+  w.name = "w";
+  w.op = "call_module";
+  w.forward_flops = 1e6;
+  w.output_bytes = 64;
+  w.param_bytes = 4096;
+  const auto wid = j.add_node(w);
+  j.add_edge(0, wid, 64);
+  j.add_edge(wid, 3, 64);
+  const std::vector<double> input5 = {0.0, 1.0, 2.0, 3.0, 4.0}, weight5 = {0.0, 10.0, 0.0, 0.0, 40.0};
+  h = pt::backward_halves(j, j.topological_order(), {0, 0, 1, 1, 1}, 2, input5, weight5);
+  EXPECT_DOUBLE_EQ(h[1].input, 2.0 + 3.0);
+  EXPECT_DOUBLE_EQ(h[1].weight, 40.0 + 3.0);
 }
 
 TEST(BackwardHalves, ModelInputsAreReadNotReceived) {

@@ -3,8 +3,10 @@
 ``step(record=True)`` counts the bytes autograd stashes for each rank's backward
 (``Pipeline.peak_saved_activation_bytes``, through saved-tensor hooks). On 2 ranks with 4
 micro-batches, 1F1B holds 2 micro-batches on the first stage and 1 on the last; fill-drain holds
-4 on both; zb_graph, with memory to defer every W, holds all 4 until their W. The measured peaks
-must scale exactly as the simulator's peak micro-batches in flight.
+4 on both: their measured peaks must scale exactly as the simulator's peak micro-batches in
+flight. zb_graph, with memory to defer every W, holds all 4 until their W, but after its I a
+micro-batch keeps only what its W reads (runtime/split_backward.h releases the rest): its peak
+lies above the predicted count less one whole micro-batch and at most at the predicted count.
 """
 
 from __future__ import annotations
@@ -46,5 +48,9 @@ def test_measured_activation_peaks_scale_as_predicted() -> None:
         assert base_measured > 0
         for schedule in SCHEDULES:
             ratio = got[schedule]["measured"] / base_measured
-            assert ratio == pytest.approx(got[schedule]["in_flight"][stage] / base_in_flight), (schedule, got)
+            predicted = got[schedule]["in_flight"][stage] / base_in_flight
+            if schedule == "zb_graph":
+                assert predicted - 1 / base_in_flight < ratio <= predicted + 1e-9, (schedule, got)
+            else:
+                assert ratio == pytest.approx(predicted), (schedule, got)
         assert got["fill_drain"]["measured"] > got["1f1b"]["measured"]

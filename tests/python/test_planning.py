@@ -285,9 +285,14 @@ def test_planning_for_the_zero_bubble_schedule_prices_its_split_backward() -> No
     zb = graphpipe.plan(graph, devices, "sequential", schedule="zb_graph", **fixed)
     assert [list(s.nodes) for s in one.stages] == [list(s.nodes) for s in zb.stages]
     # The first stage receives nothing; a later one that continues a branch receives its
-    # activations: I runs there, and W walks its activation gradients again (I + W > B).
+    # activations: I runs there, and W starts where the parameters join I's path, computing no
+    # activation gradient again (I + W is the whole backward, not more).
     assert zb.stages[0].backward_input_seconds == 0.0 < zb.stages[0].backward_weight_seconds
-    assert any(s.backward_input_seconds + s.backward_weight_seconds > s.backward_seconds for s in zb.stages)
+    received = [s for s in zb.stages if s.backward_input_seconds > 0.0]
+    assert received
+    for s in received:
+        assert s.backward_weight_seconds > 0.0
+        assert s.backward_input_seconds + s.backward_weight_seconds == pytest.approx(s.backward_seconds, rel=1e-6)
     M = one.num_micro_batches
     slowest = max(s.forward_seconds + s.backward_seconds + s.transfer_seconds for s in one.stages)
     tail = one.predicted_iteration_seconds - (M + one.depth - 1) * slowest
