@@ -1,13 +1,17 @@
 """Turns an ``nn.Module`` into the C++ operator DAG (``OpGraph``) with FLOPs, bytes and parameters.
 
-Why torch.fx and not torch.export: ``torch.fx.symbolic_trace`` keeps the model's own granularity
+Two captures. torch.fx first: ``torch.fx.symbolic_trace`` keeps the model's own granularity
 (one node per leaf-module call such as ``nn.Linear``, with the parameters it owns and the module's
 qualified name), which is the unit a pipeline stage is cut from; its ``GraphModule`` is what
 ``torch.fx.passes.split_module`` splits into stage modules later; and it needs no real data, so
 paper-size models traced on the ``meta`` device cost no memory. ``torch.export`` lowers to ATen
 operators (several times more nodes, parameters lifted to inputs), which would make every later
-layer work harder for no gain here. Data-dependent Python control flow is rejected by both; we
-turn fx's error into one that names the offending line and says how to fix it.
+layer work harder for no gain where fx works. Where fx cannot follow the model's Python (most
+Hugging Face ``transformers`` models), ``torch.export`` (non-strict) captures it instead
+(``graphpipe/export_capture.py``), as an fx GraphModule of ATen operators that keeps parameter
+names and each operator's owning module. ``capture="fx"`` or ``"export"`` forces one.
+Data-dependent Python control flow is rejected by both; we turn fx's error into one that names
+the offending line and says how to fix it.
 
 Quantities are recorded per sample: the batch size is the leading dimension of the first tensor
 in ``example_inputs``. Shapes, output bytes and FLOPs come from one run of the traced graph on
@@ -34,8 +38,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphpipe import _flops  # noqa: F401  (registers missing FLOP formulas)
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, TraceError
+from graphpipe.export_capture import export_capture
 
-__all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors"]
+__all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors", "CAPTURES"]
+
+#: How ``trace`` captures a model: torch.fx, falling back to torch.export ("auto"), or either alone.
+CAPTURES = ("auto", "fx", "export")
 
 _GRAPHPIPE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -53,6 +61,77 @@ class TracedModel:
     #: forward() arguments fixed at trace time (None and Python scalars): name -> value. A call
     #: with another value would run code the trace never saw, so the runtime refuses it.
     specialized: dict[str, Any] = field(default_factory=dict)
+    #: "fx" or "export": which capture made ``module``
+    capture: str = "fx"
+    #: export captures: the pytree structure of ``(args, kwargs)``, whose leaves are the placeholders
+    input_spec: Any = None
+    #: export captures: the mode the program was captured in (its dropout and ``self.training``
+    #: branches are fixed), and the operators that depend on it
+    captured_training: bool | None = None
+    mode_ops: list[str] = field(default_factory=list)
+    #: export captures whose model code depends on the batch size: the only batch it runs at
+    static_batch: int | None = None
+    signature: Any = None
+    model_name: str = ""
+
+    def input_values(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The value of every placeholder for a call ``model(*args, **kwargs)``, by placeholder
+        name. Raises InputError for a call that does not match ``forward`` or passes another
+        value for an argument fixed at trace time."""
+        kwargs = dict(kwargs or {})
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputError(f"inputs do not match {self.model_name}.forward: {exc}") from exc
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        for param in self.signature.parameters.values():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(param.name, {}))
+        for name, fixed in self.specialized.items():
+            given = arguments.get(name)
+            if not (given is fixed or (type(given) is type(fixed) and given == fixed)):
+                raise InputError(
+                    f"{self.model_name}.forward was traced with {name}={fixed!r} and is now given "
+                    f"{name}={_describe(given)}; graphpipe fixes arguments that are None or Python "
+                    "scalars at trace time: wrap the model with example inputs that pass this "
+                    "argument as it is passed in training"
+                )
+        placeholders = [n.name for n in self.module.graph.nodes if n.op == "placeholder"]
+        if self.input_spec is not None:
+            return dict(zip(placeholders, _exported_leaves(self.input_spec, tuple(args), kwargs, self.model_name)))
+        values: list[Any] = []
+        for name, param in self.signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                values.append(tuple(bound.arguments.get(name, ())))
+            elif param.kind is not inspect.Parameter.VAR_KEYWORD:
+                values.append(bound.arguments.get(name))
+        return dict(zip(placeholders, values))
+
+
+def _exported_leaves(spec: Any, args: tuple, kwargs: dict[str, Any], model_name: str) -> list[Any]:
+    """The leaves of ``(args, kwargs)`` in the order of an export capture's placeholders."""
+    from torch.utils import _pytree as pytree
+
+    keys = list(spec.children()[1].context) if spec.num_children == 2 else []
+    if set(kwargs) != set(keys):
+        raise InputError(
+            f"{model_name} was captured with keyword inputs {sorted(keys)} and is now given {sorted(kwargs)}; "
+            "pass the same inputs, positionally or by keyword, as the traced example"
+        )
+    leaves, given = pytree.tree_flatten((args, {k: kwargs[k] for k in keys}))
+    if given != spec:
+        raise InputError(
+            f"{model_name}'s inputs are structured differently than the traced example's: "
+            f"{' '.join(str(given).split())} instead of {' '.join(str(spec).split())}"
+        )
+    return leaves
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return repr(value)
 
 
 class _Tracer(fx.Tracer):
@@ -123,6 +202,11 @@ def mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
+    schema = getattr(target, "_schema", None)
+    if isinstance(target, torch._ops.OpOverload) and schema is not None:
+        # an ATen operator (torch.export captures): its schema says what it writes
+        first = schema.arguments[0] if schema.arguments else None
+        return first is not None and first.alias_info is not None and first.alias_info.is_write
     if target in _INPLACE_OPERATORS:
         return True
     name = getattr(target, "__name__", "")
@@ -331,6 +415,8 @@ def _target_name(gm: fx.GraphModule, node: fx.Node) -> str:
     if node.op == "call_method":
         return str(node.target)
     target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)  # aten.addmm.default
     short = getattr(target, "__name__", None)
     for namespace, prefix in ((torch, "torch"), (torch.nn.functional, "torch.nn.functional")):
         if short and getattr(namespace, short, None) is target:
@@ -349,7 +435,9 @@ def _owner(node: fx.Node) -> str:
         return str(node.target)
     stack = node.meta.get("nn_module_stack")
     if stack:
-        return str(next(reversed(stack.values()))[0])
+        path = str(next(reversed(stack.values()))[0])
+        # torch.export's placeholder for operators it records outside any module
+        return "" if path.startswith("_empty_nn_module_stack") else path
     return ""
 
 
@@ -396,6 +484,7 @@ def trace_module(
     example_kwargs: Mapping[str, Any] | None = None,
     *,
     leaf_modules: Iterable[str | type[nn.Module]] = (),
+    capture: str = "auto",
 ) -> TracedModel:
     """Traces ``model`` and builds its OpGraph, keeping the fx GraphModule beside it.
 
@@ -403,10 +492,35 @@ def trace_module(
     (profiling, splitting into stage modules).
     """
     args, kwargs = _check_inputs(model, example_inputs, example_kwargs)
+    if capture not in CAPTURES:
+        raise InputError(f"capture must be one of {list(CAPTURES)}, got {capture!r}")
+    if capture == "export" and tuple(leaf_modules):
+        raise InputError("leaf_modules apply to the torch.fx capture only; drop them or use capture='fx'")
     batch = batch_size_of(args, kwargs)
     specialized = _specialized_arguments(model, args, kwargs)
-    gm = _symbolic_trace(model, leaf_modules, specialized)
-    values = _placeholder_values(gm, model, args, kwargs)
+    exported = None
+    if capture == "export":
+        exported = export_capture(model, args, kwargs)
+    else:
+        try:
+            gm = _symbolic_trace(model, leaf_modules, specialized)
+        except TraceError as fx_error:
+            if capture == "fx" or tuple(leaf_modules):
+                raise
+            try:
+                exported = export_capture(model, args, kwargs)
+            except TraceError as export_error:
+                raise TraceError(f"{fx_error} torch.export failed too: {export_error}") from export_error
+    if exported is not None:
+        gm = exported.module
+        _redirect_inplace_uses(gm)
+        gm.recompile()
+        from torch.utils import _pytree as pytree
+
+        values = pytree.tree_leaves((args, kwargs)) if exported.input_spec is None else _exported_leaves(
+            exported.input_spec, args, kwargs, type(model).__name__)
+    else:
+        values = _placeholder_values(gm, model, args, kwargs)
 
     counter = FlopCounterMode(display=False)
     recorder = _Recorder(gm, counter)
@@ -431,13 +545,20 @@ def trace_module(
         with torch.no_grad():
             for buffer, value in saved:
                 buffer.copy_(value)
-    _check_outputs(recorder.outputs)
+    if exported is None:  # torch.export checked the outputs are pytrees of tensors itself
+        _check_outputs(recorder.outputs)
 
     graph = _C.OpGraph()
     graph.model_name = type(model).__name__
     graph.trace_batch_size = batch
     traced = TracedModel(
-        module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized
+        module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized,
+        capture="fx" if exported is None else "export",
+        input_spec=exported.input_spec if exported is not None else None,
+        captured_training=exported.training if exported is not None else None,
+        mode_ops=exported.mode_ops if exported is not None else [],
+        static_batch=exported.static_batch if exported is not None else None,
+        signature=inspect.signature(model.forward), model_name=type(model).__name__,
     )
 
     canonical = {id(p): name for name, p in model.named_parameters()}
@@ -448,7 +569,8 @@ def trace_module(
             attr_values[node.name] = _fetch_attr(gm, str(node.target))
 
     for node in gm.graph.nodes:
-        if node.op in ("get_attr", "output"):
+        # size arithmetic on the inputs (export captures) is computed by every stage that needs it
+        if node.op in ("get_attr", "output") or node.meta.get("inputs_only"):
             continue
         info = _C.Node()
         info.name = node.name
@@ -493,7 +615,7 @@ def trace_module(
         info.param_shapes = shapes
         traced.node_ids[node.name] = graph.add_node(info)
 
-    real_nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    real_nodes = [n for n in gm.graph.nodes if n.name in traced.node_ids and n.op != "placeholder"]
     if not real_nodes:
         raise TraceError(
             f"{type(model).__name__} has no operators: forward() returns its inputs (or "
@@ -546,6 +668,7 @@ def trace(
     example_kwargs: Mapping[str, Any] | None = None,
     *,
     leaf_modules: Iterable[str | type[nn.Module]] = (),
+    capture: str = "auto",
 ) -> Any:
     """Traces ``model`` into an :class:`OpGraph` (the C++ operator DAG).
 
@@ -555,7 +678,9 @@ def trace(
             is the batch size (quantities are stored per sample).
         example_kwargs: keyword inputs of ``forward``, if any.
         leaf_modules: qualified module names or module classes to keep as single operators
-            (for example a submodule with data-dependent control flow).
+            (for example a submodule with data-dependent control flow); torch.fx only.
+        capture: ``"auto"`` (torch.fx, and torch.export where fx cannot follow the model's
+            Python), ``"fx"`` or ``"export"`` (``graphpipe/export_capture.py``).
 
     Returns:
         The ``OpGraph``: one node per operator with op kind, owning module, forward FLOPs, owned
@@ -568,4 +693,4 @@ def trace(
         InputError: a model that is not an ``nn.Module``, example inputs of the wrong type, or
             outputs that are not tensors / nested tuples, lists or dicts of tensors.
     """
-    return trace_module(model, example_inputs, example_kwargs, leaf_modules=leaf_modules).graph
+    return trace_module(model, example_inputs, example_kwargs, leaf_modules=leaf_modules, capture=capture).graph

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace graphpipe::partition {
 
@@ -43,6 +45,23 @@ std::string device_list(const Stage& st) {
   return text;
 }
 
+// The top-level modules the stage's operators belong to, in order of first appearance (at most
+// four): an operator-level capture's names (aten ops) say little, its modules say which part of
+// the model a stage runs (a two-tower model's towers).
+std::string top_modules(const Stage& st, const graph::OpGraph& g) {
+  std::vector<std::string> seen;
+  for (const auto v : st.nodes) {
+    const std::string& module = g.node(v).module;
+    if (module.empty()) continue;
+    std::string top = module.substr(0, module.find('.'));
+    if (std::find(seen.begin(), seen.end(), top) == seen.end()) seen.push_back(std::move(top));
+  }
+  if (seen.empty()) return "";
+  std::string text = " [";
+  for (std::size_t i = 0; i < seen.size() && i < 4; ++i) text += (i ? ", " : "") + seen[i];
+  return text + (seen.size() > 4 ? ", ...]" : "]");
+}
+
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
   out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on "
@@ -76,6 +95,7 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
     if (g && !st.nodes.empty()) {
       out << g->node(st.nodes.front()).name;
       if (st.nodes.size() > 1) out << " .. " << g->node(st.nodes.back()).name;
+      out << top_modules(st, *g);
     }
     out << "\n";
   }

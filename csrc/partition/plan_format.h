@@ -1,7 +1,8 @@
 // A Plan as a readable table: a header line (partitioner, stages, devices, depth, micro-batches,
 // bottleneck, predicted step), one row per stage (devices, operators with the first and last
-// names, forward / backward / transfer per micro-batch, parameters, activations, in-flight,
-// peak memory against the limit, successor stages), then the stage edges with their bytes.
+// names and the top-level modules they belong to, forward / backward / transfer per micro-batch,
+// parameters, activations, in-flight, peak memory against the limit, successor stages), then the
+// stage edges with their bytes.
 #pragma once
 
 #include <string>

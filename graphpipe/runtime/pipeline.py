@@ -23,7 +23,6 @@ text by the C++ loader, and the schedule is the C++ ``Schedule`` that ``graphpip
 from __future__ import annotations
 
 import gc
-import inspect
 from contextlib import nullcontext
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -56,6 +55,7 @@ from graphpipe.runtime.stages import (
     StageGraph,
     build_stages,
     flatten_values,
+    hold_unused_state,
     meta_copy,
     propagate_layouts,
     unflatten_values,
@@ -93,6 +93,7 @@ class Pipeline:
         sync: SyncMethod | str | None = None,
         skip_nonfinite: bool = True,
         check_replicas_every: int | None = None,
+        capture: str = "auto",
         **plan_options: Any,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -128,7 +129,7 @@ class Pipeline:
         self._pg: Any = None
         # Everything rank-local is guarded: a rank that fails publishes its cause, and the others,
         # polling the store in the exchanges below, raise naming it instead of waiting.
-        traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules))
+        traced = self._board.guard(lambda: self._trace(model, example_inputs, leaf_modules, capture))
         if plan is None:
             # The planner plans for the schedule that will run (zb_graph's shorter bubbles).
             # ... and for the sync method its replicated stages will use (the default needs no say).
@@ -165,17 +166,17 @@ class Pipeline:
         )
         self._board.guard(lambda: self._connect(backend))
 
-    def _trace(self, model: nn.Module, example_inputs: Any, leaf_modules: Any) -> Any:
-        args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    def _trace(self, model: nn.Module, example_inputs: Any, leaf_modules: Any, capture: str) -> Any:
+        args, kwargs = _call_inputs(example_inputs)
         # The trace runs the model once: example inputs go where its parameters are (a model on
         # a GPU may be given CPU example inputs, as step() may be given CPU batches).
         home = next((p.device for p in model.parameters()), torch.device("cpu"))
         if home.type != "cpu":
-            args = _to_device(tuple(args), home)
+            args, kwargs = _to_device((args, kwargs), home)
         # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
-        traced = trace_module(model, tuple(args), leaf_modules=leaf_modules)
+        traced = trace_module(model, args, kwargs, leaf_modules=leaf_modules, capture=capture)
         self.graph = traced.graph
-        self._example_args = tuple(args)
+        self._example_args = (args, kwargs)
         return traced
 
     def _load_plan(self, plan_text: str, graph: Any, micro_batches: int | None) -> Any:
@@ -189,6 +190,7 @@ class Pipeline:
         # The very call graphpipe.simulate makes: the executor runs the schedule it predicts.
         self.schedule = generate_schedule(self.plan, schedule)
         stages: StageGraph = build_stages(traced.module, self.plan, traced.graph)
+        hold_unused_state(stages, model)
         self.edges = stages.edges
         self.placeholders = stages.placeholders
         self.output_ranks = list(stages.stages[stages.output_stage].ranks)
@@ -207,12 +209,18 @@ class Pipeline:
                 "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
             )
         self._meta = meta_copy(traced.module)
-        self._specialized = traced.specialized
-        self._signature = inspect.signature(model.forward)
+        self._input_values = traced.input_values
+        self._captured_training = traced.captured_training
+        self._static_batch = traced.static_batch
         self._model_name = type(model).__name__
+        if not any(True for _ in self.module.parameters()):
+            # A stage without parameters (or a rank without a stage): one empty, frozen
+            # placeholder, so that torch's optimizers, which refuse an empty list, can be built
+            # over pipe.parameters() on every rank (it never gets a gradient, so never changes).
+            self.module.register_parameter(_NO_PARAMETERS, nn.Parameter(torch.empty(0), requires_grad=False))
         self._state_keys = list(model.state_dict().keys())
         self._aliases = _state_aliases(model)
-        self._input_check = BatchCheck(self._model_name, self._placeholder_values(self._example_args))
+        self._input_check = BatchCheck(self._model_name, self._placeholder_values(*self._example_args))
         self._layouts: dict[int, Any] = {}
         self._specs_for: int | None = None
         self.last_timings: list[Any] = []
@@ -428,14 +436,23 @@ class Pipeline:
 
     # ---- parameters and modes ------------------------------------------------------------
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
-        """This rank's parameters (its stage's), the ones its optimizer must step."""
+        """This rank's parameters (its stage's), the ones its optimizer must step. A rank whose
+        stage has none gets one empty frozen placeholder, so ``torch.optim.SGD(pipe.parameters())``
+        works on every rank (torch refuses an empty list) and steps nothing there."""
         return self.module.parameters(recurse)
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's parameters under the original model's names."""
-        return self.module.named_parameters()
+        """This rank's parameters under the original model's names (not the placeholder)."""
+        return ((n, p) for n, p in self.module.named_parameters() if n != _NO_PARAMETERS)
 
     def train(self, mode: bool = True) -> Pipeline:
+        if self._captured_training is not None and bool(mode) != self._captured_training:
+            captured = "training" if self._captured_training else "eval"
+            raise InputError(
+                f"{self._model_name} was captured by torch.export in {captured} mode, which fixes its dropout and "
+                f"its branches on self.training; call model.{'eval' if mode is False else 'train'}() before "
+                "graphpipe.wrap to run it in the other mode"
+            )
         self.module.train(mode)
         return self
 
@@ -462,45 +479,31 @@ class Pipeline:
         return self._executor().schedule_table()
 
     # ---- running -------------------------------------------------------------------------
-    def _placeholder_values(self, args: tuple) -> dict[str, Any]:
-        try:
-            bound = self._signature.bind(*args)
-        except TypeError as exc:
-            raise InputError(f"inputs do not match {self._model_name}.forward: {exc}") from exc
-        bound.apply_defaults()
-        for name, fixed in self._specialized.items():
-            given = bound.arguments.get(name)
-            if not (given is fixed or (type(given) is type(fixed) and given == fixed)):
-                raise InputError(
-                    f"{self._model_name}.forward was traced with {name}={fixed!r} and is now given "
-                    f"{name}={_describe(given)}; graphpipe fixes arguments that are None or Python "
-                    "scalars at trace time: wrap the model with example inputs that pass this "
-                    "argument as it is passed in training"
-                )
-        values: list[Any] = []
-        for name, param in self._signature.parameters.items():
-            if param.kind is inspect.Parameter.VAR_POSITIONAL:
-                values.append(tuple(bound.arguments.get(name, ())))
-            elif param.kind is not inspect.Parameter.VAR_KEYWORD:
-                values.append(bound.arguments.get(name))
-        return dict(zip(self.placeholders, values))
+    def _placeholder_values(self, args: tuple, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._input_values(args, kwargs)
 
     def _prepare(self, inputs: Any) -> tuple[list[dict[str, Any]], int]:
         """Checks and splits a batch. Runs before anything is posted and raises the same
         InputError on every rank for a bad batch (every rank has the whole batch), so the
         pipeline stays in step and usable."""
         self._executor()  # refuses a closed or failed pipeline
-        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        self._input_check.check_inputs(self._placeholder_values(args))
+        call = _call_inputs(inputs)
+        self._input_check.check_inputs(self._placeholder_values(*call))
         if self.device.type != "cpu":
-            args = _to_device(args, self.device)
-        chunks = microbatch.split(args, self.num_micro_batches, "inputs")
+            call = _to_device(call, self.device)
+        chunks = microbatch.split(call, self.num_micro_batches, "inputs")
         if self._stages.copies_inputs:
             # Micro-batches are views of one batch and share its version counter: a model that
             # writes into its inputs would invalidate what autograd saved for the others.
             chunks = [microbatch.copy(c) for c in chunks]
-        values = [self._placeholder_values(c) for c in chunks]
-        mbs = microbatch.batch_size(args) // self.num_micro_batches
+        values = [self._placeholder_values(*c) for c in chunks]
+        mbs = microbatch.batch_size(call) // self.num_micro_batches
+        if self._static_batch is not None and mbs != self._static_batch:
+            raise InputError(
+                f"{self._model_name} was captured by torch.export at a fixed batch of {self._static_batch} (its code "
+                f"depends on the batch size), but a micro-batch here holds {mbs}: pass batches of "
+                f"{self.num_micro_batches} x {self._static_batch} samples, or trace with another example batch"
+            )
         if mbs not in self._layouts:
             self._layouts[mbs] = propagate_layouts(self._meta, self._stages, values[0])
         if self._specs_for != mbs:
@@ -881,16 +884,23 @@ def _first_difference(theirs: Any, mine: Any) -> str:
     return f"{text_a} there and {text_b} here"
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    return repr(value)
-
-
 def _to_device(value: Any, device: torch.device) -> Any:
     from torch.utils import _pytree as pytree
 
     return pytree.tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, value)
+
+
+#: The name of a parameter-free stage's placeholder parameter (Pipeline.parameters).
+_NO_PARAMETERS = "graphpipe_no_parameters"
+
+
+def _call_inputs(inputs: Any) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` of a batch: a dict (any mapping, a tokenizer's ``BatchEncoding``
+    too) holds keyword inputs, a tuple or list positional ones, anything else is the one
+    positional input (a forward that takes one dict positionally gets ``(d,)``)."""
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    return (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
 
 
 def _no_stage(m: int, received: list[list[torch.Tensor]]) -> tuple[list, None]:
@@ -919,7 +929,10 @@ def wrap(
     default process group). Every rank calls it with the same arguments.
 
     Args:
-        model, example_inputs: the model and a batch it accepts (traced with torch.fx).
+        model, example_inputs: the model and a batch it accepts: a tensor, a tuple of positional
+            inputs, or a dict of keyword inputs (``step`` takes batches in the same form).
+            Captured with torch.fx, or torch.export where fx cannot follow the model
+            (``capture=`` forces one, see :func:`graphpipe.trace`).
         loss_fn: ``loss_fn(output, targets)`` -> scalar; mean-reduced losses give full-batch
             gradients (each micro-batch's loss is scaled by 1/micro_batches).
         partitioner: a name from ``graphpipe.PARTITIONERS`` (rank 0 plans with

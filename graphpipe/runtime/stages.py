@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.trace import is_opaque_module
 
-__all__ = ["StageModule", "StageGraph", "build_stages", "EdgeLayout", "propagate_layouts"]
+__all__ = ["StageModule", "StageGraph", "build_stages", "hold_unused_state", "EdgeLayout", "propagate_layouts"]
 
 
 class _TensorSlot:
@@ -97,7 +97,10 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
     index = _edge_index(edges)
     nodes = list(gm.graph.nodes)
     placeholders = [n.name for n in nodes if n.op == "placeholder"]
-    compute = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output")]
+    # Size arithmetic on the inputs alone (export captures): no operator of the plan; every stage
+    # that needs a value of it computes it from the inputs, which every rank has.
+    inputs_only = {n.name: n for n in nodes if n.meta.get("inputs_only")}
+    compute = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output") and n.name not in inputs_only]
     for n in compute:
         if n.name not in node_stage:
             raise PlanningError(
@@ -108,14 +111,20 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
         StageModule(index=s, ranks=[int(d) for d in st.devices], placeholders=[]) for s, st in enumerate(plan.stages)
     ]
     order = {n.name: i for i, n in enumerate(nodes)}
-    getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}
+    getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}  # and inputs_only nodes
     canonical = {id(p): name for name, p in gm.named_parameters()}
     param_users: dict[int, dict[int, str]] = {}   # id(parameter) -> {stage: local name}
     stateful_users: dict[str, set[int]] = {}       # module or buffer with state -> stages
     for n in compute:
         s = node_stage[n.name]
         stages[s].operators.append(n.name)
-        for a in n.all_input_nodes:
+        inputs = list(n.all_input_nodes)
+        while any(a.name in inputs_only for a in inputs):
+            for a in [a for a in inputs if a.name in inputs_only]:
+                inputs.remove(a)
+                getattrs[s].add(a.name)
+                inputs.extend(a.all_input_nodes)
+        for a in inputs:
             if a.op == "placeholder":
                 if a.name not in stages[s].placeholders:
                     stages[s].placeholders.append(a.name)
@@ -146,7 +155,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
             stages[s].copies_received = True
     for s, names in getattrs.items():
         for n in nodes:
-            if n.name in names:
+            if n.name in names and n.op == "get_attr":
                 value = gm
                 for atom in str(n.target).split("."):
                     value = getattr(value, atom)
@@ -246,6 +255,24 @@ def _stage_module(
     graph.output(tuple(results))
     graph.lint()
     return fx.GraphModule(gm, graph, f"{type(gm).__name__}Stage{st.index}")
+
+
+def hold_unused_state(graph: StageGraph, model: torch.nn.Module) -> list[str]:
+    """Gives the output stage the model's parameters and buffers that no operator reads (a layer
+    its forward skips, LLaVA's unused vision ``post_layernorm``), under their names: they never
+    change, but the pipeline's state dicts must still hold them, so a checkpoint loads into the
+    plain model with ``strict=True``. Call it before the other stages' modules are dropped.
+    Returns their names."""
+    from torch.fx.graph_module import _copy_attr
+
+    held: set[int] = set()
+    for st in graph.stages:
+        held.update(id(t) for t in st.module.state_dict(keep_vars=True).values())
+    unused = [k for k, t in model.state_dict(keep_vars=True).items() if id(t) not in held]
+    target = graph.stages[graph.output_stage].module
+    for name in unused:
+        _copy_attr(model, target, name)
+    return unused
 
 
 @dataclass

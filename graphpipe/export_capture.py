@@ -1,0 +1,265 @@
+"""Captures a model with ``torch.export`` (non-strict) as the fx ``GraphModule`` form the rest of
+graphpipe consumes, for models whose Python torch.fx cannot follow (Hugging Face ``transformers``
+models: CLIP, GPT-2, LLaVA, BERT).
+
+What the exported program becomes (``ep.module()``, the unlifted graph, then normalised here):
+
+- parameters and buffers are ``get_attr`` nodes under their original fully qualified names (the
+  unlifted module holds the model's own tensors, tied ones as one object under each name), so
+  stage modules, ``state_dict`` and checkpoints keep the plain model's names;
+- every operator keeps its owning module path from torch.export's ``nn_module_stack`` in
+  ``node.meta["nn_module_stack"]``, which ``graphpipe.trace`` reads for costs, manual plans and
+  printed plans;
+- the batch dimension of every input is dynamic (``Dim.AUTO``), so one capture runs at any
+  micro-batch size, unless the model's code fixes it (``static_batch``: the program then runs
+  at the traced batch size only, so trace with one micro-batch); the size arithmetic on the inputs (``sym_size`` and what is computed from
+  it) is marked ``meta["inputs_only"]``: each stage computes what it needs of it, so that no
+  stage waits for another one for a shape;
+- ``no_grad`` regions (``wrap_with_set_grad_enabled`` sub-graphs) are inlined, their operators
+  marked ``meta["grad_enabled"] = False`` as the fx tracer marks them;
+- a device the capture wrote into an operator (``.to(x.device)``, ``torch.arange(...,
+  device=...)``) becomes the device of an input, so that a stage runs where its inputs are (a
+  GPU, or the meta device of shape propagation);
+- torch.export's input guards and metadata assertions are dropped (the runtime checks every
+  batch against the traced example before it runs, ``runtime/batch_check.py``);
+- the flat outputs are put back into the model's own output structure (a ``ModelOutput``, a
+  dataclass, a dict) by one last operator, so ``loss_fn`` gets what the plain model returns.
+
+Limits: the program is the forward of the mode the model was captured in (``model.train()`` or
+``model.eval()``): Python branches on ``self.training`` and dropout are fixed, and the runtime
+refuses a mode change. Autocast regions inside ``forward`` are refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from graphpipe.errors import TraceError
+
+__all__ = ["ExportedCapture", "export_capture"]
+
+
+@dataclass
+class ExportedCapture:
+    module: fx.GraphModule
+    #: pytree structure of ``(args, kwargs)`` the program was captured with; placeholders are its
+    #: leaves in order
+    input_spec: Any
+    #: the mode (``model.training``) the program was captured in
+    training: bool
+    #: names of the operators that depend on the mode (dropout, batch norm), for messages
+    mode_ops: list[str] = field(default_factory=list)
+    #: the batch size the program is fixed to (the model's code depends on it), None if dynamic
+    static_batch: int | None = None
+
+
+_MODE_OPS = {
+    "aten::dropout", "aten::native_dropout", "aten::feature_dropout", "aten::alpha_dropout",
+    "aten::feature_alpha_dropout", "aten::batch_norm", "aten::native_batch_norm",
+    "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional", "aten::rrelu_with_noise",
+}
+
+
+def _dynamic_batch(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """dynamic_shapes for ``model(*args, **kwargs)``, by forward() argument (torch.export's
+    form): dim 0 of every batched tensor is dynamic."""
+    auto = torch.export.Dim.AUTO
+
+    def spec(value: Any) -> Any:
+        return {0: auto} if isinstance(value, torch.Tensor) and value.dim() > 0 else None
+
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    return {name: pytree.tree_map(spec, value) for name, value in bound.arguments.items()}
+
+
+def export_capture(model: nn.Module, args: tuple, kwargs: dict) -> ExportedCapture:
+    """``torch.export.export(model, args, kwargs, strict=False)`` with a dynamic batch, as the
+    normalised fx GraphModule described in the module docstring."""
+    try:
+        with torch.enable_grad():
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=_dynamic_batch(model, args, kwargs), strict=False)
+    except Exception as exc:  # noqa: BLE001 - export raises many types; all become TraceError
+        text = str(exc).strip().splitlines()
+        raise TraceError(f"torch.export cannot capture {type(model).__name__}: {text[0] if text else type(exc).__name__}"
+                         ) from exc
+    gm = ep.module()
+    graph = gm.graph
+    static_batch = _static_batch(gm, args, kwargs)
+    _inline_grad_regions(gm)
+    _drop_guards(gm)
+    _mark_size_arithmetic(graph)
+    _devices_from_inputs(graph)
+    out_spec = gm._out_spec
+    in_spec = gm._in_spec
+    graph._codegen = fx.graph.CodeGen()  # flat placeholders in, the model's own output out
+    output = next(n for n in graph.nodes if n.op == "output")
+    leaves = list(output.args[0])
+    if not out_spec.is_leaf():
+        with graph.inserting_before(output):
+            rebuilt = graph.call_function(_rebuilder(out_spec), tuple(leaves))
+        rebuilt.meta["grad_enabled"] = True
+        output.args = (rebuilt,)
+    else:
+        output.args = (leaves[0],)
+    for node in graph.nodes:
+        node.meta.setdefault("grad_enabled", True)
+    graph.eliminate_dead_code()
+    graph.lint()
+    # A plain GraphModule over the unlifted one (which refuses train()/eval()): it holds the same
+    # parameters and buffers under the same names.
+    module = fx.GraphModule(gm, graph, type(model).__name__)
+    module.train(model.training)
+    mode_ops = [n.name for n in graph.nodes if n.op == "call_function" and _schema_name(n.target) in _MODE_OPS]
+    return ExportedCapture(module=module, input_spec=in_spec, training=model.training, mode_ops=mode_ops,
+                           static_batch=static_batch)
+
+
+def _schema_name(target: Any) -> str:
+    schema = getattr(target, "_schema", None)
+    return str(schema.name) if schema is not None else ""
+
+
+def _rebuilder(spec: Any) -> Any:
+    """The operator that rebuilds the model's output structure from its tensors."""
+
+    def rebuild_output(*leaves: Any) -> Any:
+        return pytree.tree_unflatten(list(leaves), spec)
+
+    rebuild_output.__qualname__ = "rebuild_output"  # the operator's name in plans and charts
+    return rebuild_output
+
+
+def _static_batch(gm: fx.GraphModule, args: tuple, kwargs: dict) -> int | None:
+    """The batch size torch.export fixed, None if the batch stayed dynamic. It is fixed when the
+    model's code depends on it (LLaVA, say, loops over the images of a batch in Python); the
+    program then runs at that batch size only."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    leaves, _ = pytree.tree_flatten((args, kwargs))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, leaves):
+        val = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and isinstance(val, torch.Tensor):
+            if is_concrete_int(val.shape[0]):
+                return int(val.shape[0])
+    return None
+
+
+def _inline_grad_regions(gm: fx.GraphModule) -> None:
+    """Replaces every ``wrap_with_set_grad_enabled(mode, submodule, *args)`` by the sub-graph's
+    operators, marked with their grad mode (nested regions included)."""
+    hop_grad = torch.ops.higher_order.wrap_with_set_grad_enabled
+    hop_autocast = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+    graph = gm.graph
+    while True:
+        node = next((n for n in graph.nodes if n.op == "call_function" and n.target in (hop_grad, hop_autocast)
+                     and n.target is not None), None)
+        if node is None:
+            break
+        if node.target is not hop_grad:
+            raise TraceError("an autocast region inside forward() cannot be captured for pipelining; "
+                             "run the whole model under autocast instead")
+        enabled, sub_node, *inputs = node.args
+        sub = getattr(gm, str(sub_node.target))
+        env: dict[fx.Node, Any] = {}
+        results: Any = None
+        placeholders = iter(inputs)
+        with graph.inserting_before(node):
+            for inner in sub.graph.nodes:
+                if inner.op == "placeholder":
+                    env[inner] = next(placeholders)
+                elif inner.op == "output":
+                    results = fx.map_arg(inner.args[0], lambda a: env[a])
+                elif inner.op == "get_attr":
+                    name = f"{sub_node.target}_{inner.target}".replace(".", "_")
+                    setattr(gm, name, getattr(sub, str(inner.target)))
+                    env[inner] = graph.get_attr(name)
+                else:
+                    copied = graph.node_copy(inner, lambda a: env[a])
+                    copied.meta = dict(inner.meta)
+                    # set_grad_enabled sets the mode outright: a nested region, inlined in a later
+                    # round, gets its own
+                    copied.meta["grad_enabled"] = bool(enabled)
+                    env[inner] = copied
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise TraceError(f"unexpected use {user.format_node()} of a no_grad region in the exported program")
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        if not sub_node.users:
+            graph.erase_node(sub_node)
+            delattr(gm, str(sub_node.target))
+
+
+def _drop_guards(gm: fx.GraphModule) -> None:
+    """Removes torch.export's input guard module and the operators that only assert (they return
+    nothing and write nothing)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and str(node.target) == "_guards_fn":
+            graph.erase_node(node)
+            delattr(gm, "_guards_fn")
+        elif node.op == "call_function" and not node.users:
+            schema = getattr(node.target, "_schema", None)
+            if schema is not None and not schema.returns and not schema.is_mutable:
+                graph.erase_node(node)
+
+
+def _is_size_value(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return node.op == "call_function" and isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat,
+                                                           torch.SymBool))
+
+
+def _mark_size_arithmetic(graph: fx.Graph) -> None:
+    """Marks size arithmetic computed from the inputs alone (``sym_size`` of an input, integer
+    arithmetic on it) ``meta["inputs_only"]``: it is no operator of the OpGraph, and every stage
+    that needs a value of it computes it (``runtime/stages.py``). Every rank has the inputs, so
+    no stage depends on another for a shape (which would put the two towers of a two-tower
+    model in sequence)."""
+    sizes: set[fx.Node] = set()
+    for node in graph.nodes:
+        if _is_size_value(node) and all(a.op == "placeholder" or a in sizes for a in node.all_input_nodes):
+            sizes.add(node)
+            node.meta["inputs_only"] = True
+
+
+def input_device(value: torch.Tensor) -> torch.device:
+    """The device of a model input: where a stage runs."""
+    return value.device
+
+
+def _devices_from_inputs(graph: fx.Graph) -> None:
+    """Replaces the devices torch.export wrote into operators by the device of the first tensor
+    input, computed where needed (``inputs_only``)."""
+    first = next((n for n in graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)),
+                 None)
+    if first is None:
+        return
+    captured = first.meta["val"].device
+    device: fx.Node | None = None
+
+    def node() -> fx.Node:
+        nonlocal device
+        if device is None:
+            with graph.inserting_after(first):
+                device = graph.call_function(input_device, (first,))
+            device.meta.update(inputs_only=True, grad_enabled=True)
+        return device
+
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if isinstance(n.kwargs.get("device"), torch.device) and n.kwargs["device"] == captured:
+            n.update_kwarg("device", node())
+        if n.target is torch.ops.aten.to.device and isinstance(n.args[1], torch.device) and n.args[1] == captured:
+            n.update_arg(1, node())
