@@ -9,7 +9,10 @@ namespace graphpipe::partition {
 namespace {
 
 bool covers(const std::string& prefix, const graph::Node& node) {
-  if (prefix.empty()) return true;
+  // "" is "everything else" among the operators; a graph input it would cover goes with its
+  // first consumer instead (every rank has the inputs; on a later stage it would feed earlier
+  // ones, a cycle).
+  if (prefix.empty()) return node.op != "input";
   if (node.name == prefix || node.module == prefix) return true;
   return node.module.size() > prefix.size() && node.module.compare(0, prefix.size(), prefix) == 0 &&
          node.module[prefix.size()] == '.';

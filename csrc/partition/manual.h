@@ -3,7 +3,8 @@
 // Each rule is (prefix, stage). An operator takes the stage of the longest rule whose prefix is
 // its module's qualified name, an ancestor module of it ("encoder" covers "encoder.layer1.fc"
 // but not "encoder2"), or the operator's own name; the prefix "" covers everything not covered
-// otherwise. Graph inputs (op "input") that no rule covers go with their first consumer's stage.
+// otherwise, graph inputs excepted. Graph inputs (op "input") that no rule other than "" covers go
+// with their first consumer's stage.
 // The stages named must be 0..K-1 with K <= devices, every one receiving an operator. Anything
 // else (an operator no rule covers, a stage number out of range or left empty) is a
 // PlanningError naming the operators or stages; a mapping whose stages depend on each other in

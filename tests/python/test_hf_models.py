@@ -164,3 +164,81 @@ def test_gpt2_tied_embedding_and_head_on_different_stages() -> None:
     tied = {"transformer.wte.weight", "lm_head.weight"}
     for r in results:
         assert tied & set(r.value[key]["held"]), (r.rank, r.value[key]["held"])
+
+
+# ---- capture: module names, two towers, fx vs export ---------------------------------------
+
+
+def _tower(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_clip_plan_puts_the_towers_on_parallel_stages() -> None:
+    """At 4 ranks the graph plan runs CLIP's vision and text towers on stages of which neither
+    waits for the other (a shallower stage DAG than the sequential plan), and its table names
+    the towers; a manual plan by module name places them."""
+    import graphpipe
+    from graphpipe.trace import trace_module
+
+    tf = hm.import_transformers()
+    torch.manual_seed(0)
+    model = tf.CLIPModel(hm.clip_config(hidden=16, layers=2, image=32)).to(torch.float64)
+    g = torch.Generator().manual_seed(7)
+    inputs = {"input_ids": torch.randint(2, 64, (8, 16), generator=g),
+              "pixel_values": torch.randn(8, 3, 32, 32, generator=g, dtype=torch.float64)}
+    traced = trace_module(model, (), inputs)
+    assert traced.capture == "export"
+    graph = traced.graph
+    plan = graphpipe.plan(graph, 4, "graphpipe", micro_batches=4)
+    sequential = graphpipe.plan(graph, 4, "sequential", micro_batches=4)
+    assert plan.depth < sequential.depth, (plan.to_string(graph), sequential.to_string(graph))
+    table = plan.to_string(graph)
+    assert "vision_model" in table and "text_model" in table, table
+    towers = [{_tower(graph.node(v).module) for v in st.nodes} - {""} for st in plan.stages]
+    vision = [s for s, t in enumerate(towers) if t == {"vision_model"}]
+    text = [s for s, t in enumerate(towers) if t == {"text_model"}]
+    assert vision and text, table
+    reach = {s: {int(e.dst) for e in plan.edges if int(e.src) == s} for s in range(plan.num_stages)}
+    for s in reversed(range(plan.num_stages)):  # stages are numbered in a topological order
+        reach[s] |= set().union(*(reach[d] for d in list(reach[s])))
+    assert any(t not in reach[v] and v not in reach[t] for v in vision for t in text), table
+
+    manual = graphpipe.plan(graph, 3, "manual", manual={"vision_model": 0, "text_model": 1, "": 2}, micro_batches=4)
+    for st in manual.stages:
+        placed = {_tower(graph.node(v).module) for v in st.nodes if not graph.node(v).is_input}
+        assert not placed & {"vision_model", "text_model"} or len(placed & {"vision_model", "text_model"}) == 1
+    stage_of = {graph.node(v).name: s for s, st in enumerate(manual.stages) for v in st.nodes}
+    tower_stage = {_tower(graph.node(v).module): stage_of[graph.node(v).name]
+                   for v in range(graph.num_nodes) if _tower(graph.node(v).module) in ("vision_model", "text_model")}
+    assert tower_stage["vision_model"] != tower_stage["text_model"]
+    assert manual.depth == 2, manual.to_string(graph)
+
+
+def test_bert_and_torch_fx_failures_fall_back_to_export() -> None:
+    """torch.fx cannot trace BertModel; trace() captures it with torch.export, keeping the
+    parameters' names and the modules of its operators; capture='fx' keeps fx's error."""
+    import graphpipe
+    from graphpipe.trace import trace_module
+
+    tf = hm.import_transformers()
+    torch.manual_seed(0)
+    model = tf.BertModel(tf.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=32, max_position_embeddings=16,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    ids = torch.randint(0, 64, (4, 7))
+    mask = torch.ones(4, 7, dtype=torch.long)
+    with pytest.raises(graphpipe.TraceError):
+        trace_module(model, (ids,), {"attention_mask": mask}, capture="fx")
+    traced = trace_module(model, (ids,), {"attention_mask": mask})
+    assert traced.capture == "export"
+    modules = {traced.graph.node(v).module for v in range(traced.graph.num_nodes)}
+    assert "encoder.layer.1.attention.self.query" in modules, sorted(modules)
+    names = {n for v in range(traced.graph.num_nodes) for n in traced.graph.node(v).params}
+    assert names == {n for n, _ in model.named_parameters()} - {"pooler.dense.weight", "pooler.dense.bias"} or \
+        names == {n for n, _ in model.named_parameters()}, sorted(names)
+    # the captured program computes what the model computes, returned in the model's own form
+    values = traced.input_values((ids[:2],), {"attention_mask": mask[:2]})
+    got = traced.module(*values.values())
+    want = model(ids[:2], attention_mask=mask[:2])
+    assert type(got) is type(want)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
