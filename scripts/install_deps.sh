@@ -40,6 +40,18 @@ if ! python3 -c "import importlib.metadata as m, sys; v = m.version('torchvision
   python3 -m pip install -q --no-deps "${TV_REQ}"
 fi
 
+# transformers (a test dependency: tests/python/test_hf_models.py builds tiny Hugging Face models
+# from configs, never downloading weights), pinned. The installed torch is passed as a constraint,
+# so pip never replaces it (transformers' own requirement, torch>=2.x, is met by it).
+TF_REQ="transformers==5.24.0"
+if ! python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('transformers') == '${TF_REQ#transformers==}' else 1)" 2>/dev/null; then
+  echo "== pip: installing ${TF_REQ} (torch pinned to the installed one)"
+  constraints=$(mktemp)
+  python3 -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" >"$constraints"
+  python3 -m pip install -q -c "$constraints" "${TF_REQ}"
+  rm -f "$constraints"
+fi
+
 python3 - <<'PY'
 import os, sys, torch
 inc = os.path.join(os.path.dirname(torch.__file__), "include")
