@@ -60,6 +60,7 @@ from graphpipe.runtime.stages import (
     propagate_layouts,
     unflatten_values,
 )
+from graphpipe.runtime.sync_batchnorm import StageSyncBatchNorm, adopt_sync_batchnorm, bind_sync_batchnorm
 from graphpipe.simulation import schedule as generate_schedule
 from graphpipe.sync import AllReduce, SyncMethod
 from graphpipe.sync import parse as parse_sync
@@ -173,6 +174,9 @@ class Pipeline:
         home = next((p.device for p in model.parameters()), torch.device("cpu"))
         if home.type != "cpu":
             args, kwargs = _to_device((args, kwargs), home)
+        # SyncBatchNorm runs on CPU and over the stage's replicas (sync_batchnorm.py): one operator.
+        if adopt_sync_batchnorm(model):
+            leaf_modules = (*leaf_modules, StageSyncBatchNorm)
         # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
         traced = trace_module(model, args, kwargs, leaf_modules=leaf_modules, capture=capture)
         self.graph = traced.graph
@@ -293,6 +297,7 @@ class Pipeline:
                 # Replicas start equal, as DDP's do: the first replica's parameters and buffers.
                 broadcast_from_first_replica(self.module, sub)
                 self._my_replica_group = sub
+                bind_sync_batchnorm(self.module, sub)
                 params = [p for p in self.module.parameters() if p.requires_grad]
                 self._replica_sync = ReplicaSync(method, params, sub, self.timeout, self._bucket_bytes, hierarchy)
                 if method.local_updates:
