@@ -39,6 +39,8 @@ void bind_partition(py::module_& m) {
       .def_readwrite("recompute", &Stage::recompute)
       .def_readwrite("parameters", &Stage::parameters,
                      "The stage module's parameters in the runtime's order (ParamShape list; empty without shapes).")
+      .def_readonly("modules", &Stage::modules,
+                    "The top-level modules the stage's operators belong to, in order of first appearance.")
       .def("__repr__", [](const Stage& s) {
         return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators>";
       });

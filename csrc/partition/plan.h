@@ -62,6 +62,10 @@ struct Stage {
   // which lays out its gradient buckets. Derived from the graph (never stored in the plan's JSON);
   // empty when the graph has no parameter shapes.
   std::vector<graph::ParamShape> parameters;
+  // The top-level modules the stage's operators belong to, in order of first appearance
+  // (partition/stage_modules.h): what the stage runs, named in the plan's table even without its
+  // graph. Empty when all its operators belong to the root module. Stored in the plan's JSON.
+  std::vector<std::string> modules;
   // Activation recomputation (chosen by the planner when the stage does not fit otherwise): the
   // stage keeps only its received tensors per micro-batch in flight and runs its forward again
   // during its backward, which backward_seconds includes (and backward_input_seconds, or

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "partition/plan_io.h"
+#include "partition/stage_modules.h"
 #include "partition/stage_parameters.h"
 
 namespace graphpipe::partition {
@@ -80,6 +81,7 @@ Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std:
     double params = 0.0;
     for (graph::NodeId v : st.nodes) params += static_cast<double>(g.node(v).param_bytes);
     st.param_bytes = params;
+    st.modules = top_modules(g, st.nodes);
   }
   // A tensor consumed by several operators downstream crosses a stage edge once: bytes count
   // each producer once per stage edge (its largest outgoing edge).

@@ -45,21 +45,11 @@ std::string device_list(const Stage& st) {
   return text;
 }
 
-// The top-level modules the stage's operators belong to, in order of first appearance (at most
-// four): an operator-level capture's names (aten ops) say little, its modules say which part of
-// the model a stage runs (a two-tower model's towers).
-std::string top_modules(const Stage& st, const graph::OpGraph& g) {
-  std::vector<std::string> seen;
-  for (const auto v : st.nodes) {
-    const std::string& module = g.node(v).module;
-    if (module.empty()) continue;
-    std::string top = module.substr(0, module.find('.'));
-    if (std::find(seen.begin(), seen.end(), top) == seen.end()) seen.push_back(std::move(top));
-  }
-  if (seen.empty()) return "";
-  std::string text = " [";
-  for (std::size_t i = 0; i < seen.size() && i < 4; ++i) text += (i ? ", " : "") + seen[i];
-  return text + (seen.size() > 4 ? ", ...]" : "]");
+// The stage's top-level modules (Stage::modules), at most four: "vision_model, text_model".
+std::string module_list(const Stage& st) {
+  std::string text;
+  for (std::size_t i = 0; i < st.modules.size() && i < 4; ++i) text += (i ? ", " : "") + st.modules[i];
+  return text + (st.modules.size() > 4 ? ", ..." : "");
 }
 
 std::string render(const Plan& plan, const graph::OpGraph* g) {
@@ -76,7 +66,11 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
   for (const Stage& st : plan.stages) dev_width = std::max(dev_width, device_list(st).size() + 1);
   out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("ops", 6) << pad("fwd ms", 10)
       << pad("bwd ms", 10) << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11)
-      << pad("inflt", 6) << pad("memory", 11) << pad("allred ms", 10) << pad("next", 10) << (g ? "operators" : "") << "\n";
+      << pad("inflt", 6) << pad("memory", 11) << pad("allred ms", 10) << pad("next", 10);
+  // Without the graph the operators' names are unknown; the modules (stored in the plan) are not.
+  const bool any_modules = std::any_of(plan.stages.begin(), plan.stages.end(),
+                                       [](const Stage& st) { return !st.modules.empty(); });
+  out << (g ? "operators" : any_modules ? "modules" : "") << "\n";
   for (const Stage& st : plan.stages) {
     const std::string devices = device_list(st);
     std::string next;
@@ -95,7 +89,9 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
     if (g && !st.nodes.empty()) {
       out << g->node(st.nodes.front()).name;
       if (st.nodes.size() > 1) out << " .. " << g->node(st.nodes.back()).name;
-      out << top_modules(st, *g);
+      if (!st.modules.empty()) out << " [" << module_list(st) << "]";
+    } else if (!g) {
+      out << module_list(st);
     }
     out << "\n";
   }

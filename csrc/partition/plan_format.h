@@ -13,7 +13,8 @@
 namespace graphpipe::partition {
 
 std::string to_string(const Plan& plan, const graph::OpGraph& graph);
-// The same without operator names (for a plan printed without its graph).
+// The same without operator names (for a plan printed without its graph): the stages' top-level
+// modules (Stage::modules, stored in the plan) still name what each stage runs.
 std::string to_string(const Plan& plan);
 
 }  // namespace graphpipe::partition

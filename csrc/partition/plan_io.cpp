@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/json_fields.h"
+#include "partition/stage_modules.h"
 #include "partition/stage_parameters.h"
 
 namespace graphpipe::partition {
@@ -186,7 +187,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
                       {"in_flight", st.in_flight},
                       {"memory_bytes", st.memory_bytes},
                       {"all_reduce_seconds", st.all_reduce_seconds},
-                      {"recompute", st.recompute}});
+                      {"recompute", st.recompute},
+                      {"modules", st.modules}});
   }
   nlohmann::json edges = nlohmann::json::array();
   for (const StageEdge& se : plan.edges) {
@@ -283,6 +285,19 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
     }
     if (js.contains("backward_weight_seconds")) {
       st.backward_weight_seconds = jf::non_negative<double>(js, "backward_weight_seconds", where);
+    }
+    // Optional: plans written before stages named their modules get them from the graph.
+    if (js.contains("modules")) {
+      const auto& modules = jf::array(js["modules"], where + ".modules");
+      for (std::size_t k = 0; k < modules.size(); ++k) {
+        if (!modules[k].is_string()) {
+          throw FormatError(where + ".modules[" + std::to_string(k) + "]: expected a string, found " +
+                            modules[k].type_name());
+        }
+        st.modules.push_back(modules[k].get<std::string>());
+      }
+    } else {
+      st.modules = top_modules(g, st.nodes);
     }
     plan.stages.push_back(std::move(st));
   }

@@ -2,6 +2,10 @@
 // tampered file: each problem named), and the readable table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -49,6 +53,69 @@ TEST(PartitionPlanIo, JsonRoundTrip) {
   auto doc = nlohmann::json::parse(text);
   EXPECT_EQ(doc["format"], "graphpipe.plan");
   EXPECT_EQ(doc["schema_version"], pt::kPlanSchemaVersion);
+}
+
+// Stages name the top-level modules of their operators; the JSON keeps them, an older plan
+// without the field gets them from the graph, and the table printed without the graph shows them.
+TEST(PartitionPlanIo, StageModulesRoundTrip) {
+  gp::graph::OpGraph g = tst::random_sp_graph(7, 24);
+  const auto order = g.topological_order();
+  // First half of the operators in tower "a", the rest in tower "b", the sources in the root.
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    auto& node = g.mutable_node(order[i]);
+    if (node.is_input) continue;
+    node.module = (i < order.size() / 2 ? "a.layers." : "b.block.") + std::to_string(i % 3);
+  }
+  pt::Options o;
+  o.batch_size = 16;
+  const pt::Plan plan = pt::partition(g, gp::cost::v100(4), o);
+  ASSERT_GE(plan.stages.size(), 2u);
+  std::vector<std::string> all;
+  for (const auto& st : plan.stages) {
+    std::vector<std::string> expected;
+    for (auto v : st.nodes) {
+      const std::string& m = g.node(v).module;
+      if (m.empty()) continue;
+      std::string top = m.substr(0, 1);
+      if (std::find(expected.begin(), expected.end(), top) == expected.end()) expected.push_back(top);
+    }
+    EXPECT_EQ(st.modules, expected) << "stage " << st.id;
+    all.insert(all.end(), st.modules.begin(), st.modules.end());
+  }
+  EXPECT_NE(std::find(all.begin(), all.end(), "a"), all.end());
+  EXPECT_NE(std::find(all.begin(), all.end(), "b"), all.end());
+
+  const nlohmann::json doc = pt::to_json(plan, g);
+  for (std::size_t s = 0; s < plan.stages.size(); ++s) {
+    EXPECT_EQ(doc["stages"][s]["modules"].get<std::vector<std::string>>(), plan.stages[s].modules);
+  }
+  const pt::Plan back = pt::loads_plan(doc.dump(), g);
+  for (std::size_t s = 0; s < plan.stages.size(); ++s) EXPECT_EQ(back.stages[s].modules, plan.stages[s].modules);
+  EXPECT_EQ(pt::to_json(back, g), doc);
+
+  // The JSON is what the loaded plan says, not a recomputation from the graph.
+  auto renamed = doc;
+  renamed["stages"][0]["modules"] = {"renamed_tower"};
+  EXPECT_EQ(pt::loads_plan(renamed.dump(), g).stages[0].modules, std::vector<std::string>{"renamed_tower"});
+  // Written before the field existed: derived from the graph, the same as build_plan's.
+  auto old = doc;
+  for (auto& st : old["stages"]) st.erase("modules");
+  EXPECT_EQ(pt::to_json(pt::loads_plan(old.dump(), g), g), doc);
+  auto bad = doc;
+  bad["stages"][1]["modules"] = {"a", 3};
+  expect_format_error(bad, g, "$.stages[1].modules[1]: expected a string");
+
+  const std::string table = pt::to_string(back);  // without the graph
+  EXPECT_NE(table.find("modules"), std::string::npos) << table;
+  for (const auto& st : plan.stages) {
+    // The stage's row ends with its modules, comma-separated.
+    std::string joined;
+    for (const auto& m : st.modules) joined += (joined.empty() ? "" : ", ") + m;
+    const auto row = table.find("\n  " + std::to_string(st.id) + " ");
+    ASSERT_NE(row, std::string::npos) << table;
+    const auto end = table.find('\n', row + 1);
+    EXPECT_EQ(table.substr(end - joined.size(), joined.size()), joined) << table;
+  }
 }
 
 TEST(PartitionPlanIo, SaveAndLoadFile) {

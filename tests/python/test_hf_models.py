@@ -194,6 +194,12 @@ def test_clip_plan_puts_the_towers_on_parallel_stages() -> None:
     assert plan.depth < sequential.depth, (plan.to_string(graph), sequential.to_string(graph))
     table = plan.to_string(graph)
     assert "vision_model" in table and "text_model" in table, table
+    # a plain print, without the graph, names the towers too: the stages carry their modules
+    printed = str(plan)
+    assert "vision_model" in printed and "text_model" in printed, printed
+    assert [list(st.modules) for st in plan.stages] == [
+        list(dict.fromkeys(_tower(graph.node(v).module) for v in st.nodes if graph.node(v).module))
+        for st in plan.stages], printed
     towers = [{_tower(graph.node(v).module) for v in st.nodes} - {""} for st in plan.stages]
     vision = [s for s, t in enumerate(towers) if t == {"vision_model"}]
     text = [s for s, t in enumerate(towers) if t == {"text_model"}]
