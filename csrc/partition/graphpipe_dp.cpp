@@ -30,14 +30,16 @@ struct Stats {
   // keeps (recompute.h).
   double forward = 0.0, input_bytes = 0.0;
   // Replicated problems only: parameter and crossing bytes, and where the group's compute at
-  // every replica level starts in the planner's level arena (-1: not replicated).
+  // every replica level starts in the planner's level arena, followed by its forward at every
+  // level (-1: not replicated).
   double params = 0.0, cross_bytes = 0.0;
   std::int64_t levels = -1;
   // Replicated problems: bit l of `meets` says whether level l's replica meets the target of
-  // probe `probe` (Planner::need). That test depends on neither the devices nor the in-flight
-  // count that need() varies, so it is made once per group, level and probe instead of once per
-  // need() call; a new probe makes the mask again.
-  mutable std::uint64_t meets = 0;
+  // probe `probe` (Planner::need), and of `meets_recomputed` whether it still does with its
+  // forward run once more (recompute.h). Those tests depend on neither the devices nor the
+  // in-flight count that need() varies, so they are made once per group, level and probe instead
+  // of once per need() call; a new probe makes the masks again.
+  mutable std::uint64_t meets = 0, meets_recomputed = 0;
   mutable int probe = -1;
 };
 
@@ -211,12 +213,12 @@ class Planner {
     }
     lo = std::max(lo, p_.total_compute() / devices_);
     double hi = whole_[root].time;
-    // At the whole graph's time every grouping meets the target: only memory can fail. A stage
-    // that fits only recomputed runs its forward once more (recompute.h), so a layout may need
-    // up to the whole forward more; that target is probed only when the first fails, so that the
-    // search (and every plan that fits without recomputation) stays as it was.
+    // At the whole graph's time every grouping meets the target (on one device a stage: with
+    // replicas, at level 0): only memory can fail. A stage that fits only recomputed runs its
+    // forward once more (recompute.h), so a layout may need up to the whole forward more; that
+    // target is probed only when the first fails, so that the search (and every plan that fits
+    // without recomputation) stays as it was.
     if (probe(hi) >= kInf) {
-      if (rep_) return {};  // replicated stages are not recomputed by the DP (need())
       hi += whole_[root].forward;
       if (probe(hi) >= kInf) return {};
     }
@@ -292,16 +294,18 @@ class Planner {
     for (graph::NodeId v : nodes) g.add(v);
     Stats s{g.compute, g.time(), g.static_bytes, g.act_bytes, g.forward, g.input_bytes, g.params, g.cross_bytes, -1};
     if (rep_) {
-      level_sums_.assign(num_levels_, 0.0);
+      level_sums_.assign(2 * static_cast<std::size_t>(num_levels_), 0.0);
       for (graph::NodeId v : nodes) add_levels(v);
       s.levels = store_levels();
     }
     return s;
   }
 
-  // The replicated problem's per-level compute of the group being grown (level_sums_).
+  // The replicated problem's per-level compute, then per-level forward, of the group being
+  // grown (level_sums_, 2 x num_levels_ entries).
   void add_levels(graph::NodeId v) {
     for (int l = 0; l < num_levels_; ++l) level_sums_[l] += rep_->compute(l, v);
+    for (int l = 0; l < num_levels_; ++l) level_sums_[num_levels_ + l] += rep_->forward(l, v);
   }
   std::int64_t store_levels() {
     const auto at = static_cast<std::int64_t>(arena_.size());
@@ -332,7 +336,7 @@ class Planner {
     r.limit = reach;
     GroupStats g(p_, stamps_, next_stamp_++);
     r.complete = false;
-    if (rep_) level_sums_.assign(num_levels_, 0.0);
+    if (rep_) level_sums_.assign(2 * static_cast<std::size_t>(num_levels_), 0.0);
     // Without replicas a group's compute bounds its time; with them, its smallest shard's.
     auto least = [&] { return rep_ ? level_sums_[num_levels_ - 1] : g.compute; };
     for (std::size_t f = fixed_begin; f < fixed_end; ++f) {
@@ -408,38 +412,55 @@ class Planner {
   bool too_big(const Stats& s) const { return least_compute(s) > target_ || s.static_bytes > p_.memory_limit; }
 
   // Replicated problems: the least replica count, at most n, with which a stage of figures s
-  // meets the target and fits with `in_flight_count` micro-batches (replica_allocation.h says
-  // how a replica is timed); 0 when none does. Grows with in_flight_count.
+  // meets the target and fits with `in_flight_count` micro-batches, recomputed where the shared
+  // rule says (recompute.h; a replica holds its shard's activations and received tensors, and
+  // recomputed runs its shard's forward once more; replica_allocation.h says how a replica is
+  // timed); 0 when none does. Grows with in_flight_count (the rule is monotone in it).
   int need(const Stats& s, int in_flight_count, int n) const {
     if (num_levels_ > 64) {  // more levels than a mask holds (micro-batches of thousands of rows)
       for (int l = 0; l < num_levels_ && rep_->replicas(l) <= n; ++l) {
-        if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count > p_.memory_limit) continue;
-        if (meets_target(s, l)) return rep_->replicas(l);
+        const double fraction = rep_->row_fraction(l);
+        if (stage_fits(level_time(s, l), level_forward(s, l), s.static_bytes, s.act_bytes * fraction,
+                       s.input_bytes * fraction, in_flight_count, p_.memory_limit, target_)) {
+          return rep_->replicas(l);
+        }
       }
       return 0;
     }
-    if (s.probe != probe_id_) {  // a mask of another target
-      std::uint64_t mask = 0;
+    if (s.probe != probe_id_) {  // masks of another target
+      std::uint64_t mask = 0, recomputed = 0;
       for (int l = 0; l < num_levels_; ++l) {
-        if (meets_target(s, l)) mask |= std::uint64_t{1} << l;
+        const double time = level_time(s, l);
+        if (time <= target_) mask |= std::uint64_t{1} << l;
+        if (time + StageMemory{0.0, true}.extra_seconds(level_forward(s, l)) <= target_) {
+          recomputed |= std::uint64_t{1} << l;
+        }
       }
       s.meets = mask;
+      s.meets_recomputed = recomputed;
       s.probe = probe_id_;
     }
-    // The scan above, over the levels that meet the target only (ascending).
+    // The scan above, over the levels that meet the target only (ascending): stage_fits with
+    // its time test read from the masks.
     for (std::uint64_t left = s.meets; left != 0; left &= left - 1) {
       const int l = std::countr_zero(left);
       if (rep_->replicas(l) > n) return 0;
-      if (s.static_bytes + s.act_bytes * rep_->row_fraction(l) * in_flight_count <= p_.memory_limit) {
-        return rep_->replicas(l);
-      }
+      const double fraction = rep_->row_fraction(l);
+      const StageMemory m = stage_memory(s.static_bytes, s.act_bytes * fraction, s.input_bytes * fraction,
+                                         in_flight_count, p_.memory_limit);
+      if (m.bytes > p_.memory_limit) continue;
+      if (!m.recompute || (s.meets_recomputed >> l & 1u)) return rep_->replicas(l);
     }
     return 0;
   }
-  bool meets_target(const Stats& s, int l) const {
+  // A replica's time at level l (forward, backward, its share of the transfers, the amortised
+  // sync), and its forward alone: what recomputation runs again (evaluate.cpp takes level 0 as
+  // the problem's own figures).
+  double level_time(const Stats& s, int l) const {
     const double compute = l == 0 ? s.compute : arena_[s.levels + l];
-    return replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params) <= target_;
+    return replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params);
   }
+  double level_forward(const Stats& s, int l) const { return l == 0 ? s.forward : arena_[s.levels + num_levels_ + l]; }
 
   // Replicated problems: a stage of figures s with `after` stages at least after it (inside the
   // enclosing fragment), then the rest on the devices it leaves, rest(devices) giving the rest's

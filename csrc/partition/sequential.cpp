@@ -125,6 +125,7 @@ namespace {
 // Figures of every segment units[j..e) of the chunked order, shared by all probes.
 struct Segment {
   double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  double input_bytes = 0.0;  // received tensors' bytes: what a recomputed replica keeps (recompute.h)
   std::size_t times = 0;  // where its replica_stage_time at each level starts in `times`
 };
 
@@ -140,14 +141,19 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
   const int K = std::min(max_k, units);
   const int levels = table.num_levels();
   const auto M = p.num_micro_batches;
-  auto in_flight = [&](int k) { return static_cast<double>(std::min<std::int64_t>(k, M)); };
-  // Compute of units [0, u) at each level: a segment's compute is a difference.
-  std::vector<std::vector<double>> prefix(levels, std::vector<double>(units + 1, 0.0));
+  auto in_flight = [&](int k) { return static_cast<int>(std::min<std::int64_t>(k, M)); };
+  // Compute and forward of units [0, u) at each level: a segment's is a difference. The forward
+  // is what a recomputed replica runs again (level 0 as evaluate() takes it: the problem's own).
+  std::vector<std::vector<double>> prefix(levels, std::vector<double>(units + 1, 0.0)), forward = prefix;
   for (int l = 0; l < levels; ++l) {
     for (int u = 0; u < units; ++u) {
-      double c = 0.0;
-      for (int i = bounds[u]; i < bounds[u + 1]; ++i) c += table.compute(l, p.order[i]);
+      double c = 0.0, f = 0.0;
+      for (int i = bounds[u]; i < bounds[u + 1]; ++i) {
+        c += table.compute(l, p.order[i]);
+        f += l == 0 ? p.forward[p.order[i]] : table.forward(l, p.order[i]);
+      }
       prefix[l][u + 1] = prefix[l][u] + c;
+      forward[l][u + 1] = forward[l][u] + f;
     }
   }
   // seg[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
@@ -162,7 +168,7 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
       for (int e = j + 1; e <= units; ++e) {
         for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
         if (g.static_bytes > p.memory_limit) break;
-        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, count});
+        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, count});
         count += static_cast<std::size_t>(usable);
       }
     }
@@ -185,12 +191,19 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
   }
   std::vector<double> fraction(usable);
   for (int l = 0; l < usable; ++l) fraction[l] = table.row_fraction(l);
-  // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
-  auto least_level = [&](int j, int e, double target, double flight) {
+  // Whether segment j..e-1 at level l meets `target` and fits with `flight` micro-batches, its
+  // replicas recomputed where the shared rule says (recompute.h: each holds its shard's
+  // activations and received tensors, and runs its shard's forward once more). Monotone in flight.
+  auto fits = [&](int j, int e, int l, double target, int flight) {
     const Segment& s = seg[j][e - j - 1];
+    return stage_fits(times.empty() ? stage_time(j, e, l) : times[s.times + l], forward[l][e] - forward[l][j],
+                      s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l], flight, p.memory_limit,
+                      target);
+  };
+  // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
+  auto least_level = [&](int j, int e, double target, int flight) {
     for (int l = 0; l < usable; ++l) {
-      if (s.static_bytes + s.act_bytes * fraction[l] * flight > p.memory_limit) continue;
-      if ((times.empty() ? stage_time(j, e, l) : times[s.times + l]) <= target) return l;
+      if (fits(j, e, l, target, flight)) return l;
     }
     return -1;
   };
@@ -214,7 +227,6 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
         // The least compute the segment can reach only grows with e: past the target, stop.
         if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
         const int* after = dev[e].data();
-        const Segment& s = seg[j][e - j - 1];
         int base = -1;  // least level at one micro-batch in flight: more in flight only need more
         // k = 1 only for the last segment (e == units), k >= 2 only before it.
         const int k_first = std::max(e == units ? 1 : 2, k_lo[e] + 1);
@@ -227,7 +239,7 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
             if (base < 0) break;
           }
           int l = base;
-          if (s.static_bytes + s.act_bytes * fraction[l] * in_flight(k) > p.memory_limit) {
+          if (!fits(j, e, l, target, in_flight(k))) {
             l = least_level(j, e, target, in_flight(k));
             if (l < 0) break;  // more micro-batches in flight for larger k: none fits either
           }

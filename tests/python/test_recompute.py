@@ -146,3 +146,50 @@ def _planned_worker(rank: int, world: int, partitioner: str) -> dict[str, Any]:
 def test_a_planned_recomputed_pipeline_trains_like_one_process(partitioner: str) -> None:
     results = run_ranks(_planned_worker, 2, partitioner, timeout=120)
     _check_like_one_process(results)
+
+
+# ---- replicated stages ---------------------------------------------------------------------------
+# Links so fast that summing gradients is free, so the planner replicates where compute pays for
+# it. Under 35 kB on 4 devices no plan fits without recomputing a replicated stage: each replica
+# keeps only its shard's received tensors per micro-batch in flight (recompute.h, the rule the
+# one-device DPs share).
+REPLICATED_LIMIT, REPLICATED_WORLD = 35_000, 4
+
+
+def _fast_devices() -> Any:
+    import graphpipe
+
+    devices = graphpipe.devices(REPLICATED_WORLD, "cpu")
+    devices.set_node_links(REPLICATED_WORLD, 1e15, 0.0, 1e15, 0.0)
+    return devices
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "sequential"])
+def test_replicated_dps_recompute_a_replicated_stage(partitioner: str) -> None:
+    import graphpipe
+
+    model, example, _ = _setup()
+    graph = graphpipe.trace(model, (example,))
+    kwargs = dict(micro_batches=MICRO_BATCHES, optimizer="sgd", replicate=True)
+    plan = graphpipe.plan(graph, _fast_devices(), partitioner, memory_limit=REPLICATED_LIMIT, **kwargs)
+    assert any(s.recompute and len(s.devices) > 1 for s in plan.stages), [(s.devices, s.recompute) for s in plan.stages]
+    assert max(s.memory_bytes for s in plan.stages) <= REPLICATED_LIMIT
+    roomy = graphpipe.plan(graph, _fast_devices(), partitioner, **kwargs)
+    assert not any(s.recompute for s in roomy.stages)
+    assert plan.predicted_iteration_seconds > roomy.predicted_iteration_seconds
+
+
+def _replicated_worker(rank: int, world: int, partitioner: str) -> dict[str, Any]:
+    import graphpipe
+
+    model, example, batches = _setup()
+    with graphpipe.wrap(model, (example,), nn.functional.mse_loss, partitioner=partitioner, replicate=True,
+                        devices=_fast_devices(), micro_batches=MICRO_BATCHES, memory_limit=REPLICATED_LIMIT,
+                        optimizer="sgd", timeout=60) as pipe:
+        assert any(s.recompute and len(s.devices) > 1 for s in pipe.plan.stages)
+        return train_pipeline(pipe, batches, LR)
+
+
+@pytest.mark.parametrize("partitioner", ["graphpipe", "sequential"])
+def test_a_recomputed_replicated_stage_trains_like_one_process(partitioner: str) -> None:
+    _check_like_one_process(run_ranks(_replicated_worker, REPLICATED_WORLD, partitioner, timeout=180))
