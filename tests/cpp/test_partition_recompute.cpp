@@ -2,10 +2,17 @@
 // plan meets with all its stages' activations, the graphpipe tree DP, the sequential DP and the
 // exact down-set DP each find the plan that fits only by recomputing its first stage, and it is
 // the best plan exhaustive search finds under the evaluation's own rule (so the DPs time and
-// size recomputed stages as evaluate() does). With a generous limit nothing is recomputed.
+// size recomputed stages as evaluate() does). With a generous limit nothing is recomputed. The
+// same for replicated problems: the replicated graphpipe and sequential DPs find a plan that fits
+// only by recomputing a replicated stage (each replica holding its shard's activations and
+// received tensors), close to exhaustive search over layouts and replica counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +25,7 @@
 #include "partition/partitioner.h"
 #include "partition/problem.h"
 #include "partition/recompute.h"
+#include "partition/replicas.h"
 #include "partition/sequential.h"
 #include "test_partition_graphs.h"
 
@@ -184,6 +192,158 @@ TEST(PartitionRecompute, GenerousLimitRecomputesNothing) {
       o.memory_limit = 1e15;
       const pt::Plan plan = pt::partition(g, cost::v100(4), o);
       for (const pt::Stage& st : plan.stages) EXPECT_FALSE(st.recompute) << name << " seed " << seed;
+    }
+  }
+}
+
+namespace {
+
+constexpr int kRepOps = 6, kRepDevices = 4;
+
+// A chain of equal operators whose parameters make the whole model too big for one device (so
+// plain data parallelism is out) and whose wide outputs make activations most of a stage's
+// memory; cheap to all-reduce on V100 links, so replicas pay.
+graph::OpGraph replicated_chain() {
+  graph::OpGraph g;
+  for (int i = 0; i < kRepOps; ++i) {
+    graph::Node n;
+    n.name = "op" + std::to_string(i);
+    n.op = "call_module";
+    n.target = "Op";
+    n.module = "m" + std::to_string(i);
+    n.forward_flops = 4e10;
+    n.param_bytes = 2e6;
+    n.output_bytes = 8e6;
+    g.add_node(n);
+    if (i > 0) g.add_edge(i - 1, i, 8e6);
+  }
+  g.trace_batch_size = kBatch;
+  return g;
+}
+
+pt::Problem replicated_problem(const cost::CostModel& model, double limit) {
+  pt::Problem p = pt::make_problem(model, kBatch, kMicro, kRepDevices, limit, {});
+  p.replicas = std::make_shared<const pt::ReplicaTable>(model, kMicro, kRepDevices);
+  p.device_budget = kRepDevices;
+  return p;
+}
+
+// Calls visit(assignment, replicas) for every cut of the chain into contiguous stages with every
+// replica vector of at most kRepDevices devices in all.
+void every_replicated_plan(const std::function<void(const std::vector<int>&, const std::vector<int>&)>& visit) {
+  for (int mask = 0; mask < (1 << (kRepOps - 1)); ++mask) {
+    std::vector<int> a(kRepOps, 0);
+    for (int i = 1; i < kRepOps; ++i) a[i] = a[i - 1] + ((mask >> (i - 1)) & 1);
+    const int stages = a.back() + 1;
+    if (stages > kRepDevices) continue;
+    std::vector<int> r(stages, 1);
+    auto count = [&](auto& self, int s, int left) -> void {
+      if (s == stages) return visit(a, r);
+      for (int x = 1; x <= left - (stages - s - 1); ++x) {
+        r[s] = x;
+        self(self, s + 1, left - x);
+      }
+    };
+    count(count, 0, kRepDevices);
+  }
+}
+
+bool recomputes_a_replicated_stage(const pt::Evaluation& ev) {
+  return std::any_of(ev.stages.begin(), ev.stages.end(),
+                     [](const pt::StageFigures& f) { return f.recompute && f.replicas > 1; });
+}
+
+}  // namespace
+
+TEST(PartitionRecompute, ReplicatedDpsFindPlansThatFitOnlyRecomputed) {
+  const graph::OpGraph g = replicated_chain();
+  const cost::CostModel model{g, cost::v100(kRepDevices)};
+  // The limit halfway between the least memory any plan needs with recomputation and the least
+  // it needs without: only plans with a recomputed stage fit.
+  double least_plain = 1e300, least_recomputed = 1e300;
+  {
+    const pt::Problem roomy = replicated_problem(model, 1e18);
+    every_replicated_plan([&](const std::vector<int>& a, const std::vector<int>& r) {
+      const pt::Evaluation ev = pt::evaluate(roomy, a, r);
+      double plain = 0.0, recomputed = 0.0;
+      for (const pt::StageFigures& f : ev.stages) {
+        plain = std::max(plain, f.memory);
+        recomputed = std::max(recomputed, pt::stage_memory(f.static_bytes, f.activation_bytes, f.input_bytes,
+                                                           f.in_flight, 1.0).bytes);
+      }
+      least_plain = std::min(least_plain, plain);
+      least_recomputed = std::min(least_recomputed, recomputed);
+    });
+  }
+  ASSERT_LT(least_recomputed, least_plain);
+  const double limit = 0.5 * (least_plain + least_recomputed);
+  const pt::Problem p = replicated_problem(model, limit);
+  double best = std::numeric_limits<double>::infinity();
+  pt::Evaluation best_ev;
+  every_replicated_plan([&](const std::vector<int>& a, const std::vector<int>& r) {
+    const pt::Evaluation ev = pt::evaluate(p, a, r);
+    if (!ev.fits()) return;
+    EXPECT_TRUE(std::any_of(ev.stages.begin(), ev.stages.end(), [](const pt::StageFigures& f) { return f.recompute; }));
+    if (ev.iteration_seconds(p) < best) best = ev.iteration_seconds(p), best_ev = ev;
+  });
+  ASSERT_LT(best, std::numeric_limits<double>::infinity()) << "no plan fits even with recomputation";
+  // The graph is built so that the best plan recomputes a replicated stage.
+  ASSERT_TRUE(recomputes_a_replicated_stage(best_ev));
+
+  auto check = [&](const std::vector<int>& assignment, const std::vector<int>& replicas, const char* who) {
+    ASSERT_EQ(assignment.size(), static_cast<std::size_t>(kRepOps)) << who << " found no plan";
+    const pt::Evaluation ev = pt::evaluate(p, assignment, replicas);
+    ASSERT_TRUE(ev.fits()) << who;
+    EXPECT_TRUE(recomputes_a_replicated_stage(ev)) << who;
+    const double gap = ev.iteration_seconds(p) / best - 1.0;
+    std::printf("%s: %d stages, step %.6g s, exhaustive %.6g s (gap %.2f%%)\n", who, ev.num_stages,
+                ev.iteration_seconds(p), best, 100.0 * gap);
+    EXPECT_GE(gap, -1e-9) << who;
+    EXPECT_LE(gap, 0.10) << who;
+  };
+  const auto [seq, seq_replicas] = pt::sequential_replicated(p, 1e-6);
+  check(seq, seq_replicas, "replicated sequential DP");
+  const auto sp = graph::decompose_series_parallel(g);
+  ASSERT_TRUE(sp.is_series_parallel);
+  const auto plans = pt::graphpipe_plans(p, sp.tree, 1e-6);
+  ASSERT_FALSE(plans.empty()) << "replicated graphpipe DP found no plan";
+  check(plans.front().assignment, plans.front().replicas, "replicated graphpipe DP");
+
+  // Through the driver, replicate on: the plan holds a recomputed replicated stage and fits.
+  for (const char* name : {"graphpipe", "sequential"}) {
+    pt::Options o;
+    o.partitioner = name;
+    o.replicate = true;
+    o.batch_size = kBatch;
+    o.micro_batch_size = kMicro;
+    o.memory_limit = limit;
+    const pt::Plan plan = pt::partition(g, cost::v100(kRepDevices), o);
+    EXPECT_TRUE(std::any_of(plan.stages.begin(), plan.stages.end(),
+                            [](const pt::Stage& st) { return st.recompute && st.devices.size() > 1; }))
+        << name;
+    for (const pt::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, limit) << name;
+  }
+}
+
+TEST(PartitionRecompute, ReplicatedGenerousLimitRecomputesNothing) {
+  // A generous limit enters the replicated DPs only through memory checks that every stage
+  // passes: the plans are those of an even larger one, and nothing is recomputed.
+  for (int seed = 0; seed < 8; ++seed) {
+    const auto g = seed % 2 ? tst::random_sp_graph(800 + seed, 10 + seed) : tst::random_dag(800 + seed, 10 + seed);
+    for (const char* name : {"graphpipe", "sequential"}) {
+      pt::Options o;
+      o.partitioner = name;
+      o.replicate = true;
+      o.memory_limit = 1e15;
+      const pt::Plan plan = pt::partition(g, cost::v100(4), o);
+      o.memory_limit = 1e18;
+      const pt::Plan larger = pt::partition(g, cost::v100(4), o);
+      ASSERT_EQ(plan.stages.size(), larger.stages.size()) << name << " seed " << seed;
+      for (std::size_t s = 0; s < plan.stages.size(); ++s) {
+        EXPECT_FALSE(plan.stages[s].recompute) << name << " seed " << seed;
+        EXPECT_EQ(plan.stages[s].nodes, larger.stages[s].nodes) << name << " seed " << seed;
+        EXPECT_EQ(plan.stages[s].devices, larger.stages[s].devices) << name << " seed " << seed;
+      }
     }
   }
 }
