@@ -25,9 +25,18 @@ What the exported program becomes (``ep.module()``, the unlifted graph, then nor
 - the flat outputs are put back into the model's own output structure (a ``ModelOutput``, a
   dataclass, a dict) by one last operator, so ``loss_fn`` gets what the plain model returns.
 
-Limits: the program is the forward of the mode the model was captured in (``model.train()`` or
-``model.eval()``): Python branches on ``self.training`` and dropout are fixed, and the runtime
-refuses a mode change. Autocast regions inside ``forward`` are refused.
+Train and eval: the program is the forward of the mode the model was captured in. A capture in
+training mode marks the arguments that ``model.eval()`` changes in ATen terms (``MODE_ARG``):
+the ``train``/``training`` flag of dropout, batch norm and rrelu, the ``dropout_p`` of
+``scaled_dot_product_attention`` (attention code passes ``0.0 if not self.training``), and the
+batch-norm batch counter's increment (``num_batches_tracked.add_(1)``, eval adds 0);
+``set_mode`` then switches a GraphModule made of these nodes (a stage module) between them, as
+``move_exported_model_to_eval``/``_train`` (torchao's pt2e tools, no longer in torch 2.13's
+``torch.ao.quantization``) rewrite dropout and batch-norm patterns.
+Other Python branches on ``self.training`` stay as captured: ``eval_mismatch`` runs the plain
+model in eval mode against the capture switched to eval on the example, so that such a branch
+is reported instead of giving wrong eval outputs. A capture in eval mode has no training values
+to switch back to. Autocast regions inside ``forward`` are refused.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from torch.utils import _pytree as pytree
 
 from graphpipe.errors import TraceError
 
-__all__ = ["ExportedCapture", "export_capture"]
+__all__ = ["MODE_ARG", "ExportedCapture", "eval_mismatch", "export_capture", "set_mode"]
 
 
 @dataclass
@@ -66,6 +75,101 @@ _MODE_OPS = {
     "aten::feature_alpha_dropout", "aten::batch_norm", "aten::native_batch_norm",
     "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional", "aten::rrelu_with_noise",
 }
+
+
+#: node.meta key of an operator argument that depends on the mode: ``(key, train value, eval
+#: value)``, key an index into node.args or a keyword name
+MODE_ARG = "graphpipe_mode_arg"
+
+
+def _mark_mode_args(graph: fx.Graph) -> None:
+    """Marks, in a program captured in training mode, each operator argument that holds the
+    training value of something ``model.eval()`` would change (module docstring)."""
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        arguments = node.target._schema.arguments
+        for i, arg in enumerate(arguments):
+            if i < len(node.args):
+                key, value = i, node.args[i]
+            elif arg.name in node.kwargs:
+                key, value = arg.name, node.kwargs[arg.name]
+            else:
+                key, value = arg.name, arg.default_value
+            if arg.name in ("train", "training") and str(arg.type) == "bool" and value is True:
+                # only the flags that are on: an operator the model runs in eval mode on purpose
+                # (training=False in a training forward) stays so in both modes
+                node.meta[MODE_ARG] = (key, True, False)
+            elif node.target is sdpa and arg.name == "dropout_p" and isinstance(value, float) and value > 0:
+                node.meta[MODE_ARG] = (key, value, 0.0)
+        if node.target is torch.ops.aten.add_.Tensor and len(node.args) == 2 and node.args[1] == 1:
+            counter = node.args[0]
+            if isinstance(counter, fx.Node) and counter.op == "get_attr" and \
+                    str(counter.target).split(".")[-1] == "num_batches_tracked":
+                node.meta[MODE_ARG] = (1, 1, 0)  # batch norm counts batches in training only
+
+
+def set_mode(module: nn.Module, training: bool) -> None:
+    """Switches the marked operators of an export capture's GraphModule (or of a stage module
+    made of its nodes) to their training or eval values; a module without marks is unchanged.
+    ``module.train(mode)`` remains the caller's to set."""
+    if not isinstance(module, fx.GraphModule):
+        return
+    changed = False
+    for node in module.graph.nodes:
+        mark = node.meta.get(MODE_ARG)
+        if mark is None:
+            continue
+        key, train_value, eval_value = mark
+        value = train_value if training else eval_value
+        if isinstance(key, int):
+            if node.args[key] != value:
+                node.args = (*node.args[:key], value, *node.args[key + 1:])
+                changed = True
+        elif key not in node.kwargs or node.kwargs[key] != value:
+            node.kwargs = {**node.kwargs, key: value}
+            changed = True
+    if changed:
+        module.recompile()
+
+
+def eval_mismatch(model: nn.Module, module: fx.GraphModule, values: list[Any], args: tuple, kwargs: dict
+                  ) -> str | None:
+    """For a capture in training mode: runs the plain model in eval mode and the capture switched
+    to eval (``set_mode``) on the example inputs (copies, as the caller gives them: ``values``
+    are the capture's placeholders). Returns what differs (a Python branch on ``self.training``
+    that the capture fixed), None when the outputs agree; None too for a model on the meta
+    device, whose outputs cannot be compared. Both modes are put back."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    if any(t.is_meta for t in tensors):
+        return None
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        set_mode(module, False)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            want = pytree.tree_leaves(model(*args, **kwargs))
+            got = pytree.tree_leaves(module(*values))
+    except Exception as exc:  # noqa: BLE001 - any failure means eval mode is not known to work
+        return f"running {type(model).__name__} in eval mode on the example failed: {type(exc).__name__}: {exc}"
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+        set_mode(module, True)
+    name = type(model).__name__
+    if len(got) != len(want):
+        return f"{name} returns {len(want)} values in eval mode and {len(got)} in training mode"
+    for i, (a, b) in enumerate(zip(got, want)):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            same = a.shape == b.shape and a.dtype == b.dtype and (
+                torch.allclose(a, b, equal_nan=True) if a.is_floating_point() or a.is_complex() else torch.equal(a, b))
+        else:
+            same = type(a) is type(b) and a == b
+        if not same:
+            return (f"output {i} of {name} in eval mode differs from its training capture with dropout and batch norm "
+                    "switched to eval: the model's Python code branches on self.training beyond them")
+    return None
 
 
 def _dynamic_batch(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -112,6 +216,8 @@ def export_capture(model: nn.Module, args: tuple, kwargs: dict) -> ExportedCaptu
     for node in graph.nodes:
         node.meta.setdefault("grad_enabled", True)
     graph.eliminate_dead_code()
+    if model.training:
+        _mark_mode_args(graph)
     graph.lint()
     # A plain GraphModule over the unlifted one (which refuses train()/eval()): it holds the same
     # parameters and buffers under the same names.

@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphpipe import _flops  # noqa: F401  (registers missing FLOP formulas)
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, TraceError
-from graphpipe.export_capture import export_capture
+from graphpipe.export_capture import eval_mismatch, export_capture
 
 __all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors", "CAPTURES"]
 
@@ -65,10 +65,14 @@ class TracedModel:
     capture: str = "fx"
     #: export captures: the pytree structure of ``(args, kwargs)``, whose leaves are the placeholders
     input_spec: Any = None
-    #: export captures: the mode the program was captured in (its dropout and ``self.training``
-    #: branches are fixed), and the operators that depend on it
+    #: export captures: the mode the program was captured in (a training capture switches its
+    #: dropout and batch norm, export_capture.set_mode; other ``self.training`` branches are
+    #: fixed), and the operators that depend on it
     captured_training: bool | None = None
     mode_ops: list[str] = field(default_factory=list)
+    #: export captures in training mode: why the capture switched to eval would compute something
+    #: else than the model in eval mode (a Python branch on ``self.training``), None if it agrees
+    eval_problem: str | None = None
     #: export captures whose model code depends on the batch size: the only batch it runs at
     static_batch: int | None = None
     signature: Any = None
@@ -547,6 +551,10 @@ def trace_module(
                 buffer.copy_(value)
     if exported is None:  # torch.export checked the outputs are pytrees of tensors itself
         _check_outputs(recorder.outputs)
+    eval_problem = None
+    if exported is not None and exported.training:
+        eval_problem = eval_mismatch(model, gm, [_copy_tensors(v) for v in values], _copy_tensors(tuple(args)),
+                                     _copy_tensors(dict(kwargs)))
 
     graph = _C.OpGraph()
     graph.model_name = type(model).__name__
@@ -557,6 +565,7 @@ def trace_module(
         input_spec=exported.input_spec if exported is not None else None,
         captured_training=exported.training if exported is not None else None,
         mode_ops=exported.mode_ops if exported is not None else [],
+        eval_problem=eval_problem,
         static_batch=exported.static_batch if exported is not None else None,
         signature=inspect.signature(model.forward), model_name=type(model).__name__,
     )

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from graphpipe.errors import InputError
 from graphpipe.trace import iter_tensors
@@ -75,14 +76,16 @@ def copy(value: Any) -> Any:
 
 
 def merge(values: list[Any]) -> Any:
-    """Inverse of :func:`split`: concatenates the micro-batches' tensors along dim 0."""
+    """Inverse of :func:`split`: concatenates the micro-batches' tensors along dim 0, in the first
+    one's structure: tuples, lists, dicts, named tuples and registered pytrees (a Hugging Face
+    ``ModelOutput``) keep their type, as the plain model returns them."""
     first = values[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(values, 0) if first.dim() > 0 else first
-    if isinstance(first, tuple):
-        return tuple(merge([v[i] for v in values]) for i in range(len(first)))
-    if isinstance(first, list):
-        return [merge([v[i] for v in values]) for i in range(len(first))]
-    if isinstance(first, Mapping):
+    leaves, spec = pytree.tree_flatten(first)
+    if not spec.is_leaf():
+        columns = [pytree.tree_leaves(v) for v in values]
+        return pytree.tree_unflatten([merge([c[i] for c in columns]) for i in range(len(leaves))], spec)
+    if isinstance(first, Mapping):  # a mapping torch's pytree does not know
         return {k: merge([v[k] for v in values]) for k in first}
     return first

@@ -34,6 +34,7 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
+from graphpipe.export_capture import set_mode
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
 from graphpipe.runtime.failure import FailureBoard, describe, pipeline_store
@@ -215,6 +216,7 @@ class Pipeline:
         self._meta = meta_copy(traced.module)
         self._input_values = traced.input_values
         self._captured_training = traced.captured_training
+        self._eval_problem = traced.eval_problem
         self._static_batch = traced.static_batch
         self._model_name = type(model).__name__
         if not any(True for _ in self.module.parameters()):
@@ -451,13 +453,18 @@ class Pipeline:
         return ((n, p) for n, p in self.module.named_parameters() if n != _NO_PARAMETERS)
 
     def train(self, mode: bool = True) -> Pipeline:
-        if self._captured_training is not None and bool(mode) != self._captured_training:
-            captured = "training" if self._captured_training else "eval"
+        """Puts this rank's stage in training (or eval) mode. A torch.export capture switches its
+        dropout, attention dropout and batch norm operators (docs/capture.md); InputError where
+        the capture cannot run the mode (captured in eval, or branching on self.training)."""
+        if self._captured_training is False and mode:
             raise InputError(
-                f"{self._model_name} was captured by torch.export in {captured} mode, which fixes its dropout and "
-                f"its branches on self.training; call model.{'eval' if mode is False else 'train'}() before "
-                "graphpipe.wrap to run it in the other mode"
+                f"{self._model_name} was captured by torch.export in eval mode, which has no training values for "
+                "its dropout, batch norm and branches on self.training; call model.train() before graphpipe.wrap"
             )
+        if self._captured_training and not mode and self._eval_problem is not None:
+            raise InputError(f"{self._eval_problem}; call model.eval() before graphpipe.wrap to run it in eval mode")
+        if self._captured_training:  # the exported operators' mode (export_capture.set_mode)
+            set_mode(self.module, bool(mode))
         self.module.train(mode)
         return self
 
