@@ -196,6 +196,11 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
   // activations and received tensors, and runs its shard's forward once more). Monotone in flight.
   auto fits = [&](int j, int e, int l, double target, int flight) {
     const Segment& s = seg[j][e - j - 1];
+    // Most levels that fail, fail on memory: tell so before loading the segment's times.
+    if (stage_memory(s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l], flight, p.memory_limit)
+            .bytes > p.memory_limit) {
+      return false;
+    }
     return stage_fits(times.empty() ? stage_time(j, e, l) : times[s.times + l], forward[l][e] - forward[l][j],
                       s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l], flight, p.memory_limit,
                       target);
@@ -227,6 +232,7 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
         // The least compute the segment can reach only grows with e: past the target, stop.
         if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
         const int* after = dev[e].data();
+        const Segment& s = seg[j][e - j - 1];
         int base = -1;  // least level at one micro-batch in flight: more in flight only need more
         // k = 1 only for the last segment (e == units), k >= 2 only before it.
         const int k_first = std::max(e == units ? 1 : 2, k_lo[e] + 1);
@@ -239,7 +245,11 @@ std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Proble
             if (base < 0) break;
           }
           int l = base;
-          if (!fits(j, e, l, target, in_flight(k))) {
+          // Level `base` met the target at one micro-batch in flight; at k it still does unless
+          // it no longer fits or must recompute (one more forward): then scan again.
+          const StageMemory m = stage_memory(s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l],
+                                             in_flight(k), p.memory_limit);
+          if (m.bytes > p.memory_limit || m.recompute) {
             l = least_level(j, e, target, in_flight(k));
             if (l < 0) break;  // more micro-batches in flight for larger k: none fits either
           }
