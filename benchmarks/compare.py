@@ -1,52 +1,59 @@
-"""The main job: throughput of graph pipelines against sequential pipeline baselines.
+"""The main job: is a graph pipeline faster than what a PyTorch user would run instead?
 
-For each model and world size, in one invocation, with the same global batch, optimizer (SGD),
-dtype (float32) and number of ranks:
+For each model, world size and per-rank memory limit, in one invocation, with the same global
+batch, optimizer (SGD), dtype (float32) and number of ranks:
 
-  graphpipe/graph        graphpipe's runtime on the ``graphpipe`` partitioner's plan (a DAG)
-  graphpipe/sequential   graphpipe's runtime on the ``sequential`` plan (a chain, skip tensors
-                         relayed through the stages in between)
-  graphpipe/graph zb     the graph plan under the zero-bubble schedule ``zb_graph`` (every
-                         backward split into its input- and weight-gradient halves)
-  torch/1f1b, torch/gpipe
-                         PyTorch's torch.distributed.pipelining (Schedule1F1B, ScheduleGPipe),
-                         the model cut at the sequential plan's cut points, at the sequential
-                         plan's micro-batch count (and at the graph plan's, marked "@graph M")
-  torch/ddp              plain data parallelism, torch's DistributedDataParallel: every rank the
-                         whole model on 1/world of the batch (baselines/torch_ddp.py)
-  graphpipe/graph+dp, graphpipe/sequential+dp
-                         graphpipe's runtime on plans with replicated stages
-                         (graphpipe.plan(..., replicate=True)); reported as "not available in
-                         this build" where graphpipe.plan takes no ``replicate``
+  graphpipe/graph+dp       graphpipe's runtime on the ``graphpipe`` planner's choice with
+                           replicated stages allowed (graphpipe.plan(..., replicate=True)): a
+                           graph pipeline, data parallelism, or a mix
+  graphpipe/sequential+dp  the same on the ``sequential`` (chain) planner's plan
+  torch/1f1b               torch.distributed.pipelining as its users run it: pipeline() (over
+                           torch.export) split at the modules where the sequential plan's stages
+                           begin, Pipe.build_stage, Schedule1F1B (baselines/torch_pipeline_frontend.py;
+                           where torch's front end cannot take the model, the reason instead), at
+                           least as many micro-batches as stages (Schedule1F1B's requirement)
+  torch/1f1b interpreter   the same schedule on stages cut at the plan's exact operators by the
+                           hand-written interpreter of baselines/torch_pipelining.py (which adds
+                           work: a contiguous-gradient node per input, clones of relayed tensors);
+                           beside the front end's row, its figure shows that overhead
+  torch/zero-bubble        torch's zero-bubble schedules, where their classes accept the plan
+  torch/fsdp2              FSDP2, torch.distributed.fsdp.fully_shard on every layer and the root
+                           (baselines/torch_fsdp.py): every rank 1/world of the training state
+  torch/ddp                DistributedDataParallel: every rank the whole model (baselines/torch_ddp.py)
 
-Every variant is measured in ``--rounds`` interleaved rounds (variant A, B, C, D, then A, B, C,
-D again, ...), each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under
-``torchrun``, on the launched ranks: warm-up iterations, then measured ones, pooled over the
-rounds. Interleaving spreads the machine's slow drifts over all variants alike, so the ratios
-compare like with like. We report samples/s (median and min-max spread), peak memory per rank
-(resident memory on CPU, allocated memory on GPU), and ratios to each baseline, and check that
-every variant's first-step loss equals single-process training's. Plans are made once, on rank
-0, from a profiled graph (graphpipe.profile at several batch sizes on this machine), with the
-same memory limit for every partitioner. Output: a markdown table on stdout, JSON (machine,
-torch, commit, every figure) and a PNG chart.
+``--variants all`` adds graphpipe's plain pipelines (graph, graph under the zero-bubble schedule,
+sequential) and torch's GPipe (interpreter). ``--memory-limit`` takes one or more per-rank limits, each a job
+of its own: ``none`` (the device's memory: the model fits everywhere, data parallelism's regime)
+or ``auto`` (memory-bound: 90% of the whole model's parameters, gradients and optimizer state,
+so that no rank can hold the whole model's training state) or a size (``30MiB``). The limit is
+the cost model's, the same for every variant: the planners plan under it, FSDP2 runs the fewest
+micro-batches (gradient accumulation) at which its cost-model figure fits, and DDP is reported
+as "does not fit" with the bytes it needs.
+
+Every variant is measured in ``--rounds`` interleaved rounds (A, B, C, then A, B, C again),
+each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under ``torchrun``, on
+the launched ranks; warm-up iterations, then measured ones, pooled over the rounds. We report
+samples/s (median and min-max spread), the cost model's memory per rank and the measured peak
+(resident memory on CPU, allocated on GPU), ratios to the baselines, a verdict line per job
+(the fastest variant, graph+dp over the best non-graphpipe variant), and check every variant's
+first-step loss against single-process training. Output: a markdown table on stdout, JSON
+(machine, torch, commit, every figure) and a PNG chart.
 
 ``--emulate`` (the default on CPU; ``--no-emulate`` measures real compute) replaces each stage's
-compute by a wait of its profiled duration (transfers stay real), so that 4 to 16 ranks fit on
-a small machine; every output of that mode says "emulated" (the table has a mode column), and
-the measured iteration time is compared with the simulator's. Emulated DDP ranks wait the
-same cost model's time for the whole model at their shard of the batch, split over the
-parameter segments so that DDP's real gradient all-reduces overlap the backward as usual. The optimizer
-step is emulated too: after each iteration a rank waits for its stage's simulated optimizer
-step (the emulated zero gradients would make the real one free, where the simulator charges it).
+compute by a wait of its profiled duration (transfers and collectives stay real), so that 4 to
+16 ranks fit on a small machine; every output of that mode says "emulated". Emulated DDP and
+FSDP2 ranks wait the same cost model's time for the whole model at their shard of the batch,
+split over the parameter segments, so their real all-reduces (DDP) and all-gathers and
+reduce-scatters (FSDP2) overlap the compute as usual. Optimizer steps are waits of the
+simulated step (the emulated zero gradients would make the real one free).
 
 ``--device cuda`` runs every rank on its own GPU with NCCL (profiling on the GPU too, planning
 with the ``--gpu-kind`` preset and the measured links).
 
-    python benchmarks/compare.py        # defaults: MMT, 4 emulated ranks 4x slower than a core
-    python benchmarks/compare.py --models mmt dlrm candle_uno
+    python benchmarks/compare.py        # defaults: MMT, 4 emulated ranks, no limit and memory-bound
+    python benchmarks/compare.py --models mmt candle_uno --memory-limit auto
     python benchmarks/compare.py --no-emulate             # measured: 4 models, 2 CPU ranks
-    python benchmarks/compare.py --no-emulate --models candle_uno --world 2 3 --steps 10
-    python benchmarks/compare.py --emulate --world 4 8
+    python benchmarks/compare.py --variants all --memory-limit none
     torchrun --nproc-per-node 2 benchmarks/compare.py --no-emulate   # the launched ranks (Gloo on CPU)
     torchrun --nproc-per-node 8 benchmarks/compare.py --device cuda --size paper
 """
@@ -86,52 +93,77 @@ BENCH_SPECS = {
     "transformer": "transformer:depth=8,seq=32,hidden=128,heads=4,ffn=256,batch=32",
 }
 LR = 0.001
+MIB = 2**20
 PEER_BUILD_FAILED = "a peer rank could not build this variant"
-#: The ratio columns of the table: graphpipe/graph and every other variant against these.
-BASELINES = ("graphpipe/sequential", "torch/1f1b", "torch/gpipe", "torch/ddp")
+#: The ratio columns of the table: every variant against these (same model, ranks and limit).
+BASELINES = ("graphpipe/sequential+dp", "torch/fsdp2", "torch/ddp")
+#: The reference of the chart's bars (drawn as 1.0).
+CHART_REFERENCE = "graphpipe/sequential+dp"
+#: torch's zero-bubble schedule classes all run several stages per rank.
+TORCH_ZERO_BUBBLE = ("not run: needs 2+ stages per rank (torch's zero-bubble schedules InterleavedZeroBubble, "
+                     "ZBVZeroBubble, DualPipeV); this plan has 1")
 
-#: The default run (the main job): emulated ranks, at a size where the graph planner cuts a
-#: shallower pipeline than the sequential one (MMT at 4 ranks: depth 3 against 4), beside DLRM,
-#: whose large embedding gradients make data parallelism pay for its all-reduce (both plans 4
-#: deep at this size in the latest runs of docs/results.md), in under 6 minutes on a 2-core
+#: The default run (the main job): MMT on 4 emulated ranks (devices 4x slower than a core),
+#: once with no memory limit (the model fits everywhere: data parallelism's regime) and once
+#: memory-bound (no rank holds the whole training state), in under 6 minutes on a 2-core
 #: machine. --no-emulate runs the measured 2-rank comparison of all of BENCH_SPECS instead.
 DEFAULT_EMULATED_MODELS = ("mmt",)
 DEFAULT_EMULATED_WORLD = 4
 DEFAULT_MEASURED_WORLD = 2
 DEFAULT_SLOWDOWN = 4.0
+DEFAULT_EMULATED_LIMITS = ("none", "auto")
+DEFAULT_MEASURED_LIMITS = ("none",)
 # Every round of every variant spawns its ranks afresh (about 10 s for 4 ranks on 2 busy
 # cores): 2 rounds keep the default run within 6 minutes there, still interleaved.
 DEFAULT_EMULATED_ROUNDS = 2
 DEFAULT_MEASURED_ROUNDS = 3
 
 
-#: The variants that need replicated stages (``graphpipe.plan(..., replicate=True)``).
-REPLICATED_VARIANTS = {"graphpipe/graph+dp": "graphpipe", "graphpipe/sequential+dp": "sequential"}
+# ---- what is timed: one record per runtime, in a Variant ------------------------------------
+
+@dataclass
+class GraphpipeRun:
+    """graphpipe's runtime on a plan (as JSON: plans cross process boundaries as text)."""
+
+    plan_json: str
+    schedule: str
+    plan_key: str  # which plan of make_variants' info
+    optimizer_seconds: list[float] = field(default_factory=list)  # per stage, simulated (emulation)
+
+
+@dataclass
+class TorchPipelineRun:
+    """torch.distributed.pipelining on the sequential plan's cuts: through its front end
+    (``pipeline()`` split at ``split_points``) or through the
+    interpreter of baselines/torch_pipelining.py (the operator cuts ``labels``)."""
+
+    front_end: bool  # pipeline() at split_points, or the interpreter at labels
+    split_points: list[str]  # module paths where torch's pipeline() cuts
+    labels: dict[str, int]  # operator name -> stage
+    num_stages: int
+    schedule: str
+    stage_seconds: list[tuple[float, float]]  # per stage, forward and backward per micro-batch (emulation)
+    optimizer_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DataParallelRun:
+    """torch DDP or FSDP2: every rank the whole model's compute on its shard of the batch."""
+
+    emulation: Any  # baselines.torch_ddp.DDPEmulation (the cost model's waits), or why there is none
 
 
 @dataclass
 class Variant:
-    """One way of training the model that compare.py times: a runtime and what it runs."""
+    """One way of training the model that compare.py times."""
 
     name: str
-    runtime: str  # "graphpipe", "torch" (pipelining) or "ddp" (torch DistributedDataParallel)
-    plan_json: str | None = None
-    schedule: str = "1f1b"
+    runtime: str  # "graphpipe", "torch" (pipelining), "ddp" or "fsdp2"
+    run: GraphpipeRun | TorchPipelineRun | DataParallelRun | None = None
     micro_batches: int = 1
-    labels: dict[str, int] = field(default_factory=dict)
-    num_stages: int = 0
-    note: str = ""
-    # Emulation: per stage, the simulated optimizer step, which the emulated runs wait for too
-    # (their zero gradients would make the real step free, where the simulator charges it).
-    optimizer_seconds: list[float] = field(default_factory=list)
-    # Which plan (a key of make_variants' plan info) a graphpipe variant runs.
-    plan_key: str = ""
-    # Pipeline depth (stages on the longest path); 1 for data parallelism.
-    depth: int = 0
-    # Emulated DDP: the cost model's waits (baselines.torch_ddp.DDPEmulation), or why there are none.
-    ddp_emulation: Any = None
-    # Set when this build cannot run the variant: the reason, printed instead of a number.
-    unavailable: str = ""
+    depth: int = 0  # stages on the longest path; 1 for data parallelism
+    memory_bytes: float | None = None  # the cost model's training state per rank
+    unavailable: str = ""  # why there is no number (printed instead of one)
 
 
 # ---- per-rank work -------------------------------------------------------------------------
@@ -143,57 +175,18 @@ def _rank_device(device: str) -> torch.device:
 def _peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # Linux: this process's peak resident set (VmHWM), not ru_maxrss, which a spawned rank
+    # inherits from the parent it was forked from (rank 0's planner, hundreds of MiB).
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _graphpipe_stepper(spec: str, variant: Variant, model: Any, inputs: Any, emulate: float | None,
-                       device: torch.device) -> Any:
-    pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=variant.plan_json,
-                          schedule=variant.schedule, device=device)
-    if emulate is not None:
-        from graphpipe.runtime.emulate import emulate_stage
-
-        emulate_stage(pipe, scale=emulate)
-    params = list(pipe.parameters())
-    optimizer: Any = torch.optim.SGD(params, lr=LR) if params else None
-    if emulate is not None and pipe._stage is not None:
-        optimizer = _EmulatedOptimizer(optimizer, _optimizer_wait(variant, pipe._stage.index))
-
-    def step(x: Any, y: Any) -> float:
-        # optimizer= steps it as soon as this rank's part is done (before the loss broadcast)
-        return float(pipe.step(x, y, optimizer=optimizer))
-
-    return step
-
-
-def _optimizer_wait(variant: Variant, stage: int) -> float:
-    return variant.optimizer_seconds[stage] if stage < len(variant.optimizer_seconds) else 0.0
-
-
-class _EmulatedOptimizer:
-    """Emulation: the real optimizer's step (free on zero gradients), then a wait of the stage's
-    simulated optimizer step."""
-
-    def __init__(self, inner: Any, seconds: float) -> None:
-        self.inner, self.seconds = inner, seconds
-
-    def step(self) -> None:
-        from graphpipe.runtime.emulate import wait
-
-        if self.inner is not None:
-            self.inner.step()
-        wait(self.seconds)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.inner is not None:
-            self.inner.zero_grad(set_to_none=set_to_none)
-
-
-def _with_emulated_optimizer(step: Any, variant: Variant, stage: int) -> Any:
-    """``step`` followed by a wait of the stage's simulated optimizer step (emulation)."""
+def _with_wait(step: Any, seconds: float) -> Any:
+    """``step`` followed by a wait (emulation: the stage's simulated optimizer step)."""
     from graphpipe.runtime.emulate import wait
-
-    seconds = _optimizer_wait(variant, stage)
 
     def emulated(x: Any, y: Any) -> float:
         loss = step(x, y)
@@ -203,48 +196,86 @@ def _with_emulated_optimizer(step: Any, variant: Variant, stage: int) -> Any:
     return emulated
 
 
-def _torch_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any,
-                   emulate: float | None,
-                   device: torch.device) -> Any:
+def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, model: Any, inputs: Any,
+                       emulate: float | None, device: torch.device) -> Any:
+    pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=run.plan_json, schedule=run.schedule,
+                          device=device)
+    if emulate is not None:
+        from graphpipe.runtime.emulate import emulate_stage
+
+        emulate_stage(pipe, scale=emulate)
+    params = list(pipe.parameters())
+    optimizer = torch.optim.SGD(params, lr=LR) if params else None
+    # optimizer= steps it as soon as this rank's part is done (before the loss broadcast)
+    step = lambda x, y: float(pipe.step(x, y, optimizer=optimizer))  # noqa: E731
+    stage = next((s.id for s in pipe.plan.stages if rank in s.devices), None)
+    if emulate is None or stage is None:
+        return step
+    return _with_wait(step, run.optimizer_seconds[stage] if stage < len(run.optimizer_seconds) else 0.0)
+
+
+def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micro_batches: int, model: Any,
+                   inputs: Any, emulate: float | None, device: torch.device) -> Any:
     import torch.distributed as dist
 
     from baselines.torch_pipelining import chain_stage_modules, make_stepper, pin_integer_consumers, stage_examples
     from graphpipe.trace import trace_module
 
-    k = variant.num_stages
+    k = run.num_stages
     group = dist.new_group(list(range(k))) if k < world else None  # collective: every rank calls it
     if rank >= k:  # more ranks than chain stages: this rank idles, joining the barriers
         return lambda x, y: float("nan")
-    traced = trace_module(model, inputs)
-    labels = pin_integer_consumers(traced.module, variant.labels, traced.placeholder_values)
-    stages = chain_stage_modules(traced.module, labels, k)
-    example = stage_examples(stages, tuple(inputs), variant.micro_batches)[rank]
-    stage = stages[rank]
-    if emulate is not None:  # the same waits as graphpipe's emulated stages: the sequential plan's figures
+    if run.front_end:
+        from baselines.torch_pipeline_frontend import make_stepper as frontend_stepper
         from graphpipe.runtime.emulate import EmulatedStage
 
-        figures = json.loads(variant.plan_json)["stages"][rank]
-        stage = EmulatedStage(stage, emulate * figures["forward_seconds"], emulate * figures["backward_seconds"])
-    step = make_stepper(stage, rank, k, default_loss(spec), variant.micro_batches, variant.schedule, lr=LR,
-                        device=device, group=group, example=example)
-    return _with_emulated_optimizer(step, variant, rank) if emulate is not None else step
+        forward, backward = run.stage_seconds[rank]
+        wrapper = None if emulate is None else (lambda m: EmulatedStage(m, emulate * forward, emulate * backward))
+        step = frontend_stepper(model, tuple(inputs), run.split_points, rank, k, default_loss(spec), micro_batches,
+                                lr=LR, device=device, group=group, stage_wrapper=wrapper)
+        return _with_wait(step, run.optimizer_seconds[rank]) if emulate is not None else step
+    traced = trace_module(model, inputs)
+    labels = pin_integer_consumers(traced.module, run.labels, traced.placeholder_values)
+    stages = chain_stage_modules(traced.module, labels, k)
+    example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
+    stage = stages[rank]
+    if emulate is not None:  # the same waits as graphpipe's emulated stages, from the same cost model
+        from graphpipe.runtime.emulate import EmulatedStage
+
+        forward, backward = run.stage_seconds[rank]
+        stage = EmulatedStage(stage, emulate * forward, emulate * backward)
+    step = make_stepper(stage, rank, k, default_loss(spec), micro_batches, run.schedule, lr=LR, device=device,
+                        group=group, example=example)
+    return _with_wait(step, run.optimizer_seconds[rank]) if emulate is not None else step
 
 
-def _ddp_stepper(rank: int, world: int, spec: str, variant: Variant, model: Any, inputs: Any,
-                 emulate: float | None, device: torch.device) -> Any:
-    """This rank's step of plain data parallelism (torch DDP, 1/world of the batch per rank).
-    Emulated: the model's compute becomes the cost model's waits, per parameter segment (their
-    zero gradients are all-reduced for real, overlapping the backward as DDP does), and the SGD
-    step a wait of the simulated optimizer step."""
-    from baselines.torch_ddp import emulated_model, make_stepper, shard_inputs
+def _data_parallel_stepper(rank: int, world: int, spec: str, runtime: str, run: DataParallelRun, micro_batches: int,
+                           model: Any, inputs: Any, emulate: float | None, device: torch.device) -> Any:
+    """This rank's step of torch DDP or FSDP2 (1/world of the batch per rank). Emulated: the
+    model's compute becomes the cost model's waits, per parameter segment (their zero gradients
+    go through the real collectives, overlapping the backward), and the SGD step a wait of the
+    simulated optimizer step (FSDP2: of 1/world of it, each rank updating its shard). FSDP2 runs
+    ``micro_batches`` pieces of the shard (gradient accumulation), each waiting the cost model's
+    time at its rows."""
+    from baselines import torch_ddp, torch_fsdp
 
     if emulate is None:
-        return make_stepper(model, rank, world, default_loss(spec), lr=LR, device=device)
-    if not hasattr(variant.ddp_emulation, "segments"):
-        raise RuntimeError(f"cannot emulate DDP: {variant.ddp_emulation}")
-    fake = emulated_model(model, shard_inputs(tuple(inputs), rank, world), variant.ddp_emulation, scale=emulate)
-    return make_stepper(fake, rank, world, default_loss(spec), lr=LR, device=device,
-                        optimizer_wait=emulate * variant.ddp_emulation.optimizer_seconds)
+        if runtime == "ddp":
+            return torch_ddp.make_stepper(model, rank, world, default_loss(spec), lr=LR, device=device)
+        return torch_fsdp.make_stepper(model, rank, world, default_loss(spec), lr=LR, device=device,
+                                       micro_batches=micro_batches)
+    if not hasattr(run.emulation, "segments"):
+        raise RuntimeError(f"cannot emulate {runtime}: {run.emulation}")
+    shard = torch_ddp.shard_inputs(tuple(inputs), rank, world)
+    if runtime == "ddp":
+        fake = torch_ddp.emulated_model(model, shard, run.emulation, scale=emulate)
+        return torch_ddp.make_stepper(fake, rank, world, default_loss(spec), lr=LR, device=device,
+                                      optimizer_wait=emulate * run.emulation.optimizer_seconds)
+    piece = tuple(t.tensor_split(micro_batches)[0] for t in shard)
+    fake = torch_fsdp.emulated_model(model, piece, run.emulation, scale=emulate)
+    return torch_fsdp.make_stepper(fake, rank, world, default_loss(spec), lr=LR, device=device,
+                                   optimizer_wait=emulate * run.emulation.optimizer_seconds / world,
+                                   micro_batches=micro_batches)
 
 
 def keep_freed_memory() -> None:
@@ -283,16 +314,17 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     failure: Exception | None = None
     try:
         if variant.runtime == "graphpipe":
-            step = _graphpipe_stepper(spec, variant, model, inputs, emulate, dev)
-        elif variant.runtime == "ddp":
-            step = _ddp_stepper(rank, world, spec, variant, model, inputs, emulate, dev)
+            step = _graphpipe_stepper(rank, world, spec, variant.run, model, inputs, emulate, dev)
+        elif variant.runtime == "torch":
+            step = _torch_stepper(rank, world, spec, variant.run, variant.micro_batches, model, inputs, emulate, dev)
         else:
-            step = _torch_stepper(rank, world, spec, variant, model, inputs, emulate, dev)
+            step = _data_parallel_stepper(rank, world, spec, variant.runtime, variant.run, variant.micro_batches,
+                                          model, inputs, emulate, dev)
     except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
         failure = exc
     # Every rank learns whether every other could build its part before any rank waits on a
-    # peer: a variant that one rank refuses (torch's 1F1B with fewer micro-batches than stages)
-    # then fails everywhere at once instead of leaving the others in a barrier.
+    # peer: a variant that one rank refuses then fails everywhere at once instead of leaving
+    # the others in a barrier.
     built = torch.tensor([0 if failure else 1], device=dev)
     dist.all_reduce(built, op=dist.ReduceOp.MIN)
     if failure is not None:
@@ -315,114 +347,211 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     return {"losses": losses, "seconds": seconds, "peak_memory": _peak_memory_bytes(dev)}
 
 
-# ---- orchestration -------------------------------------------------------------------------
-
-def reference_losses(spec: str, steps: int) -> list[float]:
-    model, _, data = seeded_batches(spec, steps)
-    return reference_training(model, data, default_loss(spec), LR)
 
 
-def make_variants(spec: str, world: int, memory_limit: str | None, profile_batches: tuple[int, ...],
-                  calibration: dict[str, float], device: str = "cpu", gpu_kind: str = "h100",
-                  slowdown: float = 1.0) -> tuple[list[Variant], dict]:
-    model, inputs = build_model(spec)
-    graph = graphpipe.trace(model, inputs)
-    profile_device = "cuda" if device == "cuda" else "cpu"
-    graphpipe.profile(graph, model, inputs, device=profile_device, batch_sizes=profile_batches, repeats=3, warmup=1)
-    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
-    # CPU ranks: this machine's measured throughput and memory bandwidth (the optimizer step is
-    # priced by the latter; the preset's documented 5 GB/s made it 8x too slow here).
+# ---- planning: the variants of one job --------------------------------------------------------
+
+@dataclass
+class Job:
+    """One model at one world size under one per-rank memory limit."""
+
+    model: str  # the name given on the command line
+    spec: str
+    world: int
+    memory_limit: str | None  # None (the device's memory), "auto" or a size such as "30MiB"
+
+
+def regime(limit_bytes: float | None) -> str:
+    return "fits (no limit)" if limit_bytes is None else f"memory-bound, {limit_bytes / MIB:.3g} MiB/rank"
+
+
+def auto_memory_limit(static_bytes: float) -> float:
+    """The memory-bound default: 90% of the whole model's parameters, gradients and optimizer
+    state (the planner's static bytes for one device), so that no rank can hold the whole
+    model's training state (data parallelism cannot run, however small its micro-batches)."""
+    return 0.9 * static_bytes
+
+
+def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calibration: dict | None = None) -> Any:
+    """The cost model's devices: the preset (CPU ranks: this machine's measured throughput and
+    memory bandwidth, by which the optimizer step is priced), the measured links, and devices
+    ``slowdown`` times slower than this core, so the planner, the simulator and the emulated waits
+    all see the same, longer compute and memory traffic."""
     devices = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
-    devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
-    # An emulated device `slowdown` times slower than this core: the planner, the simulator and
-    # the emulated waits (the plan's stage times and optimizer steps) all see the same, longer
-    # compute and memory traffic.
+    if calibration is not None:
+        latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
+        devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
-    plans = {p: graphpipe.plan(graph, devices, p, memory_limit=memory_limit) for p in ("graphpipe", "sequential")}
-    seq = plans["sequential"]
-    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
-    variants = [
-        Variant("graphpipe/graph", "graphpipe", plans["graphpipe"].to_json(graph), "1f1b",
-                plans["graphpipe"].num_micro_batches, plan_key="graphpipe", depth=plans["graphpipe"].depth),
-        Variant("graphpipe/graph zb", "graphpipe", plans["graphpipe"].to_json(graph), "zb_graph",
-                plans["graphpipe"].num_micro_batches, plan_key="graphpipe zb", depth=plans["graphpipe"].depth),
-        Variant("graphpipe/sequential", "graphpipe", seq.to_json(graph), "1f1b", seq.num_micro_batches,
-                plan_key="sequential", depth=seq.depth),
-        Variant("torch/1f1b", "torch", seq.to_json(graph), "1f1b", seq.num_micro_batches, labels, seq.num_stages,
-                depth=seq.num_stages),
-        Variant("torch/gpipe", "torch", seq.to_json(graph), "fill_drain", seq.num_micro_batches, labels,
-                seq.num_stages, depth=seq.num_stages),
-    ]
-    graph_m = plans["graphpipe"].num_micro_batches
-    if graph_m != seq.num_micro_batches:
-        variants.append(Variant(f"torch/1f1b @graph M={graph_m}", "torch", seq.to_json(graph), "1f1b", graph_m,
-                                labels, seq.num_stages, depth=seq.num_stages))
-    batch = graph.trace_batch_size
-    variants.append(Variant("torch/ddp", "ddp", micro_batches=1, depth=1,
-                            ddp_emulation=ddp_emulation(graph, world, batch, device, gpu_kind, slowdown)))
-    for name, key in REPLICATED_VARIANTS.items():
-        replicated, reason = replicated_plan(graph, devices, key, memory_limit)
-        if replicated is None:
-            variants.append(Variant(name, "graphpipe", unavailable=reason))
-            continue
-        plans[f"{key}+dp"] = replicated
-        variants.append(Variant(name, "graphpipe", replicated.to_json(graph), "1f1b", replicated.num_micro_batches,
-                                plan_key=f"{key}+dp", depth=replicated.depth))
-    info = {name: {"stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,
-                   "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
-                   "predicted_iteration_seconds": p.predicted_iteration_seconds}
-            for name, p in plans.items()}
-    overhead = calibration["task_overhead_seconds"]
-    info["graphpipe zb"] = dict(info["graphpipe"])
-    kinds = {name: "1f1b" for name in plans} | {"graphpipe zb": "zb_graph"}
-    for name, kind in kinds.items():
-        p = plans[name.split(" ")[0]]
-        result = graphpipe.simulate(p, devices, kind, task_overhead_seconds=overhead)
-        info[name]["simulated_iteration_seconds"] = result.iteration_seconds
-        info[name]["optimizer_seconds"] = optimizer_seconds(result, p.num_stages)
-        info[name]["simulated_zero_compute_seconds"] = graphpipe.simulate(
-            zero_compute(p, graph), devices, kind, task_overhead_seconds=overhead).iteration_seconds
-    for v in variants:
-        if v.runtime in ("graphpipe", "torch") and not v.unavailable:
-            v.optimizer_seconds = info[v.plan_key or "sequential"]["optimizer_seconds"]
-    return variants, info
+    return devices
 
 
-def replicated_plan(graph: Any, devices: Any, partitioner: str, memory_limit: str | None) -> tuple[Any, str]:
-    """``partitioner``'s plan with replicated stages (``graphpipe.plan(..., replicate=True)``:
-    the planner may give a stage several devices, data parallel inside the stage), or None and
-    why not. The hook for the ``+dp`` variants: they run once this build's ``graphpipe.plan``
-    takes ``replicate``; until then they are reported as not available, never with a number."""
-    import inspect
-
-    if "replicate" not in inspect.signature(graphpipe.plan).parameters:
-        return None, "not available in this build: graphpipe.plan has no replicate parameter"
+def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
     try:
-        return graphpipe.plan(graph, devices, partitioner, memory_limit=memory_limit, replicate=True), ""
+        return graphpipe.plan(graph, devices, partitioner, **kwargs), ""
     except Exception as exc:  # noqa: BLE001 - the planner's refusal is the row's content
-        return None, f"planning with replicate=True failed: {type(exc).__name__}: {exc}"
+        return None, f"no plan: {type(exc).__name__}: {str(exc)[:120]}"
 
 
-def ddp_emulation(graph: Any, world: int, batch: int, device: str, gpu_kind: str, slowdown: float) -> Any:
-    """The waits of an emulated DDP rank, from the same cost model (and emulated device speed)
-    as the pipelines' stages: the whole model planned onto one device at the largest shard
-    (ceil(batch / world) rows, one micro-batch) gives the forward and backward seconds, its
-    simulation the optimizer step; ``baselines.torch_ddp.emulation_segments`` spreads them over
-    the parameter segments. Returns the DDPEmulation, or a string saying why there is none."""
+def peak_stage_memory(plan: Any) -> float:
+    return max(stage.memory_bytes for stage in plan.stages)
+
+
+def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[str, float], device: str = "cpu",
+                  gpu_kind: str = "h100", slowdown: float = 1.0,
+                  every: bool = False) -> tuple[list[Variant], dict, float | None]:
+    """Profiles and plans ``job``: its variants, the plans' figures (simulated times) and the
+    memory limit in bytes (None: the device's memory)."""
+    model, inputs = build_model(job.spec)
+    graph = graphpipe.trace(model, inputs)
+    graphpipe.profile(graph, model, inputs, device="cuda" if device == "cuda" else "cpu",
+                      batch_sizes=profile_batches, repeats=3, warmup=1)
+    devices = _device_model(job.world, device, gpu_kind, slowdown, calibration)
+    one = _device_model(1, device, gpu_kind, slowdown)
+    shard_batch = -(-graph.trace_batch_size // job.world)
+    ddp = whole_model(graph, one, shard_batch)
+    limit = (None if job.memory_limit is None else auto_memory_limit(ddp[0].static_bytes)
+             if job.memory_limit == "auto" else graphpipe.parse_bytes(job.memory_limit))
+
+    plans: dict[str, Any] = {}
+    variants: list[Variant] = []
+
+    def graphpipe_variant(name: str, key: str, partitioner: str, schedule: str = "1f1b", **kwargs: Any) -> None:
+        if key not in plans:
+            plans[key], reason = _plan_or_reason(graph, devices, partitioner, memory_limit=limit, **kwargs)
+            if plans[key] is None:
+                del plans[key]
+                variants.append(Variant(name, "graphpipe", unavailable=reason))
+                return
+        p = plans[key]
+        variants.append(Variant(name, "graphpipe", GraphpipeRun(p.to_json(graph), schedule, key),
+                                p.num_micro_batches, p.depth, peak_stage_memory(p)))
+
+    graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=True)
+    graphpipe_variant("graphpipe/sequential+dp", "sequential+dp", "sequential", replicate=True)
+    if every:
+        graphpipe_variant("graphpipe/graph", "graphpipe", "graphpipe")
+        graphpipe_variant("graphpipe/graph zb", "graphpipe", "graphpipe", "zb_graph")
+        graphpipe_variant("graphpipe/sequential", "sequential", "sequential")
+    variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs)
+    variants += data_parallel_variants(graph, model, one, job.world, shard_batch, ddp, limit)
+
+    info = simulate_plans(plans, graph, devices, calibration["task_overhead_seconds"])
+    for v in variants:
+        if isinstance(v.run, GraphpipeRun):
+            key = v.run.plan_key + (" zb" if v.run.schedule == "zb_graph" else "")
+            v.run.plan_key = key
+            v.run.optimizer_seconds = info[key]["optimizer_seconds"]
+    return variants, info, limit
+
+
+def whole_model(graph: Any, one: Any, rows: int) -> tuple[Any, Any]:
+    """The whole model on one device at ``rows`` rows (one micro-batch): the cost model's stage
+    figures (memory, forward and backward seconds) and the emulation waits they give, spread
+    over the parameter segments with the simulated optimizer step (or why there are none)."""
     from baselines.torch_ddp import emulation_segments
 
-    shard_batch = -(-batch // world)
+    whole = graphpipe.plan(graph, one, "sequential", batch_size=rows, micro_batches=1)
+    figures = whole.stages[0]
     try:
-        one = graphpipe.devices(1, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
-        one.relative_speed = one.relative_speed / slowdown
-        one.memory_bandwidth = one.memory_bandwidth / slowdown
-        whole = graphpipe.plan(graph, one, "sequential", batch_size=shard_batch, micro_batches=1)
-        stage = json.loads(whole.to_json(graph))["stages"][0]
-        optimizer = optimizer_seconds(graphpipe.simulate(whole, one), 1)[0]
-        return emulation_segments(graph, shard_batch, stage["forward_seconds"], stage["backward_seconds"], optimizer)
-    except Exception as exc:  # noqa: BLE001 - only the emulated DDP variant needs it
-        return f"{type(exc).__name__}: {exc}"
+        return figures, emulation_segments(graph, rows, figures.forward_seconds, figures.backward_seconds,
+                                           optimizer_seconds(graphpipe.simulate(whole, one), 1)[0])
+    except Exception as exc:  # noqa: BLE001 - only the emulated data-parallel variants need it
+        return figures, f"{type(exc).__name__}: {exc}"
+
+
+def data_parallel_variants(graph: Any, model: Any, one: Any, world: int, shard_batch: int, ddp: tuple[Any, Any],
+                           limit: float | None) -> list[Variant]:
+    """torch FSDP2 (at the fewest micro-batches at which a rank's part fits the limit) and torch
+    DDP (the whole model at a rank's shard, ``ddp``), each with its cost-model memory, "does not
+    fit" where that exceeds the limit."""
+    from baselines import torch_fsdp
+
+    ddp_figures, ddp_emulation = ddp
+    layer_bytes = max((sum(p.numel() * p.element_size() for p in model.get_submodule(n).parameters())
+                       for n in torch_fsdp.layer_names(model)), default=0)
+    fsdp_m, (fsdp_figures, fsdp_emulation) = 1, ddp
+    while True:
+        fsdp_bytes = torch_fsdp.memory_bytes(ddp_figures.static_bytes, fsdp_figures.activation_bytes, layer_bytes,
+                                             world)
+        if limit is None or fsdp_bytes <= limit or shard_batch % (2 * fsdp_m):
+            break
+        fsdp_m *= 2
+        fsdp_figures, fsdp_emulation = whole_model(graph, one, shard_batch // fsdp_m)
+    if hasattr(fsdp_emulation, "segments") and hasattr(ddp_emulation, "segments"):
+        fsdp_emulation.optimizer_seconds = ddp_emulation.optimizer_seconds  # one step per iteration
+
+    def unfit(need: float, note: str = "") -> str:
+        if limit is None or need <= limit:
+            return ""
+        return f"does not fit: needs {need / MIB:.3g} MiB/rank > {limit / MIB:.3g} MiB{note}"
+
+    static = ddp_figures.static_bytes
+    note = (f" (its parameters, gradients and optimizer state alone: {static / MIB:.3g} MiB)"
+            if limit is not None and static > limit else "")
+    return [Variant("torch/fsdp2", "fsdp2", DataParallelRun(fsdp_emulation), fsdp_m, 1, fsdp_bytes, unfit(fsdp_bytes)),
+            Variant("torch/ddp", "ddp", DataParallelRun(ddp_emulation), 1, 1, ddp_figures.memory_bytes,
+                    unfit(ddp_figures.memory_bytes, note))]
+
+
+def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every: bool, model: Any,
+                            inputs: Any) -> list[Variant]:
+    """torch.distributed.pipelining at the sequential plan's cuts (the same stages and stage
+    times as that plan, at at least as many micro-batches as stages: Schedule1F1B refuses fewer):
+    1F1B through torch's front end (``pipeline()``, or the reason it cannot take the model) and
+    through the interpreter of baselines/torch_pipelining.py, which cuts at any operator."""
+    from baselines.torch_pipeline_frontend import refusal, split_points
+
+    seq, reason = _plan_or_reason(graph, devices, "sequential", memory_limit=limit)
+    names = ["torch/1f1b", "torch/1f1b interpreter", "torch/zero-bubble"] + (["torch/gpipe interpreter"] if every else [])
+    if seq is None:
+        return [Variant(n, "torch", unavailable=reason) for n in names]
+    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
+    k = seq.num_stages
+    m = seq.num_micro_batches
+    if m < k and graph.trace_batch_size % k == 0:
+        m = k
+    at_m = seq if m == seq.num_micro_batches else graphpipe.plan(graph, devices, "manual", manual=labels,
+                                                               micro_batches=m)
+    seconds = [(s.forward_seconds, s.backward_seconds) for s in at_m.stages]
+    optimizer = optimizer_seconds(graphpipe.simulate(at_m, devices), k)
+    memory = peak_stage_memory(at_m)
+    try:
+        points = split_points([[graph.node(n).module for n in stage.nodes] for stage in seq.stages])
+        refused = refusal(model, tuple(inputs), points, m)
+    except ValueError as exc:
+        points, refused = [], str(exc)
+
+    def run(schedule: str, front_end: bool = False) -> TorchPipelineRun:
+        return TorchPipelineRun(front_end, points, labels, k, schedule, seconds, optimizer)
+
+    out = [Variant("torch/1f1b", "torch", run("1f1b", True), m, k, memory, unavailable=refused),
+           Variant("torch/1f1b interpreter", "torch", run("1f1b"), m, k, memory),
+           Variant("torch/zero-bubble", "torch", micro_batches=m, depth=k, memory_bytes=memory,
+                   unavailable=TORCH_ZERO_BUBBLE)]
+    if every:
+        out.append(Variant("torch/gpipe interpreter", "torch", run("fill_drain"), m, k, memory))
+    return out
+
+
+def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any, overhead: float) -> dict[str, dict]:
+    """Per plan (and "graphpipe zb": the graph plan under zb_graph): its shape, the simulated
+    iteration, the simulated optimizer step per stage, and the simulated runtime alone."""
+    info: dict[str, dict] = {}
+    for name, p in plans.items():
+        for kind in ("1f1b", "zb_graph") if name == "graphpipe" else ("1f1b",):
+            result = graphpipe.simulate(p, devices, kind, task_overhead_seconds=overhead)
+            info[name + (" zb" if kind == "zb_graph" else "")] = {
+                "stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,
+                "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
+                "replicas": [len(s.devices) for s in p.stages],
+                "predicted_iteration_seconds": p.predicted_iteration_seconds,
+                "simulated_iteration_seconds": result.iteration_seconds,
+                "optimizer_seconds": optimizer_seconds(result, p.num_stages),
+                "simulated_zero_compute_seconds": graphpipe.simulate(
+                    zero_compute(p, graph), devices, kind, task_overhead_seconds=overhead).iteration_seconds,
+                "memory_bytes": [s.memory_bytes for s in p.stages]}
+    return info
 
 
 def optimizer_seconds(result: Any, num_stages: int) -> list[float]:
@@ -534,15 +663,103 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
     return calibration
 
 
+# ---- the job: measure every variant, interleaved ------------------------------------------
+
+def run_job(job: Job, args: argparse.Namespace, launch: Launch, calibration: dict[str, float], rounds: list[int],
+            mode: str, bar: Any) -> list[dict]:
+    """Plans ``job`` (rank 0; under torchrun the others receive the plans), times its variants
+    in interleaved rounds, and returns one report row per variant."""
+    batch = build_model(job.spec)[1][0].shape[0]
+    shared: list[Any] = [None]
+    if launch.rank == 0:
+        profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
+        planned = make_variants(job, profile_batches, calibration, args.device, args.gpu_kind, args.slowdown,
+                                args.variants == "all")
+        shared = [(*planned, reference_losses(job.spec, 1)[0])]
+    if launch.torchrun:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(shared, src=0)
+    variants, plans, limit, reference = shared[0]
+    runnable = [v for v in variants if not v.unavailable]
+    graphpipe_runs = [v for v in runnable if v.runtime == "graphpipe"]
+    bar.total += len(runnable) * len(rounds) + (len(graphpipe_runs) if args.emulate else 0)
+    label = f"{job.model} x{job.world} {'limit' if limit else 'no limit'}"
+    results: dict[str, dict] = {v.name: {} for v in variants}
+    zero: dict[str, dict] = {}
+    if args.emulate:
+        # Calibration runs, apart from the measured ones: each graphpipe plan emulated with
+        # no compute at all measures the runtime's own cost of that schedule (dispatch,
+        # transfers, the step's set-up and loss broadcast, the barriers that time it), which
+        # the simulator models only in part; the difference is added to the prediction.
+        for variant in graphpipe_runs:
+            bar.set_postfix_str(f"{label} {variant.name} (zero-compute calibration)")
+            zero[variant.name] = {}
+            # (zero-compute steps take milliseconds: at least 10 for a steady median)
+            run_variant(job.spec, job.world, variant, launch, [max(10, rounds[0])], args.warmup, 0.0, 0,
+                        zero[variant.name])
+            bar.update(1)
+    for round_index in range(len(rounds)):  # A B C, A B C, ...: drifts hit every variant alike
+        for variant in runnable:
+            bar.set_postfix_str(f"{label} {variant.name} (round {round_index + 1})")
+            run_variant(job.spec, job.world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
+                        round_index, results[variant.name])
+            bar.update(1)
+    return [report_row(job, v, results[v.name], zero.get(v.name, {}), results, plans, limit, reference, batch, mode,
+                       args) for v in variants]
+
+
+def report_row(job: Job, variant: Variant, r: dict, zero: dict, results: dict[str, dict], plans: dict,
+               limit: float | None, reference: float, batch: int, mode: str, args: argparse.Namespace) -> dict:
+    row = {"model": job.model, "spec": job.spec, "world": job.world, "variant": variant.name, "mode": mode,
+           "emulated": bool(args.emulate), "device": args.device, "batch": batch, "regime": regime(limit),
+           "memory_limit_bytes": limit, "micro_batches": variant.micro_batches, "depth": variant.depth or None,
+           "model_memory_bytes": variant.memory_bytes, **r}
+    if variant.unavailable:
+        row["unavailable"] = variant.unavailable
+    if isinstance(variant.run, DataParallelRun) and args.emulate:
+        e = variant.run.emulation
+        row["emulation"] = ({"segments": len(e.segments), "forward_seconds": e.forward_seconds,
+                             "backward_seconds": e.backward_seconds, "optimizer_seconds": e.optimizer_seconds}
+                            if hasattr(e, "segments") else {"error": str(e)})
+    if "median_seconds" in r:
+        row["samples_per_second"] = batch / r["median_seconds"]
+        row["spread"] = [batch / max(r["iteration_seconds"]), batch / min(r["iteration_seconds"])]
+        # Emulated stages compute nothing: their losses are meaningless, so not checked.
+        row["loss_matches_reference"] = None if args.emulate else (
+            abs(r["first_loss"] - reference) <= 1e-4 * max(1.0, abs(reference)))
+        for other in BASELINES:
+            if results.get(other, {}).get("median_seconds"):
+                row[f"speedup_vs_{other}"] = results[other]["median_seconds"] / r["median_seconds"]
+    if isinstance(variant.run, GraphpipeRun):
+        # The plan itself (stage times included), so the simulator's figures can be
+        # recomputed from the report alone, e.g. with another machine model.
+        plan = row["plan"] = dict(plans[variant.run.plan_key], json=json.loads(variant.run.plan_json))
+        if "median_seconds" in zero:
+            plan["zero_compute_seconds"] = zero["median_seconds"]
+            plan["simulated_calibrated_seconds"] = (plan["simulated_iteration_seconds"] + zero["median_seconds"]
+                                                    - plan["simulated_zero_compute_seconds"])
+            if "median_seconds" in r:
+                plan["simulator_error"] = r["median_seconds"] / plan["simulated_calibrated_seconds"] - 1.0
+    return row
+
+
+def reference_losses(spec: str, steps: int) -> list[float]:
+    model, _, data = seeded_batches(spec, steps)
+    return reference_training(model, data, default_loss(spec), LR)
+
+
 def resolve_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Fills the mode-dependent defaults: emulated on CPU unless --no-emulate (never on CUDA),
-    then the models, world sizes and slowdown of that mode."""
+    then the models, world sizes, memory limits, slowdown and rounds of that mode."""
     if args.emulate is None:
         args.emulate = args.device == "cpu"
     if args.models is None:
         args.models = list(DEFAULT_EMULATED_MODELS) if args.emulate else list(BENCH_SPECS)
     if args.world is None:
         args.world = [DEFAULT_EMULATED_WORLD if args.emulate else DEFAULT_MEASURED_WORLD]
+    if args.memory_limit is None:
+        args.memory_limit = list(DEFAULT_EMULATED_LIMITS if args.emulate else DEFAULT_MEASURED_LIMITS)
     if args.slowdown is None:
         args.slowdown = DEFAULT_SLOWDOWN if args.emulate else 1.0
     if args.rounds is None:
@@ -555,7 +772,7 @@ def split_steps(steps: int, rounds: int) -> list[int]:
     return [steps // rounds + (1 if i < steps % rounds else 0) for i in range(rounds)]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None,
                         help=f"names in BENCH_SPECS or model specs (default: {' '.join(DEFAULT_EMULATED_MODELS)} "
@@ -563,6 +780,15 @@ def main() -> None:
     parser.add_argument("--world", type=int, nargs="+", default=None,
                         help=f"world sizes (default {DEFAULT_EMULATED_WORLD} emulated, {DEFAULT_MEASURED_WORLD} with "
                              "--no-emulate; under torchrun, the launched world)")
+    parser.add_argument("--memory-limit", nargs="+", default=None,
+                        help="per-rank memory limits of the cost model, a job each: none, auto (memory-bound: "
+                             "90%% of the whole model's parameters, gradients and optimizer state) or a size such as "
+                             "30MiB (default: "
+                             f"{' '.join(DEFAULT_EMULATED_LIMITS)} emulated, {' '.join(DEFAULT_MEASURED_LIMITS)} "
+                             "with --no-emulate)")
+    parser.add_argument("--variants", default="main", choices=["main", "all"],
+                        help="main: graph+dp, sequential+dp, torch pipelining, FSDP2, DDP; all: also graphpipe's "
+                             "plain pipelines and torch's GPipe")
     parser.add_argument("--steps", type=int, default=24, help="measured iterations per variant, over all rounds")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"interleaved rounds per variant, each with its own warm-up (default "
@@ -570,7 +796,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up iterations per round")
     parser.add_argument("--size", default="bench", choices=["bench", "small", "paper"],
                         help="model sizes: the benchmark sizes (default), the test sizes, or the paper's")
-    parser.add_argument("--memory-limit", default=None, help="per-rank memory limit for every planner")
     parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=None,
                         help="stage compute replaced by profiled waits (CPU); the default on CPU, "
                              "--no-emulate measures real compute")
@@ -589,14 +814,17 @@ def main() -> None:
         parser.error("--emulate replaces compute by CPU waits; use it with --device cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to this process")
-    torch.set_num_threads(1)
-    keep_freed_memory()  # the profiles rank 0 takes see the same allocator as the runs
     if args.slowdown != 1.0 and not args.emulate:
         parser.error("--slowdown applies to --emulate runs only")
     if args.slowdown < 1.0:
         parser.error("--slowdown must be at least 1")
-    mode = ("emulated" + (f", devices {args.slowdown:g}x slower than this core" if args.slowdown != 1.0 else "")
-            if args.emulate else "measured")
+    return args
+
+
+def start(args: argparse.Namespace) -> Launch:
+    """This process's launch: spawned ranks per run, or the torchrun group (joined here)."""
+    torch.set_num_threads(1)
+    keep_freed_memory()  # the profiles rank 0 takes see the same allocator as the runs
     launch = Launch(_launched_by_torchrun(), args.device, args.timeout)
     if launch.torchrun:
         import datetime
@@ -607,105 +835,35 @@ def main() -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(launch.backend, timeout=datetime.timedelta(seconds=args.timeout))
         args.world = [dist.get_world_size()]
-    lead = launch.rank == 0
-    worlds = sorted(set(args.world))
-    calibration = calibrate(worlds, launch)
-    rounds = split_steps(args.steps, args.rounds)
+    return launch
 
+
+def jobs(args: argparse.Namespace) -> list[Job]:
+    out = []
+    for name in args.models:
+        spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
+        for world in sorted(set(args.world)):
+            for limit in args.memory_limit:
+                out.append(Job(name, spec, world, None if limit.lower() == "none" else limit))
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    mode = ("emulated" + (f", devices {args.slowdown:g}x slower than this core" if args.slowdown != 1.0 else "")
+            if args.emulate else "measured")
+    launch = start(args)
+    calibration = calibrate(sorted(set(args.world)), launch)
+    rounds = split_steps(args.steps, args.rounds)
     from tqdm import tqdm
 
-    rows: list[dict] = []
-    jobs = [(m, w) for m in args.models for w in worlds]
-    per_job = 4 * len(rounds) + (2 if args.emulate else 0)  # grows by a round per extra variant
-    bar = tqdm(total=len(jobs) * per_job, desc=f"compare ({mode})", unit="run", file=sys.stderr,
-               disable=not lead)
-    for name, world in jobs:
-        spec = BENCH_SPECS.get(name, name) if args.size == "bench" or ":" in name else f"{name}:size={args.size}"
-        batch = build_model(spec)[1][0].shape[0]
-        profile_batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        shared: list[Any] = [None]
-        if lead:  # rank 0 profiles and plans; under torchrun the others receive its plans
-            variants, plans = make_variants(spec, world, args.memory_limit, profile_batches, calibration[world],
-                                            args.device, args.gpu_kind, args.slowdown)
-            shared = [(variants, plans, reference_losses(spec, 1)[0])]
-        if launch.torchrun:
-            import torch.distributed as dist
-
-            dist.broadcast_object_list(shared, src=0)
-        variants, plans, reference = shared[0]
-        runnable = [v for v in variants if not v.unavailable]
-        bar.total += (len(runnable) - 4) * len(rounds) + (
-            sum(v.runtime == "graphpipe" for v in runnable) - 2 if args.emulate else 0)
-        results: dict[str, dict] = {v.name: {} for v in variants}
-        zero: dict[str, dict] = {}
-        if args.emulate:
-            # Calibration runs, apart from the measured ones: each graphpipe plan emulated with
-            # no compute at all measures the runtime's own cost of that schedule (dispatch,
-            # transfers, the step's set-up and loss broadcast, the barriers that time it), which
-            # the simulator models only in part; the difference is added to the prediction.
-            for variant in runnable:
-                if variant.runtime == "graphpipe":
-                    bar.set_postfix_str(f"{name} x{world} {variant.name} (zero-compute calibration)")
-                    zero[variant.name] = {}
-                    # (zero-compute steps take milliseconds: at least 10 for a steady median)
-                    run_variant(spec, world, variant, launch, [max(10, rounds[0])], args.warmup, 0.0, 0,
-                                zero[variant.name])
-                    bar.update(1)
-        for round_index in range(len(rounds)):  # A B C D, A B C D, ...: drifts hit every variant alike
-            for variant in runnable:
-                bar.set_postfix_str(f"{name} x{world} {variant.name} (round {round_index + 1})")
-                run_variant(spec, world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
-                            round_index, results[variant.name])
-                bar.update(1)
-        base = {k: v.get("median_seconds") for k, v in results.items()}
-        for variant in variants:
-            r = results[variant.name]
-            row = {"model": name, "spec": spec, "world": world, "variant": variant.name, "mode": mode,
-                   "emulated": bool(args.emulate), "device": args.device, "batch": batch,
-                   "micro_batches": variant.micro_batches, "depth": variant.depth or None, **r}
-            if variant.unavailable:
-                row["unavailable"] = variant.unavailable
-            if variant.runtime == "ddp" and args.emulate:
-                e = variant.ddp_emulation
-                row["ddp_emulation"] = ({"segments": len(e.segments), "forward_seconds": e.forward_seconds,
-                                         "backward_seconds": e.backward_seconds,
-                                         "optimizer_seconds": e.optimizer_seconds}
-                                        if hasattr(e, "segments") else {"error": str(e)})
-            if "median_seconds" in r:
-                row["samples_per_second"] = batch / r["median_seconds"]
-                row["spread"] = [batch / max(r["iteration_seconds"]), batch / min(r["iteration_seconds"])]
-                # Emulated stages compute nothing: their losses are meaningless, so not checked.
-                row["loss_matches_reference"] = None if args.emulate else (
-                    abs(r["first_loss"] - reference) <= 1e-4 * max(1.0, abs(reference)))
-                for other in BASELINES:
-                    if base.get(other):
-                        row[f"speedup_vs_{other}"] = base[other] / r["median_seconds"]
-            if variant.runtime == "graphpipe" and not variant.unavailable:
-                row["plan"] = dict(plans[variant.plan_key])
-                # The plan itself (stage times included), so the simulator's figures can be
-                # recomputed from the report alone, e.g. with another machine model.
-                row["plan"]["json"] = json.loads(variant.plan_json) if variant.plan_json else None
-                z = zero.get(variant.name, {})
-                if "median_seconds" in z:
-                    plan = row["plan"]
-                    plan["zero_compute_seconds"] = z["median_seconds"]
-                    plan["simulated_calibrated_seconds"] = (plan["simulated_iteration_seconds"] + z["median_seconds"]
-                                                            - plan["simulated_zero_compute_seconds"])
-                    if "median_seconds" in r:
-                        plan["simulator_error"] = r["median_seconds"] / plan["simulated_calibrated_seconds"] - 1.0
-            rows.append(row)
+    bar = tqdm(total=0, desc=f"compare ({mode})", unit="run", file=sys.stderr, disable=launch.rank != 0)
+    rows = [row for job in jobs(args)
+            for row in run_job(job, args, launch, calibration[job.world], rounds, mode, bar)]
     bar.close()
-    if lead:
+    if launch.rank == 0:
         print_table(rows, mode)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({
-            "benchmark": "compare", "mode": mode, "device": args.device, "machine": platform.platform(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
-            "launch": "torchrun" if launch.torchrun else "spawn", "slowdown": args.slowdown,
-            "steps": args.steps, "rounds": rounds,
-            "warmup": args.warmup, "calibration": calibration, "rows": rows}, indent=1))
-        print(f"wrote {out}")
+        write_json(rows, args, mode, launch, rounds, calibration)
         write_png(rows, Path(args.png), mode)
     if launch.torchrun:
         import torch.distributed as dist
@@ -714,64 +872,93 @@ def main() -> None:
         dist.destroy_process_group()
 
 
+# ---- reporting ---------------------------------------------------------------------------
+
+def write_json(rows: list[dict], args: argparse.Namespace, mode: str, launch: Launch, rounds: list[int],
+               calibration: dict) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "compare", "mode": mode, "device": args.device, "machine": platform.platform(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
+        "launch": "torchrun" if launch.torchrun else "spawn", "slowdown": args.slowdown, "steps": args.steps,
+        "rounds": rounds, "warmup": args.warmup, "calibration": calibration, "rows": rows,
+        "verdict": verdict(rows)}, indent=1))
+    print(f"wrote {out}")
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / MIB:.3g}"
+
+
 def print_table(rows: list[dict], mode: str) -> None:
-    """The markdown table (one row per model, world size and variant, with its mode and plan
-    depth), then the notes: what emulation replaced, parity checks, the simulator's errors."""
-    print(f"\n### graph vs sequential pipelines ({mode}; samples/s, median of measured iterations; "
-          "peak memory: resident on CPU, allocated on GPU)\n")
+    """The markdown table (one row per model, world size, memory limit and variant, with its
+    mode, plan depth and memory per rank), then the notes (what emulation replaced, parity
+    checks, the simulator's errors) and the verdict lines."""
+    print(f"\n### graph pipelines vs sequential pipelines, FSDP2 and DDP ({mode}; samples/s, median of measured "
+          "iterations)\n")
     vs = " | ".join(f"vs {b}" for b in BASELINES)
-    print(f"| model | ranks | variant | mode | depth | M | samples/s (min-max) | {vs} | loss ok | peak memory/rank MiB |")
-    print("|" + "---|" * (9 + len(BASELINES)))
-    blank = " |" * (len(BASELINES) + 2)
+    print(f"| model | ranks | memory | variant | mode | depth | M | samples/s (min-max) | {vs} | loss ok | "
+          "cost model MiB/rank | peak RSS MiB/rank |")
+    print("|" + "---|" * (11 + len(BASELINES)))
     for r in rows:
         row_mode = "emulated" if r.get("emulated") else "measured"
-        depth = "-" if not r.get("depth") else (f"{r['depth']} (dp)" if r["variant"] == "torch/ddp" else r["depth"])
-        head = f"| {r['model']} | {r['world']} | {r['variant']} | {row_mode} | {depth} | {r['micro_batches']} |"
-        if "unavailable" in r:
-            print(f"{head} {r['unavailable']} |{blank}")
-            continue
-        if "error" in r:
-            print(f"{head} failed: {r['error'][:80]} |{blank}")
+        depth = "-" if not r.get("depth") else ("1 (dp)" if r["variant"] in ("torch/ddp", "torch/fsdp2")
+                                                else r["depth"])
+        head = (f"| {r['model']} | {r['world']} | {r.get('regime', '-')} | {r['variant']} | {row_mode} | {depth} | "
+                f"{r['micro_batches']} |")
+        model_memory = _mib(r.get("model_memory_bytes"))
+        blank = " - |" * (len(BASELINES) + 1)
+        if "unavailable" in r or "error" in r:
+            text = r.get("unavailable") or f"failed: {r['error'][:80]}"
+            print(f"{head} {text} |{blank} {model_memory} | - |")
             continue
         ratios = " | ".join(f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "-" for b in BASELINES)
-        memory = max(r["peak_memory_bytes"]) / 2**20
         print(f"{head} {r['samples_per_second']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) | {ratios} | "
-              f"{ {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {memory:.0f} |")
+              f"{ {True: 'yes', False: 'NO', None: 'n/a'}[r['loss_matches_reference']] } | {model_memory} | "
+              f"{max(r['peak_memory_bytes']) / MIB:.0f} |")
     if any(r.get("emulated") for r in rows):
         slower = mode.partition(", ")[2]
-        print("- emulated rows: each pipeline stage's forward and backward (torch/ddp: each rank's whole model "
-              "on its 1/ranks of the batch, per parameter segment) and each optimizer step are waits of the "
-              "cost model's profiled times" + (f" ({slower})" if slower else "") + "; every transfer, "
-              "all-reduce and schedule is real; losses are not checked")
-    depths = {(r["model"], r["world"], r["variant"]): r.get("depth") for r in rows}
-    for (model, world, variant), depth in depths.items():
-        seq = depths.get((model, world, "graphpipe/sequential"))
-        if variant == "graphpipe/graph" and depth and seq and depth < seq:
-            print(f"- {model} x{world}: the graph plan is shallower than the sequential one (depth {depth} "
-                  f"against {seq})")
-    # Where both planners made pipelines of the same depth and micro-batching that the simulator
-    # times within 2% of each other, graphpipe/graph vs graphpipe/sequential is a parity check.
-    plans = {(r["model"], r["world"], r["variant"]): r["plan"] for r in rows if "plan" in r}
-    for (model, world, variant), graph in plans.items():
-        seq = plans.get((model, world, "graphpipe/sequential"))
-        if variant != "graphpipe/graph" or seq is None:
+        print("- emulated rows: each pipeline stage's forward and backward (torch/ddp, torch/fsdp2: each rank's "
+              "whole model on its 1/ranks of the batch, per parameter segment) and each optimizer step are waits "
+              "of the cost model's profiled times" + (f" ({slower})" if slower else "") + "; every transfer, "
+              "all-reduce, all-gather, reduce-scatter and schedule is real; losses are not checked; the peak RSS "
+              "is the whole process's (torch included), with no real activations")
+    print("- cost model MiB/rank: parameters, gradients, optimizer state (Adam, as the planner prices it) and "
+          "activations of the rank's largest stage; FSDP2: 1/ranks of the static state, the whole model's "
+          "activations at one micro-batch (M) of its shard of the batch, and its largest layer unsharded")
+    _print_plan_notes(rows, mode)
+    for line in verdict(rows):
+        print(line)
+
+
+def _print_plan_notes(rows: list[dict], mode: str) -> None:
+    """Where graph+dp and sequential+dp are the same shape and simulated within 2%, a parity
+    note; and the simulator's prediction beside every graphpipe row's time."""
+    plans = {(r["model"], r["world"], r.get("regime", "-"), r["variant"]): r["plan"] for r in rows if "plan" in r}
+    for (model, world, limit, variant), graph in plans.items():
+        seq = plans.get((model, world, limit, variant.replace("/graph", "/sequential", 1)))
+        if not variant.startswith("graphpipe/graph") or "zb" in variant or seq is None:
             continue
         if (graph["depth"], graph["micro_batches"]) == (seq["depth"], seq["micro_batches"]) and \
                 abs(graph["simulated_iteration_seconds"] / seq["simulated_iteration_seconds"] - 1) <= 0.02:
-            print(f"- {model} x{world}: both plans are {graph['depth']} deep with {graph['micro_batches']} "
-                  "micro-batches and simulated within 2% of each other: graphpipe/graph vs graphpipe/sequential "
-                  "is a parity check, its ratio the noise of this machine")
+            print(f"- {model} x{world}, {limit}: both plans are {graph['depth']} deep with {graph['micro_batches']} "
+                  f"micro-batches and simulated within 2% of each other: {variant} vs its sequential "
+                  "counterpart is a parity check, its ratio the noise of this machine")
+        elif graph["depth"] < seq["depth"]:
+            print(f"- {model} x{world}, {limit}: the graph plan is shallower than the sequential one (depth "
+                  f"{graph['depth']} against {seq['depth']})")
     short = mode.split(",")[0]
     raw, calibrated = [], []
     for r in rows:
-        if r["variant"].startswith("graphpipe/") and "plan" in r and "median_seconds" in r:
+        if "plan" in r and "median_seconds" in r:
             p = r["plan"]
             error = r["median_seconds"] / p["simulated_iteration_seconds"] - 1.0
             raw.append(error)
-            line = (f"- {r['model']} x{r['world']} {r['variant']}: {p['partitioner']}, {p['stages']} stages, depth "
-                    f"{p['depth']}, {p['micro_batches']} x {p['micro_batch_size']}; simulated "
-                    f"{1e3 * p['simulated_iteration_seconds']:.1f} ms vs {short} {1e3 * r['median_seconds']:.1f} ms "
-                    f"({100 * error:+.1f}%)")
+            line = (f"- {r['model']} x{r['world']} {r['variant']}: {p['partitioner']}, {p['stages']} stages "
+                    f"(replicas {p.get('replicas', '-')}), depth {p['depth']}, {p['micro_batches']} x "
+                    f"{p['micro_batch_size']}; simulated {1e3 * p['simulated_iteration_seconds']:.1f} ms vs {short} "
+                    f"{1e3 * r['median_seconds']:.1f} ms ({100 * error:+.1f}%)")
             if "simulator_error" in p:
                 calibrated.append(p["simulator_error"])
                 line += (f"; with the runtime's zero-compute cost ({1e3 * p['zero_compute_seconds']:.1f} ms measured, "
@@ -784,30 +971,89 @@ def print_table(rows: list[dict], mode: str) -> None:
                   f"runs, within 20% in {sum(abs(e) <= 0.20 for e in errors)}, worst {100 * max(errors, key=abs):+.1f}%")
 
 
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["world"], r.get("regime", "-")), []).append(r)
+    return groups
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """Per model, world size and memory limit: the fastest variant that fits (has a number), and
+    graph+dp's ratio over the best non-graphpipe variant."""
+    lines = []
+    for (model, world, limit), group in _groups(rows).items():
+        timed = [r for r in group if "samples_per_second" in r]
+        if not timed:
+            continue
+        best = max(timed, key=lambda r: r["samples_per_second"])
+        line = (f"**verdict, {model} x{world}, {limit}**: fastest that fits: {best['variant']} "
+                f"({best['samples_per_second']:.1f} samples/s)")
+        ours = next((r for r in timed if r["variant"] == "graphpipe/graph+dp"), None)
+        others = [r for r in timed if not r["variant"].startswith("graphpipe/")]
+        if ours and others:
+            rival = max(others, key=lambda r: r["samples_per_second"])
+            line += (f"; graphpipe/graph+dp {ours['samples_per_second'] / rival['samples_per_second']:.2f}x the best "
+                     f"non-graphpipe variant ({rival['variant']})")
+        unfit = [r["variant"] for r in group if r.get("unavailable", "").startswith("does not fit")]
+        if unfit:
+            line += f"; does not fit: {', '.join(unfit)}"
+        lines.append(line)
+    return lines
+
+
 def write_png(rows: list[dict], path: Path, mode: str) -> None:
+    """One panel per model, world size and memory limit: each variant's throughput relative to
+    graphpipe/sequential+dp (1.0 drawn as a line), graphpipe's simulated ratio as a marker,
+    variants without a number named with the reason."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["model"], r["world"]) for r in rows})
-    variants = list(dict.fromkeys(r["variant"] for r in rows if "unavailable" not in r))  # no bar for no number
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
-    width = 0.8 / max(1, len(variants))
-    for i, v in enumerate(variants):
-        values = []
-        for g in groups:
-            r = next((x for x in rows if (x["model"], x["world"]) == g and x["variant"] == v), None)
-            values.append(r.get("samples_per_second", 0.0) if r else 0.0)
-        ax.bar([j + i * width for j in range(len(groups))], values, width, label=v)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
-    ax.set_xticklabels([f"{m}\nx{w}" for m, w in groups])
-    ax.set_ylabel("samples/s")
-    ax.set_title(f"graph vs sequential pipelines ({mode})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    groups = _groups(rows)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 4.6), squeeze=False)
+    for ax, ((model, world, limit), group) in zip(axes[0], groups.items()):
+        ref = next((r for r in group if r["variant"] == CHART_REFERENCE and "samples_per_second" in r), None)
+        timed = [r for r in group if "samples_per_second" in r]
+        base = ref["samples_per_second"] if ref else max((r["samples_per_second"] for r in timed), default=1.0)
+        names = [r["variant"] for r in group][::-1]
+        for y, r in enumerate(group[::-1]):
+            if "samples_per_second" not in r:
+                reason = (r.get("unavailable") or "failed").split(" (")[0]
+                ax.text(0.02, y, reason if len(reason) < 64 else reason[:61] + "...", va="center", fontsize=7,
+                        color="dimgray", transform=ax.get_yaxis_transform())
+                continue
+            ratio = r["samples_per_second"] / base
+            ax.barh(y, ratio, color="tab:blue" if r["variant"].startswith("graphpipe/") else "tab:orange")
+            ax.text(ratio, y, f" {ratio:.2f}", va="center", fontsize=8)
+            plan = r.get("plan", {})
+            ref_plan = (ref or {}).get("plan", {})
+            key = "simulated_calibrated_seconds" if "simulated_calibrated_seconds" in plan else \
+                "simulated_iteration_seconds"
+            if plan.get(key) and ref_plan.get(key):
+                ax.plot(ref_plan[key] / plan[key], y, "kd", markersize=5)
+        ax.axvline(1.0, color="black", linewidth=1, linestyle="--")
+        ax.set_ylim(-0.6, len(names) - 0.4)
+        ax.set_yticks(range(len(names)))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.set_xlim(0, max([1.2] + [1.15 * r["samples_per_second"] / base for r in timed]))
+        ax.set_xlabel(f"throughput relative to {CHART_REFERENCE if ref else 'the fastest'} (higher is better)",
+                      fontsize=8)
+        ax.set_title(f"{model}, {world} ranks, {limit}", fontsize=9)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color="tab:blue", label=f"graphpipe ({mode.split(',')[0]})"),
+               Patch(color="tab:orange", label=f"torch ({mode.split(',')[0]})"),
+               Line2D([], [], color="black", marker="d", linestyle="", label="graphpipe, simulated"),
+               Line2D([], [], color="black", linestyle="--", label=f"1.0 = {CHART_REFERENCE}")]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle(f"Training throughput per variant ({mode})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     print(f"wrote {path}")
 
 

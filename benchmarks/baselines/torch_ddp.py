@@ -156,14 +156,16 @@ class EmulatedDDPModel(nn.Module):
 
 
 def emulated_model(model: nn.Module, shard_inputs_: Sequence[torch.Tensor], emulation: DDPEmulation,
-                   scale: float = 1.0) -> EmulatedDDPModel:
-    """``model`` emulated for one DDP rank whose shard looks like ``shard_inputs_`` (the real
-    model runs once on it, without gradients, for the output's shape); waits times ``scale``."""
+                   scale: float = 1.0, kind: type[nn.Module] | None = None) -> nn.Module:
+    """``model`` emulated for one data-parallel rank whose shard looks like ``shard_inputs_``
+    (the real model runs once on it, without gradients, for the output's shape); waits times
+    ``scale``. ``kind``: the emulating class, ``EmulatedDDPModel`` unless given (FSDP2's
+    baseline passes its own, whose segments are modules ``fully_shard`` can wrap)."""
     with torch.no_grad():
         out = model(*shard_inputs_)
     scaled = DDPEmulation([(n, scale * f, scale * b) for n, f, b in emulation.segments],
                           scale * emulation.optimizer_seconds)
-    return EmulatedDDPModel(model, scaled, out.shape, out.dtype)
+    return (kind or EmulatedDDPModel)(model, scaled, out.shape, out.dtype)
 
 
 # ---- training ------------------------------------------------------------------------------

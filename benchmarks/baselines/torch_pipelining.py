@@ -343,26 +343,26 @@ def make_stepper(
     optimizer = torch.optim.SGD(params, lr=lr) if params else None
 
     def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
-        if optimizer:
-            optimizer.zero_grad(set_to_none=True)
-        step_losses: list[torch.Tensor] = []
-        if rank == 0:
-            inputs = tuple(t.to(device) for t in inputs)
-        if rank == world - 1:
-            target = target.to(device)
-        if rank == 0 and world == 1:
-            sched.step(*inputs, target=target, losses=step_losses)
-        elif rank == 0:
-            sched.step(*inputs)
-        elif rank == world - 1:
-            sched.step(target=target, losses=step_losses)
-        else:
-            sched.step()
-        if optimizer:
-            optimizer.step()
-        return float(torch.stack(step_losses).detach().mean()) if step_losses else float("nan")
+        return schedule_step(sched, optimizer, rank, world, inputs, target, device)
 
     return step
+
+
+def schedule_step(schedule: Any, optimizer: torch.optim.Optimizer | None, rank: int, world: int,
+                  inputs: tuple[torch.Tensor, ...], target: torch.Tensor, device: torch.device) -> float:
+    """One training iteration of a torch pipelining ``schedule`` on this rank, as torch's API
+    splits it: the inputs go to the first rank, the target to the last, which returns the
+    micro-batches' mean loss (NaN on the other ranks); then this rank's optimizer step."""
+    if optimizer:
+        optimizer.zero_grad(set_to_none=True)
+    losses: list[torch.Tensor] = []
+    first, last = rank == 0, rank == world - 1
+    args = tuple(t.to(device) for t in inputs) if first else ()
+    kwargs = {"target": target.to(device), "losses": losses} if last else {}
+    schedule.step(*args, **kwargs)
+    if optimizer:
+        optimizer.step()
+    return float(torch.stack(losses).detach().mean()) if losses else float("nan")
 
 
 def train_rank(

@@ -73,3 +73,40 @@ def test_grads_as_example_detaches_what_the_example_does_not_differentiate() -> 
     real = GradsAsExample(stages[0], example_out)  # a real stage is unchanged
     assert [t.requires_grad for t in real(*args)] == wanted
     assert {id(p) for p in real.parameters()} == {id(p) for p in stages[0].parameters()}
+
+
+@pytest.mark.parametrize(("spec", "points", "micro_batches"),
+                         [("transformer:size=small", ["blocks.2"], 2),
+                          ("mmt:branches=3,depth=1", ["branches.1", "branches.2"], 4)])
+def test_front_end_trains_like_a_single_process(spec: str, points: list[str], micro_batches: int) -> None:
+    # torch's own front end (pipeline() over torch.export, Pipe.build_stage, Schedule1F1B): the
+    # last rank's losses are single-process training's, on a chain and on a multi-input model
+    # whose inputs enter at stage 0 (EnterAtStageZero) and are sent on to the stages that read them.
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    from baselines.torch_pipeline_frontend import train_rank
+    from graphpipe.models import default_loss
+    from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches
+
+    world = len(points) + 1
+    results = run_ranks(train_rank, world, spec, points, micro_batches, 2, 0.01, timeout=180)
+    assert all(r.ok for r in results), [f"{r.error_type}: {r.message[-500:]}" for r in results if not r.ok]
+    model, _, batches = seeded_batches(spec, 2)
+    reference = reference_training(model, batches, default_loss(spec), 0.01)
+    torch.testing.assert_close(torch.tensor(results[-1].value), torch.tensor(reference), rtol=1e-5, atol=1e-6)
+
+
+def test_front_end_says_why_it_cannot_take_a_split() -> None:
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    from baselines.torch_pipeline_frontend import refusal, split_points
+    from graphpipe.models import build_model
+
+    assert split_points([["a", "a.x"], ["b.y", "b"], [None, "c"]]) == ["b.y", "c"]
+    with pytest.raises(ValueError, match="module calls only"):
+        split_points([["a"], ["b"], ["b"]])
+    model, inputs = build_model("mmt:branches=2,depth=1")
+    assert refusal(model, tuple(inputs), ["branches.1"], 2) == ""
+    model, inputs = build_model("mmt:branches=4,depth=1")
+    reason = refusal(model, tuple(inputs), ["branches.1", "branches.2", "branches.3"], 4)
+    assert "ordered the stages 0 -> 2 -> 1 -> 3" in reason
+    model, inputs = build_model("transformer:size=small")
+    assert refusal(model, tuple(inputs), ["blocks.2"], 2) == ""

@@ -1,6 +1,8 @@
 """The main job's script, end to end on tiny models: spawned ranks and a torchrun launch both
 produce every variant, interleaved over rounds, with first-step losses equal to one process; an
-emulated run reports the simulator's predictions beside the emulated times."""
+emulated run, with and without a memory limit, reports the simulator's predictions beside the
+emulated times, DDP as "does not fit" where the limit is below its need, and a verdict line per
+job; the table, verdict and chart from report rows."""
 
 from __future__ import annotations
 
@@ -30,23 +32,30 @@ def check_report(path: Path, launch: str) -> None:
     assert report["launch"] == launch
     assert report["rounds"] == [2, 1]  # 3 measured iterations over 2 rounds
     rows = {r["variant"]: r for r in report["rows"]}
-    assert {"graphpipe/graph", "graphpipe/sequential", "torch/1f1b", "torch/gpipe", "torch/ddp"} <= set(rows)
-    assert all(r["emulated"] is False for r in report["rows"])
-    for name in ("graphpipe/graph", "graphpipe/sequential", "torch/gpipe", "torch/ddp"):
+    assert set(rows) == {"graphpipe/graph+dp", "graphpipe/sequential+dp", "torch/1f1b", "torch/1f1b interpreter",
+                         "torch/zero-bubble", "torch/fsdp2", "torch/ddp"}
+    assert all(r["emulated"] is False and r["regime"] == "fits (no limit)" for r in report["rows"])
+    for name in ("graphpipe/graph+dp", "graphpipe/sequential+dp", "torch/1f1b interpreter", "torch/fsdp2",
+                 "torch/ddp"):
         row = rows[name]
         assert "error" not in row, row.get("error")
         assert len(row["iteration_seconds"]) == 3
-        assert row["loss_matches_reference"] is True
+        assert row["loss_matches_reference"] is True, name
         assert row["samples_per_second"] > 0
         assert len(row["peak_memory_bytes"]) == 2
-    # torch's Schedule1F1B refuses fewer micro-batches than stages: the table says so, the
-    # other variants still run.
-    one_f_one_b = rows["torch/1f1b"]
-    if "error" in one_f_one_b:
-        assert "microbatches" in one_f_one_b["error"]
-        assert one_f_one_b["micro_batches"] < 2
+        assert row["model_memory_bytes"] > 0
+    # torch's zero-bubble schedules take several stages per rank: said, not run
+    assert "2+ stages per rank" in rows["torch/zero-bubble"]["unavailable"]
+    assert rows["torch/1f1b interpreter"]["micro_batches"] >= rows["torch/1f1b interpreter"]["depth"]  # 1F1B needs it
+    # torch's front end: CANDLE-Uno split into stages takes its branch inputs at stage 0 only
+    # (the reason, not a number); on one stage it runs and trains like one process
+    front_end = rows["torch/1f1b"]
+    if "unavailable" in front_end:
+        assert "cannot feed model inputs to later stages" in front_end["unavailable"]
     else:
-        assert one_f_one_b["loss_matches_reference"] is True
+        assert "error" not in front_end, front_end["error"]
+        assert front_end["loss_matches_reference"] is True
+    assert len(report["verdict"]) == 1 and "fastest that fits" in report["verdict"][0]
 
 
 def test_compare_spawned_ranks(tmp_path: Path) -> None:
@@ -56,7 +65,8 @@ def test_compare_spawned_ranks(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| candle_uno:size=small | 2 | graphpipe/graph | measured |" in result.stdout
+    assert "| candle_uno:size=small | 2 | fits (no limit) | graphpipe/graph+dp | measured |" in result.stdout
+    assert "**verdict, candle_uno:size=small x2, fits (no limit)**" in result.stdout
     check_report(out, "spawn")
     assert (tmp_path / "c.png").stat().st_size > 0
 
@@ -70,7 +80,7 @@ def test_compare_under_torchrun(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("### graph vs sequential pipelines") == 1  # rank 0 reports alone
+    assert result.stdout.count("### graph pipelines vs") == 1  # rank 0 reports alone
     check_report(out, "torchrun")
 
 
@@ -85,40 +95,44 @@ def test_compare_rejects_cuda_without_gpu(tmp_path: Path) -> None:
 def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
     # Emulation: no loss check (stages compute nothing), and for each graphpipe plan the raw and
     # the zero-compute calibrated simulator beside the emulated time, and the plan itself, from
-    # which the simulator's figure can be recomputed.
+    # which the simulator's figure can be recomputed. Memory-bound only (the measured runs cover
+    # the no-limit job; the default runs both, checked below).
     out = tmp_path / "compare.json"
     result = subprocess.run(
         # one round (the later --rounds wins): interleaving is checked by the measured runs
-        [sys.executable, str(COMPARE), *ARGS, "--rounds", "1", "--world", "2", "--emulate", "--out", str(out),
-         "--png", str(tmp_path / "c.png")],
+        [sys.executable, str(COMPARE), *ARGS, "--rounds", "1", "--world", "2", "--emulate", "--memory-limit", "auto",
+         "--out", str(out), "--png", str(tmp_path / "c.png")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "emulated, devices 4x slower than this core"  # the default slowdown
-    assert "| candle_uno:size=small | 2 | graphpipe/graph | emulated |" in result.stdout
+    assert "| candle_uno:size=small | 2 | memory-bound, " in result.stdout
     assert "- emulated rows:" in result.stdout
-    rows = {r["variant"]: r for r in report["rows"]}
-    # every baseline runs emulated too (torch's 1F1B may refuse 1 micro-batch on 2 stages)
-    for name in ("torch/gpipe", "torch/ddp"):
-        assert "error" not in rows[name], rows[name].get("error")
-        assert rows[name]["emulated"] is True and rows[name]["samples_per_second"] > 0
-    ddp = rows["torch/ddp"]["ddp_emulation"]
-    assert ddp["segments"] > 1 and ddp["forward_seconds"] > 0 and ddp["backward_seconds"] > 0
-    checked = set()
-    for row in report["rows"]:
-        if not row["variant"].startswith("graphpipe/") or "unavailable" in row:
-            continue
+    bound = {r["variant"]: r for r in report["rows"]}
+    assert len(bound) == 7 and all(r["memory_limit_bytes"] is not None for r in bound.values())
+    limit = bound["torch/ddp"]["memory_limit_bytes"]
+    # memory-bound: DDP needs more than the limit and is not run; FSDP2 fits and runs
+    assert bound["torch/ddp"]["model_memory_bytes"] > limit >= bound["torch/fsdp2"]["model_memory_bytes"]
+    assert bound["torch/ddp"]["unavailable"].startswith("does not fit: needs")
+    assert "optimizer state alone" in bound["torch/ddp"]["unavailable"]  # no replica fits, whatever its micro-batches
+    assert "samples_per_second" not in bound["torch/ddp"]
+    for name in ("torch/1f1b interpreter", "torch/fsdp2"):
+        assert "error" not in bound[name], bound[name].get("error")
+        assert bound[name]["emulated"] is True and bound[name]["samples_per_second"] > 0
+    assert bound["torch/fsdp2"]["emulation"]["segments"] > 1
+    for name in ("graphpipe/graph+dp", "graphpipe/sequential+dp"):
+        row = bound[name]
         assert row["loss_matches_reference"] is None
         plan = row["plan"]
         assert plan["simulated_iteration_seconds"] > 0 and plan["zero_compute_seconds"] > 0
         assert plan["simulator_error"] == pytest.approx(row["median_seconds"] / plan["simulated_calibrated_seconds"] - 1)
         stages = plan["json"]["stages"]
         assert len(stages) == plan["stages"] and all(s["forward_seconds"] > 0 for s in stages)
-        checked.add(row["variant"])
-    assert checked == {"graphpipe/graph", "graphpipe/graph zb", "graphpipe/sequential", "graphpipe/graph+dp",
-                       "graphpipe/sequential+dp"}
+        assert max(plan["memory_bytes"]) == pytest.approx(row["model_memory_bytes"]) and row["model_memory_bytes"] <= limit
     assert "simulator + zero-compute calibration vs emulated" in result.stdout
+    assert len(report["verdict"]) == 1 and "does not fit: torch/ddp" in report["verdict"][0]
+    assert (tmp_path / "c.png").stat().st_size > 0
 
 
 def test_table_marks_equal_pipelines_as_a_parity_check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,7 +147,7 @@ def test_table_marks_equal_pipelines_as_a_parity_check(capsys: pytest.CaptureFix
                          "partitioner": "x", "stages": depth, "micro_batch_size": 1}}
 
     compare.print_table([row("graphpipe/graph", 2, 4, 0.100), row("graphpipe/sequential", 2, 4, 0.101)], "measured")
-    assert "m x2: both plans are 2 deep" in capsys.readouterr().out
+    assert "m x2, -: both plans are 2 deep" in capsys.readouterr().out
     for graph in (row("graphpipe/graph", 2, 4, 0.090), row("graphpipe/graph", 1, 4, 0.100),
                   row("graphpipe/graph", 2, 8, 0.100)):
         compare.print_table([graph, row("graphpipe/sequential", 2, 4, 0.100)], "measured")
@@ -152,47 +166,62 @@ def test_table_prints_mode_depth_and_unavailable_variants_without_numbers(capsys
     sys.path.insert(0, str(COMPARE.parent))
     import compare
 
-    reason = "not available in this build: graphpipe.plan has no replicate parameter"
-    unavailable = {"model": "m", "world": 4, "variant": "graphpipe/graph+dp", "micro_batches": 1, "depth": None,
-                   "emulated": True, "unavailable": reason}
-    compare.print_table([_row("graphpipe/graph", 3, 4, 0.1), _row("graphpipe/sequential", 4, 4, 0.12),
-                         unavailable], "emulated, devices 4x slower than this core")
+    reason = "does not fit: needs 40 MiB/rank > 30 MiB"
+    unavailable = {"model": "m", "world": 4, "variant": "torch/ddp", "micro_batches": 1, "depth": 1,
+                   "emulated": True, "unavailable": reason, "model_memory_bytes": 40 * 2**20}
+    compare.print_table([_row("graphpipe/graph", 3, 4, 0.1, model_memory_bytes=25 * 2**20),
+                         _row("graphpipe/sequential", 4, 4, 0.12), unavailable],
+                        "emulated, devices 4x slower than this core")
     out = capsys.readouterr().out
-    assert "| m | 4 | graphpipe/graph | emulated | 3 | 4 | 10.0 (9.0-11.0) |" in out
-    assert "| m | 4 | graphpipe/sequential | emulated | 4 | 4 |" in out
-    line = next(x for x in out.splitlines() if "graphpipe/graph+dp" in x)
-    assert reason in line and "x |" not in line and "10.0" not in line  # no ratio, no number
-    assert "m x4: the graph plan is shallower than the sequential one (depth 3 against 4)" in out
+    assert "| m | 4 | - | graphpipe/graph | emulated | 3 | 4 | 10.0 (9.0-11.0) |" in out
+    assert "| 25 | 1 |" in out  # the cost model's MiB, the measured peak
+    assert "| m | 4 | - | graphpipe/sequential | emulated | 4 | 4 |" in out
+    line = next(x for x in out.splitlines() if "| torch/ddp |" in x)
+    assert reason in line and "x |" not in line and "10.0" not in line and "| 40 |" in line  # no ratio, no number
+    assert "m x4, -: the graph plan is shallower than the sequential one (depth 3 against 4)" in out
     assert "emulated rows:" in out and "(devices 4x slower than this core)" in out
 
 
-def test_replicated_variants_run_only_when_plan_takes_replicate(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inspect
-
+def test_a_refused_plan_is_a_reason_not_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(COMPARE.parent))
     import compare
 
     import graphpipe
 
-    if "replicate" not in inspect.signature(graphpipe.plan).parameters:  # this build: reported, not faked
-        plan, reason = compare.replicated_plan(None, None, "graphpipe", None)
-        assert plan is None and reason.startswith("not available in this build")
-    calls: list[dict] = []
-
-    def plan_with_replicate(graph, devices, partitioner, *, memory_limit=None, replicate=False):  # noqa: ANN001, ANN202
-        calls.append({"partitioner": partitioner, "replicate": replicate})
-        return "a plan"
-
-    monkeypatch.setattr(graphpipe, "plan", plan_with_replicate)
-    assert compare.replicated_plan("g", "d", "sequential", None) == ("a plan", "")
-    assert calls == [{"partitioner": "sequential", "replicate": True}]
-
-    def refusing(graph, devices, partitioner, *, memory_limit=None, replicate=False):  # noqa: ANN001, ANN202
+    def refusing(graph, devices, partitioner, **kwargs):  # noqa: ANN001, ANN003, ANN202
         raise ValueError("no room")
 
     monkeypatch.setattr(graphpipe, "plan", refusing)
-    plan, reason = compare.replicated_plan("g", "d", "graphpipe", None)
-    assert plan is None and "replicate=True failed: ValueError: no room" in reason
+    plan, reason = compare._plan_or_reason("g", "d", "graphpipe", replicate=True)
+    assert plan is None and reason == "no plan: ValueError: no room"
+
+
+def test_verdict_and_chart_per_model_and_memory_limit(tmp_path: Path) -> None:
+    sys.path.insert(0, str(COMPARE.parent))
+    import compare
+
+    def row(variant: str, samples: float | None, regime: str, **extra: object) -> dict:
+        out = {"model": "mmt", "world": 4, "variant": variant, "regime": regime, "micro_batches": 1, "depth": 1,
+               "emulated": True, **extra}
+        if samples is not None:
+            out["samples_per_second"] = samples
+        return out
+
+    fits, bound = "fits (no limit)", "memory-bound, 30 MiB/rank"
+    rows = [row("graphpipe/graph+dp", 140.0, fits), row("graphpipe/sequential+dp", 138.0, fits),
+            row("torch/ddp", 141.0, fits), row("torch/fsdp2", 120.0, fits),
+            row("graphpipe/graph+dp", 100.0, bound), row("graphpipe/sequential+dp", 80.0, bound),
+            row("torch/fsdp2", 125.0, bound), row("torch/1f1b", 70.0, bound),
+            row("torch/ddp", None, bound, unavailable="does not fit: needs 40 MiB/rank > 30 MiB")]
+    lines = compare.verdict(rows)
+    assert lines == [
+        "**verdict, mmt x4, fits (no limit)**: fastest that fits: torch/ddp (141.0 samples/s); graphpipe/graph+dp "
+        "0.99x the best non-graphpipe variant (torch/ddp)",
+        "**verdict, mmt x4, memory-bound, 30 MiB/rank**: fastest that fits: torch/fsdp2 (125.0 samples/s); "
+        "graphpipe/graph+dp 0.80x the best non-graphpipe variant (torch/fsdp2); does not fit: torch/ddp"]
+    png = tmp_path / "c.png"
+    compare.write_png(rows, png, "emulated")
+    assert png.stat().st_size > 10_000
 
 
 def test_defaults_are_the_emulated_main_job_and_no_emulate_the_measured_one() -> None:
@@ -203,15 +232,16 @@ def test_defaults_are_the_emulated_main_job_and_no_emulate_the_measured_one() ->
 
     def resolved(**given: object) -> argparse.Namespace:
         args = argparse.Namespace(**{"emulate": None, "models": None, "world": None, "slowdown": None,
-                                     "rounds": None, "device": "cpu", **given})
+                                     "rounds": None, "memory_limit": None, "device": "cpu", **given})
         compare.resolve_defaults(args, argparse.ArgumentParser())
         return args
 
     main_job = resolved()
     assert main_job.emulate is True and main_job.world == [4] and main_job.slowdown == 4.0
     assert main_job.models == ["mmt"] and main_job.rounds == 2
+    assert main_job.memory_limit == ["none", "auto"]  # both regimes
     measured = resolved(emulate=False)
     assert measured.world == [2] and measured.slowdown == 1.0 and measured.models == list(compare.BENCH_SPECS)
-    assert measured.rounds == 3
+    assert measured.rounds == 3 and measured.memory_limit == ["none"]
     assert resolved(rounds=5).rounds == 5
     assert resolved(device="cuda").emulate is False
