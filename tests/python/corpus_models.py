@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,10 +49,9 @@ def torchvision_models() -> Any:
         raise ImportError("torchvision is not installed (pip install torchvision)")
     for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         del sys.modules[name]  # the half-imported package of the failed attempt
-    package = types.ModuleType("torchvision")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__file__ = spec.origin
-    sys.modules["torchvision"] = package
+    # A module made from the spec keeps __spec__ (and __path__), which transformers and timm
+    # check with importlib.util.find_spec when they are imported later in the same process.
+    sys.modules["torchvision"] = importlib.util.module_from_spec(spec)
     import torchvision.models as models
 
     return models
