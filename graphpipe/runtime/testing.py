@@ -113,6 +113,14 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
         return [results[r] for r in range(world)]
 
 
+def expect_ok(results: list[RankResult]) -> list[RankResult]:
+    """``results`` if every rank returned; else an AssertionError with the first failed rank's
+    error and traceback."""
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    return results
+
+
 def run_cases(train: Callable[..., Any], cases: list[tuple]) -> dict[tuple, Any]:
     """On one rank: ``train(*case)`` for each case in order, by case. The first case that raises
     is reported as ``{"error": "Type: message"}`` and ends the run: its pipeline may have left the

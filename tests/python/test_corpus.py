@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import corpus_models as cm  # noqa: E402
 
-from graphpipe.runtime.testing import run_cases, run_ranks  # noqa: E402
+from graphpipe.runtime.testing import expect_ok, run_cases, run_ranks  # noqa: E402
 
 # torchvision is a test dependency (scripts/install_deps.sh installs it): without it the corpus
 # fails here, at import, naming the missing package, rather than being skipped.
@@ -130,10 +130,7 @@ def _reference(name: str) -> dict[str, Any]:
 
 
 def _run(world: int, cases: list[tuple]) -> list[Any]:
-    results = run_ranks(_world_worker, world, cases, timeout=180 + 90 * len(cases))
-    for r in results:
-        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
-    return results
+    return expect_ok(run_ranks(_world_worker, world, cases, timeout=180 + 90 * len(cases)))
 
 
 def _matrix_verdicts(world: int, selected: list[tuple]) -> dict[tuple, str | None]:

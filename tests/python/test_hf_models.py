@@ -15,6 +15,8 @@ ids), plus GPT-2 on a manual plan that puts its tied embedding and LM head on di
 
 from __future__ import annotations
 
+import functools
+
 import datetime
 import itertools
 import os
@@ -27,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_models as hm  # noqa: E402
 
-from graphpipe.runtime.testing import run_cases, run_ranks  # noqa: E402
+from graphpipe.runtime.testing import expect_ok, run_cases, run_ranks  # noqa: E402
 
 # transformers is a test dependency (scripts/install_deps.sh installs it): without it these
 # tests fail here, naming the missing package, rather than being skipped.
@@ -87,20 +89,13 @@ def _world_worker(rank: int, world: int, cases: list[tuple]) -> dict[tuple, Any]
     return run_cases(train, cases)
 
 
-_REFERENCES: dict[str, dict[str, Any]] = {}
-
-
+@functools.cache
 def _reference(name: str) -> dict[str, Any]:
-    if name not in _REFERENCES:
-        _REFERENCES[name] = hm.reference(name, STEPS, LR)
-    return _REFERENCES[name]
+    return hm.reference(name, STEPS, LR)
 
 
 def _run(world: int, cases: list[tuple]) -> list[Any]:
-    results = run_ranks(_world_worker, world, cases, timeout=180 + 90 * len(cases))
-    for r in results:
-        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
-    return results
+    return expect_ok(run_ranks(_world_worker, world, cases, timeout=180 + 90 * len(cases)))
 
 
 def _check(name: str, results: list[Any], key: tuple) -> None:
