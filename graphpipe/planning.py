@@ -15,6 +15,7 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
+from graphpipe.sync import named as named_sync
 from graphpipe.trace import trace
 
 __all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "sync_method", "PARTITIONERS", "DEVICE_KINDS",
@@ -188,8 +189,8 @@ def sync_method(sync: Any) -> Any:
     Raises:
         InputError: anything else, naming what was given.
     """
-    if sync is None or (isinstance(sync, str) and sync in ("allreduce", "all_reduce")):
-        return _C.SyncMethod()
+    if sync is None or isinstance(sync, str):  # a name: the one C++ parser (graphpipe.sync.named)
+        return _C.SyncMethod() if sync is None else named_sync(sync)
     if isinstance(sync, _C.SyncMethod):
         return sync
     describe = getattr(sync, "cost_method", None)

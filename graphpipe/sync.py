@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["AllReduce", "LocalSGD", "PowerSGD", "QSR", "SyncMethod", "TopK", "qsr_period"]
+__all__ = ["AllReduce", "LocalSGD", "PowerSGD", "QSR", "SyncMethod", "TopK", "named", "parse", "qsr_period"]
 
 
 class SyncMethod(ABC):
@@ -210,11 +210,36 @@ class PowerSGD(SyncMethod):
         return f"PowerSGD rank {self.rank}"
 
 
+def named(name: str) -> "_C.SyncMethod":
+    """The cost model's description of a sync method given by name, read by the C++ parser
+    (cost/sync_method.cpp ``parse_sync_kind``: the one list of names and spellings, so
+    ``"allreduce"`` and ``"all_reduce"`` mean the same to ``wrap``, ``plan`` and ``simulate``).
+    Only the all-reduce is complete without parameters: another kind's name raises, asking for
+    the method object with its parameters.
+
+    Raises:
+        InputError: an unknown name (the parser's message), or a kind that needs parameters.
+    """
+    try:
+        method = _C.SyncMethod(kind=str(name))
+    except _C.PlanningError as exc:
+        raise InputError(f"sync must be 'allreduce' or a graphpipe.sync method (AllReduce, LocalSGD, QSR, TopK, "
+                         f"PowerSGD), got {name!r}: {exc}") from exc
+    if method.kind != "all_reduce":
+        raise InputError(f"sync={name!r} needs its parameters: pass a graphpipe.sync method (LocalSGD(period), "
+                         "QSR(base_period, alpha), TopK(ratio), PowerSGD(rank))")
+    return method
+
+
 def parse(sync: "SyncMethod | str | None") -> SyncMethod:
-    """``wrap``'s ``sync=`` argument as a method: ``None`` and ``"allreduce"`` are AllReduce()."""
-    if sync is None or sync == "allreduce":
+    """``wrap``'s ``sync=`` argument as a method: ``None`` and the all-reduce's names
+    (:func:`named`) are AllReduce()."""
+    if sync is None:
         return AllReduce()
     if isinstance(sync, SyncMethod):
         return sync
+    if isinstance(sync, str):
+        named(sync)  # raises for anything but the all-reduce
+        return AllReduce()
     raise InputError(f"sync must be 'allreduce' or a graphpipe.sync method (AllReduce, LocalSGD, QSR, TopK, "
                      f"PowerSGD), got {sync!r}")

@@ -58,6 +58,7 @@ def cosine(step: int) -> float:
 def sync_method(name: str) -> Any:
     return {
         "allreduce": "allreduce",
+        "all_reduce": "all_reduce",  # the C++ parser's spelling, which plan() takes too
         "hierarchical": AllReduce(hierarchical=True, ranks_per_node=2),
         "topk1": TopK(1.0),
         "topk": TopK(0.25),
@@ -112,7 +113,7 @@ def expected_bytes(pipe: Any, name: str) -> float:
 
     params = [p for p in pipe.parameters() if p.requires_grad]
     method = sync_method(name)
-    method = AllReduce() if method == "allreduce" else method
+    method = AllReduce() if isinstance(method, str) else method
     shapes = [_C.ParamShape(name=n, shape=list(p.shape), element_size=p.element_size())
               for n, p in pipe.named_parameters() if p.requires_grad]
     replicas = len(pipe.executor.schedule.stage_ranks[pipe.stage])
@@ -143,7 +144,7 @@ def checkpoint_case(name: str, placement: str) -> dict[str, Any]:
         return {"params": {k: v.detach().clone() for k, v in resumed.named_parameters()}}
 
 
-EXACT = [("allreduce", "2x2"), ("hierarchical", "dp4"), ("topk1", "2x2"), ("local1", "2x2")]
+EXACT = [("allreduce", "2x2"), ("all_reduce", "2x2"), ("hierarchical", "dp4"), ("topk1", "2x2"), ("local1", "2x2")]
 LOCAL = [("local3", "2x2"), ("qsr", "2x2")]
 LOSSY = [("topk", "2x2"), ("powersgd", "2x2")]
 STATEFUL = ["local3", "qsr", "topk", "powersgd"]
@@ -273,6 +274,19 @@ def test_bad_sync_arguments_are_named() -> None:
         PowerSGD(rank=2, start_iter=1)
     with pytest.raises(Exception, match="sync must be 'allreduce' or a graphpipe.sync method"):
         sync.parse("gossip")
+    with pytest.raises(Exception, match="needs its parameters"):
+        sync.parse("local_sgd")
+
+
+def test_sync_names_are_the_cpp_parsers() -> None:
+    """wrap (graphpipe.sync.parse) and plan (planning.sync_method) read names with one rule, the
+    C++ parser's: both spellings of the all-reduce are accepted by both."""
+    import graphpipe.sync as sync
+    from graphpipe.planning import sync_method as plan_sync
+
+    for name in ("allreduce", "all_reduce"):
+        assert sync.parse(name) == AllReduce()
+        assert plan_sync(name) == AllReduce().cost_method()
 
 
 @pytest.mark.parametrize("name,placement", EXACT, ids=[n for n, _ in EXACT])
