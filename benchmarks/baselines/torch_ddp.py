@@ -27,17 +27,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphpipe._ext import _C
+
 __all__ = ["DDPEmulation", "EmulatedDDPModel", "emulation_segments", "make_stepper", "shard", "shard_inputs",
            "train_rank"]
 
 
 def shard(batch: int, rank: int, world: int) -> tuple[int, int]:
     """(start, length) of ``rank``'s rows of a ``batch``-row global batch: contiguous, the first
-    ``batch % world`` ranks one row more (``torch.tensor_split``'s cut)."""
+    ``batch % world`` ranks one row more (``torch.tensor_split``'s cut). The rule is the C++
+    one the pipeline's replicas use (``_C.shard_rows``, schedule/shards.h), so DDP's ranks and a
+    replicated stage's replicas take the same rows."""
     if batch < world:
         raise ValueError(f"data parallelism over {world} ranks needs a batch of at least {world} rows, got {batch}")
-    base, extra = divmod(batch, world)
-    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+    begin, end = _C.shard_rows(batch, world, rank)
+    return begin, end - begin
 
 
 def shard_inputs(values: Sequence[torch.Tensor], rank: int, world: int) -> tuple[torch.Tensor, ...]:
