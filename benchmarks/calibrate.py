@@ -22,7 +22,7 @@ import torch
 
 import graphpipe
 from graphpipe.models import build_model, default_loss
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 
 SMALL, LARGE = 4, 4 << 20  # bytes
 
@@ -101,7 +101,7 @@ def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False,
 def _dispatch(rank: int, world: int, spec: str, micro_batches: int, steps: int, device: str = "cpu") -> float:
     import torch.distributed as dist
 
-    from graphpipe.runtime.emulate import emulate_stage
+    from graphpipe.testing.emulate import emulate_stage
 
     # Every rank runs its own one-rank pipeline (a group of its own), all at the same time.
     groups = [dist.new_group([r]) for r in range(world)]

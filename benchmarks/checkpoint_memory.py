@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 
 from compare import BENCH_SPECS  # noqa: E402
 
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 WORLD = 4
 MIB = 1024 * 1024

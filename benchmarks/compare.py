@@ -81,7 +81,7 @@ sys.path.insert(0, str(HERE))
 
 import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
-from graphpipe.runtime.testing import RankResult, reference_training, run_ranks, seeded_batches  # noqa: E402
+from graphpipe.testing import RankResult, reference_training, run_ranks, seeded_batches  # noqa: E402
 
 #: Benchmark sizes: big enough on a CPU core that compute, not per-operator overhead, dominates;
 #: small enough that the default run takes a few minutes on 2 cores.
@@ -186,7 +186,7 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 def _with_wait(step: Any, seconds: float) -> Any:
     """``step`` followed by a wait (emulation: the stage's simulated optimizer step)."""
-    from graphpipe.runtime.emulate import wait
+    from graphpipe.testing.emulate import wait
 
     def emulated(x: Any, y: Any) -> float:
         loss = step(x, y)
@@ -201,7 +201,7 @@ def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, mode
     pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=run.plan_json, schedule=run.schedule,
                           device=device)
     if emulate is not None:
-        from graphpipe.runtime.emulate import emulate_stage
+        from graphpipe.testing.emulate import emulate_stage
 
         emulate_stage(pipe, scale=emulate)
     params = list(pipe.parameters())
@@ -227,7 +227,7 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
         return lambda x, y: float("nan")
     if run.front_end:
         from baselines.torch_pipeline_frontend import make_stepper as frontend_stepper
-        from graphpipe.runtime.emulate import EmulatedStage
+        from graphpipe.testing.emulate import EmulatedStage
 
         forward, backward = run.stage_seconds[rank]
         wrapper = None if emulate is None else (lambda m: EmulatedStage(m, emulate * forward, emulate * backward))
@@ -240,7 +240,7 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
     example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
     stage = stages[rank]
     if emulate is not None:  # the same waits as graphpipe's emulated stages, from the same cost model
-        from graphpipe.runtime.emulate import EmulatedStage
+        from graphpipe.testing.emulate import EmulatedStage
 
         forward, backward = run.stage_seconds[rank]
         stage = EmulatedStage(stage, emulate * forward, emulate * backward)

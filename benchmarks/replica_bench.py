@@ -12,7 +12,7 @@ backward. Prints a table and writes results/replica_bench.json.
 Four ranks on this 2-core machine share two cores, so real compute runs about twice as slowly as
 the single-process profile says. By default the compute is therefore emulated, as in compare.py:
 each stage's forward and backward wait the profiled time of a device ``--slowdown`` times slower
-than a core (graphpipe.runtime.emulate); transfers and the all-reduce stay real (of the real
+than a core (graphpipe.testing.emulate); transfers and the all-reduce stay real (of the real
 gradient sizes). The runtime's own cost (dispatch, transfers) is measured by a second run with
 zero-length compute and added to the prediction, as compare.py's "zero-compute calibration"
 does; both figures are printed. ``--no-emulate`` measures real compute.
@@ -39,7 +39,7 @@ import graphpipe  # noqa: E402
 from compare import BENCH_SPECS, LR, git_commit  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 WORLD = 4
 PLACEMENT = {0: [0, 1], 1: [2, 3]}
@@ -78,7 +78,7 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_b
     with graphpipe.wrap(model, example, default_loss(name), plan=plan_json, timeout=120,
                         bucket_bytes=bucket_bytes) as pipe:
         if emulate is not None:
-            from graphpipe.runtime.emulate import emulate_stage
+            from graphpipe.testing.emulate import emulate_stage
 
             emulate_stage(pipe, scale=emulate)  # the plan's (slowed) times, or 0
         opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)

@@ -107,7 +107,7 @@ def _timing_worker(rank: int, world: int, spec: str, plan_json: str, steps: int,
 def _time_one(job_path: str) -> None:
     """--time-one: runs one job (JSON file) in fresh ranks of whatever graphpipe this process
     imports, and prints the per-step seconds of the slowest rank as JSON."""
-    from graphpipe.runtime.testing import run_ranks
+    from graphpipe.testing import run_ranks
 
     with open(job_path) as f:
         job = json.load(f)
@@ -183,7 +183,7 @@ def main() -> None:
     from graphpipe._ext import _C
     from graphpipe.models import build_model
     from graphpipe.runtime.measure import stage_report
-    from graphpipe.runtime.testing import run_ranks
+    from graphpipe.testing import run_ranks
     from graphpipe.trace import trace_module
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 import graphpipe  # noqa: E402
 from compare import git_commit  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, SyncMethod, TopK  # noqa: E402
 
 WORLD = 4
@@ -122,7 +122,7 @@ def _train(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
     with graphpipe.wrap(model, (data[0][0],), nn.functional.cross_entropy, plan=plan_json, timeout=120,
                         sync=method) as pipe:
         if emulate:
-            from graphpipe.runtime.emulate import emulate_stage
+            from graphpipe.testing.emulate import emulate_stage
 
             emulate_stage(pipe, scale=1.0)
         optimizer = torch.optim.SGD(list(pipe.parameters()), lr=lr, momentum=MOMENTUM)
@@ -205,7 +205,7 @@ def _timed(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
            scale: float) -> list[float]:
     """Emulated compute (``scale`` x the plan's times), real communication: per-step seconds."""
     import torch.distributed as dist
-    from graphpipe.runtime.emulate import emulate_stage
+    from graphpipe.testing.emulate import emulate_stage
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

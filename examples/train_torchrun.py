@@ -28,7 +28,7 @@ import torch.distributed as dist
 import graphpipe
 from graphpipe.models import default_loss
 from graphpipe.runtime.launch import init_distributed
-from graphpipe.runtime.testing import seeded_batches
+from graphpipe.testing import seeded_batches
 
 LATEST = "latest"
 

@@ -115,7 +115,7 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, forward_seconds: float, backward_seconds: float, token: torch.Tensor,  # noqa: D102
                 *params: torch.Tensor) -> torch.Tensor:
-        from graphpipe.runtime.emulate import wait
+        from graphpipe.testing.emulate import wait
 
         wait(forward_seconds)
         ctx.backward_seconds = backward_seconds
@@ -124,7 +124,7 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:  # noqa: D102
-        from graphpipe.runtime.emulate import wait
+        from graphpipe.testing.emulate import wait
 
         wait(ctx.backward_seconds)
         return (None, None, grad, *[torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.specs])
@@ -211,7 +211,7 @@ def make_stepper(
         if optimizer is not None:
             optimizer.step()
         else:
-            from graphpipe.runtime.emulate import wait
+            from graphpipe.testing.emulate import wait
 
             wait(optimizer_wait or 0.0)
         total = (local.detach() * (rows / batch)).reshape(1)
@@ -223,10 +223,10 @@ def make_stepper(
 
 def train_rank(rank: int, world: int, spec: str, steps: int, lr: float, dtype: str = "float64") -> dict:
     """Runs ``steps`` DDP iterations of a ``graphpipe.models`` spec (the seeded model and
-    batches of ``graphpipe.runtime.testing.seeded_batches``) in ``dtype`` on this rank of an
+    batches of ``graphpipe.testing.seeded_batches``) in ``dtype`` on this rank of an
     initialised process group: {"losses", "parameters"} (parameters as a name -> tensor dict)."""
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing import seeded_batches
 
     model, _, batches = seeded_batches(spec, steps)
     dt = getattr(torch, dtype)
@@ -246,7 +246,7 @@ def main() -> None:
     import json
 
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches
+    from graphpipe.testing import reference_training, run_ranks, seeded_batches
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model", help="model spec, e.g. mmt:branches=2 or candle_uno:batch=7")

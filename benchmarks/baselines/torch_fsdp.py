@@ -163,7 +163,7 @@ def make_stepper(
         if optimizer is not None:
             optimizer.step()
         else:
-            from graphpipe.runtime.emulate import wait
+            from graphpipe.testing.emulate import wait
 
             wait(optimizer_wait or 0.0)
         dist.all_reduce(total)
@@ -186,7 +186,7 @@ def train_rank(rank: int, world: int, spec: str, steps: int, lr: float, dtype: s
     """``steps`` FSDP2 iterations of a ``graphpipe.models`` spec in ``dtype`` on this rank:
     {"losses", "parameters"} (the full parameters, gathered, as a name -> tensor dict)."""
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing import seeded_batches
 
     model, _, batches = seeded_batches(spec, steps)
     dt = getattr(torch, dtype)

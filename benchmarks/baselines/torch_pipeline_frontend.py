@@ -155,7 +155,7 @@ def train_rank(rank: int, world: int, spec: str, points: list[str], micro_batche
     """``steps`` iterations of a ``graphpipe.models`` spec through torch's front end on this rank
     of an initialised process group: the losses (NaN except on the last rank)."""
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing import seeded_batches
 
     torch.set_num_threads(1)
     model, inputs, batches = seeded_batches(spec, steps)

@@ -282,7 +282,7 @@ class GradsAsExample(nn.Module):
     gradient as a constant and sends back ``None`` for it. If this stage then produces that
     output *with* a gradient history, its backward passes the ``None`` to
     ``torch.autograd.backward`` for a non-scalar tensor and fails ("Failed to run stage
-    backward"). An emulated stage (:class:`graphpipe.runtime.emulate.EmulatedStage`) does just
+    backward"). An emulated stage (:class:`graphpipe.testing.emulate.EmulatedStage`) does just
     that: every float output of its waiting autograd function requires grad, including the
     ones that the real stage passes through without a history (model inputs relayed down the
     chain, integer indices carried as float64). Detaching those outputs makes the stage keep the
@@ -412,7 +412,7 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
     import json
 
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing import seeded_batches
     from graphpipe.trace import trace_module
 
     torch.set_num_threads(1)
@@ -426,7 +426,7 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
         example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
         stage: nn.Module = stages[rank]
         if emulate is not None:  # as compare.py --emulate does: waits and zeros instead of compute
-            from graphpipe.runtime.emulate import EmulatedStage
+            from graphpipe.testing.emulate import EmulatedStage
 
             stage = EmulatedStage(stage, emulate, 2 * emulate)
         losses, _ = train_rank(stage, rank, world, batches, default_loss(spec), micro_batches, schedule,
@@ -452,7 +452,7 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import reference_training, seeded_batches
+    from graphpipe.testing import reference_training, seeded_batches
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model", help="model spec, e.g. dlrm or mmt:branches=2")

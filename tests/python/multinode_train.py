@@ -57,7 +57,7 @@ def train(case: str) -> dict[str, Any]:
     """Runs on every rank: this rank's losses, parameters, and the plan's placement."""
     import graphpipe
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing import seeded_batches
 
     model, example, batches = seeded_batches(SPEC, STEPS)
     graph = graphpipe.trace(model, example)
@@ -84,7 +84,7 @@ def main() -> None:
 
     import torch.distributed as dist
 
-    from graphpipe.runtime.testing import run_cases
+    from graphpipe.testing import run_cases
 
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from test_runtime_gold import make_model
 
 SCHEDULES = ["1f1b", "fill_drain", "zb_graph"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from baselines.torch_ddp import EmulatedDDPModel, emulation_segments, shard, shard_inputs, train_rank  # noqa: E402
 from graphpipe.models import default_loss  # noqa: E402
-from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
+from graphpipe.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
 
 LR = 0.05
 STEPS = 3

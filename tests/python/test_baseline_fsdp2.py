@@ -16,7 +16,7 @@ sys.path.insert(0, str(BENCHMARKS))
 from baselines.torch_ddp import emulation_segments, shard_inputs  # noqa: E402
 from baselines.torch_fsdp import emulated_model, layer_names, make_stepper, memory_bytes, train_rank  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
-from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
+from graphpipe.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
 
 LR = 0.05
 STEPS = 3

@@ -55,8 +55,8 @@ def test_grads_as_example_detaches_what_the_example_does_not_differentiate() -> 
     sys.path.insert(0, str(SCRIPT.parents[1]))
     from baselines.torch_pipelining import (GradsAsExample, balanced_chain_labels, chain_stage_modules,
                                             pin_integer_consumers, stage_examples)
-    from graphpipe.runtime.emulate import EmulatedStage
-    from graphpipe.runtime.testing import seeded_batches
+    from graphpipe.testing.emulate import EmulatedStage
+    from graphpipe.testing import seeded_batches
     from graphpipe.trace import trace_module
 
     model, inputs, _ = seeded_batches("mmt:branches=2,depth=1", 1)
@@ -85,7 +85,7 @@ def test_front_end_trains_like_a_single_process(spec: str, points: list[str], mi
     sys.path.insert(0, str(SCRIPT.parents[1]))
     from baselines.torch_pipeline_frontend import train_rank
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import reference_training, run_ranks, seeded_batches
+    from graphpipe.testing import reference_training, run_ranks, seeded_batches
 
     world = len(points) + 1
     results = run_ranks(train_rank, world, spec, points, micro_batches, 2, 0.01, timeout=180)

@@ -1,6 +1,6 @@
 """Communication hooks of replicated stages' gradient buckets (csrc/runtime/comm_hook.h).
 
-Real ranks (Gloo, spawned by ``graphpipe.runtime.testing.run_ranks``) drive
+Real ranks (Gloo, spawned by ``graphpipe.testing.run_ranks``) drive
 ``_C.GradientBuckets`` directly: arm, a backward on each rank's own data, finish. Each rank
 keeps its local gradients (the buckets only write results back in finish) and gathers every
 rank's over the default group, so the expected results are computed here independently:
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 
 TIMEOUT = 30.0
 

@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import corpus_models as cm  # noqa: E402
 
-from graphpipe.runtime.testing import expect_ok, run_cases, run_ranks  # noqa: E402
+from graphpipe.testing import expect_ok, run_cases, run_ranks  # noqa: E402
 
 # torchvision is a test dependency (scripts/install_deps.sh installs it): without it the corpus
 # fails here, at import, naming the missing package, rather than being skipped.

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.runtime.testing import run_cases, run_ranks
+from graphpipe.testing import run_cases, run_ranks
 from test_replicated_stages import replicated_plan
 from test_runtime_gold import make_model as make_bench_model
 

@@ -7,7 +7,7 @@ import time
 import torch
 from torch import nn
 
-from graphpipe.runtime.emulate import EmulatedStage, wait
+from graphpipe.testing.emulate import EmulatedStage, wait
 
 
 def test_wait_never_returns_early() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from graphpipe.models import default_loss
-from graphpipe.runtime.testing import reference_training, seeded_batches
+from graphpipe.testing import reference_training, seeded_batches
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_torchrun.py"
 

@@ -24,7 +24,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_models as hm  # noqa: E402
 
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 hm.import_transformers()
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from test_runtime_gold import make_model, reference
 
 FAILING = 1   # the rank that fails (holds a middle stage of the 3-rank sequential plan)

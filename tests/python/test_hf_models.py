@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_models as hm  # noqa: E402
 
-from graphpipe.runtime.testing import expect_ok, run_cases, run_ranks  # noqa: E402
+from graphpipe.testing import expect_ok, run_cases, run_ranks  # noqa: E402
 
 # transformers is a test dependency (scripts/install_deps.sh installs it): without it these
 # tests fail here, naming the missing package, rather than being skipped.

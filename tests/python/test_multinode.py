@@ -70,7 +70,7 @@ def _launch() -> dict[str, Any]:
 def _reference() -> dict[str, Any]:
     """Single-process float64 training on the batches every rank trains on."""
     from graphpipe.models import default_loss
-    from graphpipe.runtime.testing import reference_training, seeded_batches
+    from graphpipe.testing import reference_training, seeded_batches
 
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import corpus_models as cm  # noqa: E402
 
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 # direct_buffer on 3 ranks with the middle stage (tanh, a buffer read, a product) holding no
 # parameter.

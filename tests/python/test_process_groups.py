@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from test_runtime_gold import LR, make_model, reference
 
 MODEL = "candle_uno"

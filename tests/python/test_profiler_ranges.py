@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from test_runtime_gold import make_model
 from test_runtime_pipeline import hand_plan
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.runtime.testing import run_ranks, train_pipeline
+from graphpipe.testing import run_ranks, train_pipeline
 
 LIMIT = 60_000
 ASSIGNMENT = {"blocks.0": 0, "blocks.1": 0, "blocks.2": 1, "blocks.3": 1, "head": 1}

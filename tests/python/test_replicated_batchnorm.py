@@ -26,7 +26,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 import corpus_models as cm  # noqa: E402
-from graphpipe.runtime.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 MICRO_BATCHES, ROWS, STEPS, LR = 2, 4, 2, 0.05  # ROWS per micro-batch: 2 per replica
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import (
+from graphpipe.testing import (
     fail_in_second_step,
     run_cases,
     run_ranks,

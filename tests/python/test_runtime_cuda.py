@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from graphpipe import _C
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 # The gold test's model, batches and training constants: the GPU runs are the CPU gold cases.
 from test_runtime_gold import LR, MICRO_BATCHES, make_model
 

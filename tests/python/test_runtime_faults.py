@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from graphpipe.runtime.testing import fail_in_second_step, run_ranks, steps_until_error, survivor_errors
+from graphpipe.testing import fail_in_second_step, run_ranks, steps_until_error, survivor_errors
 from test_runtime_gold import make_model
 from test_runtime_pipeline import hand_plan
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_cases, run_ranks, train_pipeline
+from graphpipe.testing import run_cases, run_ranks, train_pipeline
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 PARTITIONERS = ["graphpipe", "metis", "sequential"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from test_runtime_gold import MICRO_BATCHES, LR, make_model, reference
 
 BRANCH_CONTAINERS = ("branches", "dense", "sparse")

@@ -1,4 +1,4 @@
-"""``graphpipe.runtime.testing.run_ranks``, the launcher of the tests, examples and benchmarks:
+"""``graphpipe.testing.run_ranks``, the launcher of the tests, examples and benchmarks:
 ranks that run torch.fx code leave nothing behind for the caller's exit to complain about."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_ranks_leave_no_semaphores_behind(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import torch
         from torch import fx
-        from graphpipe.runtime.testing import run_ranks
+        from graphpipe.testing import run_ranks
 
         def interpret(rank, world):
             module = fx.symbolic_trace(torch.nn.Linear(4, 4))

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 
 CLASSES = 10
 BATCH = 8

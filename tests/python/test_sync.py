@@ -24,7 +24,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.runtime.testing import run_cases, run_ranks
+from graphpipe.testing import run_cases, run_ranks
 from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, TopK, qsr_period
 
 BATCH, MICRO_BATCHES, STEPS, LR = 8, 2, 6, 0.1

@@ -13,7 +13,7 @@ from torch import nn
 import graphpipe
 from graphpipe._ext import _C
 from graphpipe.runtime.stages import build_stages
-from graphpipe.runtime.testing import run_ranks
+from graphpipe.testing import run_ranks
 from graphpipe.trace import trace_module
 
 
