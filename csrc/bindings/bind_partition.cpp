@@ -7,17 +7,17 @@
 
 #include "bindings/bindings.h"
 #include "partition/partitioner.h"
-#include "partition/plan.h"
-#include "partition/plan_format.h"
-#include "partition/plan_io.h"
+#include "plan/plan.h"
+#include "plan/plan_format.h"
+#include "plan/plan_io.h"
 
 namespace py = pybind11;
 
 namespace graphpipe::bindings {
 
-using partition::Plan;
-using partition::Stage;
-using partition::StageEdge;
+using plan::Plan;
+using plan::Stage;
+using plan::StageEdge;
 
 void bind_partition(py::module_& m) {
   py::class_<Stage>(m, "Stage", "One stage of a plan: convex operators on a set of devices.")
@@ -56,7 +56,7 @@ void bind_partition(py::module_& m) {
         return "<StageEdge " + std::to_string(e.src) + " -> " + std::to_string(e.dst) + ">";
       });
 
-  py::class_<Plan>(m, "Plan", "Stages of an OpGraph forming a DAG (see partition/plan.h).")
+  py::class_<Plan>(m, "Plan", "Stages of an OpGraph forming a DAG (see plan/plan.h).")
       .def(py::init<>())
       .def_readwrite("partitioner", &Plan::partitioner)
       .def_readwrite("graph_fingerprint", &Plan::graph_fingerprint)
@@ -75,17 +75,17 @@ void bind_partition(py::module_& m) {
       .def_readwrite("chain", &Plan::chain)
       .def_readwrite("sync", &Plan::sync, "The sync method the plan was priced for (SyncMethod).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
-      .def("to_string", [](const Plan& p, const graph::OpGraph& g) { return partition::to_string(p, g); },
+      .def("to_string", [](const Plan& p, const graph::OpGraph& g) { return plan::to_string(p, g); },
            py::arg("graph"), "Readable table with operator names.")
-      .def("validate", &partition::validate_plan, py::arg("graph"),
+      .def("validate", &plan::validate_plan, py::arg("graph"),
            "Checks the plan against a graph; raises PlanningError naming the problem.")
-      .def("to_json", [](const Plan& p, const graph::OpGraph& g, int indent) { return partition::dumps(p, g, indent); },
+      .def("to_json", [](const Plan& p, const graph::OpGraph& g, int indent) { return plan::dumps(p, g, indent); },
            py::arg("graph"), py::arg("indent") = -1)
-      .def_static("from_json", &partition::loads_plan, py::arg("text"), py::arg("graph"))
-      .def("save", [](const Plan& p, const graph::OpGraph& g, const std::string& path) { partition::save(p, g, path); },
+      .def_static("from_json", &plan::loads_plan, py::arg("text"), py::arg("graph"))
+      .def("save", [](const Plan& p, const graph::OpGraph& g, const std::string& path) { plan::save(p, g, path); },
            py::arg("graph"), py::arg("path"))
-      .def_static("load", &partition::load_plan, py::arg("path"), py::arg("graph"))
-      .def("__str__", [](const Plan& p) { return partition::to_string(p); })
+      .def_static("load", &plan::load_plan, py::arg("path"), py::arg("graph"))
+      .def("__str__", [](const Plan& p) { return plan::to_string(p); })
       .def("__repr__", [](const Plan& p) {
         return "<Plan " + p.partitioner + ": " + std::to_string(p.stages.size()) + " stages, depth " +
                std::to_string(p.depth) + ", " + std::to_string(p.num_micro_batches) + " x " +

@@ -3,7 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 #include "schedule/check.h"
 #include "schedule/shards.h"
 #include "schedule/generate.h"
@@ -13,7 +13,7 @@ namespace py = pybind11;
 
 namespace graphpipe::bindings {
 
-using partition::Plan;
+using plan::Plan;
 using schedule::BlockedRank;
 using schedule::CheckResult;
 using schedule::Instruction;

@@ -139,7 +139,7 @@ void bind_sim(py::module_& m) {
 
   m.def(
       "simulate",
-      [](const partition::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
+      [](const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
          bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes,
          std::optional<cost::SyncMethod> sync, bool sync_step) {
         sim::SimOptions options;

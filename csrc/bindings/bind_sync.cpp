@@ -12,7 +12,7 @@
 #include "cost/gradient_buckets.h"
 #include "cost/sync_cost.h"
 #include "cost/sync_method.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
 namespace py = pybind11;
 
@@ -38,7 +38,7 @@ std::string method_repr(const SyncMethod& s) {
   return out.str();
 }
 
-cost::SyncCost stage_cost(const SyncMethod& method, const partition::Stage& stage, const cost::Devices& devices,
+cost::SyncCost stage_cost(const SyncMethod& method, const plan::Stage& stage, const cost::Devices& devices,
                           std::optional<std::vector<int>> group, double bucket_bytes) {
   return cost::stage_sync_cost(method, devices, group.value_or(stage.devices), stage.parameters, stage.param_bytes,
                                bucket_bytes);
@@ -151,7 +151,7 @@ void bind_sync(py::module_& m) {
       "replicas_per_node (0: one node) shapes a hierarchical all-reduce.");
   m.def(
       "sync_payload_bytes",
-      [](const SyncMethod& method, const partition::Stage& stage, double bucket_bytes, std::optional<int> replicas,
+      [](const SyncMethod& method, const plan::Stage& stage, double bucket_bytes, std::optional<int> replicas,
          bool sync_step) {
         return cost::sync_payload_bytes(method, stage.parameters, stage.param_bytes, bucket_bytes,
                                         replicas.value_or(static_cast<int>(stage.devices.size())), sync_step);

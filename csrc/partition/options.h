@@ -11,7 +11,7 @@
 #include "cost/cost_model.h"
 #include "cost/in_flight.h"
 #include "cost/sync_method.h"
-#include "partition/manual.h"
+#include "partition/manual/manual.h"
 
 namespace graphpipe::partition {
 

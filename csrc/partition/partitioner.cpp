@@ -18,6 +18,8 @@
 
 namespace graphpipe::partition {
 
+using plan::Plan;
+
 namespace {
 
 std::string gib(double bytes) {
@@ -163,7 +165,7 @@ std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<
 
 }  // namespace
 
-Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
   check_graph_and_devices(g, devices, o.replicate || !o.stage_devices.empty());
   std::unique_ptr<Partitioner> partitioner = make_partitioner(o.partitioner);  // unknown name: PlanningError
   check_search_options(o);

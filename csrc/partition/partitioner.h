@@ -6,7 +6,7 @@
 // model, memory limit and micro-batch freedom:
 //   "graphpipe"   the portfolio of series-parallel DP, cuts of topological orders, refinement
 //                 and exact down-set plans, with its fallback (graphpipe_portfolio.h)
-//   "metis"       METIS k-way, repaired to an acyclic stage graph and refined (metis_partitioner.h)
+//   "metis"       METIS k-way, repaired to an acyclic stage graph and refined (metis/metis.h)
 //   "sequential"  the chain baseline: contiguous cuts of one topological order
 //                 (sequential_partitioner.h)
 //   "manual"      the user's mapping of modules to stages (manual_partitioner.h)
@@ -40,11 +40,11 @@
 #include "cost/devices.h"
 #include "graph/op_graph.h"
 #include "partition/options.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
 namespace graphpipe::partition {
 
-Plan partition(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+plan::Plan partition(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
 
 // The names accepted in Options::partitioner: the registry's (registry.h), in its order.
 std::vector<std::string> partitioner_names();

@@ -4,11 +4,20 @@
 #include <map>
 
 #include "common/error.h"
-#include "partition/plan_io.h"
-#include "partition/stage_modules.h"
-#include "partition/stage_parameters.h"
+#include "plan/plan_io.h"
+#include "plan/stage_modules.h"
+#include "plan/stage_parameters.h"
 
 namespace graphpipe::partition {
+
+using plan::Plan;
+using plan::Stage;
+using plan::StageEdge;
+using plan::fill_stage_parameters;
+using plan::implied_stage_edges;
+using plan::tensors_carried;
+using plan::top_modules;
+using plan::validate_plan;
 
 namespace {
 
@@ -28,7 +37,7 @@ std::string label_operators(const graph::OpGraph& g, const std::vector<int>& ass
 
 }  // namespace
 
-Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner,
+plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner,
                 const std::vector<int>& replicas, const std::vector<std::vector<int>>& devices) {
   const graph::OpGraph& g = *p.graph;
   if (!replicas.empty() || !devices.empty()) {

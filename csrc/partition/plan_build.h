@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "partition/evaluate.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 #include "partition/problem.h"
 
 namespace graphpipe::partition {
@@ -18,7 +18,7 @@ namespace graphpipe::partition {
 // Throws PlanningError when the stage graph of the assignment has a cycle (naming the stages
 // by their operators) or when the assignment uses more stages (or replicas) than devices.
 // `replicas` and `devices` are by input label, as evaluate() takes them.
-Plan build_plan(const Problem& problem, const std::vector<int>& assignment, const std::string& partitioner,
+plan::Plan build_plan(const Problem& problem, const std::vector<int>& assignment, const std::string& partitioner,
                 const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
 
 }  // namespace graphpipe::partition

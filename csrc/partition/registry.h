@@ -1,11 +1,11 @@
 // The registry of partitioners by name: the one list that partition() (partitioner.h),
 // partitioner_names() and the "unknown partitioner" error read, so a name accepted in one place
 // is accepted everywhere. Registered, in this order (the default first):
-//   "graphpipe"   graphpipe_portfolio.h
-//   "metis"       metis_partitioner.h
-//   "sequential"  sequential_partitioner.h
-//   "manual"      manual_partitioner.h
-// Adding a partitioner: implement Partitioner (partitioner_interface.h) in its own files and add
+//   "graphpipe"   series_parallel_dp/graphpipe_portfolio.h
+//   "metis"       metis/metis.h
+//   "sequential"  sequential/sequential_partitioner.h
+//   "manual"      manual/manual_partitioner.h
+// Adding a partitioner: implement Partitioner (partitioner_interface.h) in its own folder and add
 // one line to the table in registry.cpp.
 #pragma once
 

@@ -10,7 +10,7 @@
 
 namespace graphpipe::schedule {
 
-using partition::Plan;
+using plan::Plan;
 
 namespace {
 
@@ -114,7 +114,7 @@ std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
   return ranks;
 }
 
-std::pair<double, double> backward_split(const partition::Stage& stage) {
+std::pair<double, double> backward_split(const plan::Stage& stage) {
   if (stage.backward_input_seconds > 0.0 || stage.backward_weight_seconds > 0.0) {
     return {stage.backward_input_seconds, stage.backward_weight_seconds};
   }

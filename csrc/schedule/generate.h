@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-#include "partition/plan.h"
+#include "plan/plan.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::schedule {
@@ -76,7 +76,7 @@ std::string_view policy_name(Policy policy);
 
 // Ranks of each stage (its devices, lead first); throws ScheduleError when a stage has no device
 // or two stages share a rank, PlanningError when the plan's stages or edges are malformed.
-std::vector<std::vector<int>> stage_ranks(const partition::Plan& plan);
+std::vector<std::vector<int>> stage_ranks(const plan::Plan& plan);
 // The predicted seconds of a stage's backward halves, I (input gradients) and W (weight
 // gradients), for one micro-batch: the stage's own Stage::backward_input_seconds and
 // backward_weight_seconds, priced by the planner from its operators' (partition/backward_halves.h;
@@ -84,13 +84,13 @@ std::vector<std::vector<int>> stage_ranks(const partition::Plan& plan);
 // stage without them (both 0: a plan from before they existed, or a stage built by hand) gets
 // half of its backward each; a recomputed stage's forward, which backward_seconds includes, then
 // goes to I, which runs it first.
-std::pair<double, double> backward_split(const partition::Stage& stage);
+std::pair<double, double> backward_split(const plan::Stage& stage);
 // h_s: stages on the longest path from s to a sink, s included.
-std::vector<int> stages_to_sink(const partition::Plan& plan);
+std::vector<int> stages_to_sink(const plan::Plan& plan);
 // The most micro-batches each stage may hold (forward done, backward not yet) under `policy`.
-std::vector<int> in_flight_limits(const partition::Plan& plan, Policy policy);
+std::vector<int> in_flight_limits(const plan::Plan& plan, Policy policy);
 
-Schedule generate(const partition::Plan& plan, Policy policy);
-Schedule generate(const partition::Plan& plan, std::string_view policy);
+Schedule generate(const plan::Plan& plan, Policy policy);
+Schedule generate(const plan::Plan& plan, std::string_view policy);
 
 }  // namespace graphpipe::schedule

@@ -13,7 +13,7 @@
 
 namespace graphpipe::sim {
 
-using partition::Plan;
+using plan::Plan;
 using schedule::Instruction;
 using schedule::OpKind;
 using schedule::Schedule;

@@ -68,7 +68,7 @@
 #include "cost/devices.h"
 #include "cost/gradient_buckets.h"
 #include "cost/sync_method.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::sim {
@@ -148,7 +148,7 @@ struct SimResult {
   std::string summary() const;
 };
 
-SimResult simulate(const partition::Plan& plan, const schedule::Schedule& schedule,
+SimResult simulate(const plan::Plan& plan, const schedule::Schedule& schedule,
                    const cost::Devices& devices, const SimOptions& options = {});
 
 }  // namespace graphpipe::sim

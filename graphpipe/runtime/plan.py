@@ -2,7 +2,7 @@
 text, or a dict; and builds hand-made plans for tests.
 
 The C++ Plan is the runtime's only form of a plan: whatever the user gives goes through the C++
-loader (``Plan.from_json``, partition/plan_io.h), which validates it against the traced graph,
+loader (``Plan.from_json``, plan/plan_io.h), which validates it against the traced graph,
 so a bad plan raises the same FormatError or PlanningError as loading it with
 ``graphpipe.Plan.from_json`` does. Its JSON text (``plan.to_json(graph)``) is how ranks share
 and compare plans. What is checked here is only what the runtime adds to a valid plan: ranks
@@ -81,7 +81,7 @@ def manual_plan(
     **plan_options: Any,
 ) -> Any:
     """A Plan from ``{operator name or module prefix: stage}``, made by the C++ manual
-    partitioner (partition/manual.h: the longest matching rule wins). An operator that no rule
+    partitioner (partition/manual/manual.h: the longest matching rule wins). An operator that no rule
     covers goes to the earliest stage of its consumers, as the manual partitioner does for
     inputs. Stage s runs on rank s, unless ``stage_devices`` (``{stage: [ranks]}``, or one list
     per stage) gives its ranks: several ranks make the stage data parallel, each replica taking
@@ -123,7 +123,7 @@ def manual_plan(
 
 def _prefix_stage(module: str, rules: Mapping[str, int]) -> int | None:
     """The stage of the longest module prefix rule that reaches an operator of ``module``
-    (partition/manual.h), None when none does."""
+    (partition/manual/manual.h), None when none does."""
     parts = module.split(".") if module else []
     for k in range(len(parts), 0, -1):
         prefix = ".".join(parts[:k])

@@ -136,7 +136,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
                     continue
                 # A chain plan (the sequential baseline) has only edges k -> k + 1: a value that
                 # skips stages is relayed by each stage in between (received, sent on unchanged).
-                # (The validated plan has every edge needed, partition/plan_io.h.)
+                # (The validated plan has every edge needed, plan/plan_io.h.)
                 hops = [(p, s)] if (p, s) in index else [(k, k + 1) for k in range(p, s)]
                 for src, dst in hops:
                     e = index[(src, dst)]

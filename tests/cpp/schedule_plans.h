@@ -9,22 +9,22 @@
 #include <vector>
 
 #include "cost/devices.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
 namespace graphpipe::testing {
 
 // Stages 0..n-1 on ranks 0..n-1 with the given edges and equal costs.
-inline partition::Plan stage_plan(int stages, const std::vector<std::pair<int, int>>& edges,
+inline plan::Plan stage_plan(int stages, const std::vector<std::pair<int, int>>& edges,
                                   int micro_batches, double forward = 1.0, double backward = 2.0,
                                   double edge_bytes = 0.0) {
-  partition::Plan plan;
+  plan::Plan plan;
   plan.partitioner = "manual";
   plan.micro_batch_size = 1;
   plan.num_micro_batches = micro_batches;
   plan.batch_size = micro_batches;
   plan.num_devices = stages;
   for (int s = 0; s < stages; ++s) {
-    partition::Stage stage;
+    plan::Stage stage;
     stage.id = s;
     stage.devices = {s};
     stage.forward_seconds = forward;
@@ -33,7 +33,7 @@ inline partition::Plan stage_plan(int stages, const std::vector<std::pair<int, i
     plan.stages.push_back(stage);
   }
   for (const auto& [a, b] : edges) {
-    partition::StageEdge e;
+    plan::StageEdge e;
     e.src = a;
     e.dst = b;
     e.bytes = edge_bytes;
@@ -42,7 +42,7 @@ inline partition::Plan stage_plan(int stages, const std::vector<std::pair<int, i
   return plan;
 }
 
-inline partition::Plan chain_plan(int stages, int micro_batches, double forward = 1.0,
+inline plan::Plan chain_plan(int stages, int micro_batches, double forward = 1.0,
                                   double backward = 2.0, double edge_bytes = 0.0) {
   std::vector<std::pair<int, int>> edges;
   for (int s = 0; s + 1 < stages; ++s) edges.push_back({s, s + 1});
@@ -51,7 +51,7 @@ inline partition::Plan chain_plan(int stages, int micro_batches, double forward 
 
 // A random stage DAG: edges only from lower to higher ids, each stage but the first with at
 // least one predecessor, random costs (some zero), random ranks (a permutation).
-inline partition::Plan random_plan(std::mt19937& rng, int max_stages = 9, int max_micro_batches = 10) {
+inline plan::Plan random_plan(std::mt19937& rng, int max_stages = 9, int max_micro_batches = 10) {
   std::uniform_int_distribution<int> stage_count(1, max_stages);
   std::uniform_int_distribution<int> mb_count(1, max_micro_batches);
   std::uniform_real_distribution<double> unit(0.0, 1.0);

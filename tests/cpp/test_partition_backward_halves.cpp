@@ -15,7 +15,7 @@
 #include "partition/backward_halves.h"
 #include "partition/evaluate.h"
 #include "partition/plan_build.h"
-#include "partition/plan_io.h"
+#include "plan/plan_io.h"
 #include "partition/problem.h"
 
 namespace graph = graphpipe::graph;
@@ -150,12 +150,12 @@ TEST(BackwardHalves, EvaluateAndThePlanCarryEachStagesHalves) {
   EXPECT_DOUBLE_EQ(ev.stages[1].backward_input, 5.0);
   EXPECT_DOUBLE_EQ(ev.stages[1].backward_weight, 30.0);
   EXPECT_DOUBLE_EQ(ev.stages[1].backward, 33.0);  // the unsplit backward stays the operators' sum
-  pt::Plan plan = pt::build_plan(p, {0, 0, 1, 1}, "manual");
+  graphpipe::plan::Plan plan = pt::build_plan(p, {0, 0, 1, 1}, "manual");
   EXPECT_DOUBLE_EQ(plan.stages[1].backward_input_seconds, 5.0);
   EXPECT_DOUBLE_EQ(plan.stages[1].backward_weight_seconds, 30.0);
   // JSON keeps them; a plan written before they existed loads with both 0 (not known).
-  const std::string text = pt::dumps(plan, g);
-  pt::Plan back = pt::loads_plan(text, g);
+  const std::string text = graphpipe::plan::dumps(plan, g);
+  graphpipe::plan::Plan back = graphpipe::plan::loads_plan(text, g);
   EXPECT_DOUBLE_EQ(back.stages[0].backward_weight_seconds, 10.0);
   EXPECT_DOUBLE_EQ(back.stages[1].backward_input_seconds, 5.0);
   auto doc = nlohmann::json::parse(text);
@@ -163,12 +163,12 @@ TEST(BackwardHalves, EvaluateAndThePlanCarryEachStagesHalves) {
     stage.erase("backward_input_seconds");
     stage.erase("backward_weight_seconds");
   }
-  pt::Plan old = pt::loads_plan(doc.dump(), g);
+  graphpipe::plan::Plan old = graphpipe::plan::loads_plan(doc.dump(), g);
   EXPECT_DOUBLE_EQ(old.stages[1].backward_input_seconds, 0.0);
   EXPECT_DOUBLE_EQ(old.stages[1].backward_weight_seconds, 0.0);
   EXPECT_DOUBLE_EQ(old.stages[1].backward_seconds, 33.0);
   doc["stages"][1]["backward_input_seconds"] = -1.0;
-  EXPECT_THROW(pt::loads_plan(doc.dump(), g), graphpipe::FormatError);
+  EXPECT_THROW(graphpipe::plan::loads_plan(doc.dump(), g), graphpipe::FormatError);
 }
 
 TEST(BackwardHalves, ARecomputedForwardGoesToTheHalfThatRunsFirst) {

@@ -1,4 +1,4 @@
-// The down-set DP on its own (partition/downset.h): for every depth bound it finds the least
+// The down-set DP on its own (partition/downset/downset.h): for every depth bound it finds the least
 // slowest stage over all acyclic partitions, checked against exhaustive enumeration on small
 // graphs, series-parallel and not; its plans are valid and fit; it declines graphs beyond its
 // budget instead of running long.
@@ -9,7 +9,7 @@
 #include <random>
 
 #include "cost/presets.h"
-#include "partition/downset.h"
+#include "partition/downset/downset.h"
 #include "partition/evaluate.h"
 #include "partition/problem.h"
 #include "test_partition_graphs.h"

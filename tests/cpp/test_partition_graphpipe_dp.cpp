@@ -1,4 +1,4 @@
-// The graphpipe DP on its own (partition/graphpipe_dp.h): every plan it returns is a valid
+// The graphpipe DP on its own (partition/series_parallel_dp/graphpipe_dp.h): every plan it returns is a valid
 // partition that fits, the shallower plans are strictly shallower, and fork and join stages let
 // a multi-branch model use every device instead of one each for its input and its head.
 #include <gtest/gtest.h>
@@ -11,12 +11,12 @@
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_dp.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/group_stats.h"
 #include "partition/problem.h"
 #include "partition/replica_allocation.h"
 #include "partition/replicas.h"
-#include "partition/sequential.h"
+#include "partition/sequential/sequential.h"
 #include "test_partition_graphs.h"
 
 namespace graph = graphpipe::graph;

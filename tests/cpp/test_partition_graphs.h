@@ -8,7 +8,7 @@
 
 #include "graph/op_graph.h"
 #include "partition/evaluate.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 #include "partition/problem.h"
 
 namespace graphpipe::testing {
@@ -124,7 +124,7 @@ void for_each_valid_partition(const partition::Problem& p, int k, Visit visit) {
 }
 
 // Independent checks of a plan (not using validate_plan): "" when all hold, else the problem.
-inline std::string check_plan(const partition::Plan& plan, const graph::OpGraph& g, int devices) {
+inline std::string check_plan(const plan::Plan& plan, const graph::OpGraph& g, int devices) {
   const int n = static_cast<int>(g.num_nodes());
   std::vector<int> stage_of(n, -1);
   for (const auto& st : plan.stages) {

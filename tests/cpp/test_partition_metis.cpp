@@ -1,4 +1,4 @@
-// The METIS partitioner's guards (partition/metis.h): the cases METIS 5.1 gets wrong are
+// The METIS partitioner's guards (partition/metis/metis.h): the cases METIS 5.1 gets wrong are
 // answered without asking it for them, silently and with every stage filled.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 
 #include "cost/presets.h"
 #include "partition/evaluate.h"
-#include "partition/metis.h"
+#include "partition/metis/metis.h"
 #include "partition/problem.h"
 #include "test_partition_graphs.h"
 

@@ -38,7 +38,7 @@
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_dp.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/partitioner.h"
 #include "partition/problem.h"
 #include "test_partition_graphs.h"
@@ -97,7 +97,7 @@ Result compare(const graph::OpGraph& g, int k, double memory_limit) {
     o.tolerance = kTolerance;
     Figures figures;
     try {
-      pt::Plan plan = pt::partition(g, d, o);
+      graphpipe::plan::Plan plan = pt::partition(g, d, o);
       figures = {plan.predicted_iteration_seconds, plan.bottleneck_seconds_per_sample * kMicroBatch};
     } catch (const gp::PlanningError&) {
     }

@@ -11,8 +11,8 @@
 #include "common/error.h"
 #include "cost/presets.h"
 #include "partition/partitioner.h"
-#include "partition/plan_format.h"
-#include "partition/plan_io.h"
+#include "plan/plan_format.h"
+#include "plan/plan_io.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;
@@ -23,7 +23,7 @@ namespace {
 
 struct Fixture {
   gp::graph::OpGraph g = tst::random_sp_graph(7, 24);
-  pt::Plan plan;
+  graphpipe::plan::Plan plan;
   Fixture() {
     pt::Options o;
     o.batch_size = 16;
@@ -33,7 +33,7 @@ struct Fixture {
 
 void expect_format_error(const nlohmann::json& doc, const gp::graph::OpGraph& g, const std::string& needle) {
   try {
-    pt::loads_plan(doc.dump(), g);
+    graphpipe::plan::loads_plan(doc.dump(), g);
     FAIL() << "accepted a plan that should fail with: " << needle;
   } catch (const gp::FormatError& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -44,15 +44,15 @@ void expect_format_error(const nlohmann::json& doc, const gp::graph::OpGraph& g,
 
 TEST(PartitionPlanIo, JsonRoundTrip) {
   Fixture f;
-  std::string text = pt::dumps(f.plan, f.g, 2);
-  pt::Plan back = pt::loads_plan(text, f.g);
-  EXPECT_EQ(pt::dumps(back, f.g, 2), text);
+  std::string text = graphpipe::plan::dumps(f.plan, f.g, 2);
+  graphpipe::plan::Plan back = graphpipe::plan::loads_plan(text, f.g);
+  EXPECT_EQ(graphpipe::plan::dumps(back, f.g, 2), text);
   EXPECT_EQ(back.stages.size(), f.plan.stages.size());
   EXPECT_EQ(back.depth, f.plan.depth);
   EXPECT_EQ(back.micro_batch_size, f.plan.micro_batch_size);
   auto doc = nlohmann::json::parse(text);
   EXPECT_EQ(doc["format"], "graphpipe.plan");
-  EXPECT_EQ(doc["schema_version"], pt::kPlanSchemaVersion);
+  EXPECT_EQ(doc["schema_version"], graphpipe::plan::kPlanSchemaVersion);
 }
 
 // Stages name the top-level modules of their operators; the JSON keeps them, an older plan
@@ -68,7 +68,7 @@ TEST(PartitionPlanIo, StageModulesRoundTrip) {
   }
   pt::Options o;
   o.batch_size = 16;
-  const pt::Plan plan = pt::partition(g, gp::cost::v100(4), o);
+  const graphpipe::plan::Plan plan = pt::partition(g, gp::cost::v100(4), o);
   ASSERT_GE(plan.stages.size(), 2u);
   std::vector<std::string> all;
   for (const auto& st : plan.stages) {
@@ -85,27 +85,27 @@ TEST(PartitionPlanIo, StageModulesRoundTrip) {
   EXPECT_NE(std::find(all.begin(), all.end(), "a"), all.end());
   EXPECT_NE(std::find(all.begin(), all.end(), "b"), all.end());
 
-  const nlohmann::json doc = pt::to_json(plan, g);
+  const nlohmann::json doc = graphpipe::plan::to_json(plan, g);
   for (std::size_t s = 0; s < plan.stages.size(); ++s) {
     EXPECT_EQ(doc["stages"][s]["modules"].get<std::vector<std::string>>(), plan.stages[s].modules);
   }
-  const pt::Plan back = pt::loads_plan(doc.dump(), g);
+  const graphpipe::plan::Plan back = graphpipe::plan::loads_plan(doc.dump(), g);
   for (std::size_t s = 0; s < plan.stages.size(); ++s) EXPECT_EQ(back.stages[s].modules, plan.stages[s].modules);
-  EXPECT_EQ(pt::to_json(back, g), doc);
+  EXPECT_EQ(graphpipe::plan::to_json(back, g), doc);
 
   // The JSON is what the loaded plan says, not a recomputation from the graph.
   auto renamed = doc;
   renamed["stages"][0]["modules"] = {"renamed_tower"};
-  EXPECT_EQ(pt::loads_plan(renamed.dump(), g).stages[0].modules, std::vector<std::string>{"renamed_tower"});
+  EXPECT_EQ(graphpipe::plan::loads_plan(renamed.dump(), g).stages[0].modules, std::vector<std::string>{"renamed_tower"});
   // Written before the field existed: derived from the graph, the same as build_plan's.
   auto old = doc;
   for (auto& st : old["stages"]) st.erase("modules");
-  EXPECT_EQ(pt::to_json(pt::loads_plan(old.dump(), g), g), doc);
+  EXPECT_EQ(graphpipe::plan::to_json(graphpipe::plan::loads_plan(old.dump(), g), g), doc);
   auto bad = doc;
   bad["stages"][1]["modules"] = {"a", 3};
   expect_format_error(bad, g, "$.stages[1].modules[1]: expected a string");
 
-  const std::string table = pt::to_string(back);  // without the graph
+  const std::string table = graphpipe::plan::to_string(back);  // without the graph
   EXPECT_NE(table.find("modules"), std::string::npos) << table;
   for (const auto& st : plan.stages) {
     // The stage's row ends with its modules, comma-separated.
@@ -121,16 +121,16 @@ TEST(PartitionPlanIo, StageModulesRoundTrip) {
 TEST(PartitionPlanIo, SaveAndLoadFile) {
   Fixture f;
   std::string path = ::testing::TempDir() + "/plan_io_test.json";
-  pt::save(f.plan, f.g, path);
-  EXPECT_EQ(pt::dumps(pt::load_plan(path, f.g), f.g), pt::dumps(f.plan, f.g));
-  EXPECT_THROW(pt::load_plan(path + ".missing", f.g), gp::FormatError);
+  graphpipe::plan::save(f.plan, f.g, path);
+  EXPECT_EQ(graphpipe::plan::dumps(graphpipe::plan::load_plan(path, f.g), f.g), graphpipe::plan::dumps(f.plan, f.g));
+  EXPECT_THROW(graphpipe::plan::load_plan(path + ".missing", f.g), gp::FormatError);
 }
 
 TEST(PartitionPlanIo, RejectsPlanForAnotherGraph) {
   Fixture f;
   auto other = tst::random_sp_graph(8, 24);
   try {
-    pt::loads_plan(pt::dumps(f.plan, f.g), other);
+    graphpipe::plan::loads_plan(graphpipe::plan::dumps(f.plan, f.g), other);
     FAIL();
   } catch (const gp::FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("made for another graph"), std::string::npos) << e.what();
@@ -140,7 +140,7 @@ TEST(PartitionPlanIo, RejectsPlanForAnotherGraph) {
 TEST(PartitionPlanIo, RejectsTamperedFiles) {
   Fixture f;
   ASSERT_GE(f.plan.stages.size(), 2u);
-  const nlohmann::json good = pt::to_json(f.plan, f.g);
+  const nlohmann::json good = graphpipe::plan::to_json(f.plan, f.g);
   auto doc = good;
   doc["num_graph_nodes"] = 3;
   expect_format_error(doc, f.g, "$.num_graph_nodes");
@@ -179,7 +179,7 @@ TEST(PartitionPlanIo, RejectsTamperedFiles) {
   expect_format_error(doc, f.g, "tensors");
   doc = good;
   for (auto& edge : doc["edges"]) edge.erase("tensors");  // written before the field: derived
-  EXPECT_EQ(pt::to_json(pt::loads_plan(doc.dump(), f.g), f.g), good);
+  EXPECT_EQ(graphpipe::plan::to_json(graphpipe::plan::loads_plan(doc.dump(), f.g), f.g), good);
   doc = good;
   doc["edges"][0]["tensors"] = 0;
   expect_format_error(doc, f.g, "$.edges[0].tensors: must be at least 1");
@@ -193,7 +193,7 @@ TEST(PartitionPlanIo, RejectsTamperedFiles) {
 
 TEST(PartitionPlanIo, ReadableTable) {
   Fixture f;
-  std::string text = pt::to_string(f.plan, f.g);
+  std::string text = graphpipe::plan::to_string(f.plan, f.g);
   EXPECT_NE(text.find("Plan (" + f.plan.partitioner + ")"), std::string::npos) << text;
   EXPECT_NE(text.find("depth " + std::to_string(f.plan.depth)), std::string::npos) << text;
   EXPECT_NE(text.find("stage edges:"), std::string::npos) << text;

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "cost/presets.h"
 #include "partition/partitioner.h"
-#include "partition/plan_io.h"
+#include "plan/plan_io.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;
@@ -18,9 +18,9 @@ namespace cost = graphpipe::cost;
 namespace tst = graphpipe::testing;
 using graphpipe::PlanningError;
 using graphpipe::partition::Options;
-using graphpipe::partition::Plan;
-using graphpipe::partition::validate_plan;
-using graphpipe::partition::dumps;
+using graphpipe::plan::Plan;
+using graphpipe::plan::validate_plan;
+using graphpipe::plan::dumps;
 
 namespace {
 

@@ -18,15 +18,15 @@
 
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
-#include "partition/downset.h"
+#include "partition/downset/downset.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_dp.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/options.h"
 #include "partition/partitioner.h"
 #include "partition/problem.h"
 #include "partition/recompute.h"
 #include "partition/replicas.h"
-#include "partition/sequential.h"
+#include "partition/sequential/sequential.h"
 #include "test_partition_graphs.h"
 
 namespace graph = graphpipe::graph;
@@ -175,7 +175,7 @@ TEST(PartitionRecompute, DpsFindPlansThatFitOnlyRecomputed) {
     o.micro_batch_size = kMicro;
     o.memory_limit = s.limit;
     o.optimizer = cost::Optimizer::adam;
-    const pt::Plan plan = pt::partition(s.g, cost::v100(2), o);
+    const graphpipe::plan::Plan plan = pt::partition(s.g, cost::v100(2), o);
     ASSERT_EQ(plan.stages.size(), 2u) << name;
     EXPECT_TRUE(plan.stages[0].recompute) << name;
     EXPECT_FALSE(plan.stages[1].recompute) << name;
@@ -190,8 +190,8 @@ TEST(PartitionRecompute, GenerousLimitRecomputesNothing) {
       pt::Options o;
       o.partitioner = name;
       o.memory_limit = 1e15;
-      const pt::Plan plan = pt::partition(g, cost::v100(4), o);
-      for (const pt::Stage& st : plan.stages) EXPECT_FALSE(st.recompute) << name << " seed " << seed;
+      const graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), o);
+      for (const graphpipe::plan::Stage& st : plan.stages) EXPECT_FALSE(st.recompute) << name << " seed " << seed;
     }
   }
 }
@@ -317,11 +317,11 @@ TEST(PartitionRecompute, ReplicatedDpsFindPlansThatFitOnlyRecomputed) {
     o.batch_size = kBatch;
     o.micro_batch_size = kMicro;
     o.memory_limit = limit;
-    const pt::Plan plan = pt::partition(g, cost::v100(kRepDevices), o);
+    const graphpipe::plan::Plan plan = pt::partition(g, cost::v100(kRepDevices), o);
     EXPECT_TRUE(std::any_of(plan.stages.begin(), plan.stages.end(),
-                            [](const pt::Stage& st) { return st.recompute && st.devices.size() > 1; }))
+                            [](const graphpipe::plan::Stage& st) { return st.recompute && st.devices.size() > 1; }))
         << name;
-    for (const pt::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, limit) << name;
+    for (const graphpipe::plan::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, limit) << name;
   }
 }
 
@@ -335,9 +335,9 @@ TEST(PartitionRecompute, ReplicatedGenerousLimitRecomputesNothing) {
       o.partitioner = name;
       o.replicate = true;
       o.memory_limit = 1e15;
-      const pt::Plan plan = pt::partition(g, cost::v100(4), o);
+      const graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), o);
       o.memory_limit = 1e18;
-      const pt::Plan larger = pt::partition(g, cost::v100(4), o);
+      const graphpipe::plan::Plan larger = pt::partition(g, cost::v100(4), o);
       ASSERT_EQ(plan.stages.size(), larger.stages.size()) << name << " seed " << seed;
       for (std::size_t s = 0; s < plan.stages.size(); ++s) {
         EXPECT_FALSE(plan.stages[s].recompute) << name << " seed " << seed;

@@ -19,10 +19,10 @@
 #include "cost/cost_model.h"
 #include "cost/presets.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_portfolio.h"
+#include "partition/series_parallel_dp/graphpipe_portfolio.h"
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
-#include "partition/plan_io.h"
+#include "plan/plan_io.h"
 #include "partition/registry.h"
 #include "test_partition_graphs.h"
 
@@ -85,7 +85,7 @@ TEST(PartitionRegistry, EveryListedNameResolvesAndPlans) {
     std::unique_ptr<pt::Partitioner> partitioner = pt::make_partitioner(name);
     ASSERT_NE(partitioner, nullptr);
     EXPECT_EQ(partitioner->plans_chains(), name == "sequential");
-    pt::Plan plan = pt::partition(g, cost::v100(2), options_for(name, g));
+    graphpipe::plan::Plan plan = pt::partition(g, cost::v100(2), options_for(name, g));
     EXPECT_EQ(plan.partitioner.substr(0, name.size()), name);
     EXPECT_EQ(tst::check_plan(plan, g, 2), "");
   }
@@ -122,7 +122,7 @@ TEST(PartitionRegistry, DriverReturnsThePartitionersBestCandidate) {
         SCOPED_TRACE(name + " on " + std::to_string(g.num_nodes()) + " operators, " + std::to_string(devices) +
                      " devices");
         const pt::Options o = options_for(name, g);
-        const pt::Plan driven = pt::partition(g, d, o);
+        const graphpipe::plan::Plan driven = pt::partition(g, d, o);
 
         std::unique_ptr<pt::Partitioner> direct = pt::make_partitioner(name);
         const cost::CostModel model(g, d, o.optimizer);
@@ -137,7 +137,7 @@ TEST(PartitionRegistry, DriverReturnsThePartitionersBestCandidate) {
           if (candidate.assignment.empty()) continue;
           const pt::Evaluation ev = pt::evaluate(problem, candidate.assignment);
           if (!ev.fits()) continue;
-          const std::string json = pt::dumps(pt::build_plan(problem, candidate.assignment, candidate.partitioner), g);
+          const std::string json = graphpipe::plan::dumps(pt::build_plan(problem, candidate.assignment, candidate.partitioner), g);
           plans.insert(json);
           const double step = ev.iteration_seconds(problem);
           if (best_json.empty() || step < best_step * (1.0 - 1e-12) ||
@@ -149,7 +149,7 @@ TEST(PartitionRegistry, DriverReturnsThePartitionersBestCandidate) {
           EXPECT_GE(step, driven.predicted_iteration_seconds * (1.0 - 1e-12)) << "a faster candidate at " << mb;
         }
         ASSERT_FALSE(best_json.empty());
-        EXPECT_EQ(pt::dumps(driven, g), best_json);
+        EXPECT_EQ(graphpipe::plan::dumps(driven, g), best_json);
         ++cases;
         if (plans.size() > 1) ++sensitive;
       }

@@ -17,7 +17,7 @@
 #include "partition/evaluate.h"
 #include "partition/partitioner.h"
 #include "partition/placement.h"
-#include "partition/plan_io.h"
+#include "plan/plan_io.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;
@@ -77,14 +77,14 @@ pt::Options options(const std::string& partitioner, bool replicate) {
   return o;
 }
 
-int devices_used(const pt::Plan& plan) {
+int devices_used(const graphpipe::plan::Plan& plan) {
   int used = 0;
-  for (const pt::Stage& st : plan.stages) used += static_cast<int>(st.devices.size());
+  for (const graphpipe::plan::Stage& st : plan.stages) used += static_cast<int>(st.devices.size());
   return used;
 }
 
-const pt::Stage& stage_holding(const pt::Plan& plan, graph::NodeId v) {
-  for (const pt::Stage& st : plan.stages) {
+const graphpipe::plan::Stage& stage_holding(const graphpipe::plan::Plan& plan, graph::NodeId v) {
+  for (const graphpipe::plan::Stage& st : plan.stages) {
     if (std::find(st.nodes.begin(), st.nodes.end(), v) != st.nodes.end()) return st;
   }
   throw std::runtime_error("no stage holds the operator");
@@ -103,14 +103,14 @@ cost::Devices slow_links(int count) {
 TEST(PartitionReplicas, HeavyOperatorGetsEveryDeviceWhenTheAllReduceIsCheap) {
   graph::OpGraph g = heavy_operator(1000);  // 1 kB of parameters: the all-reduce is latency only
   for (const char* name : {"graphpipe", "sequential", "metis"}) {
-    pt::Plan plan = pt::partition(g, cost::v100(4), options(name, true));
-    const pt::Stage& st = stage_holding(plan, 1);
+    graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), options(name, true));
+    const graphpipe::plan::Stage& st = stage_holding(plan, 1);
     // METIS keeps its one part per device (here the input's) and hands out the rest.
     EXPECT_EQ(st.devices.size(), std::string(name) == "metis" ? 3u : 4u) << name << ": " << plan.partitioner;
     EXPECT_EQ(devices_used(plan), 4) << name;
     EXPECT_GT(st.all_reduce_seconds, 0.0) << name;
     // A replica computes a quarter of the micro-batch: its forward is about a quarter.
-    pt::Plan single = pt::partition(g, cost::v100(1), options(name, false));
+    graphpipe::plan::Plan single = pt::partition(g, cost::v100(1), options(name, false));
     EXPECT_LT(plan.predicted_iteration_seconds, 0.5 * single.predicted_iteration_seconds) << name;
   }
 }
@@ -120,8 +120,8 @@ TEST(PartitionReplicas, NoReplicationWhenTheAllReduceIsVeryExpensive) {
   for (const char* name : {"graphpipe", "sequential", "metis"}) {
     pt::Options o = options(name, true);
     o.memory_limit = 1e12;
-    pt::Plan plan = pt::partition(g, slow_links(4), o);
-    for (const pt::Stage& st : plan.stages) {
+    graphpipe::plan::Plan plan = pt::partition(g, slow_links(4), o);
+    for (const graphpipe::plan::Stage& st : plan.stages) {
       EXPECT_EQ(st.devices.size(), 1u) << name << " replicated stage " << st.id;
       EXPECT_EQ(st.all_reduce_seconds, 0.0) << name;
     }
@@ -134,17 +134,17 @@ TEST(PartitionReplicas, DevicesStayWithinTheBudgetAndPlansValidate) {
       g.trace_batch_size = 16;
       for (int count : {3, 8, 24}) {
         for (const char* name : {"graphpipe", "sequential", "metis"}) {
-          pt::Plan plan = pt::partition(g, cost::v100(count, 8), options(name, true));
+          graphpipe::plan::Plan plan = pt::partition(g, cost::v100(count, 8), options(name, true));
           EXPECT_LE(devices_used(plan), count) << name << " seed " << seed;
           std::vector<int> seen;
-          for (const pt::Stage& st : plan.stages) {
+          for (const graphpipe::plan::Stage& st : plan.stages) {
             EXPECT_GE(plan.micro_batch_size, static_cast<std::int64_t>(st.devices.size())) << name;
             EXPECT_EQ(st.all_reduce_seconds > 0.0, st.devices.size() > 1 && st.param_bytes > 0) << name;
             seen.insert(seen.end(), st.devices.begin(), st.devices.end());
           }
           std::sort(seen.begin(), seen.end());
           EXPECT_TRUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end()) << name << ": a device in two stages";
-          EXPECT_NO_THROW(pt::validate_plan(plan, g));
+          EXPECT_NO_THROW(graphpipe::plan::validate_plan(plan, g));
           EXPECT_EQ(tst::check_plan(plan, g, count), "") << name;
         }
       }
@@ -162,8 +162,8 @@ TEST(PartitionReplicas, ReplicationNeverLosesToOneDevicePerStageOnTheSameLayouts
     graph::OpGraph g = tst::random_sp_graph(seed, 30);
     g.trace_batch_size = 32;
     for (const char* name : {"graphpipe", "metis"}) {
-      pt::Plan plain = pt::partition(g, cost::v100(8), options(name, false));
-      pt::Plan replicated = pt::partition(g, cost::v100(8), options(name, true));
+      graphpipe::plan::Plan plain = pt::partition(g, cost::v100(8), options(name, false));
+      graphpipe::plan::Plan replicated = pt::partition(g, cost::v100(8), options(name, true));
       EXPECT_LE(replicated.predicted_iteration_seconds, plain.predicted_iteration_seconds * 1.01) << name << " seed " << seed;
     }
   }
@@ -173,8 +173,8 @@ TEST(PartitionReplicas, ReplicateOffKeepsOneDevicePerStage) {
   for (unsigned seed = 1; seed <= 4; ++seed) {
     graph::OpGraph g = tst::random_sp_graph(seed, 40);
     for (const char* name : {"graphpipe", "sequential", "metis"}) {
-      pt::Plan plan = pt::partition(g, cost::v100(8), options(name, false));
-      for (const pt::Stage& st : plan.stages) {
+      graphpipe::plan::Plan plan = pt::partition(g, cost::v100(8), options(name, false));
+      for (const graphpipe::plan::Stage& st : plan.stages) {
         EXPECT_EQ(st.devices, std::vector<int>{st.id}) << name;
         EXPECT_EQ(st.all_reduce_seconds, 0.0) << name;
       }
@@ -203,8 +203,8 @@ TEST(PartitionReplicas, MemoryLimitIsHonouredAndReplicasShrinkActivations) {
   o.memory_limit = 200e6;  // 8 rows x 64 MB = 512 MB > 200 MB; 2 rows = 128 MB fits
   for (const char* name : {"graphpipe", "sequential", "metis"}) {
     o.partitioner = name;
-    pt::Plan plan = pt::partition(g, cost::v100(4), o);
-    for (const pt::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, o.memory_limit) << name;
+    graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), o);
+    for (const graphpipe::plan::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, o.memory_limit) << name;
     EXPECT_GE(stage_holding(plan, 1).devices.size(), 3u) << name;
   }
   o.memory_limit = 60e6;  // not even one row fits
@@ -216,17 +216,17 @@ TEST(PartitionReplicas, SequentialWithReplicationIsPipeDreamStyle) {
   // A chain with one operator eight times heavier than the rest: a pipeline of one device per
   // stage is bound by it, so it must get the most replicas of a chain that uses the devices.
   graph::OpGraph g = chain_of({1e10, 1e10, 8e10, 1e10, 1e10}, 40000000);
-  pt::Plan plain = pt::partition(g, cost::v100(5), options("sequential", false));
-  pt::Plan plan = pt::partition(g, cost::v100(8), options("sequential", true));
+  graphpipe::plan::Plan plain = pt::partition(g, cost::v100(5), options("sequential", false));
+  graphpipe::plan::Plan plan = pt::partition(g, cost::v100(8), options("sequential", true));
   EXPECT_TRUE(plan.chain);
   EXPECT_LE(devices_used(plan), 8);
   EXPECT_LT(plan.predicted_iteration_seconds, plain.predicted_iteration_seconds);
   if (plan.stages.size() > 1) {
     const std::size_t heavy = stage_holding(plan, 2).devices.size();
-    for (const pt::Stage& st : plan.stages) EXPECT_LE(st.devices.size(), heavy);
+    for (const graphpipe::plan::Stage& st : plan.stages) EXPECT_LE(st.devices.size(), heavy);
   }
   // Stages keep contiguous ranks inside a node (v100 preset: 4 per node).
-  for (const pt::Stage& st : plan.stages) {
+  for (const graphpipe::plan::Stage& st : plan.stages) {
     for (std::size_t i = 1; i < st.devices.size(); ++i) EXPECT_EQ(st.devices[i], st.devices[i - 1] + 1);
   }
 }
@@ -236,7 +236,7 @@ TEST(PartitionReplicas, PlainDataParallelismIsACandidate) {
   // whole model (no bubble, no transfers), so both baselines end there.
   graph::OpGraph g = chain_of({1e10, 1e10, 1e10, 1e10}, 500);
   for (const char* name : {"graphpipe", "sequential"}) {
-    pt::Plan plan = pt::partition(g, cost::v100(8), options(name, true));
+    graphpipe::plan::Plan plan = pt::partition(g, cost::v100(8), options(name, true));
     ASSERT_EQ(plan.stages.size(), 1u) << name << " chose " << plan.partitioner;
     EXPECT_EQ(plan.stages[0].devices.size(), 8u) << name;
   }
@@ -261,7 +261,7 @@ TEST(PartitionReplicas, ManualStageDevices) {
   pt::Options o = options("manual", false);
   o.manual = {{"c0", 0}, {"c1", 1}, {"c2", 1}};
   o.stage_devices = {{0, {2, 0}}};
-  pt::Plan plan = pt::partition(g, cost::v100(4), o);
+  graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), o);
   ASSERT_EQ(plan.stages.size(), 2u);
   EXPECT_EQ(plan.stages[0].devices, (std::vector<int>{0, 2}));
   EXPECT_EQ(plan.stages[1].devices, (std::vector<int>{1}));  // the lowest rank no stage names
@@ -295,31 +295,31 @@ TEST(PartitionReplicas, JsonRoundTripAndValidation) {
   o.stage_devices = {{1, {1, 2, 3}}};
   o.micro_batch_size = 4;
   o.batch_size = 16;
-  pt::Plan plan = pt::partition(g, cost::v100(5), o);
+  graphpipe::plan::Plan plan = pt::partition(g, cost::v100(5), o);
   ASSERT_EQ(plan.stages[1].devices.size(), 3u);
   ASSERT_GT(plan.stages[1].all_reduce_seconds, 0.0);
-  pt::Plan back = pt::loads_plan(pt::dumps(plan, g), g);
+  graphpipe::plan::Plan back = graphpipe::plan::loads_plan(graphpipe::plan::dumps(plan, g), g);
   for (std::size_t s = 0; s < plan.stages.size(); ++s) {
     EXPECT_EQ(back.stages[s].devices, plan.stages[s].devices);
     EXPECT_DOUBLE_EQ(back.stages[s].all_reduce_seconds, plan.stages[s].all_reduce_seconds);
   }
   // A file from before replicated stages has no all_reduce_seconds: it reads as 0.
-  auto doc = pt::to_json(plan, g);
+  auto doc = graphpipe::plan::to_json(plan, g);
   for (auto& st : doc["stages"]) st.erase("all_reduce_seconds");
-  EXPECT_EQ(pt::plan_from_json(doc, g).stages[1].all_reduce_seconds, 0.0);
+  EXPECT_EQ(graphpipe::plan::plan_from_json(doc, g).stages[1].all_reduce_seconds, 0.0);
   // Three replicas need at least three rows per micro-batch.
-  pt::Plan bad = plan;
+  graphpipe::plan::Plan bad = plan;
   bad.micro_batch_size = 2;
   bad.num_micro_batches = 8;
   try {
-    pt::validate_plan(bad, g);
+    graphpipe::plan::validate_plan(bad, g);
     FAIL() << "a micro-batch of 2 rows cannot feed 3 replicas";
   } catch (const gp::PlanningError& e) {
     EXPECT_NE(std::string(e.what()).find("stage 1 has 3 replicas"), std::string::npos) << e.what();
   }
   bad = plan;
   bad.stages[0].devices = {2};
-  EXPECT_THROW(pt::validate_plan(bad, g), gp::PlanningError);  // device 2 given twice
+  EXPECT_THROW(graphpipe::plan::validate_plan(bad, g), gp::PlanningError);  // device 2 given twice
 }
 
 namespace {
@@ -381,7 +381,7 @@ TEST(PartitionReplicas, AgainstExhaustiveSearchOverLayoutsAndReplicaCounts) {
       p.device_budget = kDevices;
       const double reference = exhaustive_replicated_step(p, kDevices, kDevices);
       ASSERT_LT(reference, std::numeric_limits<double>::infinity()) << "seed " << seed;
-      pt::Plan plan = pt::partition(g, d, o);
+      graphpipe::plan::Plan plan = pt::partition(g, d, o);
       EXPECT_GE(plan.predicted_iteration_seconds, reference * (1.0 - 1e-9)) << "seed " << seed << " n " << n;
       const double gap = plan.predicted_iteration_seconds / reference - 1.0;
       worst = std::max(worst, gap);

@@ -11,8 +11,8 @@
 #include "cost/presets.h"
 #include "cost/sync_cost.h"
 #include "partition/partitioner.h"
-#include "partition/plan_io.h"
-#include "partition/stage_parameters.h"
+#include "plan/plan_io.h"
+#include "plan/stage_parameters.h"
 
 namespace graph = graphpipe::graph;
 namespace cost = graphpipe::cost;
@@ -82,12 +82,12 @@ TEST(PartitionSync, CheaperSyncMethodsBuyReplicasTheAllReduceCannot) {
   auto local = method(cost::SyncKind::local_sgd);
   local.period = 10000.0;
   for (const char* name : {"graphpipe", "sequential"}) {
-    const pt::Plan plain = pt::partition(g, d, options(name, {}));
+    const graphpipe::plan::Plan plain = pt::partition(g, d, options(name, {}));
     EXPECT_EQ(plain.stages.back().devices.size(), 1u) << name;
     for (const cost::SyncMethod& m : {method(cost::SyncKind::power_sgd), local}) {
-      const pt::Plan plan = pt::partition(g, d, options(name, m));
+      const graphpipe::plan::Plan plan = pt::partition(g, d, options(name, m));
       EXPECT_EQ(plan.sync, m);
-      const pt::Stage& heavy = plan.stages.back();
+      const graphpipe::plan::Stage& heavy = plan.stages.back();
       EXPECT_GT(heavy.devices.size(), 1u) << name << " " << m.describe();
       EXPECT_LT(plan.predicted_iteration_seconds, 0.75 * plain.predicted_iteration_seconds) << name << " " << m.describe();
       // The plan's figure is the pricing of the stage's gradients as one bucket on its ranks.
@@ -105,8 +105,8 @@ TEST(PartitionSync, PlansCarryTheirMethodThroughJson) {
   const graph::OpGraph g = heavy_operator(1000, 1000);
   auto m = method(cost::SyncKind::top_k);
   m.ratio = 0.05;
-  const pt::Plan plan = pt::partition(g, cost::v100(4), options("graphpipe", m));
-  const pt::Plan back = pt::plan_from_json(pt::to_json(plan, g), g);
+  const graphpipe::plan::Plan plan = pt::partition(g, cost::v100(4), options("graphpipe", m));
+  const graphpipe::plan::Plan back = graphpipe::plan::plan_from_json(graphpipe::plan::to_json(plan, g), g);
   EXPECT_EQ(back.sync, m);
   ASSERT_EQ(back.stages.size(), plan.stages.size());
   for (std::size_t s = 0; s < plan.stages.size(); ++s) {
@@ -116,12 +116,12 @@ TEST(PartitionSync, PlansCarryTheirMethodThroughJson) {
     }
   }
   // A plan written before sync methods existed was made for the all-reduce.
-  auto doc = pt::to_json(plan, g);
+  auto doc = graphpipe::plan::to_json(plan, g);
   doc.erase("sync");
-  EXPECT_EQ(pt::plan_from_json(doc, g).sync, cost::SyncMethod{});
-  doc = pt::to_json(plan, g);
+  EXPECT_EQ(graphpipe::plan::plan_from_json(doc, g).sync, cost::SyncMethod{});
+  doc = graphpipe::plan::to_json(plan, g);
   doc["sync"]["ratio"] = 2.0;
-  EXPECT_THROW(pt::plan_from_json(doc, g), graphpipe::FormatError);
+  EXPECT_THROW(graphpipe::plan::plan_from_json(doc, g), graphpipe::FormatError);
 }
 
 TEST(PartitionSync, PowerSgdRefusesAGraphWithoutShapes) {
@@ -156,11 +156,11 @@ TEST(PartitionSync, StageParametersComeInTheStageModulesOrder) {
   node("c", {"enc.l2.weight"}, {});
   node("d", {"pos"}, {"enc.l1.weight"});
   for (graph::NodeId v = 1; v < 4; ++v) g.add_edge(v - 1, v, 1.0);
-  pt::Plan plan;
+  graphpipe::plan::Plan plan;
   plan.stages.resize(2);
   plan.stages[0].nodes = {0, 1, 2, 3};
   plan.stages[1].nodes = {3};
-  pt::fill_stage_parameters(plan, g);
+  graphpipe::plan::fill_stage_parameters(plan, g);
   std::vector<std::string> names;
   for (const auto& p : plan.stages[0].parameters) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"pos", "enc.l1.weight", "enc.l1.bias", "enc.l2.weight", "dec.l1.weight"}));

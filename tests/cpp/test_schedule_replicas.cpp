@@ -18,7 +18,7 @@ using graphpipe::testing::chain_plan;
 namespace {
 
 // Stage 0 on ranks {0, 1}, stage 1 on rank {2}.
-graphpipe::partition::Plan two_by_one(int micro_batches = 3) {
+graphpipe::plan::Plan two_by_one(int micro_batches = 3) {
   auto plan = chain_plan(2, micro_batches);
   plan.stages[0].devices = {0, 1};
   plan.stages[1].devices = {2};

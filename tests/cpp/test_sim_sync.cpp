@@ -31,7 +31,7 @@ const Task* find(const SimResult& r, const std::string& name) {
 
 // One stage on ranks {0, 1}, two micro-batches, f = 1, b = 2 (F0 [0, 1], B0 [1, 3], F1 [3, 4],
 // B1 [4, 6]), 4 MiB of float32 gradients in one parameter, 100 MB/s links.
-graphpipe::partition::Plan replicated_stage() {
+graphpipe::plan::Plan replicated_stage() {
   auto plan = chain_plan(1, 2, 1.0, 2.0);
   plan.stages[0].devices = {0, 1};
   plan.num_devices = 2;
@@ -41,7 +41,7 @@ graphpipe::partition::Plan replicated_stage() {
   return plan;
 }
 
-SimResult run(const graphpipe::partition::Plan& plan, std::optional<cost::SyncMethod> sync, bool sync_step = true) {
+SimResult run(const graphpipe::plan::Plan& plan, std::optional<cost::SyncMethod> sync, bool sync_step = true) {
   SimOptions o;
   o.sync = sync;
   o.sync_step = sync_step;

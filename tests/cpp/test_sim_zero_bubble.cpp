@@ -93,7 +93,7 @@ TEST(ZeroBubble, TokensRoundTrip) {
 }
 
 TEST(ZeroBubble, BackwardSplitUsesTheStagesOwnHalves) {
-  graphpipe::partition::Stage st;
+  graphpipe::plan::Stage st;
   st.forward_seconds = 1.0;
   st.backward_seconds = 2.0;
   // Not priced (a plan from before the halves were): half of the backward each.

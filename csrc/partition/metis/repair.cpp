@@ -1,4 +1,4 @@
-#include "partition/repair.h"
+#include "partition/metis/repair.h"
 
 #include <algorithm>
 #include <unordered_map>

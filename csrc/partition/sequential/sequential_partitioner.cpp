@@ -1,8 +1,8 @@
-#include "partition/sequential_partitioner.h"
+#include "partition/sequential/sequential_partitioner.h"
 
 #include "partition/evaluate.h"
 #include "partition/replica_allocation.h"
-#include "partition/sequential.h"
+#include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition {
 

@@ -1,4 +1,4 @@
-#include "partition/graphpipe_portfolio.h"
+#include "partition/series_parallel_dp/graphpipe_portfolio.h"
 
 #include <algorithm>
 #include <future>
@@ -6,13 +6,13 @@
 #include <utility>
 
 #include "common/log.h"
-#include "partition/downset.h"
+#include "partition/downset/downset.h"
 #include "partition/evaluate.h"
-#include "partition/graphpipe_dp.h"
-#include "partition/metis.h"
-#include "partition/refine.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
+#include "partition/metis/metis.h"
+#include "partition/metis/refine.h"
 #include "partition/replica_allocation.h"
-#include "partition/sequential.h"
+#include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition {
 

@@ -8,13 +8,13 @@
 #include <string>
 
 #include "graph/op_graph.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 std::string to_string(const Plan& plan, const graph::OpGraph& graph);
 // The same without operator names (for a plan printed without its graph): the stages' top-level
 // modules (Stage::modules, stored in the plan) still name what each stage runs.
 std::string to_string(const Plan& plan);
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

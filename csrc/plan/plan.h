@@ -9,7 +9,7 @@
 // necessarily a chain: independent branches become parallel stages. The mini-batch is split into
 // num_micro_batches micro-batches of micro_batch_size samples.
 //
-// Invariants (checked by validate_plan, see partition/plan_io.h):
+// Invariants (checked by validate_plan, see plan/plan_io.h):
 //   - every operator is in exactly one stage; stages are non-empty and convex;
 //   - stage ids are 0..S-1 and stages are listed in a topological order of the stage graph;
 //   - stage edges join distinct stages, follow that order, and cover every crossing operator edge;
@@ -26,7 +26,7 @@
 #include "cost/sync_method.h"
 #include "graph/op_graph.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 struct Stage {
   int id = 0;
@@ -58,12 +58,12 @@ struct Stage {
   // and PowerSGD's compression compute and collectives. 0 for one device. The step estimate
   // charges it after the stage's last backward, next to its optimizer step.
   double all_reduce_seconds = 0.0;
-  // The parameters the stage's module holds, in the runtime's order (partition/stage_parameters.h),
+  // The parameters the stage's module holds, in the runtime's order (plan/stage_parameters.h),
   // which lays out its gradient buckets. Derived from the graph (never stored in the plan's JSON);
   // empty when the graph has no parameter shapes.
   std::vector<graph::ParamShape> parameters;
   // The top-level modules the stage's operators belong to, in order of first appearance
-  // (partition/stage_modules.h): what the stage runs, named in the plan's table even without its
+  // (plan/stage_modules.h): what the stage runs, named in the plan's table even without its
   // graph. Empty when all its operators belong to the root module. Stored in the plan's JSON.
   std::vector<std::string> modules;
   // Activation recomputation (chosen by the planner when the stage does not fit otherwise): the
@@ -111,4 +111,4 @@ struct Plan {
   bool chain = false;
 };
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

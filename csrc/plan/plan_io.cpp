@@ -1,4 +1,4 @@
-#include "partition/plan_io.h"
+#include "plan/plan_io.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,10 +7,10 @@
 
 #include "common/error.h"
 #include "common/json_fields.h"
-#include "partition/stage_modules.h"
-#include "partition/stage_parameters.h"
+#include "plan/stage_modules.h"
+#include "plan/stage_parameters.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 namespace jf = json_fields;
 
@@ -351,4 +351,4 @@ Plan load_plan(const std::string& path, const graph::OpGraph& g) {
   return plan_from_json(jf::parse(jf::read_file(path), "'" + path + "'"), g);
 }
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

@@ -1,4 +1,4 @@
-#include "partition/plan_format.h"
+#include "plan/plan_format.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 namespace {
 
@@ -111,4 +111,4 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
 std::string to_string(const Plan& plan, const graph::OpGraph& graph) { return render(plan, &graph); }
 std::string to_string(const Plan& plan) { return render(plan, nullptr); }
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

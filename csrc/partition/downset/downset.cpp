@@ -1,4 +1,4 @@
-#include "partition/downset.h"
+#include "partition/downset/downset.h"
 
 #include <algorithm>
 #include <cmath>

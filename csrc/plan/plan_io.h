@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "graph/op_graph.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 inline constexpr int kPlanSchemaVersion = 1;
 
@@ -64,4 +64,4 @@ Plan loads_plan(const std::string& text, const graph::OpGraph& graph);
 void save(const Plan& plan, const graph::OpGraph& graph, const std::string& path);
 Plan load_plan(const std::string& path, const graph::OpGraph& graph);
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

@@ -1,4 +1,4 @@
-#include "partition/manual.h"
+#include "partition/manual/manual.h"
 
 #include <algorithm>
 

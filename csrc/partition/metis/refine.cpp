@@ -1,4 +1,4 @@
-#include "partition/refine.h"
+#include "partition/metis/refine.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,10 +1,10 @@
-#include "partition/stage_parameters.h"
+#include "plan/stage_parameters.h"
 
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 namespace {
 
@@ -87,4 +87,4 @@ void fill_stage_parameters(Plan& plan, const graph::OpGraph& g) {
   }
 }
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

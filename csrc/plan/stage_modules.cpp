@@ -1,8 +1,8 @@
-#include "partition/stage_modules.h"
+#include "plan/stage_modules.h"
 
 #include <unordered_set>
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 std::vector<std::string> top_modules(const graph::OpGraph& g, const std::vector<graph::NodeId>& nodes) {
   std::vector<std::string> seen;
@@ -16,4 +16,4 @@ std::vector<std::string> top_modules(const graph::OpGraph& g, const std::vector<
   return seen;
 }
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

@@ -1,4 +1,4 @@
-#include "partition/metis.h"
+#include "partition/metis/metis.h"
 
 #include <metis.h>
 
@@ -7,7 +7,9 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "partition/repair.h"
+#include "partition/metis/refine.h"
+#include "partition/metis/repair.h"
+#include "partition/replica_allocation.h"
 
 namespace graphpipe::partition {
 
@@ -109,6 +111,19 @@ std::vector<int> metis_assignment(const Problem& p, int k, int seed) {
   k = std::max(1, std::min(k, n));
   std::vector<int> acyclic = make_acyclic(p, metis_parts(p, k, seed));
   return split_to(p, std::move(acyclic), k);
+}
+
+void MetisPartitioner::prepare(const PartitionRequest& request) {
+  const auto& sizes = request.micro_batch_sizes;
+  start_ = metis_assignment(request.problem(sizes[sizes.size() / 2]), request.max_stages, request.options.seed);
+}
+
+CandidatePlan MetisPartitioner::plan(const PartitionRequest& request, const Problem& problem) {
+  std::vector<int> layout = request.options.refine ? refine(problem, start_) : start_;
+  if (!problem.replicated()) return {std::move(layout), std::string(kName), {}, {}};
+  // METIS cuts for one device per stage; leftover devices go to the slowest stages greedily.
+  std::vector<int> replicas = allocate_replicas(problem, layout);
+  return {std::move(layout), std::string(kName), std::move(replicas), {}};
 }
 
 }  // namespace graphpipe::partition

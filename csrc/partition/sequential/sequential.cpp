@@ -1,4 +1,4 @@
-#include "partition/sequential.h"
+#include "partition/sequential/sequential.h"
 
 #include <algorithm>
 #include <cmath>

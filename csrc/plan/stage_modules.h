@@ -14,8 +14,8 @@
 
 #include "graph/op_graph.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 std::vector<std::string> top_modules(const graph::OpGraph& graph, const std::vector<graph::NodeId>& nodes);
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan

@@ -1,4 +1,4 @@
-#include "partition/graphpipe_dp.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,8 +1,8 @@
-#include "partition/manual_partitioner.h"
+#include "partition/manual/manual_partitioner.h"
 
 #include <algorithm>
 
-#include "partition/manual.h"
+#include "partition/manual/manual.h"
 
 namespace graphpipe::partition {
 

@@ -19,11 +19,11 @@
 #pragma once
 
 #include "graph/op_graph.h"
-#include "partition/plan.h"
+#include "plan/plan.h"
 
-namespace graphpipe::partition {
+namespace graphpipe::plan {
 
 // Fills Stage::parameters of every stage of `plan` (made for `graph`).
 void fill_stage_parameters(Plan& plan, const graph::OpGraph& graph);
 
-}  // namespace graphpipe::partition
+}  // namespace graphpipe::plan
