@@ -1,6 +1,9 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <iterator>
 #include <tuple>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -143,6 +146,15 @@ std::string Executor::where(const Instruction& ins) const {
   return text + ")";
 }
 
+std::string Executor::describe_piece(const Instruction& ins, std::size_t k, std::size_t n, const Piece& part) const {
+  std::string text = where(ins) + ", tensor " + std::to_string(k) + " of " + std::to_string(n);
+  if (part.length >= 0) {
+    text += ", rows " + std::to_string(part.offset) + ".." + std::to_string(part.offset + part.length) +
+            " of this replica's";
+  }
+  return text;
+}
+
 void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
   if (out.edges.size() != out_edges_.size()) {
     throw TransferMismatch("stage " + std::to_string(stage_) + " forward of micro-batch " +
@@ -150,40 +162,42 @@ void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
                            std::to_string(out.edges.size()) + " outgoing edges, expected " +
                            std::to_string(out_edges_.size()));
   }
-  for (std::size_t i = 0; i < out_edges_.size(); ++i) {
-    const int e = out_edges_[i];
-    const auto& got = out.edges[i];
-    const auto& want = specs_[e];
+  for (std::size_t i = 0; i < out_edges_.size(); ++i) check_edge_outputs(micro_batch, i, out.edges[i]);
+}
+
+void Executor::check_edge_outputs(int micro_batch, std::size_t i, const std::vector<at::Tensor>& got) const {
+  const int e = out_edges_[i];
+  const auto& want = specs_[e];
+  auto edge = [&] {
     const auto& se = schedule_.edges[e];
-    const std::string edge = "edge " + std::to_string(e) + " (stage " + std::to_string(se.src) +
-                             " -> stage " + std::to_string(se.dst) + ")";
-    if (got.size() != want.size()) {
-      throw TransferMismatch("stage " + std::to_string(stage_) + " produced " + std::to_string(got.size()) +
-                             " tensors for " + edge + " in micro-batch " + std::to_string(micro_batch) +
-                             ", the edge declares " + std::to_string(want.size()));
-    }
-    for (std::size_t k = 0; k < got.size(); ++k) {
-      const auto expected = local_shape(want[k]);
-      if (!got[k].defined() || got[k].sizes() != c10::IntArrayRef(expected) ||
-          got[k].scalar_type() != want[k].scalar_type()) {
-        std::ostringstream declared;
-        declared << c10::IntArrayRef(expected) << " " << want[k].scalar_type();
-        throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
-                               ": tensor " + std::to_string(k) + " of " + edge + " is " +
-                               (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) +
-                               ", the edge declares " + declared.str() +
-                               " (shapes are fixed by the shape propagation at the micro-batch size" +
-                               (schedule_.replicas(stage_) > 1 ? ", cut to this replica's rows)" : ")"));
-      }
-    }
+    return "edge " + std::to_string(e) + " (stage " + std::to_string(se.src) + " -> stage " + std::to_string(se.dst) +
+           ")";
+  };
+  if (got.size() != want.size()) {
+    throw TransferMismatch("stage " + std::to_string(stage_) + " produced " + std::to_string(got.size()) +
+                           " tensors for " + edge() + " in micro-batch " + std::to_string(micro_batch) +
+                           ", the edge declares " + std::to_string(want.size()));
+  }
+  const bool replicated = schedule_.replicas(stage_) > 1;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const bool fits = got[k].defined() && got[k].scalar_type() == want[k].scalar_type() &&
+                      (replicated ? got[k].sizes() == c10::IntArrayRef(local_shape(want[k]))
+                                  : got[k].sizes() == want[k].sizes());
+    if (fits) continue;
+    std::ostringstream declared;
+    declared << c10::IntArrayRef(local_shape(want[k])) << " " << want[k].scalar_type();
+    throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
+                           ": tensor " + std::to_string(k) + " of " + edge() + " is " +
+                           (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) +
+                           ", the edge declares " + declared.str() +
+                           " (shapes are fixed by the shape propagation at the micro-batch size" +
+                           (replicated ? ", cut to this replica's rows)" : ")"));
   }
 }
 
-void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops,
-                    std::vector<std::pair<Instruction, std::vector<at::Tensor>>>& landed) {
+void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops, std::vector<at::Tensor>& buffers) {
   const auto& spec = specs_.at(ins.edge);
   const auto parts = pieces(ins);
-  const std::string base = "rank " + std::to_string(rank_) + " " + where(ins);
   // One send or receive per tensor and peer: the rows this rank and the peer share (all of the
   // tensor unless a replicated stage is at either end of the edge).
   auto add = [&](bool send, bool grad, std::size_t k, const at::Tensor& t) {
@@ -194,58 +208,43 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
       op.tag = tag_of(ins.edge, grad, k);
       op.tensor = part.length < 0 ? t : t.narrow(0, part.offset, part.length);
       if (send) op.tensor = op.tensor.contiguous();
-      op.what = where(ins) + ", tensor " + std::to_string(k) + " of " + std::to_string(spec.size());
-      if (part.length >= 0) {
-        op.what += ", rows " + std::to_string(part.offset) + ".." + std::to_string(part.offset + part.length) +
-                   " of this replica's";
-      }
+      op.what = [this, ins, k, n = spec.size(), part] { return describe_piece(ins, k, n, part); };
       ops.push_back(std::move(op));
     }
   };
+  auto missing = [&](const char* before) {
+    return Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) + before);
+  };
   auto& st = state_[ins.micro_batch];
   switch (ins.kind) {
-    case OpKind::recv_activation: {
-      std::vector<at::Tensor> buffers;
+    case OpKind::recv_activation:
+    case OpKind::recv_gradient: {
+      const bool grad = ins.kind == OpKind::recv_gradient;
       for (std::size_t k = 0; k < spec.size(); ++k) {
-        auto t = at::empty(local_shape(spec[k]), spec[k].options().device(device_));
-        buffers.push_back(t);
-        add(false, false, k, t);
+        if (grad && !carries_grad(spec[k])) {  // only floating tensors travel back
+          buffers.emplace_back();
+          continue;
+        }
+        buffers.push_back(at::empty(local_shape(spec[k]), spec[k].options().device(device_)));
+        add(false, grad, k, buffers.back());
       }
-      landed.emplace_back(ins, std::move(buffers));
       break;
     }
     case OpKind::send_activation: {
       auto it = st.outputs.find(ins.edge);
-      if (it == st.outputs.end()) throw Error("graphpipe runtime: " + base + " before its forward");
-      for (std::size_t k = 0; k < it->second.size(); ++k) {
-        add(true, false, k, it->second[k].detach().contiguous());
-      }
+      if (it == st.outputs.end()) throw missing(" before its forward");
+      for (std::size_t k = 0; k < it->second.size(); ++k) add(true, false, k, it->second[k].detach().contiguous());
       if (!train) st.outputs.erase(it);
-      break;
-    }
-    case OpKind::recv_gradient: {
-      std::vector<at::Tensor> buffers;
-      for (std::size_t k = 0; k < spec.size(); ++k) {
-        if (!carries_grad(spec[k])) {
-          buffers.emplace_back();
-          continue;
-        }
-        auto t = at::empty(local_shape(spec[k]), spec[k].options().device(device_));
-        buffers.push_back(t);
-        add(false, true, k, t);
-      }
-      landed.emplace_back(ins, std::move(buffers));
       break;
     }
     case OpKind::send_gradient: {
       auto it = st.received.find(ins.edge);
-      if (it == st.received.end()) throw Error("graphpipe runtime: " + base + " before its receive");
+      if (it == st.received.end()) throw missing(" before its receive");
       for (std::size_t k = 0; k < it->second.size(); ++k) {
         const auto& leaf = it->second[k];
         if (!carries_grad(spec[k])) continue;
         at::Tensor g = leaf.grad();
-        g = g.defined() ? g.contiguous() : at::zeros_like(leaf);
-        add(true, true, k, g);
+        add(true, true, k, g.defined() ? g.contiguous() : at::zeros_like(leaf));
       }
       st.received.erase(it);
       break;
@@ -264,15 +263,16 @@ void Executor::forward(const Instruction& ins, const ForwardFn& fn, bool train) 
       throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) +
                   " runs before the activations of edge " + std::to_string(e) + " arrived");
     }
-    inputs.push_back(it->second);
+    // Evaluation keeps nothing after the forward: the inputs move into the call.
+    inputs.push_back(train ? it->second : std::move(it->second));
+  }
+  if (!train) {
+    for (int e : in_edges_) st.received.erase(e);
   }
   StageOutput out = fn(ins.micro_batch, inputs);
   check_outputs(ins.micro_batch, out);
   for (std::size_t i = 0; i < out_edges_.size(); ++i) st.outputs[out_edges_[i]] = std::move(out.edges[i]);
-  if (train) st.loss = out.loss;
-  if (!train) {
-    for (int e : in_edges_) st.received.erase(e);
-  }
+  if (train) st.loss = std::move(out.loss);
 }
 
 void Executor::take_roots(const Instruction& ins, std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads) {
@@ -337,7 +337,211 @@ void Executor::backward_weight(const Instruction& ins) {
   pending.run();
 }
 
-std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
+// ---------------------------------------------------------------------------------------------
+// run(): one pass over the program, each instruction through the dispatch table.
+//
+// Transfers are posted when the program reaches them and waited for only when needed: a
+// receive just before the compute that reads it, a send at the end of the run (or once seen
+// complete). A compute thus never waits for transfers of other micro-batches that happen to
+// sit in the same run of transfer instructions, which is what the simulator assumes too.
+// Posting stays in program order, so every pair of ranks still posts in the schedule's one
+// order; and waiting less than check.h's batch model never makes a schedule hang.
+//
+// Receives one ahead (backends that match by tag): reaching a receive also posts the next
+// receive of the same kind over the same edge. Gloo's send is a rendezvous: its data moves
+// only once the receive is posted, and then from the sender's communication thread, which a
+// busy host may leave waiting for a CPU for milliseconds while the sender computes (seen on 2
+// cores: 2-5 ms per late receive, against 0.1-0.3 ms). Posted one micro-batch early, the
+// receive is usually there when the sender sends, so the send goes out at once. Order per
+// (peer, tag) stays the program's, so messages still match; a receive posted early is never
+// waited for before its own instruction, so no new wait exists that could deadlock. NCCL
+// matches by order, not tag, and keeps the program's order. Cost: one more receive buffer per
+// incoming edge and direction.
+
+struct Executor::Run {
+  Run(const ForwardFn& f, bool tr, bool rec) : fn(f), train(tr), record(rec) {}
+
+  const ForwardFn& fn;
+  const bool train;
+  const bool record;
+  const bool debug = log::enabled(log::Level::debug);
+  bool replicated = false;
+  const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<Instruction> list;            // the program's instructions that run (train: all)
+  std::vector<std::size_t> next_receive;    // index of the next receive of the same stream (or size)
+  std::size_t last_backward = 0;            // the last B or W: it finishes the weight gradients
+  std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
+  std::vector<InFlight> sends;
+  std::vector<InstructionTiming> timings;
+
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  static std::tuple<int, int, int> key(OpKind kind, int mb, int edge) {
+    return std::make_tuple(static_cast<int>(kind), mb, edge);
+  }
+  bool posted(const Instruction& ins) const { return receives.count(key(ins.kind, ins.micro_batch, ins.edge)) > 0; }
+};
+
+// Indexed by schedule::OpKind (instruction.h's order).
+const Executor::Handler Executor::kHandlers[] = {
+    &Executor::exec_recv_activation, &Executor::exec_forward,       &Executor::exec_send_activation,
+    &Executor::exec_recv_gradient,   &Executor::exec_backward,      &Executor::exec_send_gradient,
+    &Executor::exec_optimizer_step,  &Executor::exec_all_reduce,    &Executor::exec_backward_input,
+    &Executor::exec_backward_weight,
+};
+
+template <class Body>
+void Executor::with_transfer_hooks(Body&& body) {
+  if (hooks_.enter) hooks_.enter();
+  try {
+    body();
+  } catch (...) {
+    if (hooks_.exit) hooks_.exit();
+    throw;
+  }
+  if (hooks_.exit) hooks_.exit();
+}
+
+template <class Body>
+void Executor::compute(Run& run, std::size_t i, Body&& body) {
+  const Instruction& ins = run.list[i];
+  double start = run.record ? run.now() : 0.0;
+  {
+    InstructionRange range(ins);
+    if constexpr (std::is_same_v<decltype(body()), double>) {
+      start = body();
+    } else {
+      body();
+    }
+  }
+  if (run.record) run.timings.push_back({ins, start, run.now()});
+  reap_sends(run, false);
+}
+
+void Executor::finish(Run& run, InFlight& f) {
+  InstructionRange range(f.ins, " wait");
+  const auto waited_from = std::chrono::steady_clock::now();
+  with_transfer_hooks([&] {
+    for (const auto& p : f.posted) transport_.wait(p);
+  });
+  if (run.debug) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waited_from).count();
+    // A long wait is where a pipeline's bubble shows: say so above the per-transfer lines.
+    log::debug("rank " + std::to_string(rank_) + (ms >= kLongWaitMs ? ": waited long, " : ": completed ") +
+               where(f.ins) + " after " + std::to_string(ms) + " ms of waiting");
+  }
+  if (run.record) run.timings.push_back({f.ins, f.start, run.now()});
+}
+
+void Executor::land(Run& run, OpKind kind, int mb, int edge) {
+  auto it = run.receives.find(Run::key(kind, mb, edge));
+  if (it == run.receives.end()) return;
+  finish(run, it->second);
+  auto& st = state_[mb];
+  auto tensors = std::move(it->second.tensors);
+  if (kind == OpKind::recv_activation) {
+    if (run.train) {
+      for (auto& t : tensors) {
+        if (carries_grad(t)) t.requires_grad_(true);
+      }
+    }
+    st.received[edge] = std::move(tensors);
+  } else {
+    st.grads[edge] = std::move(tensors);
+  }
+  run.receives.erase(it);
+}
+
+void Executor::reap_sends(Run& run, bool all) {
+  std::size_t kept = 0;
+  for (auto& f : run.sends) {
+    bool done = true;
+    for (const auto& p : f.posted) done = done && p.work->isCompleted();
+    if (all || done) {
+      finish(run, f);
+    } else {
+      if (&run.sends[kept] != &f) run.sends[kept] = std::move(f);
+      ++kept;
+    }
+  }
+  run.sends.resize(kept);
+}
+
+void Executor::post_transfer(Run& run, const Instruction& ins) {
+  std::vector<TransferOp> ops;
+  std::vector<at::Tensor> buffers;
+  post(ins, run.train, ops, buffers);
+  InFlight f{ins, {}, std::move(buffers), run.record ? run.now() : 0.0};
+  InstructionRange range(ins, " post");
+  if (run.debug) log::debug("rank " + std::to_string(rank_) + ": posted " + where(ins));
+  with_transfer_hooks([&] { f.posted = transport_.post(std::move(ops)); });
+  if (schedule::is_recv(ins.kind)) {
+    run.receives[Run::key(ins.kind, ins.micro_batch, ins.edge)] = std::move(f);
+  } else {
+    run.sends.push_back(std::move(f));
+  }
+}
+
+void Executor::reach_transfer(Run& run, std::size_t i) {
+  const auto& ins = run.list[i];
+  if (!run.posted(ins)) post_transfer(run, ins);
+  if (run.next_receive[i] < run.list.size()) {
+    const auto& ahead = run.list[run.next_receive[i]];
+    if (!run.posted(ahead)) post_transfer(run, ahead);
+  }
+}
+
+void Executor::exec_recv_activation(Run& run, std::size_t i) { reach_transfer(run, i); }
+void Executor::exec_send_activation(Run& run, std::size_t i) { reach_transfer(run, i); }
+void Executor::exec_recv_gradient(Run& run, std::size_t i) { reach_transfer(run, i); }
+void Executor::exec_send_gradient(Run& run, std::size_t i) { reach_transfer(run, i); }
+
+void Executor::exec_forward(Run& run, std::size_t i) {
+  const auto& ins = run.list[i];
+  for (int e : in_edges_) land(run, OpKind::recv_activation, ins.micro_batch, e);
+  compute(run, i, [&] {
+    c10::AutoGradMode grad_mode(run.train);
+    forward(ins, run.fn, run.train);
+  });
+}
+
+void Executor::exec_backward(Run& run, std::size_t i) {
+  const auto& ins = run.list[i];
+  for (int e : out_edges_) land(run, OpKind::recv_gradient, ins.micro_batch, e);
+  compute(run, i, [&] {
+    // The last backward's gradients are final ones: the replicas' sum starts during it.
+    if (i == run.last_backward && buckets_ && run.replicated) buckets_->arm();
+    backward(ins);
+  });
+}
+
+void Executor::exec_backward_input(Run& run, std::size_t i) {
+  const auto& ins = run.list[i];
+  for (int e : out_edges_) land(run, OpKind::recv_gradient, ins.micro_batch, e);
+  compute(run, i, [&] { backward_input(ins); });
+}
+
+void Executor::exec_backward_weight(Run& run, std::size_t i) {
+  compute(run, i, [&] {
+    if (i == run.last_backward && buckets_ && run.replicated) buckets_->arm();
+    backward_weight(run.list[i]);
+  });
+}
+
+void Executor::exec_all_reduce(Run& run, std::size_t i) {
+  if (!buckets_) {  // local updates: nothing to wait for
+    compute(run, i, [] {});
+    return;
+  }
+  // Its measured span starts when the first bucket's sum started, inside the backward.
+  compute(run, i, [&] { return std::chrono::duration<double>(buckets_->finish() - run.t0).count(); });
+}
+
+void Executor::exec_optimizer_step(Run& run, std::size_t i) {
+  reap_sends(run, true);  // the optimizer step closes the iteration: nothing stays in flight
+  compute(run, i, [] {});
+}
+
+void Executor::check_ready(bool train) const {
   if (specs_.size() != schedule_.edges.size()) {
     throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
   }
@@ -346,200 +550,77 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " runs a replica of stage " +
                 std::to_string(stage_) + " but was given no gradient buckets (set_gradient_buckets)");
   }
-  state_.clear();
-  std::vector<InstructionTiming> timings;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  const auto& prog = program();
-  std::vector<Instruction> ins_list;
-  for (const auto& ins : prog) {
-    if (train || ins.kind == OpKind::recv_activation || ins.kind == OpKind::forward ||
-        ins.kind == OpKind::send_activation) {
-      ins_list.push_back(ins);
-    }
-  }
-
-  // Transfers are posted when the program reaches them and waited for only when needed: a
-  // receive just before the compute that reads it, a send at the end of the run (or once seen
-  // complete). A compute thus never waits for transfers of other micro-batches that happen to
-  // sit in the same run of transfer instructions, which is what the simulator assumes too.
-  // Posting stays in program order, so every pair of ranks still posts in the schedule's one
-  // order; and waiting less than check.h's batch model never makes a schedule hang.
-  struct InFlight {
-    Instruction ins;
-    std::vector<Transport::Posted> posted;
-    std::vector<at::Tensor> tensors;  // receive buffers
-    double start = 0.0;
-  };
-  std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
-  std::vector<InFlight> sends;
-  auto key = [](OpKind kind, int mb, int edge) { return std::make_tuple(static_cast<int>(kind), mb, edge); };
-  const bool debug = log::enabled(log::Level::debug);
-  auto finish = [&](InFlight& f) {
-    InstructionRange range(f.ins, " wait");
-    const auto waited_from = std::chrono::steady_clock::now();
-    if (hooks_.enter) hooks_.enter();
-    try {
-      for (const auto& p : f.posted) transport_.wait(p);
-    } catch (...) {
-      if (hooks_.exit) hooks_.exit();
-      throw;
-    }
-    if (hooks_.exit) hooks_.exit();
-    if (debug) {
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waited_from).count();
-      // A long wait is where a pipeline's bubble shows: say so above the per-transfer lines.
-      log::debug("rank " + std::to_string(rank_) + (ms >= kLongWaitMs ? ": waited long, " : ": completed ") +
-                 where(f.ins) + " after " + std::to_string(ms) + " ms of waiting");
-    }
-    if (record) timings.push_back({f.ins, f.start, now()});
-  };
-  auto land = [&](OpKind kind, int mb, int edge) {
-    auto it = receives.find(key(kind, mb, edge));
-    if (it == receives.end()) return;
-    finish(it->second);
-    auto& st = state_[mb];
-    auto tensors = std::move(it->second.tensors);
-    if (kind == OpKind::recv_activation) {
-      if (train) {
-        for (auto& t : tensors) {
-          if (carries_grad(t)) t.requires_grad_(true);
-        }
-      }
-      st.received[edge] = std::move(tensors);
-    } else {
-      st.grads[edge] = std::move(tensors);
-    }
-    receives.erase(it);
-  };
-  auto reap_sends = [&](bool all) {
-    std::vector<InFlight> left;
-    for (auto& f : sends) {
-      bool done = true;
-      for (const auto& p : f.posted) done = done && p.work->isCompleted();
-      if (all || done) {
-        finish(f);
-      } else {
-        left.push_back(std::move(f));
-      }
-    }
-    sends = std::move(left);
-  };
-
-  auto is_receive = [](OpKind kind) { return kind == OpKind::recv_activation || kind == OpKind::recv_gradient; };
-  auto post_transfer = [&](const Instruction& ins) {
-    std::vector<TransferOp> ops;
-    std::vector<std::pair<Instruction, std::vector<at::Tensor>>> landed;
-    post(ins, train, ops, landed);
-    InFlight f{ins, {}, {}, record ? now() : 0.0};
-    InstructionRange range(ins, " post");
-    if (debug) log::debug("rank " + std::to_string(rank_) + ": posted " + where(ins));
-    if (hooks_.enter) hooks_.enter();
-    try {
-      f.posted = transport_.post(std::move(ops));
-    } catch (...) {
-      if (hooks_.exit) hooks_.exit();
-      throw;
-    }
-    if (hooks_.exit) hooks_.exit();
-    if (is_receive(ins.kind)) {
-      f.tensors = std::move(landed.front().second);
-      receives[key(ins.kind, ins.micro_batch, ins.edge)] = std::move(f);
-    } else {
-      sends.push_back(std::move(f));
-    }
-  };
-  // Receives one ahead (backends that match by tag): reaching a receive also posts the next
-  // receive of the same kind over the same edge. Gloo's send is a rendezvous: its data moves
-  // only once the receive is posted, and then from the sender's communication thread, which a
-  // busy host may leave waiting for a CPU for milliseconds while the sender computes (seen on 2
-  // cores: 2-5 ms per late receive, against 0.1-0.3 ms). Posted one micro-batch early, the
-  // receive is usually there when the sender sends, so the send goes out at once. Order per
-  // (peer, tag) stays the program's, so messages still match; a receive posted early is never
-  // waited for before its own instruction, so no new wait exists that could deadlock. NCCL
-  // matches by order, not tag, and keeps the program's order. Cost: one more receive buffer per
-  // incoming edge and direction.
-  // The last backward: its gradients are final ones, so the replicas' sum starts during it.
-  std::size_t last_backward = ins_list.size();  // the last B or W: it finishes the weight gradients
-  bool splits = false;
-  for (std::size_t i = 0; i < ins_list.size(); ++i) {
-    const auto kind = ins_list[i].kind;
-    if (kind == OpKind::backward || kind == OpKind::backward_weight) last_backward = i;
-    splits = splits || kind == OpKind::backward_weight;
-  }
   // Only a missing set_parameters() is an error: an empty list is a legitimate stage without
   // trainable parameters (a stage of parameter-free operators between two others, which the
   // corpus's partitioners produce), whose W does nothing.
+  const auto& prog = program();
+  const bool splits = train && std::any_of(prog.begin(), prog.end(), [](const Instruction& ins) {
+                        return ins.kind == OpKind::backward_weight;
+                      });
   if (splits && !parameters_ && stage_ >= 0) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
                 "'s program splits its backwards (I and W) but set_parameters() was never called "
                 "(pass an empty list for a stage without trainable parameters)");
   }
-  std::vector<std::size_t> next_receive(ins_list.size(), ins_list.size());
+}
+
+void Executor::prepare(Run& run) const {
+  run.replicated = stage_ >= 0 && schedule_.replicas(stage_) > 1;
+  // Evaluation runs only RF, F and SF, in schedule order.
+  for (const auto& ins : program()) {
+    if (run.train || ins.kind == OpKind::recv_activation || ins.kind == OpKind::forward ||
+        ins.kind == OpKind::send_activation) {
+      run.list.push_back(ins);
+    }
+  }
+  const std::size_t n = run.list.size();
+  run.last_backward = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto kind = run.list[i].kind;
+    if (kind == OpKind::backward || kind == OpKind::backward_weight) run.last_backward = i;
+  }
+  run.next_receive.assign(n, n);
   if (transport_.matches_by_tag()) {
     std::map<std::pair<int, int>, std::size_t> later;  // (kind, edge) -> next index seen from the back
-    for (std::size_t i = ins_list.size(); i-- > 0;) {
-      const auto& ins = ins_list[i];
-      if (!is_receive(ins.kind)) continue;
+    for (std::size_t i = n; i-- > 0;) {
+      const auto& ins = run.list[i];
+      if (!schedule::is_recv(ins.kind)) continue;
       const auto stream = std::make_pair(static_cast<int>(ins.kind), ins.edge);
       auto it = later.find(stream);
-      if (it != later.end()) next_receive[i] = it->second;
+      if (it != later.end()) run.next_receive[i] = it->second;
       later[stream] = i;
     }
   }
+  if (run.record) run.timings.reserve(2 * n);
+}
 
+void Executor::drain(Run& run) {
+  while (!run.receives.empty()) {
+    const auto& ins = run.receives.begin()->second.ins;
+    land(run, ins.kind, ins.micro_batch, ins.edge);
+  }
+  reap_sends(run, true);
+}
+
+std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
+  static_assert(std::size(kHandlers) == static_cast<std::size_t>(OpKind::backward_weight) + 1,
+                "one handler per instruction kind");
+  check_ready(train);
+  state_.clear();
+  Run run(fn, train, record);
+  prepare(run);
   try {
-    for (std::size_t i = 0; i < ins_list.size(); ++i) {
-      const auto& ins = ins_list[i];
-      if (schedule::is_transfer(ins.kind)) {
-        if (!receives.count(key(ins.kind, ins.micro_batch, ins.edge))) post_transfer(ins);
-        if (next_receive[i] < ins_list.size()) {
-          const auto& ahead = ins_list[next_receive[i]];
-          if (!receives.count(key(ahead.kind, ahead.micro_batch, ahead.edge))) post_transfer(ahead);
-        }
-        continue;
-      }
-      if (ins.kind == OpKind::forward) {
-        for (int e : in_edges_) land(OpKind::recv_activation, ins.micro_batch, e);
-      } else if (schedule::produces_input_gradients(ins.kind)) {
-        for (int e : out_edges_) land(OpKind::recv_gradient, ins.micro_batch, e);
-      } else if (ins.kind == OpKind::optimizer_step) {
-        reap_sends(true);  // the optimizer step closes the iteration: nothing stays in flight
-      }
-      double start = record ? now() : 0.0;
-      InstructionRange range(ins);
-      if (ins.kind == OpKind::forward) {
-        c10::AutoGradMode grad_mode(train);
-        forward(ins, fn, train);
-      } else if (ins.kind == OpKind::backward || ins.kind == OpKind::backward_weight) {
-        if (i == last_backward && buckets_ && replicated) buckets_->arm();
-        if (ins.kind == OpKind::backward) {
-          backward(ins);
-        } else {
-          backward_weight(ins);
-        }
-      } else if (ins.kind == OpKind::backward_input) {
-        backward_input(ins);
-      } else if (ins.kind == OpKind::all_reduce && buckets_) {
-        // Its measured span starts when the first bucket's sum started, inside the backward.
-        const auto first = buckets_->finish();
-        start = std::chrono::duration<double>(first - t0).count();
-      }
-      if (record) timings.push_back({ins, start, now()});
-      reap_sends(false);
+    for (std::size_t i = 0; i < run.list.size(); ++i) {
+      (this->*kHandlers[static_cast<std::size_t>(run.list[i].kind)])(run, i);
     }
-    while (!receives.empty()) {
-      auto& [k, f] = *receives.begin();
-      land(f.ins.kind, f.ins.micro_batch, f.ins.edge);
-    }
-    reap_sends(true);
+    drain(run);
   } catch (...) {
     state_.clear();
     if (buckets_) buckets_->abandon();
     throw;
   }
   state_.clear();
-  return timings;
+  return std::move(run.timings);
 }
 
 }  // namespace graphpipe::runtime

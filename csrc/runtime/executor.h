@@ -148,10 +148,58 @@ class Executor {
     // Between an I and its W: where W starts, with the gradients I recorded there.
     PendingWeights pending;
   };
+  // A transfer instruction posted and not yet waited for: its operations and, for a receive,
+  // the buffers they land in.
+  struct InFlight {
+    schedule::Instruction ins;
+    std::vector<Transport::Posted> posted;
+    std::vector<at::Tensor> tensors;
+    double start = 0.0;
+  };
+  // One run()'s state (executor.cpp): the instructions that run, the transfers in flight, the
+  // timings recorded.
+  struct Run;
+  // What one instruction kind does (run()'s dispatch table, one entry per schedule::OpKind):
+  // called with the index of the instruction in the run's list.
+  using Handler = void (Executor::*)(Run&, std::size_t);
+  static const Handler kHandlers[];
+
+  void exec_recv_activation(Run& run, std::size_t i);   // RF
+  void exec_forward(Run& run, std::size_t i);           // F
+  void exec_send_activation(Run& run, std::size_t i);   // SF
+  void exec_recv_gradient(Run& run, std::size_t i);     // RB
+  void exec_backward(Run& run, std::size_t i);          // B
+  void exec_send_gradient(Run& run, std::size_t i);     // SB
+  void exec_optimizer_step(Run& run, std::size_t i);    // OPT
+  void exec_all_reduce(Run& run, std::size_t i);        // AR
+  void exec_backward_input(Run& run, std::size_t i);    // I
+  void exec_backward_weight(Run& run, std::size_t i);   // W
+
+  // run()'s steps.
+  void check_ready(bool train) const;
+  void prepare(Run& run) const;
+  void drain(Run& run);
+  // A transfer reached in program order: posts it unless posted ahead, and posts ahead the next
+  // receive of its stream (tag-matching backends).
+  void reach_transfer(Run& run, std::size_t i);
+  void post_transfer(Run& run, const schedule::Instruction& ins);
+  // Waits for a transfer's operations, between the transfer hooks; records its span.
+  void finish(Run& run, InFlight& f);
+  // Waits for the receive (kind, micro-batch, edge) if it is in flight, and stores what landed.
+  void land(Run& run, schedule::OpKind kind, int micro_batch, int edge);
+  // Waits for every send (all) or only those seen complete.
+  void reap_sends(Run& run, bool all);
+  // Runs `body` between the transfer hooks' enter() and exit() (exit() also when it throws).
+  template <class Body>
+  void with_transfer_hooks(Body&& body);
+  // Opens the instruction's profiler range, runs `body` and records the instruction's span
+  // (from `start`, or from what body returns when it returns a time).
+  template <class Body>
+  void compute(Run& run, std::size_t i, Body&& body);
 
   std::string where(const schedule::Instruction& ins) const;
   void post(const schedule::Instruction& ins, bool train, std::vector<TransferOp>& ops,
-            std::vector<std::pair<schedule::Instruction, std::vector<at::Tensor>>>& landed);
+            std::vector<at::Tensor>& buffers);
   void forward(const schedule::Instruction& ins, const ForwardFn& fn, bool train);
   void backward(const schedule::Instruction& ins);
   // The roots of a micro-batch's backward (its loss and outputs that require grad) and their
@@ -160,6 +208,7 @@ class Executor {
   void backward_input(const schedule::Instruction& ins);
   void backward_weight(const schedule::Instruction& ins);
   void check_outputs(int micro_batch, const StageOutput& out) const;
+  void check_edge_outputs(int micro_batch, std::size_t i, const std::vector<at::Tensor>& got) const;
   // A tensor of edge `edge` as this rank holds it: the spec with its first dimension cut to this
   // replica's rows when the stage is replicated.
   std::vector<int64_t> local_shape(const at::Tensor& spec) const;
@@ -173,6 +222,10 @@ class Executor {
     std::int64_t length = -1;
   };
   std::vector<Piece> pieces(const schedule::Instruction& ins) const;
+  // The description of tensor k (of n) of a transfer's piece, for error messages: built only
+  // when a transfer fails or is logged.
+  std::string describe_piece(const schedule::Instruction& ins, std::size_t k, std::size_t n,
+                             const Piece& part) const;
 
   schedule::Schedule schedule_;
   int rank_;

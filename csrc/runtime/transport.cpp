@@ -53,7 +53,7 @@ std::vector<Transport::Posted> Transport::post(std::vector<TransferOp> ops) {
       auto work = op.send ? group_->send(tensors, op.peer, op.tag) : group_->recv(tensors, op.peer, op.tag);
       posted.push_back(Posted{std::move(op), std::move(work), std::move(staged_target)});
     } catch (const std::exception& e) {
-      throw PeerError("rank " + std::to_string(me) + ": posting " + op.what + " with peer rank " +
+      throw PeerError("rank " + std::to_string(me) + ": posting " + op.describe() + " with peer rank " +
                       std::to_string(op.peer) + " failed: " + first_line(e.what()));
     }
   }
@@ -78,11 +78,11 @@ void Transport::wait(const Posted& posted) {
   const double seconds = static_cast<double>(timeout_.count()) / 1000.0;
   if (failure.empty() || looks_like_timeout(failure)) {
     message << "rank " << me << ": timed out after " << seconds << " s waiting for peer rank " << op.peer
-            << " on " << op.what << " (the peer is stuck or dead; the process group is unusable now)";
+            << " on " << op.describe() << " (the peer is stuck or dead; the process group is unusable now)";
     if (!failure.empty()) message << " [" << failure << "]";
     throw PipelineTimeout(message.str());
   }
-  message << "rank " << me << ": peer rank " << op.peer << " failed during " << op.what << ": " << failure;
+  message << "rank " << me << ": peer rank " << op.peer << " failed during " << op.describe() << ": " << failure;
   throw PeerError(message.str());
 }
 

@@ -10,7 +10,8 @@
 // Failures become runtime errors (runtime/errors.h) that name this rank, the peer and the
 // operation's description: PipelineTimeout when the deadline passes, PeerError otherwise.
 // Gloo needs CPU, contiguous tensors; exchange() does not copy, the caller passes them so.
-// Cost: one c10d send/recv per tensor; no allocation besides the Work handles.
+// Cost: one c10d send/recv per tensor; no allocation besides the Work handles; descriptions are
+// formatted only for a message.
 //
 // Host staging (set_host_staging): for a backend that moves only CPU memory (Gloo) under stages
 // that compute on a GPU, each GPU tensor travels through a CPU copy: a send copies to the host
@@ -24,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,7 +36,12 @@ struct TransferOp {
   int peer = 0;     // rank in the process group
   int tag = 0;      // >= 0
   at::Tensor tensor;
-  std::string what;  // for messages: "0SF1e2 (send of the activation ... over edge 2 (0->1)), tensor 0 of 2"
+  // For messages: "0SF1e2 (send of the activation ... over edge 2 (0->1)), tensor 0 of 2". A
+  // function, called only when a message needs it: formatting it for every operation cost more
+  // than posting the operation.
+  std::function<std::string()> what;
+
+  std::string describe() const { return what ? what() : "a transfer"; }
 };
 
 class Transport {
