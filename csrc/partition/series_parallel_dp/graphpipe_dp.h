@@ -44,6 +44,9 @@
 // in graphpipe_portfolio.h). Cost per target: O(states x (L + log n)) with L the children a
 // stage can hold within the target; states are tree positions x devices x the d values actually
 // reached, the fork and join ones also x fork head lengths.
+//
+// Implementation: the Planner of dp_planner.h, which lists its files (memo, named steps, rows,
+// stage test, recurrences, rebuild).
 #pragma once
 
 #include <optional>

@@ -1,0 +1,236 @@
+// The series-parallel DP's planner (graphpipe_dp.h describes the algorithm), internal to this
+// folder. Its parts live in their own files:
+//   graphpipe_dp.cpp     construction, the search over targets, the public functions;
+//   dp_rows.cpp          figures of stage unions (rows grown along a node's children);
+//   dp_stage_fit.cpp     whether a stage meets the target and fits, and on how many replicas;
+//   dp_recurrences.cpp   solve, series, parallel and others;
+//   dp_fork_join.cpp     inside (after a fork stage) and to_join (a branch ending in the join);
+//   dp_rebuild.cpp       the plan of the last target solved, from the memo.
+// The recurrences are written once for plain and replicated problems: where they place a stage
+// they ask replicas_to_fit() or stage_then() (dp_stage_fit.cpp), which answer 1 device or 0 on
+// a plain problem and the least replica count on a replicated one.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "graph/series_parallel.h"
+#include "partition/problem.h"
+#include "partition/replicas.h"
+#include "partition/series_parallel_dp/dp_memo.h"
+#include "partition/series_parallel_dp/dp_steps.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
+
+namespace graphpipe::partition::series_parallel_dp {
+
+// Rows of stage unions are grown past the target by this factor: the search probes larger
+// targets later (galloping, the shallower plans), and a row grown far enough serves them
+// without being grown again from its start. Entries past the target change nothing (every
+// reader stops at the first union whose compute exceeds the target). 1.5 measured best on the
+// 10,000-operator series-parallel benchmark graph (rows regrown ~2x less, DP ~15% faster).
+inline constexpr double kGrowMargin = 1.5;
+
+// The figures of a group of operators as one stage.
+struct Stats {
+  double compute = 0.0, time = 0.0, static_bytes = 0.0, act_bytes = 0.0;
+  // Forward seconds and received tensors' bytes: what activation recomputation runs again and
+  // keeps (recompute.h).
+  double forward = 0.0, input_bytes = 0.0;
+  // Replicated problems only: parameter and crossing bytes, and where the group's compute at
+  // every replica level starts in the planner's level arena, followed by its forward at every
+  // level (-1: not replicated).
+  double params = 0.0, cross_bytes = 0.0;
+  std::int64_t levels = -1;
+  // Replicated problems: bit l of `meets` says whether level l's replica meets the target of
+  // probe `probe` (Planner::need), and of `meets_recomputed` whether it still does with its
+  // forward run once more (recompute.h). Those tests depend on neither the devices nor the
+  // in-flight count that need() varies, so they are made once per group, level and probe instead
+  // of once per need() call; a new probe makes the masks again.
+  mutable std::uint64_t meets = 0, meets_recomputed = 0;
+  mutable int probe = -1;
+};
+
+// The fragments a memo key names (Planner::key).
+enum Kind : std::uint64_t { kSolve = 0, kSeries = 1, kParallel = 2, kInside = 3, kToJoin = 4, kOthers = 5, kKinds = 6 };
+
+class Planner {
+ public:
+  Planner(const Problem& p, const graph::SPTree& tree);
+  std::vector<ReplicatedAssignment> run(double tolerance);
+
+ private:
+  struct Row {
+    std::vector<Stats> stats;
+    bool computed = false;
+    bool complete = false;
+    double limit = 0.0;
+  };
+  using Rows = std::unordered_map<std::uint64_t, Row>;
+
+  // ---- search over targets (graphpipe_dp.cpp) ----
+  // The least depth at `target` (kInf: infeasible), solving and rebuilding it the first time.
+  int probe(double target);
+  // The least feasible target within the tolerance; nullopt when nothing fits at any target.
+  std::optional<double> least_target(double tolerance);
+  // `least` then, for each shallower depth that can pay off, the least target reaching it.
+  std::vector<double> shallower_targets(double least, double tolerance);
+  bool feasible(double target);
+
+  // ---- rows (dp_rows.cpp) ----
+  Stats group(const std::vector<graph::NodeId>& nodes);
+  void add_levels(graph::NodeId v);
+  std::int64_t store_levels();
+  const Row* cached(const Rows& rows, std::uint64_t key) const;
+  const std::vector<Stats>& grow(Rows& rows, std::uint64_t key, const std::vector<int>& fixed,
+                                 std::size_t fixed_begin, std::size_t fixed_end, const std::vector<int>& items,
+                                 std::size_t start);
+  const std::vector<Stats>& row(int t, int start, const std::vector<int>& items);
+  const std::vector<Stats>& fork_row(int t, int i, int q, int branch);
+  const std::vector<Stats>& join_row(int branch, int k);
+  const std::vector<Stats>& close_row(int branch, int k);
+
+  // ---- stage fit (dp_stage_fit.cpp) ----
+  int in_flight(int depth) const {
+    return static_cast<int>(std::min<std::int64_t>(depth, p_.num_micro_batches));
+  }
+  double least_compute(const Stats& s) const { return rep_ ? arena_[s.levels + num_levels_ - 1] : s.compute; }
+  bool fits(const Stats& s, int in_flight_count) const;
+  bool too_big(const Stats& s) const { return least_compute(s) > target_ || s.static_bytes > p_.memory_limit; }
+  int need(const Stats& s, int in_flight_count, int n) const;
+  double level_time(const Stats& s, int l) const;
+  double level_forward(const Stats& s, int l) const;
+  int replicas_to_fit(const Stats& s, int in_flight_count, int n) const;
+  // A stage of figures s with `after` stages at least after it (inside the enclosing fragment),
+  // then the rest on the devices it leaves, rest(devices) giving the rest's depth. Returns (rest's
+  // depth, the stage's replicas), the least replicas whose devices leave the rest a depth at
+  // which the stage still fits in memory; (kInf, 0) when none does. More replicas leave the rest
+  // fewer devices, so the least that fits is the best. On a plain problem: one device, when the
+  // stage fits with the rest's depth after it.
+  template <class Rest>
+  std::pair<int, int> stage_then(const Stats& s, int n, int d, int after, Rest rest) {
+    int r = replicas_to_fit(s, in_flight(d + after + 1), n);
+    while (r > 0) {
+      const int h = rest(n - r);
+      if (h >= kInf) return {kInf, 0};
+      const int wider = replicas_to_fit(s, in_flight(d + h + 1), n);
+      if (wider == r) return {h, r};
+      r = wider;
+    }
+    return {kInf, 0};
+  }
+
+  // ---- recurrences (dp_recurrences.cpp, dp_fork_join.cpp) ----
+  int cap(int d) const {
+    return static_cast<int>(std::min<std::int64_t>(d, std::min<std::int64_t>(p_.num_micro_batches, 255)));
+  }
+  static std::uint64_t key(Kind kind, int t, int i, int n, int d) {
+    return (((static_cast<std::uint64_t>(t) * kKinds + kind) << 38) | (static_cast<std::uint64_t>(i) << 16) |
+            (static_cast<std::uint64_t>(n) << 8) | static_cast<std::uint64_t>(d));
+  }
+  bool is_parallel(int t) const { return tree_.nodes[t].kind == graph::SPNode::Kind::parallel; }
+  bool is_leaf(int t) const { return tree_.nodes[t].kind == graph::SPNode::Kind::leaf; }
+  // The other one of the two largest branches of `branch`'s parallel node.
+  int other_lead(int branch) const {
+    const auto& lead = sorted_[parent_[branch]];
+    return lead[0] == branch ? lead[1] : lead[0];
+  }
+
+  // min over x in [lo, hi] of max(f(x), g(x)) and its x, for f non-increasing and g
+  // non-decreasing in x (two parts sharing devices: more for one is fewer for the other, and
+  // depth never grows with devices), by bisection on the crossing: O(log(hi - lo)) calls.
+  template <class F, class G>
+  static std::pair<int, int> balance(int lo, int hi, F f, G g) {
+    if (lo > hi) return {kInf, -1};
+    int a = lo, b = hi;
+    while (a < b) {
+      int mid = a + (b - a) / 2;
+      if (f(mid) <= g(mid)) b = mid; else a = mid + 1;
+    }
+    std::pair<int, int> best{std::max(f(a), g(a)), a};
+    if (a > lo) {
+      int before = std::max(f(a - 1), g(a - 1));
+      if (before < best.first) best = {before, a - 1};
+    }
+    if (best.first >= kInf) best.first = kInf;
+    return best;
+  }
+
+  // Calls visit(x, f(x)) for the least x in [lo, hi] of each value that f takes, smallest value
+  // first, for f non-increasing in x (the depth of a part given at most x devices); stops when
+  // visit returns false. The other part's share shrinks as x grows, so only these x can be best.
+  template <class F, class V>
+  static void levels(int lo, int hi, F f, V visit) {
+    int r = hi;
+    while (r >= lo) {
+      const int v = f(r);
+      int a = lo, b = r;
+      while (a < b) {
+        int mid = a + (b - a) / 2;
+        if (f(mid) <= v) b = mid; else a = mid + 1;
+      }
+      if (!visit(a, v)) return;
+      r = a - 1;
+    }
+  }
+
+  Entry solve(int t, int n, int d);
+  Entry series(int t, int i, int n, int d);
+  void series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best);
+  void series_split(int t, int i, int n, int d, Entry& best);
+  void series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best);
+  Entry parallel(int t, int j, int n, int d);
+  int others(int branch, int n, int d);
+  Entry inside(int branch, int k, int n, int d);
+  void inside_open(int branch, int k, int n, int d, Entry& best);
+  void inside_join(int branch, int tail, int k, int n, int d, Entry& best);
+  void inside_close(int branch, int k, int n, int d, Entry& best);
+  Entry branch_to_join(int branch, int i, int n, int d, int e);
+
+  // ---- rebuild (dp_rebuild.cpp) ----
+  // The plan of the target last solved (feasible() true), from its memo; its replica counts by
+  // label in rebuilt_replicas_.
+  std::vector<int> rebuild();
+  int take(int& next, int replicas);
+  void label(int t, int stage, std::vector<int>& assignment) const;
+  void rebuild_solve(int t, int n, int d, std::vector<int>& assignment, int& next);
+  void rebuild_series(int t, int i, int n, int d, std::vector<int>& assignment, int& next);
+  void rebuild_inside(int branch, int k, int n, int d, std::vector<int>& assignment, int& next);
+  void rebuild_others(int branch, int n, int d, std::vector<int>& assignment, int& next);
+  void rebuild_to_join(int branch, int i, int n, int d, int e, std::vector<int>& assignment, int& next);
+  void rebuild_parallel(int t, int j, int n, int d, std::vector<int>& assignment, int& next);
+
+  const Problem& p_;
+  const graph::SPTree& tree_;
+  const ReplicaTable* rep_ = nullptr;  // set for replicated problems
+  int num_levels_ = 1;                 // replica levels whose counts fit the device budget
+  std::vector<double> arena_;          // per-level compute of every Stats (Stats::levels)
+  std::vector<double> level_sums_;     // of the group being formed
+  std::vector<int> rebuilt_replicas_;  // replica count per label of the last rebuild()
+  std::vector<int> stamps_;
+  int next_stamp_ = 0;
+  int devices_ = 1;
+  double target_ = 0.0;
+  int probe_id_ = 0;  // bumped with every target (Stats::probe)
+  std::vector<std::vector<graph::NodeId>> leaves_;
+  std::vector<Stats> whole_;
+  std::vector<int> parent_, slot_;
+  std::vector<std::vector<int>> sorted_;
+  std::vector<std::vector<int>> items_;  // series items of each parallel node's two largest branches
+  Rows rows_, fork_rows_, join_rows_, close_rows_;
+  Memo<std::uint64_t, Entry> memo_;
+  Memo<std::pair<std::uint64_t, std::uint64_t>, Entry> join_memo_;
+  // The search (probe()): the least depth at each probed target (kInf: infeasible; depth never
+  // grows with the target), and the plan and replica counts of each feasible one, rebuilt while
+  // its memo is live: the plans returned are those of probed targets, and solving a target again
+  // only to rebuild its plan would cost a whole probe per plan.
+  std::map<double, int> seen_;
+  std::map<double, std::vector<int>> plan_at_, replicas_at_;
+  int probes_ = 0;
+};
+
+}  // namespace graphpipe::partition::series_parallel_dp

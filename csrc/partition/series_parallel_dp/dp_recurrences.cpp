@@ -1,0 +1,133 @@
+// The series-parallel DP's recurrences over whole subtrees, series suffixes and parallel
+// suffixes (dp_planner.h; the fork and join fragments are in dp_fork_join.cpp). Each returns the
+// least depth of its fragment on n devices with d stages after it, and its first move.
+#include "partition/series_parallel_dp/dp_planner.h"
+
+namespace graphpipe::partition::series_parallel_dp {
+
+// Subtree t: as one stage, or decomposed into its series or parallel fragment.
+Entry Planner::solve(int t, int n, int d) {
+  d = cap(d);
+  if (n < 1) return {};
+  auto k = key(kSolve, t, 0, n, d);
+  if (const Entry* hit = memo_.find(k)) return *hit;
+  Entry e;
+  const graph::SPNode& node = tree_.nodes[t];
+  if (const int r = replicas_to_fit(whole_[t], in_flight(d + 1), n); r > 0) {
+    e = {1, WholeStage{r}};
+  } else if (node.kind == graph::SPNode::Kind::series) {
+    e = {series(t, 0, n, d).depth, Decomposed{}};
+  } else if (node.kind == graph::SPNode::Kind::parallel) {
+    e = {parallel(t, 0, n, d).depth, Decomposed{}};
+  }
+  memo_.insert(k, e);
+  return e;
+}
+
+// Series node t's children i.. : a group of children as one stage, child i decomposed, or a
+// fork stage.
+Entry Planner::series(int t, int i, int n, int d) {
+  const auto& children = tree_.nodes[t].children;
+  if (i == static_cast<int>(children.size())) return {0, Nothing{}};
+  if (n < 1) return {};
+  auto k = key(kSeries, t, i, n, d);
+  if (const Entry* hit = memo_.find(k)) return *hit;
+  Entry best;
+  const auto& stats = row(t, i, children);
+  series_groups(t, i, n, d, stats, best);
+  if (!is_leaf(children[i])) series_split(t, i, n, d, best);
+  series_forks(t, i, n, d, stats, best);
+  memo_.insert(k, best);
+  return best;
+}
+
+// Children i..p as one stage, then p+1.. on the devices it leaves.
+void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best) {
+  for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
+    const Stats& s = stats[q];
+    if (too_big(s)) break;
+    const int p = i + q;
+    auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return series(t, p + 1, x, d).depth; });
+    if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Group{p, r}};
+  }
+}
+
+// Child i decomposed: it gets the devices the rest does not need for each depth the rest can
+// reach.
+void Planner::series_split(int t, int i, int n, int d, Entry& best) {
+  const int child_node = tree_.nodes[t].children[i];
+  levels(0, n - 2, [&](int x) { return series(t, i + 1, x, d).depth; }, [&](int x, int rest) {
+    if (rest >= kInf || rest + 1 >= best.depth) return false;
+    const int child = solve(child_node, n - x, d + rest).depth;
+    if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
+    return true;
+  });
+}
+
+// Fork: children i..q-1 and the head of one of parallel child q's two largest branches as one
+// stage; the rest of q starts after it (inside()).
+void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best) {
+  if (n < 2 || best.depth <= 2) return;  // a fork stage has at least one stage after it
+  const auto& children = tree_.nodes[t].children;
+  const int m = static_cast<int>(children.size());
+  for (int q = i + 1; q < m && q - 1 - i < static_cast<int>(stats.size()); ++q) {
+    if (too_big(stats[q - 1 - i])) break;
+    if (!is_parallel(children[q])) continue;
+    const auto& lead = sorted_[children[q]];
+    for (int slot = 0; slot < 2; ++slot) {
+      const auto& heads = fork_row(t, i, q, lead[slot]);
+      for (int j = 0; j < static_cast<int>(heads.size()); ++j) {
+        const Stats& s = heads[j];
+        if (too_big(s)) break;
+        auto [rest, r] = stage_then(s, n, d, 1, [&](int x) { return inside(lead[slot], j + 1, x, d).depth; });
+        if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Fork{q, j + 1, slot, r}};
+      }
+    }
+  }
+}
+
+// Parallel node t's sorted branches j.. : a run of branches sharing one stage, or branch j on
+// its own devices beside the rest.
+Entry Planner::parallel(int t, int j, int n, int d) {
+  const auto& branches = sorted_[t];
+  const int count = static_cast<int>(branches.size());
+  if (j == count) return {0, Nothing{}};
+  if (n < 1) return {};
+  auto k = key(kParallel, t, j, n, d);
+  if (const Entry* hit = memo_.find(k)) return *hit;
+  Entry best;
+  const auto& stats = row(t, j, branches);
+  for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
+    const Stats& s = stats[q];
+    if (too_big(s)) break;
+    const int r = replicas_to_fit(s, in_flight(d + 1), n);
+    if (r == 0) continue;
+    const int rest = parallel(t, j + q + 1, n - r, d).depth;
+    const int h = std::max(1, rest);
+    if (rest < kInf && h < best.depth) best = {h, Run{j + q, r}};
+  }
+  auto [h, n1] = balance(
+      2, n, [&](int x) { return solve(branches[j], x, d).depth; },
+      [&](int x) { return parallel(t, j + 1, n - x, d).depth; });
+  if (h < best.depth) best = {h, Split{n1}};
+  memo_.insert(k, best);
+  return best;
+}
+
+// Least depth of the branches of `branch`'s parallel node other than `branch` (one of the two
+// largest) on n devices.
+int Planner::others(int branch, int n, int d) {
+  const int par = parent_[branch];
+  if (sorted_[par][0] == branch) return parallel(par, 1, n, d).depth;
+  if (n < 1) return kInf;
+  auto k = key(kOthers, par, 0, n, d);
+  if (const Entry* hit = memo_.find(k)) return hit->depth;
+  const int spare = sorted_[par].size() == 2 ? 0 : 1;
+  auto [h, n1] = balance(
+      1, n - spare, [&](int x) { return solve(sorted_[par][0], x, d).depth; },
+      [&](int x) { return parallel(par, 2, n - x, d).depth; });
+  memo_.insert(k, {h, OthersSplit{n1}});
+  return h;
+}
+
+}  // namespace graphpipe::partition::series_parallel_dp
