@@ -91,7 +91,7 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_b
                 seconds.append(time.perf_counter() - start)
                 traces.append(pipe.measured_tasks(gather=False))
         return {"seconds": seconds, "traces": traces, "stage": pipe.stage,
-                "buckets": pipe._buckets.num_buckets if pipe._buckets is not None else 0}
+                "buckets": pipe.gradient_buckets.num_buckets if pipe.gradient_buckets is not None else 0}
 
 
 def _batch_size(example: Any) -> int:

@@ -20,7 +20,7 @@ from graphpipe.errors import (
 )
 from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
 from graphpipe.profile import profile
-from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, init_distributed, wrap
+from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, WrapOptions, init_distributed, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
 from graphpipe import sync
 from graphpipe.trace import trace
@@ -74,5 +74,6 @@ __all__ = [
     "simulate",
     "sync",
     "trace",
+    "WrapOptions",
     "wrap",
 ]

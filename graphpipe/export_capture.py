@@ -51,7 +51,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from graphpipe.errors import TraceError
+from graphpipe.errors import InputError, TraceError
 
 __all__ = ["MODE_ARG", "ExportedCapture", "eval_mismatch", "export_capture", "set_mode"]
 
@@ -108,6 +108,20 @@ def _mark_mode_args(graph: fx.Graph) -> None:
             if isinstance(counter, fx.Node) and counter.op == "get_attr" and \
                     str(counter.target).split(".")[-1] == "num_batches_tracked":
                 node.meta[MODE_ARG] = (1, 1, 0)  # batch norm counts batches in training only
+
+
+def check_mode(captured_training: bool | None, eval_problem: str | None, model_name: str, training: bool) -> None:
+    """Raises InputError where a capture cannot run in the mode asked for: captured by
+    torch.export in eval mode (no training values for its dropout, batch norm and branches on
+    self.training), or captured in training with ``eval_problem`` (its branches on
+    self.training). ``captured_training`` is None for an fx capture (any mode runs)."""
+    if captured_training is False and training:
+        raise InputError(
+            f"{model_name} was captured by torch.export in eval mode, which has no training values for "
+            "its dropout, batch norm and branches on self.training; call model.train() before graphpipe.wrap"
+        )
+    if captured_training and not training and eval_problem is not None:
+        raise InputError(f"{eval_problem}; call model.eval() before graphpipe.wrap to run it in eval mode")
 
 
 def set_mode(module: nn.Module, training: bool) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from graphpipe._ext import _C
 from graphpipe.runtime.launch import init_distributed
 from graphpipe.runtime.microbatch import merge, split
-from graphpipe.runtime.pipeline import DEFAULT_TIMEOUT, Pipeline, wrap
+from graphpipe.runtime.options import DEFAULT_TIMEOUT, WrapOptions
+from graphpipe.runtime.pipeline import Pipeline, wrap
 from graphpipe.runtime.plan import load_plan, manual_plan
 from graphpipe.runtime.stages import build_stages
 
@@ -18,6 +19,7 @@ TransferMismatch = _C.TransferMismatch
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "WrapOptions",
     "PeerError",
     "PipelineTimeout",
     "TransferMismatch",

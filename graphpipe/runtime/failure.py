@@ -29,7 +29,7 @@ import torch.distributed as dist
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["FailureBoard", "describe", "pipeline_store"]
+__all__ = ["FailureBoard", "Failures", "collective_error", "describe", "pipeline_store"]
 
 _POLL_SECONDS = 0.02
 _instances: dict[tuple[int, ...], itertools.count] = {}
@@ -39,6 +39,17 @@ def describe(exc: BaseException) -> str:
     """``Type: first line of the message`` (what the other ranks are told)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def collective_error(exc: RuntimeError, rank: int, timeout: float, during: str) -> BaseException:
+    """A raw torch.distributed error as graphpipe's: PipelineTimeout for a deadline, PeerError
+    for a peer that went away (anything else is returned as it is)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return _C.PipelineTimeout(f"rank {rank}: timed out after {timeout:g} s {during}: {text}")
+    if "connection" in text.lower() or "closed" in text.lower() or "peer" in text.lower():
+        return _C.PeerError(f"rank {rank}: a peer left {during}: {text}")
+    return exc
 
 
 def pipeline_store(group_ranks: list[int]) -> dist.Store:
@@ -126,3 +137,65 @@ class FailureBoard:
         except BaseException as exc:
             self.publish(exc)
             raise
+
+
+class Failures:
+    """A pipeline's failure state: the first failure fails the pipeline for good, on every rank.
+
+    ``close`` releases the pipeline's connections (destroying its process group is what wakes
+    the peers blocked on this rank)."""
+
+    def __init__(self, board: FailureBoard, timeout: float, close: Callable[[], None]) -> None:
+        self.board = board
+        self.timeout = timeout
+        self._close = close
+        #: The first failure's cause, once the pipeline failed.
+        self.cause: str | None = None
+
+    def usable(self, executor: Any) -> Any:
+        """``executor``, if the pipeline neither failed nor was closed (InputError otherwise)."""
+        if self.cause is not None:
+            raise InputError(
+                f"this pipeline stopped after a failure ({self.cause}); its ranks can no longer "
+                "be in step: build a new one with graphpipe.wrap"
+            )
+        if executor is None:
+            raise InputError("this pipeline was closed (Pipeline.close); wrap the model again to train it")
+        return executor
+
+    def fail(self, exc: BaseException, during: str) -> BaseException:
+        """After an error inside a collective part of the pipeline: records the first failure
+        in the store, closes this rank's connections, and returns what to raise: the error
+        itself on the rank it started on, a PeerError naming that rank and its cause elsewhere."""
+        rank = self.board.rank
+        if isinstance(exc, RuntimeError) and not isinstance(exc, _C.GraphpipeError):
+            exc = collective_error(exc, rank, self.timeout, during)
+        cause = self.board.publish(exc)
+        self.cause = cause
+        self._close()
+        if cause.startswith(f"rank {rank}: "):
+            return exc
+        error_type = _C.PipelineTimeout if isinstance(exc, _C.PipelineTimeout) else _C.PeerError
+        return error_type(f"rank {rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
+
+    def gather(self, group: Callable[[], Any], local: Any, during: str) -> list[Any]:
+        """``local`` from every rank (all_gather_object on ``group()``, the live pipeline's
+        group); a failure of the exchange fails the pipeline."""
+        everyone: list[Any] = [None] * self.board.world
+        try:
+            dist.all_gather_object(everyone, local, group=group())
+        except BaseException as exc:
+            raise self.fail(exc, during) from exc
+        return everyone
+
+    def agree(self, group: Callable[[], Any], what: str, refusal: str | None) -> None:
+        """consensus.agree over ``group()``: an InputError (every rank refuses) keeps the
+        pipeline usable; a failure of the exchange itself fails the pipeline."""
+        from graphpipe.runtime.consensus import agree
+
+        try:
+            agree(group(), refusal, what)
+        except InputError:
+            raise
+        except BaseException as exc:
+            raise self.fail(exc, f"agreeing on {what}") from exc

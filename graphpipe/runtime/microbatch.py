@@ -11,7 +11,7 @@ from torch.utils import _pytree as pytree
 from graphpipe.errors import InputError
 from graphpipe.trace import iter_tensors
 
-__all__ = ["batch_size", "split", "merge", "copy", "rows"]
+__all__ = ["batch_size", "call_inputs", "copy", "merge", "rows", "split", "to_device"]
 
 
 def batch_size(value: Any, what: str = "inputs") -> int:
@@ -89,3 +89,17 @@ def merge(values: list[Any]) -> Any:
     if isinstance(first, Mapping):  # a mapping torch's pytree does not know
         return {k: merge([v[k] for v in values]) for k in first}
     return first
+
+
+def call_inputs(inputs: Any) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` of a batch: a dict (any mapping, a tokenizer's ``BatchEncoding``
+    too) holds keyword inputs, a tuple or list positional ones, anything else is the one
+    positional input (a forward that takes one dict positionally gets ``(d,)``)."""
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    return (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Every tensor of ``value`` moved to ``device`` (non-blocking), the rest as it is."""
+    return pytree.tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, value)

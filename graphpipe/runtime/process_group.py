@@ -31,7 +31,7 @@ import torch.distributed as dist
 from graphpipe.errors import InputError
 from graphpipe.runtime.failure import FailureBoard
 
-__all__ = ["new_process_group"]
+__all__ = ["global_ranks", "new_process_group"]
 
 #: Names of groups this process created with local synchronization (torch never reuses a name
 #: safely; see the module docstring).
@@ -83,6 +83,14 @@ def new_process_group(
             )
         _local_names_used.add(name)
     return dist.new_group(global_ranks, timeout=deadline, backend=backend, use_local_synchronization=True)
+
+
+def global_ranks(group: Any) -> list[int]:
+    """The default group's rank of every rank of ``group``, in ``group``'s order."""
+    size = dist.get_world_size(group)
+    if group is dist.distributed_c10d._get_default_group():
+        return list(range(size))
+    return [dist.get_global_rank(group, r) for r in range(size)]
 
 
 def _local_group_name(global_ranks: list[int]) -> str | None:

@@ -170,3 +170,11 @@ class ReplicaSync:
         if self._powersgd_state is not None:
             for slot, value in state["powersgd"].items():
                 setattr(self._powersgd_state, slot, value)
+
+
+def sync_state_refusal(sync: ReplicaSync | None, state: Any, rank: int) -> str | None:
+    """Why rank ``rank``, whose replica sync is ``sync`` (None: it holds no replicated stage),
+    cannot restore the sync ``state`` (None: it can)."""
+    if sync is None:
+        return f"rank {rank} holds no replicated stage, but was given sync state" if state else None
+    return sync.state_refusal(state)

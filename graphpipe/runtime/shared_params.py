@@ -31,7 +31,7 @@ class SharedParameterSync:
 
     Args:
         shared: canonical parameter name -> {stage: that parameter's name in the stage module}
-            (``StageGraph.shared_params``).
+            (``StageCut.shared_params``).
         stage_ranks: ranks (in the pipeline) of each stage, its lead first (several for a
             replicated stage, whose replicas hold equal, already summed gradients).
         my_stage: this rank's stage (-1 if none).

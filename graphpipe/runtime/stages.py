@@ -6,8 +6,13 @@ skip stages, several producers and consumers all follow from this rule; a value 
 stages travels on two edges). Model inputs (placeholders) never travel: every rank has the batch
 and each stage reads the inputs it needs. Parameters and buffers read through ``get_attr`` are
 held by every stage that reads them, under their original names. A parameter used by several
-stages (tied weights) is held by each of them; ``StageGraph.shared_params`` lists it, and the
+stages (tied weights) is held by each of them; ``StageCut.shared_params`` lists it, and the
 pipeline sums its gradient over those stages' ranks before the optimizer step.
+
+The stage topology is the C++ Plan's, not recomputed here: which values ride on which stage edge
+is read from ``plan.edges[e].edges`` (the operator edges each stage edge carries, as the C++
+loader derives them, plan_io.h ``implied_stage_edges``), so a chain plan's relays of values that
+skip stages are exactly the ones the cost model charged and the executor transfers.
 
 Faithfulness rules kept here (the tracer marks the operators, see ``graphpipe.trace``):
 
@@ -43,7 +48,8 @@ from torch.utils import _pytree as pytree
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.trace import is_opaque_module
 
-__all__ = ["StageModule", "StageGraph", "build_stages", "hold_unused_state", "EdgeLayout", "propagate_layouts"]
+__all__ = ["EdgeLayout", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
+           "local_module", "propagate_layouts", "stage_device", "NO_PARAMETERS"]
 
 
 class _TensorSlot:
@@ -68,10 +74,11 @@ class StageModule:
 
 
 @dataclass
-class StageGraph:
+class StageCut:
+    """The traced module cut into the plan's stages. It holds no topology of its own: stage
+    edges are the plan's (``plan.edges``, indices into which key ``in_values``/``out_values``)."""
+
     stages: list[StageModule]
-    edges: list[tuple[int, int]]
-    placeholders: list[str]            # every placeholder of the traced graph, in order
     output_stage: int
     #: parameters held by several stages: canonical name -> {stage: name in that stage's module}
     shared_params: dict[str, dict[int, str]] = field(default_factory=dict)
@@ -80,11 +87,24 @@ class StageGraph:
     copies_inputs: bool = False
 
 
-def _edge_index(edges: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
-    return {e: i for i, e in enumerate(edges)}
+def _wire_values(plan: Any, graph: Any, stages: list[StageModule], compute: set[str]) -> None:
+    """Fills every stage's ``in_values``/``out_values`` from the plan's stage edges: an operator
+    edge that a stage edge carries sends its producer's value (once per stage edge, however many
+    consumers read it). Model inputs never travel (every rank has the batch), so an edge that
+    carries only inputs transfers nothing."""
+    for e, stage_edge in enumerate(plan.edges):
+        src, dst = int(stage_edge.src), int(stage_edge.dst)
+        for op_edge in stage_edge.edges:
+            name = graph.node(graph.edge(int(op_edge)).src).name
+            if name not in compute:
+                continue
+            received = stages[dst].in_values.setdefault(e, [])
+            if name not in received:
+                received.append(name)
+                stages[src].out_values.setdefault(e, []).append(name)
 
 
-def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
+def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageCut:
     """Stage modules of ``gm`` for ``plan`` (a C++ Plan of ``graph``, the OpGraph traced from
     ``gm``). The plan is validated against the graph by the C++ validator first, so every
     operator has a stage and every value that crosses stages has its stage edge."""
@@ -93,10 +113,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
     for s, stage in enumerate(plan.stages):
         for v in stage.nodes:
             node_stage[graph.node(v).name] = s
-    edges = [(int(e.src), int(e.dst)) for e in plan.edges]
-    index = _edge_index(edges)
     nodes = list(gm.graph.nodes)
-    placeholders = [n.name for n in nodes if n.op == "placeholder"]
     # Size arithmetic on the inputs alone (export captures): no operator of the plan; every stage
     # that needs a value of it computes it from the inputs, which every rank has.
     inputs_only = {n.name: n for n in nodes if n.meta.get("inputs_only")}
@@ -130,21 +147,6 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
                     stages[s].placeholders.append(a.name)
             elif a.op == "get_attr":
                 getattrs[s].add(a.name)
-            else:
-                p = node_stage[a.name]
-                if p == s:
-                    continue
-                # A chain plan (the sequential baseline) has only edges k -> k + 1: a value that
-                # skips stages is relayed by each stage in between (received, sent on unchanged).
-                # (The validated plan has every edge needed, plan/plan_io.h.)
-                hops = [(p, s)] if (p, s) in index else [(k, k + 1) for k in range(p, s)]
-                for src, dst in hops:
-                    e = index[(src, dst)]
-                    stages[dst].in_values.setdefault(e, [])
-                    stages[src].out_values.setdefault(e, [])
-                    if a.name not in stages[dst].in_values[e]:
-                        stages[dst].in_values[e].append(a.name)
-                        stages[src].out_values[e].append(a.name)
         if n.op == "call_module":
             sub = gm.get_submodule(str(n.target))
             for pname, p in sub.named_parameters(remove_duplicate=False):
@@ -177,6 +179,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
         for pid, users in param_users.items()
         if len(users) > 1
     }
+    _wire_values(plan, graph, stages, {n.name for n in compute})
     for st in stages:
         st.placeholders.sort(key=order.__getitem__)
         for values in (*st.in_values.values(), *st.out_values.values()):
@@ -191,11 +194,9 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageGraph:
     out_stage = producers.pop()
     stages[out_stage].is_output = True
     for st in stages:
-        st.module = _stage_module(gm, st, nodes, getattrs[st.index], edges, output_node)
-    return StageGraph(
+        st.module = _stage_module(gm, st, nodes, getattrs[st.index], output_node)
+    return StageCut(
         stages=stages,
-        edges=edges,
-        placeholders=placeholders,
         output_stage=out_stage,
         shared_params=dict(sorted(shared.items())),
         copies_inputs=any(n.meta.get("inplace") or is_opaque_module(gm, n) for n in compute),
@@ -207,7 +208,6 @@ def _stage_module(
     st: StageModule,
     nodes: list[fx.Node],
     getattrs: set[str],
-    edges: list[tuple[int, int]],
     output_node: fx.Node,
 ) -> fx.GraphModule:
     graph = fx.Graph()
@@ -257,7 +257,7 @@ def _stage_module(
     return fx.GraphModule(gm, graph, f"{type(gm).__name__}Stage{st.index}")
 
 
-def hold_unused_state(graph: StageGraph, model: torch.nn.Module) -> list[str]:
+def hold_unused_state(graph: StageCut, model: torch.nn.Module) -> list[str]:
     """Gives the output stage the model's parameters and buffers that no operator reads (a layer
     its forward skips, LLaVA's unused vision ``post_layernorm``), under their names: they never
     change, but the pipeline's state dicts must still hold them, so a checkpoint loads into the
@@ -275,6 +275,41 @@ def hold_unused_state(graph: StageGraph, model: torch.nn.Module) -> list[str]:
     return unused
 
 
+def keep_local_stage(cut: StageCut, model: torch.nn.Module, rank: int) -> StageModule | None:
+    """The stage that ``rank`` runs (None if it runs none), after dropping every other stage's
+    module (and so its parameters) from ``cut``; the model's unused state is held first."""
+    hold_unused_state(cut, model)
+    mine = next((st for st in cut.stages if rank in st.ranks), None)
+    for st in cut.stages:
+        if st is not mine:
+            st.module = None
+    return mine
+
+
+#: The name of a parameter-free stage's placeholder parameter (:func:`local_module`).
+NO_PARAMETERS = "graphpipe_no_parameters"
+
+
+def local_module(stage: StageModule | None) -> torch.nn.Module:
+    """The module this rank runs: its stage's, or an empty one on a rank without a stage. A
+    module without parameters gets one empty, frozen placeholder, so that torch's optimizers,
+    which refuse an empty list, can be built over ``pipe.parameters()`` on every rank (it never
+    gets a gradient, so never changes)."""
+    module = stage.module if stage is not None else torch.nn.Module()
+    if not any(True for _ in module.parameters()):
+        module.register_parameter(NO_PARAMETERS, torch.nn.Parameter(torch.empty(0), requires_grad=False))
+    return module
+
+
+def stage_device(module: torch.nn.Module, device: Any) -> torch.device:
+    """Where a stage runs: ``device`` if given, else where its parameters are (CPU if none)."""
+    if device is not None:
+        return torch.device(device)
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
 @dataclass
 class EdgeLayout:
     """How the values of one stage edge become tensors on the wire at one micro-batch size."""
@@ -284,10 +319,11 @@ class EdgeLayout:
 
 
 def propagate_layouts(
-    meta_gm: fx.GraphModule, graph: StageGraph, placeholder_values: dict[str, Any]
+    meta_gm: fx.GraphModule, graph: StageCut, num_edges: int, placeholder_values: dict[str, Any]
 ) -> tuple[list[EdgeLayout], Any]:
     """Runs ``meta_gm`` (the traced module on the meta device) on one micro-batch of inputs and
-    returns every stage edge's layout plus the model output (meta) for the output's structure."""
+    returns the layout of each of the plan's ``num_edges`` stage edges plus the model output
+    (meta) for the output's structure."""
     needed = {name for st in graph.stages for vals in st.out_values.values() for name in vals}
     values: dict[str, Any] = {}
 
@@ -315,7 +351,7 @@ def propagate_layouts(
             "the shapes of the tensors that cross stages; a model with data-dependent shapes is "
             "not supported by the runtime"
         ) from exc
-    layouts: list[EdgeLayout] = [EdgeLayout([], []) for _ in graph.edges]
+    layouts: list[EdgeLayout] = [EdgeLayout([], []) for _ in range(num_edges)]
     for st in graph.stages:
         for e, names in st.out_values.items():
             for name in names:

@@ -149,10 +149,9 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     ``backward_seconds`` of the stage, times ``scale`` (0 measures the runtime alone: its
     dispatch, transfers and per-step work, with no compute).
     """
-    stage = pipe._stage
-    if stage is None:
+    if pipe.stage < 0:
         return
-    figures = pipe.plan.stages[stage.index]
+    figures = pipe.plan.stages[pipe.stage]
     fwd = figures.forward_seconds if forward_seconds is None else forward_seconds
     bwd = figures.backward_seconds if backward_seconds is None else backward_seconds
     # I as the schedules and the simulator price it, W the rest of the backward: a whole backward
@@ -160,8 +159,7 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     # W walks again, which the simulator's W includes, are not emulated).
     split_input = _C.backward_split(figures)[0]
     share = min(1.0, split_input / figures.backward_seconds) if figures.backward_seconds > 0 else 0.5
-    stage.module = EmulatedStage(stage.module, fwd * scale, bwd * scale, bwd * scale * share)
-    pipe.module = stage.module
-    if pipe.executor is not None:
-        # A split backward's W computes the gradient of the emulated stage's parameter.
-        pipe.executor.set_parameters([stage.module.anchor])
+    # Through Pipeline's public seam; a split backward's W computes the gradient of the emulated
+    # stage's one parameter (its waits hang on it).
+    pipe.swap_stage_module(lambda real: EmulatedStage(real, fwd * scale, bwd * scale, bwd * scale * share),
+                           weights=lambda emulated: [emulated.anchor])

@@ -193,7 +193,7 @@ def _trace_worker(rank: int, world: int) -> dict[str, Any]:
     with graphpipe.wrap(model, example, default_loss("dlrm"), plan=plan, timeout=60, bucket_bytes=4096) as pipe:
         inputs, targets = batches[0]
         pipe.step(inputs, targets, record=True)
-        return {"tasks": pipe.measured_tasks(gather=False), "buckets": pipe._buckets.num_buckets}
+        return {"tasks": pipe.measured_tasks(gather=False), "buckets": pipe.gradient_buckets.num_buckets}
 
 
 def test_measured_all_reduce_starts_inside_the_last_backward() -> None:

@@ -61,10 +61,11 @@ def test_stage_modules_compose_to_the_model(name: str, world: int) -> None:
     names = [k for st in graph.stages for k, _ in st.module.named_parameters()]
     assert sorted(names) == sorted(k for k, _ in model.named_parameters())
     inputs = batches[0][0]
-    values = dict(zip(graph.placeholders, [tuple(inputs)] if name in ("mmt", "candle_uno") else list(inputs)))
+    placeholders = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]
+    values = dict(zip(placeholders, [tuple(inputs)] if name in ("mmt", "candle_uno") else list(inputs)))
     torch.testing.assert_close(_run_stages_in_order(graph, values), model(*inputs))
     # the wire layout round-trips every crossing value
-    layouts, out = propagate_layouts(meta_copy(traced.module), graph, values)
+    layouts, out = propagate_layouts(meta_copy(traced.module), graph, len(plan.edges), values)
     assert out.shape[0] == inputs[0].shape[0]
     for e, layout in enumerate(layouts):
         assert len(layout.trees) == sum(len(st.out_values.get(e, ())) for st in graph.stages)

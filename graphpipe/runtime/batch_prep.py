@@ -1,0 +1,95 @@
+"""Batch preparation: checks a batch against the example ``wrap`` traced and cuts it into the
+values each micro-batch's stage call reads (a replica: only its rows), and tells the executor
+the shapes that cross each stage edge at this micro-batch size.
+
+Everything here runs before anything is posted, and every rank has the whole batch, so a bad
+batch raises the same InputError on every rank and the pipeline stays in step and usable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphpipe.errors import InputError
+from graphpipe.runtime import microbatch
+from graphpipe.runtime.batch_check import BatchCheck
+from graphpipe.runtime.stages import EdgeLayout, StageCut, flatten_values, meta_copy, propagate_layouts
+
+__all__ = ["BatchPrep"]
+
+
+class BatchPrep:
+    """One pipeline's batch preparation (its layouts are cached per micro-batch size)."""
+
+    def __init__(self, traced: Any, example_args: tuple, cut: StageCut, num_edges: int, num_micro_batches: int,
+                 device: torch.device, model_name: str) -> None:
+        self._input_values = traced.input_values
+        self._check = BatchCheck(model_name, traced.input_values(*example_args))
+        # Shape propagation runs on a copy of the traced module on the meta device (no memory).
+        self._meta = meta_copy(traced.module)
+        self._static_batch = traced.static_batch
+        self._model_name = model_name
+        self._cut = cut
+        self._num_edges = num_edges
+        self.num_micro_batches = num_micro_batches
+        self.device = device
+        self._layouts: dict[int, tuple[list[EdgeLayout], Any]] = {}
+        self._specs_for: int | None = None
+
+    def inputs(self, executor: Any, inputs: Any, replicated: bool) -> tuple[list[dict[str, Any]], int]:
+        """Per micro-batch, the value of every model input; and the micro-batch size."""
+        call = microbatch.call_inputs(inputs)
+        self._check.check_inputs(self._input_values(*call))
+        if self.device.type != "cpu":
+            call = microbatch.to_device(call, self.device)
+        chunks = microbatch.split(call, self.num_micro_batches, "inputs")
+        if self._cut.copies_inputs:
+            # Micro-batches are views of one batch and share its version counter: a model that
+            # writes into its inputs would invalidate what autograd saved for the others.
+            chunks = [microbatch.copy(c) for c in chunks]
+        values = [self._input_values(*c) for c in chunks]
+        mbs = microbatch.batch_size(call) // self.num_micro_batches
+        if self._static_batch is not None and mbs != self._static_batch:
+            raise InputError(
+                f"{self._model_name} was captured by torch.export at a fixed batch of {self._static_batch} (its code "
+                f"depends on the batch size), but a micro-batch here holds {mbs}: pass batches of "
+                f"{self.num_micro_batches} x {self._static_batch} samples, or trace with another example batch"
+            )
+        if mbs not in self._layouts:
+            self._layouts[mbs] = propagate_layouts(self._meta, self._cut, self._num_edges, values[0])
+        if self._specs_for != mbs:
+            executor.set_edge_specs([layout.specs for layout in self._layouts[mbs][0]], mbs)
+            self._specs_for = mbs
+        if replicated:
+            # A replica reads only its rows of the model inputs (schedule/shards.h).
+            begin, end = executor.my_rows(mbs)
+            values = [{k: microbatch.rows(v, begin, end) for k, v in vals.items()} for vals in values]
+        return values, mbs
+
+    def targets(self, executor: Any, targets: Any, mbs: int, replicated_loss: bool) -> tuple[list[Any], float]:
+        """Per micro-batch, the targets this rank's loss reads; and its share of the
+        micro-batch's rows. A replica of the loss stage computes the loss of its rows only:
+        scaled by its share, the replicas' losses (and gradients) add up to the micro-batch's."""
+        self._check.check_targets(targets)
+        if self.device.type != "cpu":
+            targets = microbatch.to_device(targets, self.device)
+        targets_mb = microbatch.split(targets, self.num_micro_batches, "targets")
+        if microbatch.batch_size(targets, "targets") != mbs * self.num_micro_batches:
+            raise InputError("targets and inputs have different batch sizes")
+        if not replicated_loss:
+            return targets_mb, 1.0
+        begin, end = executor.my_rows(mbs)
+        return [microbatch.rows(t, begin, end) for t in targets_mb], (end - begin) / mbs
+
+    def layouts(self, mbs: int) -> list[EdgeLayout]:
+        """Every stage edge's wire layout at micro-batch size ``mbs`` (after :meth:`inputs`)."""
+        return self._layouts[mbs][0]
+
+    def loss_dtype(self, mbs: int) -> torch.dtype:
+        """The dtype step() returns the loss in: the model output's floating dtype (which every
+        rank knows from shape propagation), float32 if it has none."""
+        for t in flatten_values([self._layouts[mbs][1]]):
+            if t.is_floating_point():
+                return t.dtype
+        return torch.float32

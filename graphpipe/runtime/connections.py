@@ -1,0 +1,177 @@
+"""A pipeline's connections: its own process group, the executor over it, and the groups that
+tied parameters and replicated stages synchronise over.
+
+Every rank makes every group, in the same order (torch names groups by the order they are
+made, process_group.py), members and others alike; each group is the pipeline's own, so that
+failure handling can destroy them (closing this rank's connections is what wakes peers blocked
+on it) without touching the user's groups. Every collective on them has the deadline."""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphpipe._ext import _C
+from graphpipe.errors import InputError
+from graphpipe.runtime.failure import FailureBoard
+from graphpipe.runtime.process_group import new_process_group
+from graphpipe.runtime.replica_agreement import broadcast_from_first_replica
+from graphpipe.runtime.replica_sync import ReplicaSync
+from graphpipe.runtime.shared_params import SharedParameterSync
+from graphpipe.runtime.stages import StageCut, StageModule
+from graphpipe.runtime.sync_batchnorm import bind_sync_batchnorm
+from graphpipe.sync import SyncMethod
+
+__all__ = ["Connections", "GroupMaker", "check_backend"]
+
+
+def check_backend(device: torch.device, has_stage: bool, backend: str) -> None:
+    """InputError for a stage on the CPU under NCCL, which moves GPU tensors only."""
+    if device.type != "cuda" and has_stage and "nccl" in backend:
+        raise InputError(
+            "this rank's stage is on the CPU but the process group's backend is NCCL, which moves "
+            "GPU tensors only: move the model to this rank's GPU (or pass device=), or use Gloo"
+        )
+
+
+@dataclass
+class GroupMaker:
+    """Makes the pipeline's process groups: ranks are the pipeline's, ``global_ranks`` maps
+    them to the default group's."""
+
+    global_ranks: list[int]
+    whole_world: bool
+    backend: str
+    timeout: float
+    board: FailureBoard
+
+    def make(self, members: list[int], purpose: str) -> Any:
+        """A group of ``members`` (pipeline ranks); None on a rank outside it."""
+        return new_process_group([self.global_ranks[r] for r in members], list(members), self.whole_world,
+                                 self.backend, self.timeout, self.board, purpose)
+
+
+@dataclass
+class Connections:
+    """What :meth:`connect` made for this rank; :meth:`close` releases it."""
+
+    pg: Any = None                      # the pipeline's own group, over all its ranks
+    executor: Any = None                # graphpipe._C.Executor, running the schedule on ``pg``
+    shared: SharedParameterSync | None = None
+    replica_sync: ReplicaSync | None = None
+    buckets: Any = None                 # the replicated stage's gradient buckets (gradient methods)
+    my_replica_group: Any = None        # this rank's stage's replicas, when it has several
+    replica_groups: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def connect(cls, maker: GroupMaker, world_size: int, schedule: Any, cut: StageCut, stage: StageModule | None,
+                module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> "Connections":
+        """Makes the groups, the executor and the replicas' sync for this rank's ``stage``."""
+        rank = maker.board.rank
+        self = cls()
+        self.pg = maker.board.guard(lambda: maker.make(list(range(world_size)), "the pipeline"))
+        maker.board.guard(lambda: self._wire(maker, rank, schedule, cut, stage, module, method, bucket_bytes,
+                                             device))
+        return self
+
+    def _wire(self, maker: GroupMaker, rank: int, schedule: Any, cut: StageCut, stage: StageModule | None,
+              module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> None:
+        self.shared = SharedParameterSync(
+            cut.shared_params, [st.ranks for st in cut.stages], stage.index if stage is not None else -1, module,
+            lambda members: maker.make(members, "tied parameters"), maker.timeout,
+            is_lead=stage is None or stage.ranks[0] == rank,
+        )
+        # Copies of tied parameters start as their first holder's (replica_agreement.py).
+        self.shared.broadcast_from_first()
+        self.executor = _C.Executor(schedule, rank, self.pg, maker.timeout)
+        # What a split backward's W computes the gradients of (zero-bubble schedules).
+        self.executor.set_parameters([p for p in module.parameters() if p.requires_grad])
+        if method.local_updates and cut.shared_params and any(len(st.ranks) > 1 for st in cut.stages):
+            raise InputError(f"sync={method.describe()}: parameters tied across stages cannot be trained with "
+                             "local updates on replicated stages (their replicas would drift apart from the other "
+                             "stage's copy); use a gradient method (AllReduce, TopK, PowerSGD)")
+        for st in cut.stages:
+            if len(st.ranks) > 1:
+                self._replicas(maker, rank, st, st is stage, module, method, bucket_bytes)
+        if device.type == "cuda":
+            # CUDA path: transfers on their own stream, ordered with events. NCCL moves GPU
+            # memory itself; a CPU-only backend (Gloo) gets host-staged copies, which is what lets
+            # several ranks share one GPU (NCCL refuses two ranks on one device).
+            self.executor.use_cuda(device.index if device.index is not None else torch.cuda.current_device())
+            if "nccl" not in maker.backend:
+                self.executor.set_host_staging(True)
+
+    def _replicas(self, maker: GroupMaker, rank: int, st: StageModule, mine: bool, module: nn.Module,
+                  method: SyncMethod, bucket_bytes: float) -> None:
+        """The group of replicated stage ``st``'s replicas (made by every rank, in stage order),
+        for the sync method's communication (replica_sync.py); on its replicas, the sync."""
+        sub = maker.make(list(st.ranks), f"the replicas of stage {st.index}")
+        self.replica_groups.append(sub)
+        hierarchy = self._hierarchy(maker, rank, st, method) if getattr(method, "hierarchical", False) else None
+        if not mine:
+            return
+        # Replicas start equal, as DDP's do: the first replica's parameters and buffers.
+        broadcast_from_first_replica(module, sub)
+        self.my_replica_group = sub
+        bind_sync_batchnorm(module, sub)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.replica_sync = ReplicaSync(method, params, sub, maker.timeout, bucket_bytes, hierarchy)
+        if method.local_updates:
+            self.executor.set_local_updates(True)
+        else:
+            self.buckets = self.replica_sync.buckets
+            self.executor.set_gradient_buckets(self.buckets)
+
+    def _hierarchy(self, maker: GroupMaker, rank: int, st: StageModule, method: Any) -> tuple[Any, Any] | None:
+        """AllReduce(hierarchical=True): the groups of stage ``st``'s replicas on one node, and of
+        its replicas with the same index on each node; every rank makes every group, in stage then
+        node order. Returns this rank's two groups, None for a stage on one node. A node is
+        ``ranks_per_node`` consecutive global ranks (torchrun numbers them so)."""
+        per_node = method.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", len(maker.global_ranks)))
+        nodes: dict[int, list[int]] = {}
+        for r in st.ranks:
+            nodes.setdefault(maker.global_ranks[r] // per_node, []).append(r)
+        if len(nodes) < 2:
+            return None
+        sizes = {len(v) for v in nodes.values()}
+        if len(sizes) != 1:
+            raise InputError(f"AllReduce(hierarchical=True): stage {st.index}'s replicas are spread unevenly over "
+                             f"nodes ({ {n: len(v) for n, v in nodes.items()} }); a hierarchical sum needs as many "
+                             "replicas on every node")
+        mine: list[Any] = [None, None]
+        made = [(list(v), 0) for v in nodes.values()]
+        made += [([v[i] for v in nodes.values()], 1) for i in range(sizes.pop())]
+        for members, level in made:
+            g = maker.make(members, f"stage {st.index}'s replicas {'inside a node' if level == 0 else 'across nodes'}")
+            self.replica_groups.append(g)
+            if rank in members:
+                mine[level] = g
+        return (mine[0], mine[1]) if rank in st.ranks else None
+
+    def close(self) -> None:
+        """Releases the executor and destroys the pipeline's groups. Idempotent."""
+        self.executor = None
+        self.shared = None
+        self.buckets = None
+        self.replica_sync = None
+        self.my_replica_group = None
+        for sub in self.replica_groups:
+            if sub is not None:
+                try:
+                    dist.destroy_process_group(sub)
+                except Exception:  # noqa: BLE001 - already gone with the default group
+                    pass
+        self.replica_groups = []
+        if self.pg is not None:
+            pg, self.pg = self.pg, None
+            try:
+                dist.destroy_process_group(pg)
+            except Exception:  # noqa: BLE001 - already gone with the default group
+                pass
+            gc.collect()  # the group closes its connections when its last handle goes

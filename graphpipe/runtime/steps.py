@@ -1,0 +1,114 @@
+"""The collective part of a step. Training: the executor runs the rank's schedule (through the
+stage call), then tied parameters' and replicated stages' gradients are summed, the ranks' loss
+parts and non-finite flags are summed in one closing all-reduce, and the optimizer steps (or
+every rank skips it alike). Evaluation: the forwards, then the output reaches every rank. Any
+failure fails the pipeline on every rank (failure.py).
+
+Replicated stages: each replica's loss is scaled by its share of the micro-batch's rows, so that
+with a mean-reduced loss every replica's gradients are exact shares of the single-process
+gradient; the executor sums them over the stage's replicas (runtime/gradient_buckets.h) before
+the optimizer steps, and the full-batch loss is the sum of every replica's part."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from graphpipe.errors import InputError
+from graphpipe.runtime import microbatch
+from graphpipe.runtime.nonfinite import StepGuard
+from graphpipe.runtime.replica_agreement import broadcast_buffers_from_first_replica
+from graphpipe.runtime.stage_call import StageFn
+
+if TYPE_CHECKING:
+    from graphpipe.runtime.pipeline import Pipeline
+
+__all__ = ["loss_callback", "run_eval", "run_step"]
+
+
+def loss_callback(loss_fn: Callable[[Any, Any], torch.Tensor], targets: list[Any], share: float, micro_batches: int,
+                  scaler: Any, losses: list[torch.Tensor]) -> Callable[[int, Any], torch.Tensor]:
+    """The output stage's ``on_output``: micro-batch ``m``'s loss, scaled by 1/micro_batches
+    (and by a replica's share of the rows, so that the replicas' losses add up to the
+    micro-batch's), recorded in ``losses`` and returned (through ``scaler``) for the backward."""
+    def on_output(m: int, output: Any) -> torch.Tensor:
+        loss = loss_fn(output, targets[m])
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise InputError("loss_fn must return a scalar tensor")
+        scaled = loss * share / micro_batches if share != 1.0 else loss / micro_batches
+        losses.append(scaled.detach())
+        return scaler.scale(scaled) if scaler is not None else scaled
+
+    return on_output
+
+
+def run_step(pipe: "Pipeline", fn: StageFn, losses: list[torch.Tensor], mbs: int, optimizer: Any, scaler: Any,
+             record: bool) -> torch.Tensor:
+    """Runs one step of ``pipe`` with the stage call ``fn``; returns the full-batch loss
+    (float64, every rank's). ``losses`` fills as the output stage computes them."""
+    conn = pipe._conn
+    replicas = conn.replica_sync
+    if replicas is not None:
+        replicas.before_step(optimizer)
+    # Whether the optimizer waits for every rank's verdict on its gradients (nonfinite.py).
+    guarded = optimizer is not None and (pipe.skip_nonfinite or scaler is not None)
+    StepGuard.prime(scaler, pipe.device)
+    saved_buffers = StepGuard.save_buffers(pipe.module) if guarded else []
+    during = "in the pipelined forward and backward"
+    try:
+        executor = pipe._executor()
+        pipe.last_timings = executor.run(fn, True, record)
+        during = "summing tied parameters' gradients"
+        if conn.shared.active:
+            conn.shared.all_reduce()
+        if replicas is not None:
+            begin, end = executor.my_rows(mbs)
+            replicas.after_backward((end - begin) / mbs)
+        total = torch.stack(losses).sum() if losses else torch.zeros((), device=pipe.device)
+        # One closing all-reduce (sum) of [this rank's part of the loss, its non-finite flag]:
+        # the loss stage's ranks add their parts, every other rank adds 0. Every rank sends
+        # float64 (exact for any float loss): a rank without the output does not know the
+        # loss's dtype, and a size mismatch aborts gloo.
+        flag = StepGuard.local_flag(pipe.module.parameters(), optimizer, scaler) if guarded else 0.0
+        buf = torch.stack([total.detach().to(torch.float64).reshape(()).cpu(),
+                           torch.tensor(flag, dtype=torch.float64)]).to(pipe.device)
+        if optimizer is not None and not guarded:  # local work first: the all-reduce waits for peers
+            during = "in the optimizer step"
+            optimizer.step()
+            optimizer.zero_grad()
+        during = (f"in the loss sum from rank {pipe.output_rank}" if len(pipe.output_ranks) == 1
+                  else f"in the loss sum over the loss stage's ranks {pipe.output_ranks}")
+        dist.all_reduce(buf, group=conn.pg)
+        if guarded:
+            during = "in the optimizer step"
+            pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
+        if replicas is not None:
+            during = f"synchronising the replicas of stage {pipe.stage} ({pipe.sync_method.describe()})"
+            replicas.after_optimizer_step()
+            broadcast_buffers_from_first_replica(pipe.module, conn.my_replica_group)
+    except BaseException as exc:
+        raise pipe._fail(exc, during) from exc
+    return buf[0]
+
+
+def run_eval(pipe: "Pipeline", fn: StageFn, outputs: dict[int, Any]) -> Any:
+    """Runs the forwards of ``pipe`` with the stage call ``fn`` (which fills ``outputs``, per
+    micro-batch, on the output stage's ranks); returns the merged output, on every rank."""
+    conn = pipe._conn
+    try:
+        with torch.no_grad():
+            pipe._executor().run(fn, False, False)
+        mine = [outputs[m] for m in range(pipe.num_micro_batches)] if outputs else None
+        if len(pipe.output_ranks) == 1:
+            box = [microbatch.merge(mine) if mine is not None else None]
+            dist.broadcast_object_list(box, src=pipe._global_ranks[pipe.output_rank], group=conn.pg)
+            return box[0]
+        # A replicated output stage: every replica holds its rows of each micro-batch.
+        parts: list[Any] = [None] * pipe.world_size
+        dist.all_gather_object(parts, mine, group=conn.pg)
+    except BaseException as exc:
+        raise pipe._fail(exc, "in eval_forward") from exc
+    return microbatch.merge([parts[r][m] for m in range(pipe.num_micro_batches) for r in pipe.output_ranks])
