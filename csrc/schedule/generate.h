@@ -23,14 +23,14 @@
 //                stage upstream waits for it); else its next forward if it is ready, the stage
 //                has fewer than W_s forwards without their I (1f1b's limit), and fewer than H_s
 //                micro-batches held until their W (W frees what I kept; H_s is what the plan's
-//                memory limit allows, weight_limits() in generate.cpp); else its oldest pending
-//                W, unless that W would still run when the next I's gradients arrive (known once
-//                every stage downstream has started that I): then it waits for the I. So the
-//                W's fill the bubbles that the forward and input-gradient waves leave, on every
-//                branch of the DAG, without delaying the critical path. On a chain with equal
-//                F, I and W times and memory for the W's, the iteration is ZB-H1's (Qi et al.,
-//                ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: the stage's own I and W
-//                (backward_split()).
+//                memory limit allows, weight_limits() in list_scheduler.cpp); else its oldest
+//                pending W, unless that W would still run when the next I's gradients arrive
+//                (known once every stage downstream has started that I): then it waits for the
+//                I. So the W's fill the bubbles that the forward and input-gradient waves
+//                leave, on every branch of the DAG, without delaying the critical path. On a
+//                chain with equal F, I and W times and memory for the W's, the iteration is
+//                ZB-H1's (Qi et al., ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: the
+//                stage's own I and W (backward_split()).
 // Per-stage micro-batch sizes (the paper's stages may use different sizes) are deferred: Plan
 // carries a single micro_batch_size, and every policy here assumes it.
 //
