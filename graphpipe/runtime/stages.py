@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -104,94 +105,45 @@ def _wire_values(plan: Any, graph: Any, stages: list[StageModule], compute: set[
                 stages[src].out_values.setdefault(e, []).append(name)
 
 
+@dataclass
+class _Users:
+    """Which stages use what: parameters (by identity, each stage's local name) and state that
+    a stage updates (batch norm statistics, buffers written in place)."""
+
+    params: dict[int, dict[int, str]] = field(default_factory=dict)   # id(parameter) -> {stage: name}
+    stateful: dict[str, set[int]] = field(default_factory=dict)       # module or buffer -> stages
+
+
 def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageCut:
     """Stage modules of ``gm`` for ``plan`` (a C++ Plan of ``graph``, the OpGraph traced from
     ``gm``). The plan is validated against the graph by the C++ validator first, so every
     operator has a stage and every value that crosses stages has its stage edge."""
     plan.validate(graph)
-    node_stage: dict[str, int] = {}
-    for s, stage in enumerate(plan.stages):
-        for v in stage.nodes:
-            node_stage[graph.node(v).name] = s
     nodes = list(gm.graph.nodes)
     # Size arithmetic on the inputs alone (export captures): no operator of the plan; every stage
     # that needs a value of it computes it from the inputs, which every rank has.
     inputs_only = {n.name: n for n in nodes if n.meta.get("inputs_only")}
     compute = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output") and n.name not in inputs_only]
-    for n in compute:
-        if n.name not in node_stage:
-            raise PlanningError(
-                f"the plan puts operator {n.name!r} in no stage; it was made for another graph "
-                "(re-run the partitioner on this model)"
-            )
+    node_stage = _node_stages(plan, graph, compute)
     stages = [
         StageModule(index=s, ranks=[int(d) for d in st.devices], placeholders=[]) for s, st in enumerate(plan.stages)
     ]
-    order = {n.name: i for i, n in enumerate(nodes)}
     getattrs: dict[int, set[str]] = {s: set() for s in range(len(stages))}  # and inputs_only nodes
-    canonical = {id(p): name for name, p in gm.named_parameters()}
-    param_users: dict[int, dict[int, str]] = {}   # id(parameter) -> {stage: local name}
-    stateful_users: dict[str, set[int]] = {}       # module or buffer with state -> stages
+    users = _Users()
     for n in compute:
-        s = node_stage[n.name]
-        stages[s].operators.append(n.name)
-        inputs = list(n.all_input_nodes)
-        while any(a.name in inputs_only for a in inputs):
-            for a in [a for a in inputs if a.name in inputs_only]:
-                inputs.remove(a)
-                getattrs[s].add(a.name)
-                inputs.extend(a.all_input_nodes)
-        for a in inputs:
-            if a.op == "placeholder":
-                if a.name not in stages[s].placeholders:
-                    stages[s].placeholders.append(a.name)
-            elif a.op == "get_attr":
-                getattrs[s].add(a.name)
-        if n.op == "call_module":
-            sub = gm.get_submodule(str(n.target))
-            for pname, p in sub.named_parameters(remove_duplicate=False):
-                param_users.setdefault(id(p), {}).setdefault(s, f"{n.target}.{pname}")
-            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
-                stateful_users.setdefault(f"module {n.target!r} ({type(sub).__name__})", set()).add(s)
-        if n.meta.get("inplace") or is_opaque_module(gm, n):
-            stages[s].copies_received = True
-    for s, names in getattrs.items():
-        for n in nodes:
-            if n.name in names and n.op == "get_attr":
-                value = gm
-                for atom in str(n.target).split("."):
-                    value = getattr(value, atom)
-                if isinstance(value, torch.nn.Parameter):
-                    param_users.setdefault(id(value), {}).setdefault(s, str(n.target))
-                else:
-                    for user in n.users:
-                        if user.meta.get("inplace") and user.args[0] is n:
-                            stateful_users.setdefault(f"buffer {n.target!r} (written in place)", set()).add(s)
-    for what, users in stateful_users.items():
-        if len(users) > 1:
-            raise PlanningError(
-                f"the plan puts users of {what} on stages {sorted(users)}; each stage's rank would "
-                "update its own copy of that state and the copies would diverge. Put those "
-                "operators in one stage (graphpipe.runtime.manual_plan, or another partitioner)"
-            )
-    shared = {
-        canonical.get(pid, min(users.values())): users
-        for pid, users in param_users.items()
-        if len(users) > 1
-    }
+        _assign(gm, n, node_stage[n.name], stages, inputs_only, getattrs, users)
+    _attribute_users(gm, nodes, getattrs, users)
+    _refuse_split_state(users)
+    canonical = {id(p): name for name, p in gm.named_parameters()}
+    shared = {canonical.get(pid, min(by.values())): by for pid, by in users.params.items() if len(by) > 1}
     _wire_values(plan, graph, stages, {n.name for n in compute})
+    order = {n.name: i for i, n in enumerate(nodes)}
     for st in stages:
         st.placeholders.sort(key=order.__getitem__)
         for values in (*st.in_values.values(), *st.out_values.values()):
             values.sort(key=order.__getitem__)
     output_node = next(n for n in nodes if n.op == "output")
-    producers = {node_stage[a.name] for a in output_node.all_input_nodes if a.name in node_stage}
-    if len(producers) != 1:
-        raise PlanningError(
-            f"the model output is computed by stages {sorted(producers)}; graphpipe's runtime needs "
-            "one stage to produce every output (it computes the loss there)"
-        )
-    out_stage = producers.pop()
+    out_stage = _output_stage(output_node, node_stage)
     stages[out_stage].is_output = True
     for st in stages:
         st.module = _stage_module(gm, st, nodes, getattrs[st.index], output_node)
@@ -201,6 +153,87 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageCut:
         shared_params=dict(sorted(shared.items())),
         copies_inputs=any(n.meta.get("inplace") or is_opaque_module(gm, n) for n in compute),
     )
+
+
+def _node_stages(plan: Any, graph: Any, compute: list[fx.Node]) -> dict[str, int]:
+    """The plan's stage of every operator, by name; PlanningError for an operator it misses."""
+    node_stage: dict[str, int] = {}
+    for s, stage in enumerate(plan.stages):
+        for v in stage.nodes:
+            node_stage[graph.node(v).name] = s
+    for n in compute:
+        if n.name not in node_stage:
+            raise PlanningError(
+                f"the plan puts operator {n.name!r} in no stage; it was made for another graph "
+                "(re-run the partitioner on this model)"
+            )
+    return node_stage
+
+
+def _assign(gm: fx.GraphModule, n: fx.Node, s: int, stages: list[StageModule], inputs_only: dict[str, fx.Node],
+            getattrs: dict[int, set[str]], users: _Users) -> None:
+    """Puts operator ``n`` in stage ``s``: the model inputs and attributes it reads (through
+    inputs-only arithmetic too), the parameters and state its module uses."""
+    stages[s].operators.append(n.name)
+    inputs = list(n.all_input_nodes)
+    while any(a.name in inputs_only for a in inputs):
+        for a in [a for a in inputs if a.name in inputs_only]:
+            inputs.remove(a)
+            getattrs[s].add(a.name)
+            inputs.extend(a.all_input_nodes)
+    for a in inputs:
+        if a.op == "placeholder":
+            if a.name not in stages[s].placeholders:
+                stages[s].placeholders.append(a.name)
+        elif a.op == "get_attr":
+            getattrs[s].add(a.name)
+    if n.op == "call_module":
+        sub = gm.get_submodule(str(n.target))
+        for pname, p in sub.named_parameters(remove_duplicate=False):
+            users.params.setdefault(id(p), {}).setdefault(s, f"{n.target}.{pname}")
+        if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
+            users.stateful.setdefault(f"module {n.target!r} ({type(sub).__name__})", set()).add(s)
+    if n.meta.get("inplace") or is_opaque_module(gm, n):
+        stages[s].copies_received = True
+
+
+def _attribute_users(gm: fx.GraphModule, nodes: list[fx.Node], getattrs: dict[int, set[str]], users: _Users) -> None:
+    """Records the stages that read each parameter through ``get_attr``, and that write a
+    buffer in place."""
+    for s, names in getattrs.items():
+        for n in nodes:
+            if n.name in names and n.op == "get_attr":
+                value = gm
+                for atom in str(n.target).split("."):
+                    value = getattr(value, atom)
+                if isinstance(value, torch.nn.Parameter):
+                    users.params.setdefault(id(value), {}).setdefault(s, str(n.target))
+                else:
+                    for user in n.users:
+                        if user.meta.get("inplace") and user.args[0] is n:
+                            users.stateful.setdefault(f"buffer {n.target!r} (written in place)", set()).add(s)
+
+
+def _refuse_split_state(users: _Users) -> None:
+    """PlanningError for state updated on several stages (each rank's copy would diverge)."""
+    for what, stages in users.stateful.items():
+        if len(stages) > 1:
+            raise PlanningError(
+                f"the plan puts users of {what} on stages {sorted(stages)}; each stage's rank would "
+                "update its own copy of that state and the copies would diverge. Put those "
+                "operators in one stage (graphpipe.runtime.manual_plan, or another partitioner)"
+            )
+
+
+def _output_stage(output_node: fx.Node, node_stage: Mapping[str, int]) -> int:
+    """The one stage that computes the model output (PlanningError if several do)."""
+    producers = {node_stage[a.name] for a in output_node.all_input_nodes if a.name in node_stage}
+    if len(producers) != 1:
+        raise PlanningError(
+            f"the model output is computed by stages {sorted(producers)}; graphpipe's runtime needs "
+            "one stage to produce every output (it computes the loss there)"
+        )
+    return producers.pop()
 
 
 def _stage_module(

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+import graphpipe
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import build_stages, manual_plan, merge, split
@@ -71,6 +72,33 @@ def test_stage_modules_compose_to_the_model(name: str, world: int) -> None:
         assert len(layout.trees) == sum(len(st.out_values.get(e, ())) for st in graph.stages)
         fake = [torch.zeros(s.shape, dtype=s.dtype) for s in layout.specs]
         assert len(flatten_values(unflatten_values(layout, fake))) == len(fake)
+
+
+class _Skip(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(64, 64) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.d(self.c(self.b(h)) + h)
+
+
+def test_chain_relays_are_the_cpp_plans() -> None:
+    """A chain plan (the sequential partitioner's) has only edges k -> k + 1: the skip value
+    ``a`` rides on both, as the C++ plan's edges say (plan_io.h implied_stage_edges), so the
+    middle stage receives it and sends it on; the stages still compose to the model."""
+    torch.manual_seed(0)
+    model = _Skip()
+    x = torch.randn(8, 64)
+    traced = trace_module(model, (x,))
+    plan = graphpipe.plan(traced.graph, 3, "sequential", micro_batches=2)
+    assert plan.chain and [(e.src, e.dst) for e in plan.edges] == [(0, 1), (1, 2)]
+    cut = build_stages(traced.module, plan, traced.graph)
+    assert [st.operators for st in cut.stages] == [["a"], ["b", "c"], ["add", "d"]]
+    assert cut.stages[1].in_values == {0: ["a"]} and cut.stages[1].out_values == {1: ["a", "c"]}
+    assert cut.stages[2].in_values == {1: ["a", "c"]}
+    torch.testing.assert_close(_run_stages_in_order(cut, {"x": x}), model(x))
 
 
 def test_plan_must_cover_every_operator() -> None:
