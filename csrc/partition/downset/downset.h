@@ -40,6 +40,8 @@
 // breadth-first, stopped at the budget; a chain of n operators has n + 1, k independent
 // branches of length b have (b + 1)^k), and at most kMaxWork pair x stage-count steps.
 // Cost O(D^2 x (V + E) + D^2 x depth x stages^2) for D down-sets.
+// Files: downset.cpp (the enumeration and the DP, class DownsetSearch), layer_groups.h (a
+// layer's components, their figures and groupings).
 #pragma once
 
 #include <vector>
