@@ -15,16 +15,27 @@ traced example, targets against the first step's), timed in this process over 20
 
 Old against new, side by side in one run:
 
-    python benchmarks/runtime_bench.py --against DIR [--rounds 3]
+    python benchmarks/runtime_bench.py --against OLD [--rounds 3] [--measure train,zero,dispatch]
 
-DIR holds another build of graphpipe, e.g. the commit before a change, installed with
-``pip install --no-build-isolation --no-deps --target DIR <checkout>``. Every (model, plan) is
-then timed by both builds, alternating (old, new; then new, old; ...) over ``--rounds`` rounds,
-each in fresh ranks started by a subprocess whose PYTHONPATH puts DIR first (old) or not (new),
-with the same plan JSON text and the same timing loop (the API both builds share: ``wrap`` with
-``plan=``, ``step``, the optimizer stepped after it). The table gives each build's median
-iteration and old / new (above 1: the new build is faster). Results go to
-results/runtime_bench_against.json.
+OLD is another build of graphpipe: a directory holding one (e.g. made with ``pip install
+--no-build-isolation --no-deps --target DIR <checkout>``), or a git ref (``HEAD~1``, a commit),
+which is then built once into results/against/<commit> (a full compile: many minutes on a small
+machine). Every measurement is taken by both builds, alternating (old, new; then new, old; ...)
+over ``--rounds`` rounds, each in fresh ranks started by a subprocess whose PYTHONPATH puts OLD
+first (old) or not (new), with the same plan JSON text and the same timing loop (only API both
+builds share: ``wrap`` with ``plan=``, ``step``, the optimizer stepped after it; the emulation
+imported from where each build has it). ``--measure`` picks what is timed:
+
+- ``train``: the iteration of every (model, plan) on ``--world`` ranks, real compute;
+- ``zero``: the same iteration with every stage emulated at zero seconds (graphpipe's
+  emulate_stage): the runtime's own cost of the schedule (dispatch, transfers, the step's
+  set-up and closing loss sum), what compare.py's zero-compute calibration measures;
+- ``dispatch``: the runtime's cost per forward or backward instruction as
+  benchmarks/calibrate.py's dispatch_overhead measures it: ``--world`` one-rank pipelines at
+  once (CANDLE-Uno at batch 16, 8 micro-batches, zero compute), median step / (2 x 8).
+
+The table gives each build's median and old / new (above 1: the new build is faster). Results go
+to results/runtime_bench_against.json.
 """
 
 from __future__ import annotations
@@ -98,26 +109,149 @@ def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup
     return {"seconds": statistics.median(times), "batch": batch, "tasks": pipe.measured_tasks()}
 
 
+def _emulate_zero(pipe: Any) -> None:
+    """Every stage of ``pipe`` emulated at zero seconds, from wherever this build keeps the
+    emulation (graphpipe.testing.emulate; graphpipe.runtime.emulate before)."""
+    try:
+        from graphpipe.testing.emulate import emulate_stage
+    except ImportError:
+        from graphpipe.runtime.emulate import emulate_stage
+    emulate_stage(pipe, 0.0, 0.0)
+
+
+def _run_ranks() -> Any:
+    try:
+        from graphpipe.testing import run_ranks
+    except ImportError:
+        from graphpipe.runtime.testing import run_ranks
+    return run_ranks
+
+
 def _timing_worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup: int,
-                   schedule: str) -> list[float]:
-    """The timing loop of --against."""
-    return _timed_steps(spec, plan_json, steps, warmup, schedule, record_last=False)[2]
+                   schedule: str, zero: bool = False) -> list[float]:
+    """The timing loop of --against (``zero``: stages emulated at zero seconds)."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    if not zero:
+        return _timed_steps(spec, plan_json, steps, warmup, schedule, record_last=False)[2]
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    targets = model.example_targets(inputs[0].shape[0])
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, schedule=schedule)
+    _emulate_zero(pipe)
+    times = []
+    for _ in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        pipe.step(inputs, targets)
+        times.append(time.perf_counter() - start)
+    return times[warmup:]
+
+
+#: calibrate.py's dispatch measure: this model, micro-batches, one-rank sequential pipelines.
+DISPATCH_SPEC, DISPATCH_MICRO_BATCHES = "candle_uno:batch=16", 8
+
+
+def _dispatch_worker(rank: int, world: int, steps: int, warmup: int) -> list[float]:
+    """Seconds per forward or backward instruction of each step of a one-rank pipeline (a group
+    of its own), zero compute, while the other ranks run theirs (calibrate.dispatch_overhead)."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    groups = [dist.new_group([r]) for r in range(world)]
+    torch.manual_seed(0)
+    model, inputs = build_model(DISPATCH_SPEC)
+    pipe = graphpipe.wrap(model, inputs, default_loss(DISPATCH_SPEC), group=groups[rank],
+                          micro_batches=DISPATCH_MICRO_BATCHES, partitioner="sequential")
+    _emulate_zero(pipe)
+    targets = model.example_targets(inputs[0].shape[0])
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        pipe.step(inputs, targets)
+        times.append((time.perf_counter() - start) / (2 * DISPATCH_MICRO_BATCHES))
+    return times[warmup:]
 
 
 def _time_one(job_path: str) -> None:
     """--time-one: runs one job (JSON file) in fresh ranks of whatever graphpipe this process
-    imports, and prints the per-step seconds of the slowest rank as JSON."""
-    from graphpipe.testing import run_ranks
-
+    imports, and prints per-step seconds as JSON: the slowest rank's (a pipeline), or the median
+    rank's (``dispatch``: independent one-rank pipelines)."""
+    run_ranks = _run_ranks()
     with open(job_path) as f:
         job = json.load(f)
     torch.set_num_threads(1)
-    res = run_ranks(_timing_worker, job["world"], job["spec"], job["plan"], job["steps"], job["warmup"],
-                    job["schedule"], timeout=600)
+    if job["measure"] == "dispatch":
+        res = run_ranks(_dispatch_worker, job["world"], job["steps"], job["warmup"], timeout=600)
+    else:
+        res = run_ranks(_timing_worker, job["world"], job["spec"], job["plan"], job["steps"], job["warmup"],
+                        job["schedule"], job["measure"] == "zero", timeout=600)
     bad = [r for r in res if not r.ok]
     if bad:
         raise SystemExit(f"rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
-    print(json.dumps([max(r.value[i] for r in res) for i in range(job["steps"])]))
+    pick = statistics.median if job["measure"] == "dispatch" else max
+    print(json.dumps([pick(r.value[i] for r in res) for i in range(job["steps"])]))
+
+
+def _old_build(against: str) -> str:
+    """The directory of the old build: ``against`` itself, or the git ref it names built into
+    results/against/<commit> (once; later runs reuse it)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.path.isdir(against):
+        if not os.path.isdir(os.path.join(against, "graphpipe")):
+            raise SystemExit(f"--against {against}: no graphpipe package there (pip install --target {against} ...)")
+        return os.path.abspath(against)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rev = subprocess.run(["git", "rev-parse", "--verify", against + "^{commit}"], cwd=repo, capture_output=True, text=True)
+    if rev.returncode != 0:
+        raise SystemExit(f"--against {against}: neither a directory nor a git ref of {repo}")
+    commit = rev.stdout.strip()
+    target = os.path.join(repo, "results", "against", commit)
+    if os.path.isdir(os.path.join(target, "graphpipe")):
+        return target
+    print(f"building {against} ({commit[:10]}) into {target} (a full compile)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "src")
+        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], cwd=repo, check=True)
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target",
+                            target, tree], check=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=repo, check=False)
+    return target
+
+
+def _against_jobs(args: Any, graphs: dict[str, Any], devices: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(label, job) for every measurement --measure asks for."""
+    from graphpipe._ext import _C
+
+    measures = args.measure.split(",")
+    unknown = set(measures) - {"train", "zero", "dispatch"}
+    if unknown:
+        raise SystemExit(f"--measure: unknown {sorted(unknown)} (train, zero, dispatch)")
+    jobs = []
+    if "dispatch" in measures:
+        jobs.append((f"dispatch per F/B instruction, {args.world} one-rank pipelines",
+                     {"measure": "dispatch", "world": args.world, "steps": max(args.steps, 20), "warmup": args.warmup}))
+    for name, (spec, graph) in graphs.items():
+        for partitioner in ("graphpipe", "sequential"):
+            plan = _C.partition(graph, devices, partitioner=partitioner, num_micro_batches=args.micro_batches)
+            for measure in [m for m in ("train", "zero") if m in measures]:
+                what = "zero-compute step" if measure == "zero" else "step"
+                # zero-compute steps take milliseconds: more of them for a steady median
+                steps = max(args.steps, 20) if measure == "zero" else args.steps
+                jobs.append((f"{name} / {plan.partitioner} ({len(plan.stages)} stages): {what}",
+                             {"measure": measure, "world": args.world, "spec": spec, "plan": plan.to_json(graph),
+                              "steps": steps, "warmup": args.warmup, "schedule": args.schedule}))
+    return jobs
 
 
 def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
@@ -126,11 +260,8 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
     import tempfile
 
     import graphpipe
-    from graphpipe._ext import _C
 
-    old_dir = os.path.abspath(args.against)
-    if not os.path.isdir(os.path.join(old_dir, "graphpipe")):
-        raise SystemExit(f"--against {old_dir}: no graphpipe package there (pip install --target {old_dir} ...)")
+    old_dir = _old_build(args.against)
     base = os.environ.get("PYTHONPATH", "")
     envs = {"old": dict(os.environ, PYTHONPATH=old_dir + (os.pathsep + base if base else "")),
             "new": dict(os.environ)}
@@ -144,37 +275,34 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
         raise SystemExit(f"--against: both builds import {which['new']}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (spec, graph) in graphs.items():
-            for partitioner in ("graphpipe", "sequential"):
-                plan = _C.partition(graph, devices, partitioner=partitioner, num_micro_batches=args.micro_batches)
-                job = os.path.join(tmp, "job.json")
-                with open(job, "w") as f:
-                    json.dump({"world": args.world, "spec": spec, "plan": plan.to_json(graph), "steps": args.steps,
-                               "warmup": args.warmup, "schedule": args.schedule}, f)
-                seconds: dict[str, list[float]] = {"old": [], "new": []}
-                for r in range(args.rounds):
-                    for build in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-one", job],
-                                             env=envs[build], cwd=neutral, capture_output=True, text=True,
-                                             timeout=900)
-                        if run.returncode != 0:
-                            raise SystemExit(f"{name}/{partitioner} ({build} build): {run.stderr[-3000:]}")
-                        seconds[build] += json.loads(run.stdout.strip().splitlines()[-1])
-                old_s, new_s = statistics.median(seconds["old"]), statistics.median(seconds["new"])
-                rows.append({"model": name, "partitioner": plan.partitioner, "stages": len(plan.stages),
-                             "old_iteration_s": old_s, "new_iteration_s": new_s, "old_over_new": old_s / new_s,
-                             "samples": {k: v for k, v in seconds.items()}})
-                print(f"{name} / {plan.partitioner}: old {1e3 * old_s:.2f} ms, new {1e3 * new_s:.2f} ms", flush=True)
+        for label, job in _against_jobs(args, graphs, devices):
+            path = os.path.join(tmp, "job.json")
+            with open(path, "w") as f:
+                json.dump(job, f)
+            seconds: dict[str, list[float]] = {"old": [], "new": []}
+            for r in range(args.rounds):
+                for build in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-one", path],
+                                         env=envs[build], cwd=neutral, capture_output=True, text=True, timeout=900)
+                    if run.returncode != 0:
+                        raise SystemExit(f"{label} ({build} build): {run.stderr[-3000:]}")
+                    seconds[build] += json.loads(run.stdout.strip().splitlines()[-1])
+            old_s, new_s = statistics.median(seconds["old"]), statistics.median(seconds["new"])
+            unit, scale = ("us", 1e6) if job["measure"] == "dispatch" else ("ms", 1e3)
+            rows.append({"what": label, "measure": job["measure"], "unit": unit, "old_s": old_s, "new_s": new_s,
+                         "old_over_new": old_s / new_s, "samples": seconds})
+            print(f"{label}: old {scale * old_s:.2f} {unit}, new {scale * new_s:.2f} {unit}", flush=True)
     print(f"\nold: {which['old']}\nnew: {which['new']}  (graphpipe {graphpipe.__version__})")
-    print("\n| model | plan | stages | old ms | new ms | old / new |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| measured | old | new | old / new |\n| --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['model']} | {r['partitioner']} | {r['stages']} | {1e3 * r['old_iteration_s']:.2f} | "
-              f"{1e3 * r['new_iteration_s']:.2f} | {r['old_over_new']:.3f} |")
+        scale = 1e6 if r["unit"] == "us" else 1e3
+        print(f"| {r['what']} | {scale * r['old_s']:.2f} {r['unit']} | {scale * r['new_s']:.2f} {r['unit']} | "
+              f"{r['old_over_new']:.3f} |")
     out = os.path.join(os.path.dirname(args.out) or ".", "runtime_bench_against.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"world": args.world, "rounds": args.rounds, "steps": args.steps, "old": which["old"],
-                   "new": which["new"], "rows": rows}, f, indent=2)
+        json.dump({"world": args.world, "rounds": args.rounds, "old": which["old"], "new": which["new"],
+                   "rows": rows}, f, indent=2)
     print(f"\nwrote {out}")
 
 
@@ -183,19 +311,22 @@ def main() -> None:
     from graphpipe._ext import _C
     from graphpipe.models import build_model
     from graphpipe.runtime.measure import stage_report
-    from graphpipe.testing import run_ranks
     from graphpipe.trace import trace_module
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--models", default="mmt,dlrm,candle_uno")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--spec", help="--against: one model spec instead of --models (e.g. compare.py's BENCH_SPECS)")
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--out", default="results/runtime_bench.json")
-    ap.add_argument("--against", metavar="DIR", help="time another graphpipe build (installed in DIR) side by side")
+    ap.add_argument("--against", metavar="OLD",
+                    help="time another graphpipe build side by side: a directory holding it, or a git ref to build")
+    ap.add_argument("--measure", default="train",
+                    help="--against: what to time, any of train,zero,dispatch (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds per build")
     ap.add_argument("--time-one", metavar="JOB", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -208,7 +339,8 @@ def main() -> None:
     if args.against:
         graphs = {}
         for name in args.models.split(","):
-            spec = f"{name}:batch={args.batch}"
+            spec = args.spec if args.spec else f"{name}:batch={args.batch}"
+            name = spec.split(":")[0]
             model, inputs = build_model(spec)
             traced = trace_module(model, inputs)
             graphpipe.profile(traced.graph, model, inputs, batch_sizes=(args.batch // args.micro_batches,),
@@ -228,7 +360,7 @@ def main() -> None:
             plan = _C.partition(traced.graph, devices, partitioner=partitioner, num_micro_batches=args.micro_batches)
             schedule = _C.Schedule.generate(plan, args.schedule)
             sim = _C.simulate(plan, schedule, devices)
-            res = run_ranks(_worker, args.world, spec, plan.to_json(traced.graph), args.steps, args.warmup,
+            res = _run_ranks()(_worker, args.world, spec, plan.to_json(traced.graph), args.steps, args.warmup,
                             args.schedule, timeout=600)
             bad = [r for r in res if not r.ok]
             if bad:

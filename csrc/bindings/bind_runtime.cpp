@@ -7,6 +7,7 @@
 // Compiled against torch's bundled pybind11, so a torch.distributed ProcessGroup passes in as
 // c10::intrusive_ptr<c10d::ProcessGroup> and tensors as at::Tensor.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
@@ -35,9 +36,53 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
-}  // namespace
 
-void bind_runtime(py::module_& m) {
+// The stage's Python forward, called once per forward instruction with the GIL taken: the
+// received tensors go in as a list per incoming edge, (outputs per outgoing edge, loss or None)
+// comes back. Built and read with the Python C API directly (no generic pybind11 casters): it
+// runs on every forward of every micro-batch.
+runtime::StageOutput call_stage(const py::function& forward, int micro_batch,
+                                std::vector<std::vector<at::Tensor>>& inputs) {
+  py::gil_scoped_acquire gil;
+  py::list edges(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    py::list tensors(inputs[i].size());
+    for (std::size_t k = 0; k < inputs[i].size(); ++k) {
+      PyList_SET_ITEM(tensors.ptr(), static_cast<Py_ssize_t>(k), THPVariable_Wrap(inputs[i][k]));
+    }
+    PyList_SET_ITEM(edges.ptr(), static_cast<Py_ssize_t>(i), tensors.release().ptr());
+  }
+  py::object result = forward(micro_batch, edges);
+  if (!PyTuple_Check(result.ptr()) || PyTuple_GET_SIZE(result.ptr()) != 2) {
+    throw Error("graphpipe runtime: a stage forward must return (outputs, loss)");
+  }
+  runtime::StageOutput out;
+  py::handle outputs = PyTuple_GET_ITEM(result.ptr(), 0);
+  py::handle loss = PyTuple_GET_ITEM(result.ptr(), 1);
+  if (!py::isinstance<py::sequence>(outputs)) {
+    throw Error("graphpipe runtime: a stage forward's outputs must be a list of tensor lists, one per outgoing edge");
+  }
+  for (py::handle edge : py::reinterpret_borrow<py::sequence>(outputs)) {
+    if (!py::isinstance<py::sequence>(edge)) {
+      throw Error("graphpipe runtime: a stage forward's outputs must be a list of tensor lists, one per outgoing edge");
+    }
+    auto& tensors = out.edges.emplace_back();
+    for (py::handle t : py::reinterpret_borrow<py::sequence>(edge)) {
+      if (!THPVariable_Check(t.ptr())) {
+        throw Error(std::string("graphpipe runtime: a stage forward returned a ") + Py_TYPE(t.ptr())->tp_name +
+                    " among the tensors of outgoing edge " + std::to_string(out.edges.size() - 1));
+      }
+      tensors.push_back(THPVariable_Unpack(t.ptr()));
+    }
+  }
+  if (!loss.is_none()) {
+    if (!THPVariable_Check(loss.ptr())) throw Error("graphpipe runtime: a stage forward's loss must be a tensor or None");
+    out.loss = THPVariable_Unpack(loss.ptr());
+  }
+  return out;
+}
+
+void bind_runtime_errors(py::module_& m) {
   py::object base = m.attr("GraphpipeError");
   auto& peer = py::register_exception<runtime::PeerError>(m, "PeerError", base.ptr());
   py::register_exception<runtime::PipelineTimeout>(m, "PipelineTimeout", peer.ptr());
@@ -49,8 +94,11 @@ void bind_runtime(py::module_& m) {
   m.attr("runtime_with_cuda") = false;
 #endif
 
-  // A timing carries the instruction it measured (schedule/instruction.h), so readers use its
-  // fields rather than parsing the token.
+}
+
+// A timing carries the instruction it measured (schedule/instruction.h), so readers use its
+// fields rather than parsing the token.
+void bind_timings(py::module_& m) {
   py::class_<runtime::InstructionTiming>(m, "InstructionTiming")
       .def_readonly("instruction", &runtime::InstructionTiming::instruction)
       .def_property_readonly("kind", [](const runtime::InstructionTiming& t) { return t.instruction.kind; })
@@ -66,8 +114,11 @@ void bind_runtime(py::module_& m) {
                std::to_string(t.end) + ")";
       });
 
-  // The runtime's split backward (runtime/split_backward.h), for the profiler and the benchmarks
-  // to time I and W exactly as the executor runs them.
+}
+
+// The runtime's split backward (runtime/split_backward.h), for the profiler and the benchmarks
+// to time I and W exactly as the executor runs them.
+void bind_split_backward(py::module_& m) {
   py::class_<runtime::PendingWeights>(m, "PendingWeights",
                                       "What a split backward's I leaves for its W (run() computes the "
                                       "parameters' gradients and frees the graph).")
@@ -98,6 +149,9 @@ void bind_runtime(py::module_& m) {
       "A split backward's I: the gradients of roots (seeded with grads) with respect to inputs (None "
       "where none reaches one), and the PendingWeights whose run() is its W for params.");
 
+}
+
+void bind_gradient_buckets(py::module_& m) {
   py::class_<runtime::GradientBuckets, std::shared_ptr<runtime::GradientBuckets>>(
       m, "GradientBuckets",
       "Synchronises a replicated stage's gradients over its replicas in buckets that start during the last "
@@ -135,8 +189,11 @@ void bind_runtime(py::module_& m) {
            "Disarms and forgets the buckets in flight (after a failed iteration).");
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
 
-  py::class_<runtime::Executor>(m, "Executor",
-                                "Runs one rank's instruction list of a schedule (runtime/executor.h).")
+}
+
+void bind_executor(py::module_& m) {
+  auto executor = py::class_<runtime::Executor>(m, "Executor",
+                                                "Runs one rank's instruction list of a schedule (runtime/executor.h).")
       .def(py::init([](const schedule::Schedule& schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
                        double timeout_seconds) {
              // Only a schedule proven not to hang runs: a hang across ranks would surface as a
@@ -179,7 +236,8 @@ void bind_runtime(py::module_& m) {
                              "Micro-batches whose state (activations, outputs, graphs kept between an "
                              "I and its W) the executor holds: 0 after every run().")
       .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
-           "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).")
+           "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).");
+  executor
       .def(
           "use_cuda",
           [](runtime::Executor& e, int device) {
@@ -200,16 +258,9 @@ void bind_runtime(py::module_& m) {
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
       .def(
           "run",
-          [](runtime::Executor& e, py::function forward, bool train, bool record) {
-            runtime::ForwardFn fn = [&forward](int micro_batch, std::vector<std::vector<at::Tensor>>& inputs) {
-              py::gil_scoped_acquire gil;
-              py::object result = forward(micro_batch, inputs);
-              auto pair = result.cast<py::tuple>();
-              if (pair.size() != 2) throw Error("graphpipe runtime: a stage forward must return (outputs, loss)");
-              runtime::StageOutput out;
-              out.edges = pair[0].cast<std::vector<std::vector<at::Tensor>>>();
-              if (!pair[1].is_none()) out.loss = pair[1].cast<at::Tensor>();
-              return out;
+          [](runtime::Executor& e, const py::function& forward, bool train, bool record) {
+            const runtime::ForwardFn fn = [&forward](int micro_batch, std::vector<std::vector<at::Tensor>>& inputs) {
+              return call_stage(forward, micro_batch, inputs);
             };
             py::gil_scoped_release release;
             return e.run(fn, train, record);
@@ -217,6 +268,16 @@ void bind_runtime(py::module_& m) {
           py::arg("forward"), py::arg("train") = true, py::arg("record") = false,
           "Runs the program once. forward(micro_batch, inputs_per_in_edge) -> (outputs_per_out_edge, "
           "loss or None). The GIL is released except inside forward.");
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  bind_runtime_errors(m);
+  bind_timings(m);
+  bind_split_backward(m);
+  bind_gradient_buckets(m);
+  bind_executor(m);
 }
 
 }  // namespace graphpipe::bindings
