@@ -90,6 +90,61 @@ class CaptureGuard {
   std::vector<std::pair<NodePtr, torch::autograd::FunctionPreHook*>> hooks_;
 };
 
+// backward_input's reading of the walked graph, per node (g.nodes order).
+struct Marks {
+  std::vector<char> on_path;   // on the input path: autograd runs it in I, or it is an input's
+  std::vector<char> runs;      // autograd runs it in I
+  std::vector<char> to_param;  // leads to a parameter
+  std::vector<char> join;      // runs in I and has an edge off the path to a parameter
+  std::vector<int> consumers;  // edges into it from the walked graph
+};
+
+Marks mark(const Walk& g, const std::unordered_set<Node*>& input_nodes, const std::unordered_set<Node*>& param_nodes) {
+  const std::size_t n = g.nodes.size();
+  Marks m{std::vector<char>(n, 0), std::vector<char>(n, 0), std::vector<char>(n, 0), std::vector<char>(n, 0),
+          std::vector<int>(n, 0)};
+  for (std::size_t i = 0; i < n; ++i) {  // children first
+    Node* node = g.nodes[i].get();
+    bool leads_in = false, leads_to_param = param_nodes.count(node) > 0, leaves_path = false;
+    for (const auto& e : node->next_edges()) {
+      if (!e.function) continue;
+      const int c = g.index.at(e.function.get());
+      ++m.consumers[c];
+      leads_in = leads_in || m.on_path[c];
+      leads_to_param = leads_to_param || m.to_param[c];
+      leaves_path = leaves_path || (!m.on_path[c] && m.to_param[c]);
+    }
+    m.runs[i] = leads_in;
+    m.on_path[i] = leads_in || input_nodes.count(node) > 0;
+    m.to_param[i] = leads_to_param;
+    m.join[i] = leads_in && leaves_path;
+  }
+  return m;
+}
+
+// Whether I should compute a join's parameter gradients itself, with its input gradient: a
+// normalisation's backward (layer, batch, group norm) computes the input, weight and bias
+// gradients in one fused pass over its saved activations; split, W would make that pass a second
+// time for the weight and bias alone, which made I + W of a Transformer stage cost 10-15% more
+// than its B. The weight and bias gradients of a norm are reductions as cheap as one elementwise
+// pass, so moving them into I costs I little. Only when every parameter-side edge goes straight
+// to a parameter's accumulator that nothing else in the graph feeds and that has no tensor hooks:
+// I captures the gradient at the accumulator (running its tensor hooks), and W feeds it to the
+// accumulator, which would run them again.
+bool fuse_join(const Node& node, const Walk& g, const Marks& m, const std::unordered_set<Node*>& param_nodes) {
+  if (node.name().find("NormBackward") == std::string::npos) return false;
+  for (const auto& e : node.next_edges()) {
+    if (!e.function) continue;
+    const int c = g.index.at(e.function.get());
+    if (m.on_path[c] || !m.to_param[c]) continue;
+    if (!param_nodes.count(e.function.get()) || m.consumers[c] != 1 || !e.function->tensor_pre_hooks().empty() ||
+        !e.function->retains_grad_hooks().empty()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void PendingWeights::run() {
@@ -106,6 +161,112 @@ void PendingWeights::run() {
                                                        /*accumulate_grad=*/true, params);
 }
 
+namespace {
+
+// I's autograd call: the gradients of the roots with respect to `wanted` (inputs and the fused
+// joins' parameters), graph kept when W still needs it.
+std::vector<at::Tensor> input_half(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads,
+                                   const std::vector<at::Tensor>& wanted, bool keep) {
+  if (roots.empty() || wanted.empty()) return std::vector<at::Tensor>(wanted.size());
+  return torch::autograd::grad(roots, wanted, grads, keep, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+// Where W starts (edges into the graph I kept, or straight into accumulators) and with what.
+struct WeightStart {
+  edge_list roots;
+  std::vector<at::Tensor> grads;
+};
+
+// W starts at a join, fed what arrived there during I. The join's input-path outputs were I's:
+// they are cut, so that W computes only the parameter-side ones. (set_next_edge would assert on a
+// node that has a parent; an edge made invalid only lowers what the node's topological number
+// could be, which autograd reads as a bound.)
+void start_at_join(const Walk& g, const Marks& m, const NodePtr& node, std::vector<at::Tensor>& arrived,
+                   WeightStart& start) {
+  for (auto& e : node->next_edges()) {
+    if (e.function && m.on_path[g.index.at(e.function.get())]) e = Edge();
+  }
+  for (std::size_t k = 0; k < arrived.size(); ++k) {
+    if (!arrived[k].defined()) continue;
+    start.roots.emplace_back(node, static_cast<uint32_t>(k));
+    start.grads.push_back(std::move(arrived[k]));
+  }
+}
+
+// I over a graph whose inputs are leaves (backward_input's main case, described in the header):
+// writes the inputs' gradients to `leaf_grads` and returns where W starts. `params[k]` is the
+// parameter of `param_edges[k]`.
+WeightStart split(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads,
+                  const edge_list& root_edges, const std::vector<at::Tensor>& leaves,
+                  const std::vector<at::Tensor>& params, const edge_list& param_edges,
+                  std::vector<at::Tensor>& leaf_grads) {
+  Walk g = walk(root_edges);
+  std::unordered_set<Node*> input_nodes, param_nodes;
+  std::unordered_map<Node*, const at::Tensor*> param_of;
+  for (const auto& t : leaves) input_nodes.insert(torch::autograd::impl::gradient_edge(t).function.get());
+  for (std::size_t k = 0; k < param_edges.size(); ++k) {
+    param_nodes.insert(param_edges[k].function.get());
+    param_of.emplace(param_edges[k].function.get(), &params[k]);
+  }
+  const Marks m = mark(g, input_nodes, param_nodes);
+  const std::size_t n = g.nodes.size();
+  // The joins W starts from; the fused joins' parameters, whose gradients I computes.
+  std::vector<std::size_t> joins;
+  std::vector<char> fused(n, 0);
+  std::vector<at::Tensor> wanted = leaves;
+  edge_list accumulators;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!m.join[i]) continue;
+    if (!fuse_join(*g.nodes[i], g, m, param_nodes)) {
+      joins.push_back(i);
+      continue;
+    }
+    fused[i] = 1;
+    for (const auto& e : g.nodes[i]->next_edges()) {
+      if (!e.function || !param_nodes.count(e.function.get())) continue;
+      wanted.push_back(*param_of.at(e.function.get()));
+      accumulators.push_back(e);
+    }
+  }
+  std::vector<std::size_t> off_path_roots;
+  for (std::size_t k = 0; k < roots.size(); ++k) {
+    Node* node = root_edges[k].function.get();
+    if (!node) continue;
+    const int i = g.index.at(node);
+    if (!m.on_path[i] && m.to_param[i]) off_path_roots.push_back(k);
+  }
+  // W needs the graph only to run the joins and the roots off the input path again.
+  const bool keep = !joins.empty() || !off_path_roots.empty();
+  std::vector<std::vector<at::Tensor>> arrived(joins.size());
+  std::vector<at::Tensor> got;
+  {
+    CaptureGuard guard;
+    for (std::size_t j = 0; j < joins.size(); ++j) guard.add(g.nodes[joins[j]], &arrived[j]);
+    got = input_half(roots, grads, wanted, keep);
+  }
+  leaf_grads.assign(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(leaves.size()));
+  WeightStart start;
+  for (std::size_t k = 0; k < accumulators.size(); ++k) {
+    at::Tensor& grad = got[leaves.size() + k];
+    if (!grad.defined()) continue;
+    start.roots.push_back(accumulators[k]);
+    start.grads.push_back(std::move(grad));
+  }
+  for (std::size_t j = 0; j < joins.size(); ++j) start_at_join(g, m, g.nodes[joins[j]], arrived[j], start);
+  for (std::size_t k : off_path_roots) {
+    start.roots.push_back(root_edges[k]);
+    start.grads.push_back(grads[k]);
+  }
+  // The input path's other nodes never run again: free their saved activations now rather than
+  // when the last reference to them goes (a join's saved tensor can hold one).
+  for (std::size_t i = 0; i < n; ++i) {
+    if (m.runs[i] && (!m.join[i] || fused[i])) g.nodes[i]->release_variables();
+  }
+  return start;
+}
+
+}  // namespace
+
 PendingWeights backward_input(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads,
                               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
                               std::vector<at::Tensor>* input_grads) {
@@ -113,8 +274,11 @@ PendingWeights backward_input(const std::vector<at::Tensor>& roots, const std::v
               " gradients");
   if (input_grads) input_grads->assign(inputs.size(), at::Tensor());
   PendingWeights pending;
+  std::vector<at::Tensor> trainable;
   for (const auto& p : params) {
-    if (p.requires_grad()) pending.params_.push_back(torch::autograd::impl::gradient_edge(p));
+    if (!p.requires_grad()) continue;
+    trainable.push_back(p);
+    pending.params_.push_back(torch::autograd::impl::gradient_edge(p));
   }
   std::vector<std::size_t> wanted;  // inputs that need a gradient
   std::vector<at::Tensor> leaves;
@@ -125,98 +289,32 @@ PendingWeights backward_input(const std::vector<at::Tensor>& roots, const std::v
     leaves.push_back(inputs[k]);
     all_leaves = all_leaves && inputs[k].is_leaf();
   }
+  auto give = [&](const std::vector<at::Tensor>& got) {
+    if (!input_grads) return;
+    for (std::size_t k = 0; k < wanted.size(); ++k) (*input_grads)[wanted[k]] = got[k];
+  };
   edge_list root_edges;
   root_edges.reserve(roots.size());
   for (const auto& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
-  auto run_input_half = [&](bool keep) {
-    if (roots.empty() || leaves.empty()) return;
-    auto got = torch::autograd::grad(roots, leaves, grads, keep, /*create_graph=*/false, /*allow_unused=*/true);
-    if (input_grads) {
-      for (std::size_t k = 0; k < wanted.size(); ++k) (*input_grads)[wanted[k]] = got[k];
-    }
-  };
   if (pending.params_.empty()) {  // no W: I is the whole backward
-    run_input_half(false);
+    give(input_half(roots, grads, leaves, false));
     return pending;
   }
   if (leaves.empty() || !all_leaves) {
     // No input path (or inputs that are not leaves, whose graph below this function cannot
     // tell apart): W is the plain backward of the roots to the parameters, I only the inputs'.
-    run_input_half(true);
+    give(input_half(roots, grads, leaves, true));
     pending.roots_ = std::move(root_edges);
     pending.grads_ = grads;
     return pending;
   }
-
-  Walk g = walk(root_edges);
-  const std::size_t n = g.nodes.size();
-  std::vector<char> on_path(n, 0), runs(n, 0), to_param(n, 0), join(n, 0);
-  std::unordered_set<Node*> input_nodes, param_nodes;
-  for (const auto& t : leaves) input_nodes.insert(torch::autograd::impl::gradient_edge(t).function.get());
-  for (const auto& e : pending.params_) param_nodes.insert(e.function.get());
-  for (std::size_t i = 0; i < n; ++i) {  // children first
-    Node* node = g.nodes[i].get();
-    bool leads_in = false, leads_to_param = param_nodes.count(node) > 0, leaves_path = false;
-    for (const auto& e : node->next_edges()) {
-      if (!e.function) continue;
-      const int c = g.index.at(e.function.get());
-      leads_in = leads_in || on_path[c];
-      leads_to_param = leads_to_param || to_param[c];
-      leaves_path = leaves_path || (!on_path[c] && to_param[c]);
-    }
-    runs[i] = leads_in;  // autograd runs it in I
-    on_path[i] = leads_in || input_nodes.count(node) > 0;
-    to_param[i] = leads_to_param;
-    join[i] = leads_in && leaves_path;
-  }
-
-  std::vector<std::size_t> joins;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (join[i]) joins.push_back(i);
-  }
-  std::vector<std::size_t> off_path_roots;
-  for (std::size_t k = 0; k < roots.size(); ++k) {
-    Node* node = root_edges[k].function.get();
-    if (!node) continue;
-    const int i = g.index.at(node);
-    if (!on_path[i] && to_param[i]) off_path_roots.push_back(k);
-  }
-  const bool weights = !joins.empty() || !off_path_roots.empty();
-  std::vector<std::vector<at::Tensor>> arrived(joins.size());
-  {
-    CaptureGuard guard;
-    if (weights) {
-      for (std::size_t j = 0; j < joins.size(); ++j) guard.add(g.nodes[joins[j]], &arrived[j]);
-    }
-    run_input_half(weights);
-  }
-  if (!weights) return pending;  // no parameter is reached: nothing for W
-
-  for (std::size_t j = 0; j < joins.size(); ++j) {
-    const NodePtr& node = g.nodes[joins[j]];
-    // The join's input-path outputs were I's: cut them, so that W computes only the
-    // parameter-side ones. (set_next_edge would assert on a node that has a parent; an edge made
-    // invalid only lowers what the node's topological number could be, which autograd reads as
-    // a bound.)
-    for (auto& e : node->next_edges()) {
-      if (e.function && on_path[g.index.at(e.function.get())]) e = Edge();
-    }
-    for (std::size_t k = 0; k < arrived[j].size(); ++k) {
-      if (!arrived[j][k].defined()) continue;
-      pending.roots_.emplace_back(node, static_cast<uint32_t>(k));
-      pending.grads_.push_back(std::move(arrived[j][k]));
-    }
-  }
-  for (std::size_t k : off_path_roots) {
-    pending.roots_.push_back(root_edges[k]);
-    pending.grads_.push_back(grads[k]);
-  }
-  // The input path's other nodes never run again: free their saved activations now rather than
-  // when the last reference to them goes (a join's saved tensor can hold one).
-  for (std::size_t i = 0; i < n; ++i) {
-    if (runs[i] && !join[i]) g.nodes[i]->release_variables();
-  }
+  std::vector<at::Tensor> leaf_grads;
+  WeightStart start = split(roots, grads, root_edges, leaves, trainable, pending.params_, leaf_grads);
+  give(leaf_grads);
+  pending.roots_ = std::move(start.roots);
+  pending.grads_ = std::move(start.grads);
   return pending;
 }
+
 
 }  // namespace graphpipe::runtime

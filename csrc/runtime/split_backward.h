@@ -27,6 +27,13 @@
 // off-path root). Shared weights used at several joins, one above another, are summed the same
 // way: each join contributes its own edge.
 //
+// One kind of join is not split: a normalisation (layer, batch, group norm), whose backward
+// computes the input, weight and bias gradients in one fused pass over its saved activations.
+// Split, W would make that pass again for the weight and bias alone; instead I asks autograd for
+// their gradients too (they are reductions, as cheap as an elementwise pass) and W feeds them to
+// the parameters' accumulators. Only where those accumulators are fed by nothing else and carry
+// no tensor hook (I runs such a hook where it captures the gradient, W would run it again).
+//
 // A stage whose inputs need no gradient (the first stage, say) has no input path: I does nothing
 // and W is the plain backward of the roots to the parameters. Without parameters, I is the whole
 // backward and W has nothing to do.

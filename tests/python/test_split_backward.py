@@ -3,8 +3,9 @@
 I then W gives exactly the gradients of one plain backward, for inputs and parameters, on graphs
 where the parameters' paths join the input path in the ways stages do (a chain of layers, a
 weight shared above and below, a bias added to the input path, an output computed from
-parameters alone, a parameter nothing uses, two inputs); and W runs no operator of the input path
-again: a counting operator on it runs its backward once, in I.
+parameters alone, a parameter nothing uses, two inputs, normalisations whose parameter gradients I
+computes); and W runs no operator of the input path again: a counting operator on it runs its
+backward once, in I.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ torch.manual_seed(0)
 L1 = torch.nn.Linear(8, 8).double()
 L2 = torch.nn.Linear(8, 8).double()
 LN = torch.nn.LayerNorm(8).double()
+BN = torch.nn.BatchNorm1d(8).double()
 SHARED = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
 BIAS = torch.nn.Parameter(torch.randn(8, dtype=torch.float64))
-PARAMS = [*L1.parameters(), *L2.parameters(), *LN.parameters(), SHARED, BIAS]
+PARAMS = [*L1.parameters(), *L2.parameters(), *LN.parameters(), *BN.parameters(), SHARED, BIAS]
 
 
 class Counted(torch.autograd.Function):
@@ -47,6 +49,10 @@ CASES: dict[str, tuple[int, Callable[..., list[torch.Tensor]]]] = {
         1, lambda x: [Counted.apply(x) * 2 + BIAS, (BIAS * BIAS).sum().reshape(1) * torch.ones(3, dtype=torch.float64)]),
     "two_inputs": (2, lambda x, y: [L1(Counted.apply(x)) + L2(y) * BIAS, L1(y).sum()]),
     "layer_norm_residual": (1, lambda x: [LN(L1(Counted.apply(x))).relu() + x, L2(x)]),
+    # A norm on the input path has its weight and bias gradients computed in I (one fused pass);
+    # a norm used twice (its parameters fed from two places) is split like any other join.
+    "norms": (1, lambda x: [BN(Counted.apply(x)).tanh(), LN(LN(x * 3))]),
+    "norm_only": (1, lambda x: [LN(Counted.apply(x))]),
 }
 
 
@@ -84,6 +90,30 @@ def test_input_then_weight_half_equals_one_backward(name: str) -> None:
             assert p.grad is None
         else:
             torch.testing.assert_close(p.grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_norm_parameter_hook_runs_once() -> None:
+    """A tensor hook on a norm's parameter keeps the norm split (I would run the hook where it
+    captures the gradient, W again where it accumulates it): the hook runs once, as in B."""
+    x = torch.randn(4, 8, dtype=torch.float64)
+    grads = {}
+    for split in (False, True):
+        calls = []
+        handle = LN.weight.register_hook(lambda g: calls.append(1) or g * 2)
+        for p in PARAMS:
+            p.grad = None
+        leaf = x.clone().requires_grad_()
+        out = LN(Counted.apply(leaf))
+        if split:
+            _, pending = _C.backward_input([out], [torch.ones_like(out)], [leaf], PARAMS)
+            del out
+            pending.run()
+        else:
+            out.backward(torch.ones_like(out))
+        handle.remove()
+        assert len(calls) == 1
+        grads[split] = LN.weight.grad.clone()
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-12, atol=1e-12)
 
 
 def test_without_inputs_w_is_the_whole_backward_and_without_parameters_i_is() -> None:
