@@ -43,14 +43,8 @@ from graphpipe.runtime.replica_sync import sync_state_refusal
 from graphpipe.runtime.replica_agreement import digests, first_disagreement
 from graphpipe.runtime.steps import loss_callback, run_eval, run_step
 from graphpipe.runtime.stage_call import StageFn, no_stage, stage_call
-from graphpipe.runtime.stages import (
-    NO_PARAMETERS,
-    StageModule,
-    build_stages,
-    keep_local_stage,
-    local_module,
-    stage_device,
-)
+from graphpipe.runtime.stages import NO_PARAMETERS, StageModule, build_stages, keep_local_stage, local_module
+from graphpipe.runtime.stages import stage_device
 from graphpipe.runtime.state_dicts import load_refusal, stage_state_dict, state_aliases
 from graphpipe.simulation import schedule as generate_schedule
 from graphpipe.sync import parse as parse_sync
@@ -158,8 +152,7 @@ class Pipeline:
         return self._failures.usable(self.executor)
 
     def _live_group(self) -> Any:
-        """The pipeline's process group, for collectives outside a step (refuses a pipeline
-        that failed or was closed)."""
+        """The pipeline's process group for collectives outside a step (a usable pipeline's)."""
         self._executor()
         return self._conn.pg
 
@@ -284,13 +277,7 @@ class Pipeline:
     def eval_forward(self, inputs: Any) -> Any:
         """Runs the model forward on a batch (no gradients); the merged output on every rank."""
         values, mbs = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
-        outputs: dict[int, Any] = {}
-
-        def on_output(m: int, output: Any) -> None:
-            outputs[m] = output
-            return None
-
-        return run_eval(self, self._stage_fn(values, mbs, on_output), outputs)
+        return run_eval(self, lambda on_output: self._stage_fn(values, mbs, on_output))
 
     # ---- measurements and replicas ---------------------------------------------------------
     @property
@@ -308,7 +295,8 @@ class Pipeline:
         local = tasks_from_timings(self.last_timings, self.rank, edges, stage_ranks(self.plan))
         if not gather:
             return local
-        return [t for tasks in self._failures.gather(self._live_group, local, "gathering measured tasks") for t in (tasks or [])]
+        everyone = self._failures.gather(self._live_group, local, "gathering measured tasks")
+        return [t for tasks in everyone for t in (tasks or [])]
 
     def check_replicas(self) -> None:
         """Collective: raises ``InputError`` on every rank when the replicas of some replicated

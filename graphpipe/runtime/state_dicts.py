@@ -52,5 +52,6 @@ def load_refusal(own: Mapping[str, torch.Tensor], state: Mapping[str, Any], stri
         if given.shape != mine.shape:
             return f"entry {k!r} for rank {rank} has shape {tuple(given.shape)}, the model's has {tuple(mine.shape)}"
         if not torch.can_cast(given.dtype, mine.dtype):
-            return f"entry {k!r} for rank {rank} has dtype {given.dtype}, which does not cast to the model's {mine.dtype}"
+            return (f"entry {k!r} for rank {rank} has dtype {given.dtype}, which does not cast to the model's "
+                    f"{mine.dtype}")
     return None

@@ -94,10 +94,12 @@ def run_step(pipe: "Pipeline", fn: StageFn, losses: list[torch.Tensor], mbs: int
     return buf[0]
 
 
-def run_eval(pipe: "Pipeline", fn: StageFn, outputs: dict[int, Any]) -> Any:
-    """Runs the forwards of ``pipe`` with the stage call ``fn`` (which fills ``outputs``, per
-    micro-batch, on the output stage's ranks); returns the merged output, on every rank."""
+def run_eval(pipe: "Pipeline", make_fn: Callable[[Callable[[int, Any], None]], StageFn]) -> Any:
+    """Runs the forwards of ``pipe`` with the stage call ``make_fn(on_output)``; returns the
+    merged output, on every rank."""
     conn = pipe._conn
+    outputs: dict[int, Any] = {}
+    fn = make_fn(outputs.__setitem__)  # the output stage's ranks keep each micro-batch's output
     try:
         with torch.no_grad():
             pipe._executor().run(fn, False, False)
