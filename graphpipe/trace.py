@@ -502,6 +502,38 @@ def trace_module(
         raise InputError("leaf_modules apply to the torch.fx capture only; drop them or use capture='fx'")
     batch = batch_size_of(args, kwargs)
     specialized = _specialized_arguments(model, args, kwargs)
+    gm, exported, values = _capture(model, args, kwargs, leaf_modules, capture, specialized)
+    recorder = _measure(model, gm, values)
+    if exported is None:  # torch.export checked the outputs are pytrees of tensors itself
+        _check_outputs(recorder.outputs)
+    eval_problem = None
+    if exported is not None and exported.training:
+        eval_problem = eval_mismatch(model, gm, [_copy_tensors(v) for v in values], _copy_tensors(tuple(args)),
+                                     _copy_tensors(dict(kwargs)))
+
+    graph = _C.OpGraph()
+    graph.model_name = type(model).__name__
+    graph.trace_batch_size = batch
+    traced = TracedModel(
+        module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized,
+        capture="fx" if exported is None else "export",
+        input_spec=exported.input_spec if exported is not None else None,
+        captured_training=exported.training if exported is not None else None,
+        mode_ops=exported.mode_ops if exported is not None else [],
+        eval_problem=eval_problem,
+        static_batch=exported.static_batch if exported is not None else None,
+        signature=inspect.signature(model.forward), model_name=type(model).__name__,
+    )
+    _add_nodes(model, gm, traced, recorder, batch)
+    _add_edges(model, gm, traced, recorder, batch)
+    graph.validate()
+    return traced
+
+
+def _capture(model: nn.Module, args: tuple, kwargs: dict[str, Any], leaf_modules: Iterable[str | type[nn.Module]],
+             capture: str, specialized: Any) -> tuple[fx.GraphModule, Any, list[Any]]:
+    """The captured graph module, the export capture (None for fx) and the placeholders' values:
+    torch.fx first, torch.export where fx cannot follow the model (unless ``capture`` says)."""
     exported = None
     if capture == "export":
         exported = export_capture(model, args, kwargs)
@@ -515,17 +547,20 @@ def trace_module(
                 exported = export_capture(model, args, kwargs)
             except TraceError as export_error:
                 raise TraceError(f"{fx_error} torch.export failed too: {export_error}") from export_error
-    if exported is not None:
-        gm = exported.module
-        _redirect_inplace_uses(gm)
-        gm.recompile()
-        from torch.utils import _pytree as pytree
+    if exported is None:
+        return gm, None, _placeholder_values(gm, model, args, kwargs)
+    gm = exported.module
+    _redirect_inplace_uses(gm)
+    gm.recompile()
+    from torch.utils import _pytree as pytree
 
-        values = pytree.tree_leaves((args, kwargs)) if exported.input_spec is None else _exported_leaves(
-            exported.input_spec, args, kwargs, type(model).__name__)
-    else:
-        values = _placeholder_values(gm, model, args, kwargs)
+    values = pytree.tree_leaves((args, kwargs)) if exported.input_spec is None else _exported_leaves(
+        exported.input_spec, args, kwargs, type(model).__name__)
+    return gm, exported, values
 
+
+def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> "_Recorder":
+    """Runs the capture once on the example, recording each operator's flops and output bytes."""
     counter = FlopCounterMode(display=False)
     recorder = _Recorder(gm, counter)
     # The measuring run must not change the model: a training-mode forward would update
@@ -549,34 +584,16 @@ def trace_module(
         with torch.no_grad():
             for buffer, value in saved:
                 buffer.copy_(value)
-    if exported is None:  # torch.export checked the outputs are pytrees of tensors itself
-        _check_outputs(recorder.outputs)
-    eval_problem = None
-    if exported is not None and exported.training:
-        eval_problem = eval_mismatch(model, gm, [_copy_tensors(v) for v in values], _copy_tensors(tuple(args)),
-                                     _copy_tensors(dict(kwargs)))
+    return recorder
 
-    graph = _C.OpGraph()
-    graph.model_name = type(model).__name__
-    graph.trace_batch_size = batch
-    traced = TracedModel(
-        module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized,
-        capture="fx" if exported is None else "export",
-        input_spec=exported.input_spec if exported is not None else None,
-        captured_training=exported.training if exported is not None else None,
-        mode_ops=exported.mode_ops if exported is not None else [],
-        eval_problem=eval_problem,
-        static_batch=exported.static_batch if exported is not None else None,
-        signature=inspect.signature(model.forward), model_name=type(model).__name__,
-    )
 
+def _add_nodes(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: "_Recorder", batch: int) -> None:
+    """One OpGraph node per operator and model input, with its per-sample flops and bytes and
+    the parameters and buffers it owns (a tensor used by several operators is owned by the
+    first, listed as shared by the others)."""
     canonical = {id(p): name for name, p in model.named_parameters()}
     owned: set[int] = set()
-    attr_values: dict[str, Any] = {}
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            attr_values[node.name] = _fetch_attr(gm, str(node.target))
-
+    attr_values = {node.name: _fetch_attr(gm, str(node.target)) for node in gm.graph.nodes if node.op == "get_attr"}
     for node in gm.graph.nodes:
         # size arithmetic on the inputs (export captures) is computed by every stage that needs it
         if node.op in ("get_attr", "output") or node.meta.get("inputs_only"):
@@ -602,35 +619,43 @@ def trace_module(
                     params.append((canonical.get(id(value), str(arg.target)), value))
                 else:
                     buffers.extend(iter_tensors(value))
-        own_names, shared_names, param_bytes, shapes = [], [], 0, []
-        for name, p in params:
-            if id(p) in owned:
-                shared_names.append(name)
-            else:
-                owned.add(id(p))
-                own_names.append(name)
-                param_bytes += p.numel() * p.element_size()
-                # What the sync pricing needs (cost/sync_cost.h): PowerSGD compresses by shape,
-                # the runtime's gradient buckets hold one dtype each and skip frozen parameters.
-                shapes.append(_C.ParamShape(name=name, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."),
-                                            element_size=p.element_size(), requires_grad=p.requires_grad))
-        buffer_bytes = 0
-        for b in buffers:
-            if id(b) not in owned:
-                owned.add(id(b))
-                buffer_bytes += b.numel() * b.element_size()
-        info.params, info.shared_params = own_names, shared_names
-        info.param_bytes, info.buffer_bytes = param_bytes, buffer_bytes
-        info.param_shapes = shapes
-        traced.node_ids[node.name] = graph.add_node(info)
+        _own_state(info, params, buffers, owned)
+        traced.node_ids[node.name] = traced.graph.add_node(info)
 
+
+def _own_state(info: Any, params: list[tuple[str, torch.Tensor]], buffers: list[torch.Tensor], owned: set[int]) -> None:
+    """Fills a node's parameter and buffer fields; ``owned``: tensors an earlier node owns."""
+    own_names, shared_names, param_bytes, shapes = [], [], 0, []
+    for name, p in params:
+        if id(p) in owned:
+            shared_names.append(name)
+        else:
+            owned.add(id(p))
+            own_names.append(name)
+            param_bytes += p.numel() * p.element_size()
+            # What the sync pricing needs (cost/sync_cost.h): PowerSGD compresses by shape,
+            # the runtime's gradient buckets hold one dtype each and skip frozen parameters.
+            shapes.append(_C.ParamShape(name=name, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."),
+                                        element_size=p.element_size(), requires_grad=p.requires_grad))
+    buffer_bytes = 0
+    for b in buffers:
+        if id(b) not in owned:
+            owned.add(id(b))
+            buffer_bytes += b.numel() * b.element_size()
+    info.params, info.shared_params = own_names, shared_names
+    info.param_bytes, info.buffer_bytes = param_bytes, buffer_bytes
+    info.param_shapes = shapes
+
+
+def _add_edges(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: "_Recorder", batch: int) -> None:
+    """The OpGraph's edges (each with the per-sample bytes it carries) and outputs."""
+    graph = traced.graph
     real_nodes = [n for n in gm.graph.nodes if n.name in traced.node_ids and n.op != "placeholder"]
     if not real_nodes:
         raise TraceError(
             f"{type(model).__name__} has no operators: forward() returns its inputs (or "
             "constants) unchanged, so there is nothing to partition"
         )
-
     for node in gm.graph.nodes:
         if node.name not in traced.node_ids:
             continue
@@ -641,7 +666,6 @@ def trace_module(
             # A getitem takes one element of a tuple: the edge carries that element only.
             carried = node if (node.op == "call_function" and node.target is operator.getitem) else arg
             graph.add_edge(traced.node_ids[arg.name], dst, recorder.out_bytes.get(carried.name, 0) / batch)
-
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     marked = 0
     for arg in output_node.all_input_nodes:
@@ -650,8 +674,6 @@ def trace_module(
             marked += 1
     if marked == 0:
         raise TraceError(f"{type(model).__name__} returns no value computed from its operators")
-    graph.validate()
-    return traced
 
 
 def _copy_tensors(value: Any) -> Any:
