@@ -21,7 +21,10 @@ using graph::SPDecomposition;
 using graph::SPNode;
 using graph::SPTree;
 
-void bind_graph(py::module_& m) {
+namespace {
+
+// Measured times and parameter shapes, which nodes carry.
+void bind_profile_types(py::module_& m) {
   py::class_<ProfileSample>(m, "ProfileSample", "Measured time of one operator at one batch size.")
       .def(py::init([](std::int64_t batch_size, double forward_seconds, double backward_seconds,
                        double backward_input_seconds, double backward_weight_seconds) {
@@ -64,7 +67,10 @@ void bind_graph(py::module_& m) {
         for (std::size_t i = 0; i < p.shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(p.shape[i]);
         return "ParamShape(" + p.name + ", [" + dims + "], " + p.dtype + (p.requires_grad ? "" : ", frozen") + ")";
       });
+}
 
+// One operator and one tensor between two.
+void bind_node_and_edge(py::module_& m) {
   py::class_<Node>(m, "Node", "One operator of the traced model (quantities per sample).")
       .def(py::init<>())
       .def_readwrite("name", &Node::name)
@@ -94,7 +100,10 @@ void bind_graph(py::module_& m) {
         return "Edge(" + std::to_string(e.src) + " -> " + std::to_string(e.dst) +
                ", bytes=" + std::to_string(e.bytes) + ")";
       });
+}
 
+// The series-parallel decomposition tree.
+void bind_series_parallel(py::module_& m) {
   py::class_<SPNode> sp_node(m, "SPNode", "A node of a series-parallel decomposition tree.");
   py::enum_<SPNode::Kind>(sp_node, "Kind")
       .value("leaf", SPNode::Kind::leaf)
@@ -116,7 +125,10 @@ void bind_graph(py::module_& m) {
       .def_readonly("tree", &SPDecomposition::tree)
       .def_readonly("irreducible", &SPDecomposition::irreducible)
       .def_readonly("report", &SPDecomposition::report);
+}
 
+// The operator DAG, its queries and its JSON.
+void bind_op_graph(py::module_& m) {
   py::class_<OpGraph>(m, "OpGraph", "The operator DAG of a traced model (see graph/op_graph.h).")
       .def(py::init<>())
       .def("add_node", &OpGraph::add_node, py::arg("node"))
@@ -172,6 +184,15 @@ void bind_graph(py::module_& m) {
                std::to_string(g.num_nodes()) + " nodes, " + std::to_string(g.num_edges()) +
                " edges>";
       });
+}
+
+}  // namespace
+
+void bind_graph(py::module_& m) {
+  bind_profile_types(m);
+  bind_node_and_edge(m);
+  bind_series_parallel(m);
+  bind_op_graph(m);
 }
 
 }  // namespace graphpipe::bindings

@@ -56,7 +56,10 @@ Schedule from_programs(const std::string& kind, int num_micro_batches, const py:
 
 }  // namespace
 
-void bind_schedule(py::module_& m) {
+namespace {
+
+// ScheduleError, instruction kinds and instructions.
+void bind_instructions(py::module_& m) {
   py::register_exception<schedule::ScheduleError>(m, "ScheduleError", m.attr("GraphpipeError").ptr());
 
   py::enum_<OpKind>(m, "OpKind", "What one schedule instruction does.")
@@ -89,7 +92,10 @@ void bind_schedule(py::module_& m) {
       .def("__hash__", [](const Instruction& i) { return py::hash(py::str(schedule::to_token(i))); })
       .def("__str__", &schedule::to_token)
       .def("__repr__", [](const Instruction& i) { return "Instruction(" + schedule::to_token(i) + ")"; });
+}
 
+// What Schedule.check() returns.
+void bind_check_result(py::module_& m) {
   py::class_<BlockedRank>(m, "BlockedRank", "A rank that cannot finish, and the instruction it blocks on.")
       .def_readonly("rank", &BlockedRank::rank)
       .def_readonly("step", &BlockedRank::step)
@@ -109,7 +115,10 @@ void bind_schedule(py::module_& m) {
       .def("__repr__", [](const CheckResult& r) {
         return std::string("<CheckResult ") + (r.ok ? "ok" : "hangs") + ">";
       });
+}
 
+// Schedule: generate, parse, JSON, check, its programs.
+void bind_schedule_class(py::module_& m) {
   py::class_<Schedule>(m, "Schedule",
                        "Per-rank programs of one training iteration (see schedule/schedule.h). "
                        "str() is the ranks x steps table, which Schedule.parse reads back.")
@@ -156,7 +165,10 @@ void bind_schedule(py::module_& m) {
                std::to_string(s.num_micro_batches) + " micro-batches, " +
                std::to_string(s.num_instructions()) + " instructions>";
       });
+}
 
+// The policies and the rules the runtime and the baselines share with the generator.
+void bind_policy_helpers(py::module_& m) {
   m.def(
       "in_flight_limits",
       [](const Plan& plan, const std::string& kind) {
@@ -183,6 +195,15 @@ void bind_schedule(py::module_& m) {
   m.def("schedule_kinds", &schedule::policy_names, "Names of the schedule policies Schedule.generate accepts.");
   m.def("stages_to_sink", &schedule::stages_to_sink, py::arg("plan"),
         "Per stage, the number of stages on the longest path from it to a sink.");
+}
+
+}  // namespace
+
+void bind_schedule(py::module_& m) {
+  bind_instructions(m);
+  bind_check_result(m);
+  bind_schedule_class(m);
+  bind_policy_helpers(m);
 }
 
 }  // namespace graphpipe::bindings

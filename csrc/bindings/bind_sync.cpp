@@ -46,7 +46,10 @@ cost::SyncCost stage_cost(const SyncMethod& method, const plan::Stage& stage, co
 
 }  // namespace
 
-void bind_sync(py::module_& m) {
+namespace {
+
+// SyncMethod and the kinds it accepts.
+void bind_sync_method(py::module_& m) {
   py::class_<SyncMethod>(m, "SyncMethod",
                          "How a replicated stage's replicas synchronise, as the cost model prices it "
                          "(cost/sync_method.h): kind all_reduce, local_sgd (period), top_k (ratio) or "
@@ -86,7 +89,10 @@ void bind_sync(py::module_& m) {
       .def(py::pickle([](const SyncMethod& s) { return cost::to_json(s).dump(); },
                       [](const std::string& text) { return cost::sync_method_from_json(nlohmann::json::parse(text), "$"); }));
   m.def("sync_kinds", &cost::sync_kind_names, "The kinds SyncMethod accepts.");
+}
 
+// The runtime's gradient bucket layout.
+void bind_gradient_buckets(py::module_& m) {
   py::class_<cost::GradientBucket>(m, "GradientBucket", "One bucket of the runtime's layout (cost/gradient_buckets.h).")
       .def_readonly("dtype", &cost::GradientBucket::dtype)
       .def_readonly("element_size", &cost::GradientBucket::element_size)
@@ -100,7 +106,10 @@ void bind_sync(py::module_& m) {
   m.def("gradient_buckets", &cost::gradient_buckets, py::arg("parameters"),
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
         "The runtime's gradient buckets of `parameters` (ParamShape list in the stage module's order).");
+}
 
+// What a stage's sync costs per step, per bucket and in all.
+void bind_sync_costs(py::module_& m) {
   py::class_<cost::BucketCost>(m, "BucketCost", "One bucket's sync on one replica (cost/sync_cost.h).")
       .def_readonly("payload_bytes", &cost::BucketCost::payload_bytes)
       .def_readonly("collectives", &cost::BucketCost::collectives)
@@ -126,7 +135,10 @@ void bind_sync(py::module_& m) {
         return "<SyncCost " + std::to_string(c.seconds() * 1e3) + " ms, " + std::to_string(c.payload_bytes) +
                " bytes per step>";
       });
+}
 
+// Pricing a sync from parameter shapes or from a plan stage.
+void bind_sync_pricing(py::module_& m) {
   m.def(
       "sync_cost",
       [](const SyncMethod& method, const std::vector<graph::ParamShape>& parameters, const cost::Devices& devices,
@@ -159,6 +171,15 @@ void bind_sync(py::module_& m) {
       py::arg("method"), py::arg("stage"), py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
       py::arg("replicas") = py::none(), py::arg("sync_step") = false,
       "The same for a plan stage (replicas: its device count by default).");
+}
+
+}  // namespace
+
+void bind_sync(py::module_& m) {
+  bind_sync_method(m);
+  bind_gradient_buckets(m);
+  bind_sync_costs(m);
+  bind_sync_pricing(m);
 }
 
 }  // namespace graphpipe::bindings

@@ -12,6 +12,7 @@ void bind_log(pybind11::module_& m);
 void bind_graph(pybind11::module_& m);
 void bind_cost(pybind11::module_& m);
 void bind_sync(pybind11::module_& m);
+void bind_plan(pybind11::module_& m);
 void bind_partition(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);

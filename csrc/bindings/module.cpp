@@ -8,6 +8,7 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_graph(m);
   graphpipe::bindings::bind_cost(m);
   graphpipe::bindings::bind_sync(m);
+  graphpipe::bindings::bind_plan(m);
   graphpipe::bindings::bind_partition(m);
   graphpipe::bindings::bind_schedule(m);
   graphpipe::bindings::bind_sim(m);
