@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "common/error.h"
+#include "cost/reshard.h"
 #include "partition/backward_halves.h"
 #include "partition/placement.h"
 #include "partition/recompute.h"
@@ -199,11 +200,6 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
       input_walks[s] = halves[s].input_walks;
     }
   }
-  // One transfer of a replica's share of edge e between stages x and y (re-sharded directly).
-  auto share_seconds = [&](std::size_t e, int x, int y) {
-    const int most = std::max(ev.stages[x].replicas, ev.stages[y].replicas);
-    return most == 1 ? p.edge_seconds[e] : p.model->transfer_seconds(p.edge_bytes[e] / most);
-  };
   std::vector<double> pair_bytes;  // bytes of each entry of stage_edges before deduplication
   for (std::size_t e = 0; e < g.num_edges(); ++e) {
     const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
@@ -214,10 +210,7 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     if (p.chain) {
       // A chain relays a skip tensor through every stage in between: each receives and sends it
       // on, and holds it for the micro-batch. The stage graph is the chain itself.
-      ev.stages[a].transfer += share_seconds(e, a, a + 1);
-      ev.stages[b].transfer += share_seconds(e, b - 1, b);
       for (int k = a + 1; k < b; ++k) {
-        ev.stages[k].transfer += share_seconds(e, k - 1, k) + share_seconds(e, k, k + 1);
         ev.stages[k].activation_bytes += p.edge_bytes[e] * fraction[k];
         ev.stages[k].input_bytes += p.edge_bytes[e] * fraction[k];
       }
@@ -226,9 +219,6 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
         pair_bytes.push_back(p.edge_bytes[e]);
       }
     } else {
-      const double seconds = share_seconds(e, a, b);
-      ev.stages[a].transfer += seconds;
-      ev.stages[b].transfer += seconds;
       ev.stage_edges.push_back({a, b});
       pair_bytes.push_back(p.edge_bytes[e]);
     }
@@ -264,6 +254,44 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   for (int s = 0; s < k; ++s) {
     StageFigures& f = ev.stages[s];
     if (f.replicas > 1) f.all_reduce = stage_sync_seconds(p, f.devices, sync[s]);
+  }
+  // Every operator edge between stages by the links between the ranks the two stages got
+  // (cost/reshard.h, the simulator's rule: re-sharded pairs of replicas at once, the busiest
+  // rank's sum), charged at both ends; along a chain, on every hop of its relay. A link that is
+  // the description's slowest keeps the problem's own figure (Problem::edge_seconds).
+  const cost::Devices& described = p.model->devices();
+  const double slow_bandwidth = p.replicas ? p.replicas->link_bandwidth() : described.slowest_link_bandwidth();
+  auto on_devices = [&](const std::vector<int>& ranks) {
+    for (int r : ranks) {
+      if (r < 0 || r >= described.count) return false;
+    }
+    return true;
+  };
+  auto hop_seconds = [&](std::size_t e, int x, int y) {
+    const auto& from = ev.stages[x].devices;
+    const auto& to = ev.stages[y].devices;
+    // More stages than devices (a plan build_plan refuses): no ranks to price, the slowest link.
+    if (!on_devices(from) || !on_devices(to)) return p.edge_seconds[e];
+    if (from.size() == 1 && to.size() == 1 && described.link_bandwidth[from[0]][to[0]] <= slow_bandwidth) {
+      return p.edge_seconds[e];
+    }
+    return cost::reshard_seconds(described, from, to, p.micro_batch_size, p.edge_bytes[e]);
+  };
+  for (std::size_t e = 0; e < g.num_edges(); ++e) {
+    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
+    const int a = ev.stage_of[edge.src], b = ev.stage_of[edge.dst];
+    if (a == b) continue;
+    if (p.chain) {
+      for (int h = a; h < b; ++h) {
+        const double seconds = hop_seconds(e, h, h + 1);
+        ev.stages[h].transfer += seconds;
+        ev.stages[h + 1].transfer += seconds;
+      }
+    } else {
+      const double seconds = hop_seconds(e, a, b);
+      ev.stages[a].transfer += seconds;
+      ev.stages[b].transfer += seconds;
+    }
   }
   std::sort(ev.stage_edges.begin(), ev.stage_edges.end());
   ev.stage_edges.erase(std::unique(ev.stage_edges.begin(), ev.stage_edges.end()), ev.stage_edges.end());

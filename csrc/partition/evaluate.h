@@ -10,10 +10,15 @@
 // that `stage_of` matches Plan's numbering. O(V + E + K log K).
 //
 // Replicated stages (docs/design.md, "Replicated stages in the planner"): a stage of d replicas
-// is judged as one replica, which computes a shard of ceil(b / d) rows (ReplicaTable), stashes
-// that shard's activations, and moves its share of every crossing tensor, bytes / max(d_src,
-// d_dst), in one transfer (latency + share / bandwidth). The stages get ranks by place_stages
-// (placement.h) unless given, and each replicated stage's sync is priced by the problem's sync
+// is judged as one replica, which computes a shard of ceil(b / d) rows (ReplicaTable) and stashes
+// that shard's activations. The stages get ranks by place_stages (placement.h) unless given;
+// every operator edge between stages is then priced by the links between those ranks as the
+// simulator prices a stage edge (cost/reshard.h: intra- or inter-node links, re-sharded pairs of
+// replicas at once, the busiest rank's sum), charged at both ends, so that a plan's figures
+// depend on the devices it uses and not on how many more the description has. (The simulator
+// sends a tensor read by several operators of one stage once; here each edge pays, as the DPs
+// count it.) Each
+// replicated stage's sync is priced by the problem's sync
 // method on its ranks (cost/sync_cost.h, as one bucket of all its operators' gradients; with the
 // default all-reduce, cost::best_all_reduce of its parameter bytes); it runs after the stage's
 // last backward, next to its optimizer step, so it joins the optimizer tail below. With one device per stage every figure

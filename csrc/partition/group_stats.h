@@ -33,11 +33,13 @@ class GroupStats {
       if ((*stamps_)[g.edge(e).src] == stamp_) {
         transfer -= p_->edge_seconds[e];  // was counted as leaving the group
         cross_bytes -= p_->edge_bytes[e];
+        --crossings;
       } else {
         transfer += p_->edge_seconds[e];
         act_bytes += p_->edge_bytes[e];
         input_bytes += p_->edge_bytes[e];
         cross_bytes += p_->edge_bytes[e];
+        ++crossings;
       }
     }
     for (graph::EdgeId e : g.out_edges(v)) {
@@ -46,9 +48,11 @@ class GroupStats {
         act_bytes -= p_->edge_bytes[e];
         input_bytes -= p_->edge_bytes[e];
         cross_bytes -= p_->edge_bytes[e];
+        --crossings;
       } else {
         transfer += p_->edge_seconds[e];
         cross_bytes += p_->edge_bytes[e];
+        ++crossings;
       }
     }
   }
@@ -73,6 +77,7 @@ class GroupStats {
   double input_bytes = 0.0;  // received tensors' bytes, one micro-batch (part of act_bytes)
   double params = 0.0;       // parameter bytes
   double cross_bytes = 0.0;  // bytes of the edges with exactly one end inside
+  int crossings = 0;         // how many such edges (each pays a link latency)
 
  private:
   const Problem* p_;

@@ -56,7 +56,7 @@ std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& ass
   std::vector<int> label_of(k, 0);
   for (std::size_t v = 0; v < assignment.size(); ++v) label_of[ev.stage_of[v]] = assignment[v];
   Score now = score(p, ev);
-  while (used < p.device_budget) {
+  while (true) {
     // Stages to try, in order: the overflowing ones by overflow, or those as slow as the slowest.
     std::vector<int> order;
     for (int s = 0; s < k; ++s) {
@@ -66,13 +66,27 @@ std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& ass
     std::sort(order.begin(), order.end(), [&](int x, int y) {
       return now.fits ? ev.stages[x].time() > ev.stages[y].time() : ev.stages[x].memory > ev.stages[y].memory;
     });
-    bool grown = false;
+    // The stages are tried in an order that does not depend on the budget, and the allocation
+    // stops at the first move the budget cannot pay for: with more devices the same moves are
+    // made, then more, so the result is never slower (each move keeps or shortens the step).
+    bool grown = false, over = false;
     for (int s : order) {
       const int label = label_of[s];
       const int level = table.level_of(replicas[label]);
-      if (level + 1 >= table.num_levels()) continue;
+      if (level + 1 >= table.num_levels()) {
+        // The table stops at the device count (not at the micro-batch's rows): the next count
+        // would exceed the budget.
+        if (table.max_replicas() < p.micro_batch_size && replicas[label] < p.micro_batch_size) {
+          over = true;
+          break;
+        }
+        continue;
+      }
       const int next = table.replicas(level + 1);
-      if (used - replicas[label] + next > p.device_budget) continue;
+      if (used - replicas[label] + next > p.device_budget) {
+        over = true;  // whether this move would pay cannot be told without the devices: stop here
+        break;
+      }
       std::vector<int> trial = replicas;
       trial[label] = next;
       Evaluation tried = evaluate(p, assignment, trial);
@@ -89,7 +103,7 @@ std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& ass
       grown = true;
       break;
     }
-    if (!grown) break;
+    if (!grown || over) break;
   }
   return replicas;
 }

@@ -3,10 +3,12 @@
 //
 // The graphpipe and sequential DPs choose replica counts jointly with the cut; every other
 // candidate (METIS's layout, refined or down-set layouts, a DP plan that leaves devices unused)
-// gets its replicas here, greedily: while devices are left, the slowest stage (or, while a stage
-// overflows memory, the worst one, whose activations shrink with its shard) gets the next
-// replica count that shrinks its shard, if the predicted step (evaluate.h) does not get worse
-// and that stage gets faster. Each round is one evaluation, O(V + E), at most device-count rounds.
+// gets its replicas here, greedily: the slowest stage (or, while a stage overflows memory, the
+// worst one, whose activations shrink with its shard) gets the next replica count that shrinks
+// its shard, if the predicted step (evaluate.h) does not get worse and that stage gets faster;
+// the first such move the device budget cannot pay for ends the allocation (the moves do not
+// depend on the budget, so a larger budget makes the same moves and then more: never slower).
+// Each round is one evaluation, O(V + E), at most device-count rounds.
 //
 // Replica-aware stage time used inside the DPs: a stage of d replicas is charged
 //   compute at ceil(b / d) rows + its crossing transfers with each tensor's bytes / d

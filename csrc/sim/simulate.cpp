@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "cost/gradient_buckets.h"
+#include "cost/reshard.h"
 #include "cost/sync_cost.h"
 #include "schedule/check.h"
 #include "schedule/generate.h"
-#include "schedule/shards.h"
 
 namespace graphpipe::sim {
 
@@ -305,34 +305,13 @@ class Replay {
     return static_cast<int>(tasks_.size()) - 1;
   }
 
-  // How long one transfer of edge `e` takes between the stages' ranks. One rank per stage: the
-  // link's time for the edge's bytes, plus a latency per tensor after the first (each tensor is
-  // its own send). Replicated stages (schedule/shards.h): every pair of replicas that shares
-  // rows carries those rows' share of the bytes, pairs at once; a rank's pairs take their sum,
-  // and the transfer lasts as long as the busiest rank.
+  // How long one transfer of edge `e` takes between the stages' ranks: cost/reshard.h, the rule
+  // the planner's evaluation prices stage edges by (the links the ranks use; re-sharded pairs of
+  // replicas at once, as long as the busiest rank).
   double transfer_seconds(int e) const {
     const auto& se = plan_.edges[e];
-    const auto& senders = s_.stage_ranks[se.src];
-    const auto& receivers = s_.stage_ranks[se.dst];
-    auto link = [&](int a, int b, double bytes) {
-      const double latency = a == b ? 0.0 : devices_.link_latency[a][b];
-      return devices_.transfer_seconds(a, b, bytes) + (se.tensors - 1) * latency;
-    };
-    if (senders.size() == 1 && receivers.size() == 1) return link(senders[0], receivers[0], se.bytes);
-    const std::int64_t rows = plan_.micro_batch_size;
-    const int ds = static_cast<int>(senders.size()), dr = static_cast<int>(receivers.size());
-    std::vector<double> send_busy(ds, 0.0), recv_busy(dr, 0.0);
-    for (int i = 0; i < ds; ++i) {
-      for (int j = 0; j < dr; ++j) {
-        const auto shared = schedule::overlap(schedule::shard_rows(rows, ds, i), schedule::shard_rows(rows, dr, j));
-        if (shared.size() == 0) continue;
-        const double seconds = link(senders[i], receivers[j], se.bytes * shared.size() / rows);
-        send_busy[i] += seconds;
-        recv_busy[j] += seconds;
-      }
-    }
-    return std::max(*std::max_element(send_busy.begin(), send_busy.end()),
-                    *std::max_element(recv_busy.begin(), recv_busy.end()));
+    return cost::reshard_seconds(devices_, s_.stage_ranks[se.src], s_.stage_ranks[se.dst], plan_.micro_batch_size,
+                                 se.bytes, se.tensors);
   }
 
   // Matches posted sends and receives of one pair; each match becomes a transfer task.

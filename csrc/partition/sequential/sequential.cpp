@@ -15,8 +15,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Cuts the order into at most `units` contiguous chunks of about equal compute; returns the
-// start position of each chunk plus the end.
+}  // namespace
+
 std::vector<int> chunk_bounds(const Problem& p, int units) {
   const int n = static_cast<int>(p.num_nodes());
   std::vector<int> bounds{0};
@@ -37,8 +37,6 @@ std::vector<int> chunk_bounds(const Problem& p, int units) {
   bounds.push_back(n);
   return bounds;
 }
-
-}  // namespace
 
 std::vector<int> sequential_assignment(const Problem& p) {
   const int n = static_cast<int>(p.num_nodes());

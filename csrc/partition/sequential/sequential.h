@@ -35,6 +35,10 @@ namespace graphpipe::partition {
 
 std::vector<int> sequential_assignment(const Problem& problem);
 
+// Cuts problem.order into at most `units` contiguous chunks of about equal compute; returns the
+// start position of each chunk, then the order's length.
+std::vector<int> chunk_bounds(const Problem& problem, int units);
+
 // (assignment, replica counts by label); both empty when no chain fits in memory.
 std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Problem& problem, double tolerance);
 

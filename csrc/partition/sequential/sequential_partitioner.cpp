@@ -2,19 +2,20 @@
 
 #include "partition/evaluate.h"
 #include "partition/replica_allocation.h"
+#include "partition/sequential/pipedream.h"
 #include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition {
 
-CandidatePlan SequentialPartitioner::plan(const PartitionRequest& request, const Problem& problem) {
+CandidatePlan SequentialPartitioner::plan(const PartitionRequest&, const Problem& problem) {
   if (!problem.replicated()) return {sequential_assignment(problem), std::string(kName), {}, {}};
-  // PipeDream-style: the chain with replica counts chosen with the cuts, its leftover devices
-  // handed out greedily, against plain data parallelism; the shorter predicted step wins.
+  // PipeDream's planner (pipedream.h): its chain for every device count up to the budget, and
+  // plain data parallelism at every replica count; the shortest predicted step wins. Each list
+  // only grows with the budget and each candidate's figures depend only on the devices it uses,
+  // so more devices never give a slower plan.
   std::vector<CandidatePlan> candidates;
-  auto [chain, replicas] = sequential_replicated(problem, request.options.tolerance);
-  if (!chain.empty()) {
-    replicas = allocate_replicas(problem, chain, std::move(replicas));
-    candidates.push_back({std::move(chain), std::string(kName), std::move(replicas), {}});
+  for (ChainPlan& chain : pipedream_plans(problem)) {
+    candidates.push_back({std::move(chain.assignment), std::string(kName), std::move(chain.replicas), {}});
   }
   auto [single, counts] = data_parallel_plan(problem);
   candidates.push_back({std::move(single), std::string(kName), std::move(counts), {}});

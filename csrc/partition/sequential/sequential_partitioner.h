@@ -10,10 +10,11 @@
 // best chain for that simpler cost. No refinement: the baseline is the contiguous cuts that
 // chain systems make, not a plan improved by graphpipe's tools. A micro-batch size at which no
 // chain fits in memory has no candidate (the driver then reports the least overflow).
-// With replication (Options::replicate) it is PipeDream's planner: the chain's cuts and each
-// stage's replica count chosen together (sequential_replicated in sequential.h), leftover
-// devices handed out greedily (replica_allocation.h), and plain data parallelism as the other
-// candidate; the shorter predicted step wins.
+// With replication (Options::replicate) it is PipeDream's planner (pipedream.h): the chain's
+// cuts and each stage's replica count chosen together by its dynamic program, one chain per
+// device count up to the budget, with plain data parallelism at every replica count beside
+// them; the shortest predicted step wins, so more devices never give a slower plan. Devices the
+// best chain does not need stay idle.
 #pragma once
 
 #include <string_view>

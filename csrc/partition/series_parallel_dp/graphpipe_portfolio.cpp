@@ -12,6 +12,7 @@
 #include "partition/metis/metis.h"
 #include "partition/metis/refine.h"
 #include "partition/replica_allocation.h"
+#include "partition/sequential/pipedream.h"
 #include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition {
@@ -22,6 +23,7 @@ const std::string kDp(GraphpipePortfolio::kName);
 const std::string kChain = kDp + "(chain)";
 const std::string kDownset = kDp + "(downset)";
 const std::string kFallback = kDp + "(fallback)";
+const std::string kPipeDream = kDp + "(pipedream)";
 
 // The fallback's start: every start refined (when asked), then the one that fits in memory (the
 // least overflow otherwise), then the lower slowest stage; on a tie the earlier start, so the
@@ -82,12 +84,11 @@ std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
   return sequential_assignment(p);
 }
 
-// With replication: the same cut with replica counts chosen along (sequential.h).
-CandidatePlan replicated_chain_along(Problem p, std::vector<graph::NodeId> order, double tolerance) {
+// With replication: PipeDream's chains (pipedream.h) of `order`, one per device count.
+void pipedream_along(Problem p, std::vector<graph::NodeId> order, std::vector<CandidatePlan>& out) {
   p.order = std::move(order);
   for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
-  auto [assignment, replicas] = sequential_replicated(p, tolerance);
-  return {std::move(assignment), kChain, std::move(replicas), {}};
+  for (ChainPlan& chain : pipedream_plans(p)) out.push_back({std::move(chain.assignment), kPipeDream, std::move(chain.replicas), {}});
 }
 
 // With replication, every candidate's leftover devices go to its slowest stages (replica
@@ -98,6 +99,24 @@ void finish_replicas(const Problem& problem, std::vector<CandidatePlan>& candida
   for (CandidatePlan& c : candidates) c.replicas = allocate_replicas(problem, c.assignment, std::move(c.replicas));
   auto [single, counts] = data_parallel_plan(problem);
   candidates.push_back({std::move(single), "graphpipe(data-parallel)", std::move(counts), {}});
+}
+
+// The device budgets the searches whose result is not monotone in the budget run at: the powers
+// of two up to the budget. The budget itself joins only when it is one of them, so that the
+// list for a budget contains the list for every smaller one.
+std::vector<int> budget_ladder(int budget) {
+  std::vector<int> ladder;
+  for (int b = 1; b <= budget; b *= 2) ladder.push_back(b);
+  return ladder;
+}
+
+// The problem as if only `budget` devices were there (every figure is the same: the figures of
+// a plan depend only on the devices it uses).
+Problem with_budget(const Problem& p, int budget) {
+  Problem at = p;
+  at.device_budget = budget;
+  at.max_stages = std::min(p.max_stages, budget);
+  return at;
 }
 
 void add_downset_plans(const Problem& problem, std::vector<CandidatePlan>& candidates) {
@@ -135,20 +154,26 @@ void GraphpipePortfolio::prepare(const PartitionRequest& request) {
   }
 }
 
-std::vector<CandidatePlan> GraphpipePortfolio::fallback_candidates(const PartitionRequest& request,
-                                                                   const Problem& problem) {
-  if (metis_starts_.empty()) metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
-  std::vector<std::vector<int>> starts = metis_starts_;
+std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionRequest& request, const Problem& problem) {
+  std::vector<std::vector<int>> starts;
+  if (!problem.replicated()) {
+    if (metis_starts_.empty()) metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
+    starts = metis_starts_;
+  } else {
+    // One METIS start per budget of the ladder, made at the first micro-batch size that asks.
+    auto [it, fresh] = metis_by_budget_.try_emplace(problem.device_budget);
+    if (fresh) it->second = metis_assignment(problem, problem.max_stages, request.options.seed);
+    starts.push_back(it->second);
+  }
   std::vector<int> chain = sequential_assignment(problem);
   if (!chain.empty()) starts.push_back(std::move(chain));
   std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback, {}, {}}};
   add_downset_plans(problem, candidates);
-  finish_replicas(problem, candidates);
   return candidates;
 }
 
-std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
-  if (!sp_->is_series_parallel) return fallback_candidates(request, problem);
+std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& request, const Problem& problem) {
+  if (!sp_->is_series_parallel) return fallback_layouts(request, problem);
   const bool refine_too = request.options.refine;
   // The plain chains (three orders, each refined) depend only on the problem: they are cut on a
   // second thread while the tree DP runs, the longer of the two (about 0.07 s against 0.21 s per
@@ -172,22 +197,38 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
   });
   std::vector<ReplicatedAssignment> dp = graphpipe_plans(problem, sp_->tree, request.options.tolerance);
   std::vector<CandidatePlan> chains = plain_chains.get();
-  if (dp.empty()) return fallback_candidates(request, problem);
+  if (dp.empty()) return fallback_layouts(request, problem);
   std::vector<CandidatePlan> candidates;
   for (ReplicatedAssignment& plan : dp) candidates.push_back({std::move(plan.assignment), kDp, std::move(plan.replicas), {}});
   if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp, {}, {}});
-  if (problem.replicated()) {
-    // The chains with replica counts chosen along their cuts, in the same three orders.
-    for (int order = 0; order < 3; ++order) {
-      CandidatePlan chain = replicated_chain_along(
-          problem, order == 0 ? problem.order : branch_order(problem, sp_->tree, order == 2), request.options.tolerance);
-      if (!chain.assignment.empty()) candidates.push_back(std::move(chain));
-    }
-  }
   for (CandidatePlan& chain : chains) candidates.push_back(std::move(chain));
   add_downset_plans(problem, candidates);
-  finish_replicas(problem, candidates);
   return candidates;
+}
+
+std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
+  if (!problem.replicated()) return layouts(request, problem);
+  // Never worse with more devices: the searches above are run at every budget of the ladder
+  // (largest first), their layouts topped up with replicas within the whole budget by the
+  // allocation that only gains moves as the budget grows (replica_allocation.h), and PipeDream's
+  // chains and plain data parallelism, whose lists only grow with the budget, join them. Every
+  // candidate for fewer devices is then matched by one at least as fast here.
+  std::vector<CandidatePlan> all;
+  const std::vector<int> ladder = budget_ladder(problem.device_budget);
+  for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) {
+    for (CandidatePlan& c : layouts(request, with_budget(problem, *b))) {
+      const bool seen = std::any_of(all.begin(), all.end(), [&](const CandidatePlan& o) {
+        return o.assignment == c.assignment && o.replicas == c.replicas;
+      });
+      if (!seen) all.push_back(std::move(c));
+    }
+  }
+  finish_replicas(problem, all);
+  pipedream_along(problem, problem.order, all);
+  if (sp_->is_series_parallel) {
+    for (int order = 1; order < 3; ++order) pipedream_along(problem, branch_order(problem, sp_->tree, order == 2), all);
+  }
+  return all;
 }
 
 CandidatePlan GraphpipePortfolio::plan(const PartitionRequest& request, const Problem& problem) {

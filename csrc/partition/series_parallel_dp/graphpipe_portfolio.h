@@ -28,11 +28,17 @@
 // Refinement of the DP's plan and of the starts is skipped when Options::refine is off.
 //
 // With replication (Problem::replicated(); docs/design.md, "Replicated stages in the planner"):
-// the DP's plans carry the replica counts it chose with the cut; the three orders are also cut
-// by the replica-aware sequential DP (label "graphpipe(chain)"); every candidate's leftover
-// devices are handed out greedily (replica_allocation.h); and plain data parallelism, the whole
-// graph as one stage on its best replica count, is one more candidate,
-//                                                                    label "graphpipe(data-parallel)".
+// the DP's plans carry the replica counts it chose with the cut. The candidates above are made
+// at every device budget of a ladder (the powers of two up to the budget; the budget itself when
+// it is one), since their searches are not monotone in the budget; every one's leftover devices
+// are then handed out greedily within the whole budget (replica_allocation.h, which only gains
+// moves as the budget grows); plain data parallelism, the whole graph as one stage on its best
+// replica count, is one more candidate,                              label "graphpipe(data-parallel)";
+// and so are PipeDream's chains (pipedream.h, one per device count up to the budget) of the
+// three orders, evaluated as graphs,                                 label "graphpipe(pipedream)".
+// Each candidate's figures depend only on the devices it uses (evaluate.h), and the list for a
+// budget holds, for every candidate for a smaller budget, one at least as fast: the planner never
+// returns a slower plan for more devices, and never one slower than the sequential baseline's.
 //
 // The winner (portfolio_winner): the least predicted step, (M + depth - 1) x slowest stage +
 // optimizer tail (evaluate.h), among the candidates that fit in memory; ties to the earlier
@@ -40,6 +46,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -71,12 +78,17 @@ class GraphpipePortfolio final : public Partitioner {
   std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem);
 
  private:
-  std::vector<CandidatePlan> fallback_candidates(const PartitionRequest& request, const Problem& problem);
+  // The layouts of one search budget (problem.device_budget), before replica allocation.
+  std::vector<CandidatePlan> layouts(const PartitionRequest& request, const Problem& problem);
+  std::vector<CandidatePlan> fallback_layouts(const PartitionRequest& request, const Problem& problem);
 
   std::optional<graph::SPDecomposition> sp_;
   // METIS's start for the fallback: made in prepare() for a graph that is not series-parallel,
   // else at the first micro-batch size whose DP finds nothing, then kept for the larger sizes.
   std::vector<std::vector<int>> metis_starts_;
+  // With replication: METIS's start at each budget of the ladder, made at the first micro-batch
+  // size that asks for it.
+  std::map<int, std::vector<int>> metis_by_budget_;
 };
 
 }  // namespace graphpipe::partition
