@@ -17,9 +17,12 @@ then for every stage print
   halves, and under ``zb_graph`` with halves of the backward (the pricing before).
 
 One thread, as compare.py's ranks run. Timings on a shared machine are noisy: each measured
-figure is a median of ``--repeats`` runs.
+figure is a median of ``--repeats`` runs, timed by default in the thread's CPU time (``--clock
+cpu``: autograd runs a CPU backward in the calling thread, and CPU time does not count the time
+other processes hold the core, which on a busy 2-core machine moved wall-clock ratios by 20%);
+``--clock wall`` times wall-clock seconds.
 
-    python benchmarks/backward_split_bench.py [--models mmt transformer] [--repeats 9]
+    python benchmarks/backward_split_bench.py [--models mmt transformer] [--repeats 9] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def node_values(gm: fx.GraphModule, values: list[Any]) -> dict[str, Any]:
     return {n.name: v for n, v in run.env.items()}
 
 
-def measure_stage(stage: Any, env: dict[str, Any], repeats: int) -> dict[str, float]:
+def measure_stage(stage: Any, env: dict[str, Any], repeats: int, clock: Any = time.thread_time) -> dict[str, float]:
     """Median seconds of the stage's whole backward, and of its I and W as the runtime runs them."""
     module = stage.module
     received = {name for names in stage.in_values.values() for name in names}
@@ -78,16 +81,16 @@ def measure_stage(stage: Any, env: dict[str, Any], repeats: int) -> dict[str, fl
     for _ in range(repeats + 1):  # the first run warms up
         outs, _ = forward()
         grads = [torch.ones_like(t) for t in outs]
-        start = time.perf_counter()
+        start = clock()
         torch.autograd.backward(outs, grads)
-        whole.append(time.perf_counter() - start)
+        whole.append(clock() - start)
         outs, leaves = forward()
-        start = time.perf_counter()
+        start = clock()
         _, pending = graphpipe._C.backward_input(outs, grads, leaves, params)
         del outs  # as the executor drops the roots after I
-        middle = time.perf_counter()
+        middle = clock()
         pending.run()
-        end = time.perf_counter()
+        end = clock()
         inputs.append(middle - start)
         weights.append(end - middle)
     return {"B": statistics.median(whole[1:]), "I": statistics.median(inputs[1:]),
@@ -110,10 +113,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="runs per measured stage figure")
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], help="ranks to plan on")
     parser.add_argument("--profile-repeats", type=int, default=5, help="graphpipe.profile(repeats=...)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time the backwards in this thread's CPU time or in wall-clock time")
     parser.add_argument("--out", default="results/backward_split_bench.json")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as every rank of compare.py and the runtime tests runs
     torch.manual_seed(0)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     report: list[dict[str, Any]] = []
     for name in args.models:
         spec = BENCH_SPECS[name]
@@ -149,7 +155,7 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|---|---|---|---|")
             rows_out = []
             for st, module in zip(plan.stages, stages):
-                m = measure_stage(module, env, args.repeats)
+                m = measure_stage(module, env, args.repeats, clock)
                 row = {"stage": st.id, "operators": len(st.nodes), "F": st.forward_seconds, "B": st.backward_seconds,
                        "I": st.backward_input_seconds, "W": st.backward_weight_seconds,
                        "measured": m}
