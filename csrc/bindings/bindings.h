@@ -19,5 +19,6 @@ void bind_sim(pybind11::module_& m);
 // Communication hooks before the runtime: GradientBuckets takes a CommHook.
 void bind_comm_hooks(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
+void bind_topology(pybind11::module_& m);
 
 }  // namespace graphpipe::bindings

@@ -14,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
   graphpipe::bindings::bind_sim(m);
   graphpipe::bindings::bind_comm_hooks(m);
   graphpipe::bindings::bind_runtime(m);
+  graphpipe::bindings::bind_topology(m);
 }

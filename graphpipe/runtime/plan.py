@@ -92,23 +92,7 @@ def manual_plan(
     that makes it fit."""
     rules = {str(name): int(stage) for name, stage in assignment.items()}
     if "" not in rules:
-        # An operator that no rule covers (torch.cat in the model's own forward, say) gets a rule
-        # of its own: the earliest stage of its consumers, so that naming the main operators
-        # suffices. Operators covered only by a module prefix are left to the partitioner.
-        stage_of: dict[int, int] = {}
-        for v in reversed(list(graph.topological_order())):
-            node = graph.node(v)
-            if node.name in rules:
-                stage_of[v] = rules[node.name]
-                continue
-            by_prefix = _prefix_stage(node.module, rules)
-            if by_prefix is not None:
-                stage_of[v] = by_prefix
-                continue
-            consumers = [stage_of[w] for w in graph.successors(v) if w in stage_of]
-            if consumers:
-                stage_of[v] = min(consumers)
-                rules[node.name] = stage_of[v]
+        _follow_consumers(graph, rules)
     num_stages = max(rules.values(), default=0) + 1
     if stage_devices is None:
         return make_plan(graph, num_stages if devices is None else devices, "manual", batch_size=batch_size,
@@ -121,12 +105,18 @@ def manual_plan(
                      manual=rules, stage_devices=placed, **plan_options)
 
 
-def _prefix_stage(module: str, rules: Mapping[str, int]) -> int | None:
-    """The stage of the longest module prefix rule that reaches an operator of ``module``
-    (partition/manual/manual.h), None when none does."""
-    parts = module.split(".") if module else []
-    for k in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:k])
-        if prefix in rules:
-            return rules[prefix]
-    return None
+def _follow_consumers(graph: Any, rules: dict[str, int]) -> None:
+    """Adds a rule for every operator that no rule covers (torch.cat in the model's own forward,
+    say): the earliest stage of its consumers, so that naming the main operators suffices. Which
+    rule covers an operator is the C++ manual partitioner's answer (``_C.manual_rule_stages``,
+    partition/manual/manual.h: the longest matching rule), not matched again here."""
+    ruled = _C.manual_rule_stages(graph, list(rules.items()))
+    stage_of: dict[int, int] = {}
+    for v in reversed(list(graph.topological_order())):
+        if ruled[v] >= 0:
+            stage_of[v] = ruled[v]
+            continue
+        consumers = [stage_of[w] for w in graph.successors(v) if w in stage_of]
+        if consumers:
+            stage_of[v] = min(consumers)
+            rules[graph.node(v).name] = stage_of[v]

@@ -101,6 +101,20 @@ def test_chain_relays_are_the_cpp_plans() -> None:
     torch.testing.assert_close(_run_stages_in_order(cut, {"x": x}), model(x))
 
 
+def test_manual_rules_are_matched_by_cpp() -> None:
+    """manual_plan reads which rule covers an operator from the C++ manual partitioner
+    (``_C.manual_rule_stages``): the longest rule wins, "" covers every operator but the inputs;
+    an operator no rule covers (``add``) follows its earliest consumer."""
+    traced = trace_module(_Skip(), (torch.randn(2, 64),))
+    graph = traced.graph
+    names = [graph.node(v).name for v in range(graph.num_nodes)]
+    ruled = dict(zip(names, _C.manual_rule_stages(graph, [("b", 1), ("", 0)])))
+    assert ruled == {"x": -1, "a": 0, "b": 1, "c": 0, "add": 0, "d": 0}
+    assert dict(zip(names, _C.manual_rule_stages(graph, [("a", 0), ("d", 1)])))["add"] == -1
+    plan = manual_plan(graph, {"a": 0, "b": 0, "c": 1, "d": 1}, 2)
+    assert [[graph.node(v).name for v in st.nodes] for st in plan.stages] == [["x", "a", "b"], ["c", "add", "d"]]
+
+
 def test_plan_must_cover_every_operator() -> None:
     model, example, _ = make_model("candle_uno")
     traced = trace_module(model, example)

@@ -20,6 +20,22 @@ bool covers(const std::string& prefix, const graph::Node& node) {
 
 }  // namespace
 
+std::vector<int> manual_rule_stages(const graph::OpGraph& g, const ManualMapping& mapping) {
+  const int n = static_cast<int>(g.num_nodes());
+  std::vector<int> stages(n, -1);
+  for (int v = 0; v < n; ++v) {
+    const graph::Node& node = g.node(v);
+    std::size_t best_length = 0;
+    for (const auto& [prefix, stage] : mapping) {
+      if (covers(prefix, node) && (stages[v] < 0 || prefix.size() > best_length)) {
+        stages[v] = stage;
+        best_length = prefix.size();
+      }
+    }
+  }
+  return stages;
+}
+
 std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping& mapping, int num_devices) {
   if (mapping.empty()) {
     throw PlanningError("the manual partitioner needs a mapping from module names to stages");
@@ -33,19 +49,8 @@ std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping&
     }
     stages = std::max(stages, stage + 1);
   }
-  const int n = static_cast<int>(g.num_nodes());
-  std::vector<int> assignment(n, -1);
+  std::vector<int> assignment = manual_rule_stages(g, mapping);
   std::vector<std::string> unmapped;
-  for (int v = 0; v < n; ++v) {
-    const graph::Node& node = g.node(v);
-    std::size_t best_length = 0;
-    for (const auto& [prefix, stage] : mapping) {
-      if (covers(prefix, node) && (assignment[v] < 0 || prefix.size() > best_length)) {
-        assignment[v] = stage;
-        best_length = prefix.size();
-      }
-    }
-  }
   for (graph::NodeId v : g.topological_order()) {
     if (assignment[v] >= 0) continue;
     if (g.node(v).op == "input") {

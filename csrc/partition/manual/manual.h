@@ -26,6 +26,11 @@ using ManualMapping = std::vector<std::pair<std::string, int>>;
 std::vector<int> manual_assignment(const graph::OpGraph& graph, const ManualMapping& mapping,
                                    int num_devices);
 
+// The stage of the longest rule covering each operator (the rule above), -1 for an operator no
+// rule covers; no other check. graphpipe.runtime.manual_plan reads it instead of matching rules
+// in Python. O(V x rules).
+std::vector<int> manual_rule_stages(const graph::OpGraph& graph, const ManualMapping& mapping);
+
 // The ranks of each of `num_stages` stages from the user's stage -> device ids (Options::
 // stage_devices): a stage named gets its list (sorted), a stage not named one device, the
 // lowest no stage names. PlanningError naming the problem for a stage outside 0..num_stages-1,
