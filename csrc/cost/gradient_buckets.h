@@ -7,14 +7,15 @@
 // buckets. A small first-to-last size keeps the overlap: with one large bucket nothing could
 // start before the backward ends. 1 MiB is DDP's first-bucket size.
 //
-// gradient_buckets() is the runtime's layout rule, written here so that the cost model can
-// price what each bucket holds (top-k's k and PowerSGD's factors depend on bucket contents): the
-// parameters are walked from last to first, skipping those that are not trained; each dtype has
-// one open bucket; a parameter goes into its dtype's open bucket unless that bucket already
-// holds bucket_bytes or more, in which case it opens a new one (so a bucket passes the cap by
-// its last parameter, and a parameter larger than the cap is a bucket of its own). Buckets are
-// listed in the order they were opened, which is the order the runtime starts them in.
-// O(P) for P parameters.
+// bucket_layout() is the one layout rule: the runtime lays out its tensors with it, and the cost
+// model prices what each bucket holds with it (top-k's k and PowerSGD's factors depend on bucket
+// contents; gradient_buckets() for parameter shapes). The parameters are walked from last to
+// first, skipping those that are not trained; each (dtype, device) has one open bucket; a
+// parameter goes into its open bucket unless that bucket already holds bucket_bytes or more, in
+// which case it opens a new one (so a bucket passes the cap by its last parameter, and a
+// parameter larger than the cap is a bucket of its own); a cap <= 0 puts all of a (dtype,
+// device)'s parameters in one bucket. Buckets are listed in the order they were opened, which is
+// the order the runtime starts them in. O(P log P) for P parameters.
 #pragma once
 
 #include <algorithm>
@@ -45,8 +46,21 @@ struct GradientBucket {
   double bytes() const { return static_cast<double>(numel) * element_size; }
 };
 
-// The runtime's buckets of `parameters` (in the stage module's registration order). A cap <= 0
-// puts each dtype's parameters in one bucket.
+// One parameter as the layout sees it. Parameters of different dtypes or devices never share a
+// bucket (the planner, which does not place tensors, leaves device empty).
+struct BucketEntry {
+  std::string dtype;
+  std::string device;
+  int element_size = 4;
+  std::int64_t numel = 0;
+  bool trained = true;
+};
+
+// The buckets of `parameters` (in the stage module's registration order); GradientBucket::dtype
+// is the bucket's entries' dtype, GradientBucket::parameters index `parameters`.
+std::vector<GradientBucket> bucket_layout(const std::vector<BucketEntry>& parameters, double bucket_bytes);
+
+// The runtime's buckets of `parameters` (in the stage module's registration order).
 std::vector<GradientBucket> gradient_buckets(const std::vector<graph::ParamShape>& parameters,
                                              double bucket_bytes = kDefaultBucketBytes);
 

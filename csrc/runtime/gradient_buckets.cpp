@@ -4,10 +4,10 @@
 #include <ATen/core/jit_type.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
-#include <map>
 #include <sstream>
-#include <tuple>
+#include <string>
 
+#include "cost/gradient_buckets.h"
 #include "runtime/all_reduce_hook.h"
 #include "runtime/errors.h"
 #include "runtime/future_wait.h"
@@ -39,25 +39,22 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> parameters, c10::intrus
   bucket_of_.assign(P, -1);
   offset_.assign(P, 0);
   seen_.assign(P, 0);
-  // Reverse registration order, one open bucket per (dtype, device): the backward produces the
-  // last layers' gradients first, so the first buckets fill (and start) first.
-  std::map<std::tuple<int, int, int>, int> open;
-  for (int p = P - 1; p >= 0; --p) {
-    const auto& t = parameters_[p];
-    if (!t.requires_grad()) continue;
-    const auto key = std::make_tuple(static_cast<int>(t.scalar_type()), static_cast<int>(t.device().type()),
-                                     static_cast<int>(t.device().index()));
-    auto it = open.find(key);
-    if (it == open.end() ||
-        static_cast<double>(buckets_[it->second].numel * t.element_size()) >= bucket_bytes) {
-      buckets_.emplace_back();
-      it = open.insert_or_assign(key, static_cast<int>(buckets_.size()) - 1).first;
+  // The cost model's layout (cost/gradient_buckets.h: reverse registration order, so that the
+  // first buckets fill and start first; one open bucket per dtype and device).
+  std::vector<cost::BucketEntry> entries;
+  entries.reserve(P);
+  for (const auto& t : parameters_) {
+    entries.push_back({std::string(c10::toString(t.scalar_type())), t.device().str(),
+                       static_cast<int>(t.element_size()), t.numel(), t.requires_grad()});
+  }
+  for (const cost::GradientBucket& layout : cost::bucket_layout(entries, bucket_bytes)) {
+    Bucket& b = buckets_.emplace_back();
+    for (int p : layout.parameters) {
+      bucket_of_[p] = static_cast<int>(buckets_.size()) - 1;
+      offset_[p] = b.numel;
+      b.numel += parameters_[p].numel();
+      b.parameters.push_back(p);
     }
-    Bucket& b = buckets_[it->second];
-    bucket_of_[p] = it->second;
-    offset_[p] = b.numel;
-    b.numel += t.numel();
-    b.parameters.push_back(p);
   }
   for (auto& b : buckets_) {
     const auto& first = parameters_[b.parameters.front()];
