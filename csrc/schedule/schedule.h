@@ -9,7 +9,7 @@
 //
 // Replicated stages (data parallelism inside a stage): a stage may run on several ranks, its
 // replicas, listed in stage_ranks with its lead first. Each micro-batch is split by rows among
-// the replicas (runtime/sharding.h), and every replica runs the lead's program unchanged on its
+// the replicas (shards.h), and every replica runs the lead's program unchanged on its
 // rows: a transfer instruction then means "exchange my rows with the ranks of the other stage
 // that own them", and the stage's all_reduce instruction sums the replicas' gradients. Because
 // the programs are identical and every pair of ranks exchanges its rows in the program's order,
