@@ -20,6 +20,7 @@
 //
 // Operators are named (not numbered) so that a reader can follow the file; operator edges are
 // numbered, which the fingerprint makes safe (it covers the edge list).
+// Files: plan_validate.cpp (validate_plan and the stage edges a plan implies), plan_io.cpp (JSON).
 #pragma once
 
 #include <nlohmann/json.hpp>
