@@ -95,7 +95,7 @@ def plan(
     manual: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
     device_kind: str = "cpu",
     seed: int = 0,
-    replicate: bool = False,
+    replicate: bool | None = None,
     stage_devices: Mapping[int, Sequence[int]] | None = None,
     schedule: str = "1f1b",
     sync: Any = None,
@@ -117,8 +117,11 @@ def plan(
         replicate: let a stage run on several devices as data-parallel replicas (each takes a
             shard of every micro-batch and the replicas all-reduce their gradients once per
             iteration); the partitioner chooses the replica counts with the cut, and plain data
-            parallelism (one stage on every device) is one of its candidates. Default off: one
-            device per stage.
+            parallelism (one stage on every device) is one of its candidates. ``False``: one
+            device per stage. Default (``None``): one device per stage while that uses every
+            device; when the plan without replicas leaves devices idle (more devices than
+            useful stages, or than operators), the replicated plan is made too and the one of
+            shorter predicted step is returned (a tie keeps the plan without replicas).
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
@@ -137,7 +140,7 @@ def plan(
         table; ``plan.save(graph, path)`` writes JSON.
 
     Raises:
-        PlanningError: zero devices, more devices than operators (without ``replicate``), a
+        PlanningError: zero devices, more devices than operators (with ``replicate=False``), a
             model that does not fit in memory (with the shortfall), a bad manual mapping or
             ``stage_devices`` (an unknown stage, an empty list, overlapping or out-of-range
             devices).
@@ -162,22 +165,38 @@ def plan(
         if not isinstance(stage_devices, Mapping):
             raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
         ranks = {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
-    return _C.partition(
-        graph,
-        described,
-        partitioner=partitioner,
-        batch_size=batch_size or 0,
-        micro_batch_size=micro_batch_size,
-        num_micro_batches=micro_batches,
-        memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None,
-        optimizer=optimizer,
-        manual=mapping,
-        seed=seed,
-        replicate=bool(replicate),
-        stage_devices=ranks,
-        zero_bubble=_zero_bubble(schedule),
-        sync=sync_method(sync),
-    )
+
+    def partition(replicated: bool) -> Any:
+        return _C.partition(
+            graph,
+            described,
+            partitioner=partitioner,
+            batch_size=batch_size or 0,
+            micro_batch_size=micro_batch_size,
+            num_micro_batches=micro_batches,
+            memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None,
+            optimizer=optimizer,
+            manual=mapping,
+            seed=seed,
+            replicate=replicated,
+            stage_devices=ranks,
+            zero_bubble=_zero_bubble(schedule),
+            sync=sync_method(sync),
+        )
+
+    # The default replicates only where one device per stage leaves devices idle; which plan is
+    # faster is the core's prediction (each plan's predicted step), not a rule made here.
+    if replicate is not None or partitioner == "manual":
+        return partition(bool(replicate))
+    # More devices than operators: only replicas can use them.
+    if described.count > graph.num_nodes:
+        return partition(True)
+    single = partition(False)
+    if sum(len(stage.devices) for stage in single.stages) >= described.count:
+        return single
+    replicated = partition(True)
+    faster = replicated.predicted_iteration_seconds < single.predicted_iteration_seconds
+    return replicated if faster else single
 
 
 def sync_method(sync: Any) -> Any:

@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "common/error.h"
+#include "cost/gradient_buckets.h"
 #include "cost/reshard.h"
 #include "partition/backward_halves.h"
 #include "partition/placement.h"
@@ -330,8 +331,21 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
   // Backward work upstream of each stage (stages are numbered topologically, edges by src).
   std::vector<double> upstream(k, 0.0);
   for (const auto& [a, b] : order_edges) upstream[b] = std::max(upstream[b], upstream[a] + ev.stages[a].backward);
+  // The runtime sums a replicated stage's gradients in buckets (cost/gradient_buckets.h) that
+  // start while its last backward still runs (the backward fills them at an even pace, the
+  // simulator's model): with n equal buckets of c = all_reduce / n each, bucket i is ready i / n
+  // into that backward B, and the last one ends max over i of (i B / n + (n - i + 1) c) - B after
+  // the backward, max(c, all_reduce - B (n - 1) / n) (the expression is linear in i).
+  std::vector<double> stage_params(k, 0.0);
+  for (int v = 0; v < n; ++v) stage_params[ev.stage_of[v]] += p.param_bytes[v];
   for (int s = 0; s < k; ++s) {
-    ev.optimizer_tail = std::max(ev.optimizer_tail, ev.stages[s].all_reduce + ev.stages[s].optimizer - upstream[s]);
+    const StageFigures& f = ev.stages[s];
+    double exposed = f.all_reduce;
+    if (f.all_reduce > 0.0) {
+      const double buckets = std::max(1, cost::bucket_count(stage_params[s]));
+      exposed = std::max(f.all_reduce / buckets, f.all_reduce - f.backward * (buckets - 1.0) / buckets);
+    }
+    ev.optimizer_tail = std::max(ev.optimizer_tail, exposed + f.optimizer - upstream[s]);
   }
   ev.max_overflow = -std::numeric_limits<double>::infinity();
   for (int s = 0; s < k; ++s) {

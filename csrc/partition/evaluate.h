@@ -21,7 +21,8 @@
 // replicated stage's sync is priced by the problem's sync
 // method on its ranks (cost/sync_cost.h, as one bucket of all its operators' gradients; with the
 // default all-reduce, cost::best_all_reduce of its parameter bytes); it runs after the stage's
-// last backward, next to its optimizer step, so it joins the optimizer tail below. With one device per stage every figure
+// last backward, next to its optimizer step, so it joins the optimizer tail below, in buckets
+// that start during that backward as the runtime runs them (only what outlasts it counts). With one device per stage every figure
 // is what it was before replication existed, and stage s is on device s.
 #pragma once
 

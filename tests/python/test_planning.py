@@ -88,7 +88,7 @@ def test_bad_requests_get_clear_errors(uno) -> None:
     with pytest.raises(graphpipe.InputError, match="memory size"):
         graphpipe.plan(graph, 2, memory_limit="lots")
     with pytest.raises(graphpipe.GraphpipeError):
-        graphpipe.plan(graph, graph.num_nodes + 5, "sequential")
+        graphpipe.plan(graph, graph.num_nodes + 5, "sequential", replicate=False)
 
 
 def test_plan_file_is_checked_against_its_graph(uno, tmp_path) -> None:
@@ -220,10 +220,10 @@ def test_devices_on_nodes_and_the_all_reduce_they_imply() -> None:
 @pytest.mark.parametrize("partitioner", ["graphpipe", "sequential", "metis"])
 def test_replicate_keyword_gives_stages_several_devices(uno, partitioner: str) -> None:
     _, _, graph = uno
-    # More devices than operators: only possible with replicas.
+    # More devices than operators: only possible with replicas (the default then replicates).
     count = graph.num_nodes + 3
     with pytest.raises(graphpipe.PlanningError, match="replicate=True"):
-        graphpipe.plan(graph, count, partitioner)
+        graphpipe.plan(graph, count, partitioner, replicate=False)
     plan = graphpipe.plan(graph, count, partitioner, replicate=True)
     plan.validate(graph)
     used = [d for stage in plan.stages for d in stage.devices]
@@ -241,7 +241,7 @@ def test_replicate_keyword_gives_stages_several_devices(uno, partitioner: str) -
 
 def test_replicate_off_is_one_device_per_stage(uno) -> None:
     _, _, graph = uno
-    plan = graphpipe.plan(graph, 4, "graphpipe")
+    plan = graphpipe.plan(graph, 4, "graphpipe", replicate=False)
     assert [s.devices for s in plan.stages] == [[s.id] for s in plan.stages]
     assert all(s.all_reduce_seconds == 0.0 for s in plan.stages)
 
