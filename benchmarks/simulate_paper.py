@@ -16,7 +16,10 @@ graph+dp (``graphpipe`` with ``replicate=True``), sequential+dp (``sequential`` 
 a manual plan). Each plan is simulated (graph-aware 1F1B; the simulator models the replicas'
 re-sharded transfers and their bucketed gradient all-reduce, here with ``--bucket-mib`` 25 MiB
 buckets, DDP's default, as a GPU run would use: ``wrap(..., bucket_bytes=)``), and the
-planner's own predicted step is printed beside it. Writes results/simulate_paper_replicas.json.
+planner's own predicted step is printed beside it. A second table gives graph+dp's simulated
+speedup over the other two per row, each planner's predicted / simulated step, and the GraphPipe
+paper's 1.25-1.61x (over PipeDream and Piper, 32 GPUs) beside the 32-GPU rows. Writes
+results/simulate_paper_replicas.json.
 
     python benchmarks/simulate_paper.py --replicas [--devices 8 16 32 64] [--batch 256]
 """
@@ -46,6 +49,31 @@ def first_stage_memory(plan) -> float:
 
 
 REPLICA_MODELS = ("mmt", "dlrm", "candle_uno")
+
+
+#: The GraphPipe paper's speedups over PipeDream and Piper on 32 GPUs (Jeon et al., ASPLOS 2025).
+PAPER_32_GPUS = "1.25-1.61x"
+
+
+def print_ratios(rows: list[dict]) -> None:
+    """graph+dp's simulated speedup over sequential+dp and over data parallelism per row, and how
+    far each planner's predicted step is from the simulated one; the paper's range beside 32 GPUs."""
+    print()
+    print("| model | GPUs | graph+dp vs sequential+dp | graph+dp vs data parallel | paper (32 GPUs) | "
+          "planner / simulated: graph+dp, sequential+dp, data parallel |")
+    print("|" + "---|" * 6)
+    keyed = {(r["model"], r["gpus"], r["plan"]): r for r in rows if "simulated_iteration_seconds" in r}
+    for model, gpus in dict.fromkeys((r["model"], r["gpus"]) for r in rows):
+        graph, seq, dp = (keyed.get((model, gpus, label)) for label in ("graph+dp", "sequential+dp", "data parallel"))
+
+        def ratio(other):
+            if graph is None or other is None:
+                return "-"
+            return f"{other['simulated_iteration_seconds'] / graph['simulated_iteration_seconds']:.2f}x"
+
+        agreement = ", ".join(f"{r['predicted_iteration_seconds'] / r['simulated_iteration_seconds']:.2f}" if r else "-"
+                              for r in (graph, seq, dp))
+        print(f"| {model} | {gpus} | {ratio(seq)} | {ratio(dp)} | {PAPER_32_GPUS if gpus == 32 else ''} | {agreement} |")
 
 
 def replicas_mode(args) -> None:
@@ -104,6 +132,7 @@ def replicas_mode(args) -> None:
                       f"{row['widest_stage']} | {plan.num_micro_batches} x {plan.micro_batch_size} | {step * 1e3:.2f} | "
                       f"{plan.predicted_iteration_seconds * 1e3:.2f} | {args.batch / step:.0f} | {ratio} | {seconds:.2f} |",
                       flush=True)
+    print_ratios(rows)
     out = args.out if args.out != "results/simulate_paper.json" else "results/simulate_paper_replicas.json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
