@@ -79,6 +79,9 @@ class WrapOptions:
     def from_keywords(cls, base: "WrapOptions | None" = None, **keywords: Any) -> "WrapOptions":
         """``base`` (default: the defaults) with the fields named in ``keywords`` replaced; a
         keyword that is no field is a planning option (``plan_options``)."""
+        if base is not None and not isinstance(base, WrapOptions):
+            raise InputError(f"graphpipe.wrap: options must be a graphpipe.WrapOptions, got a {type(base).__name__} "
+                             "(pass the process group as group=)")
         names = {f.name for f in dataclasses.fields(cls)} - {"plan_options"}
         fields = {k: v for k, v in keywords.items() if k in names}
         extra = {k: v for k, v in keywords.items() if k not in names}

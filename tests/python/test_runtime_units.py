@@ -200,3 +200,32 @@ def test_wrap_needs_a_process_group() -> None:
     model, example, _ = make_model("candle_uno")
     with pytest.raises(InputError, match="init_process_group"):
         graphpipe.wrap(model, example, nn.MSELoss())
+
+
+def test_wrap_options_are_declared_once() -> None:
+    """wrap and Pipeline take WrapOptions (or its fields as keywords): each field is typed and
+    documented there once; any other keyword is a planning option."""
+    import dataclasses
+    import inspect
+
+    from graphpipe.runtime.options import WrapOptions
+    from graphpipe.runtime.pipeline import Pipeline, wrap
+
+    for fn in (wrap, Pipeline.__init__):
+        params = [p for p in inspect.signature(fn).parameters if p != "self"]
+        assert params == ["model", "example_inputs", "loss_fn", "options", "keywords"]
+    doc = WrapOptions.__doc__ or ""
+    for f in dataclasses.fields(WrapOptions):
+        assert f"        {f.name}:" in doc, f"WrapOptions.{f.name} is not documented"
+        assert f.type, f.name
+    options = WrapOptions.from_keywords(None, schedule="zb_graph", memory_limit="1GB")
+    assert options.schedule == "zb_graph" and dict(options.plan_options) == {"memory_limit": "1GB"}
+    again = WrapOptions.from_keywords(options, micro_batches=4, seed=1)
+    assert (again.schedule, again.micro_batches) == ("zb_graph", 4)
+    assert dict(again.plan_options) == {"memory_limit": "1GB", "seed": 1}
+    with pytest.raises(InputError, match="options must be a graphpipe.WrapOptions"):
+        WrapOptions.from_keywords(object())
+    with pytest.raises(InputError, match="bucket_bytes must be positive"):
+        WrapOptions(bucket_bytes=0).bucket_size()
+    with pytest.raises(InputError, match="plan= was given"):
+        WrapOptions(plan="{}", devices=2).refuse_ignored_planning()

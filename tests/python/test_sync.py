@@ -79,6 +79,9 @@ def build_pipe(name: str, placement: str) -> Any:
     graph = trace_module(model, example).graph
     assignment = {"fc1": 0, "fc2": 1, "fc3": 1} if placement == "2x2" else {"": 0}
     plan = manual_plan(graph, assignment, MICRO_BATCHES, stage_devices=PLACEMENTS[placement])
+    if name == "all_reduce":  # the same options as one WrapOptions object
+        options = graphpipe.WrapOptions(plan=plan, timeout=60, sync=sync_method(name), bucket_bytes=2048)
+        return graphpipe.wrap(model, example, nn.functional.cross_entropy, options), batches
     pipe = graphpipe.wrap(model, example, nn.functional.cross_entropy, plan=plan, timeout=60,
                           sync=sync_method(name), bucket_bytes=2048)
     return pipe, batches
