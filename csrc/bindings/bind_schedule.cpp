@@ -5,9 +5,9 @@
 #include "bindings/bindings.h"
 #include "plan/plan.h"
 #include "schedule/check.h"
-#include "schedule/shards.h"
 #include "schedule/generate.h"
 #include "schedule/schedule_json.h"
+#include "schedule/shards.h"
 
 namespace py = pybind11;
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "partition/evaluate.h"
-#include "plan/plan.h"
 #include "partition/problem.h"
+#include "plan/plan.h"
 
 namespace graphpipe::partition {
 

@@ -5,11 +5,11 @@
 
 #include "common/error.h"
 #include "common/names.h"
-#include "partition/series_parallel_dp/graphpipe_portfolio.h"
 #include "partition/manual/manual_partitioner.h"
 #include "partition/metis/metis.h"
 #include "partition/partitioner.h"
 #include "partition/sequential/sequential_partitioner.h"
+#include "partition/series_parallel_dp/graphpipe_portfolio.h"
 
 namespace graphpipe::partition {
 

@@ -15,8 +15,8 @@
 #include "partition/backward_halves.h"
 #include "partition/evaluate.h"
 #include "partition/plan_build.h"
-#include "plan/plan_io.h"
 #include "partition/problem.h"
+#include "plan/plan_io.h"
 
 namespace graph = graphpipe::graph;
 namespace cost = graphpipe::cost;

@@ -11,12 +11,12 @@
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/group_stats.h"
 #include "partition/problem.h"
 #include "partition/replica_allocation.h"
 #include "partition/replicas.h"
 #include "partition/sequential/sequential.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "test_partition_graphs.h"
 
 namespace graph = graphpipe::graph;

@@ -8,8 +8,8 @@
 
 #include "graph/op_graph.h"
 #include "partition/evaluate.h"
-#include "plan/plan.h"
 #include "partition/problem.h"
+#include "plan/plan.h"
 
 namespace graphpipe::testing {
 

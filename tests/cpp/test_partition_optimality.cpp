@@ -38,9 +38,9 @@
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/partitioner.h"
 #include "partition/problem.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;

@@ -20,13 +20,13 @@
 #include "graph/series_parallel.h"
 #include "partition/downset/downset.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/options.h"
 #include "partition/partitioner.h"
 #include "partition/problem.h"
 #include "partition/recompute.h"
 #include "partition/replicas.h"
 #include "partition/sequential/sequential.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "test_partition_graphs.h"
 
 namespace graph = graphpipe::graph;

@@ -19,11 +19,11 @@
 #include "cost/cost_model.h"
 #include "cost/presets.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/graphpipe_portfolio.h"
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
-#include "plan/plan_io.h"
 #include "partition/registry.h"
+#include "partition/series_parallel_dp/graphpipe_portfolio.h"
+#include "plan/plan_io.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;
