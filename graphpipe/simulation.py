@@ -29,7 +29,7 @@ def simulate(
     *,
     overlap: bool = True,
     device_kind: str = "cpu",
-    task_overhead_seconds: float = 0.0,
+    task_overhead_seconds: float | None = None,
     bucket_bytes: float | None = None,
     sync: Any = None,
     sync_step: bool = True,
@@ -42,7 +42,8 @@ def simulate(
             ``device_kind``). Stage times come from the plan; transfers from the devices' links.
         schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
         overlap: whether transfers overlap computation (own streams) or block the rank.
-        task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated).
+        task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated);
+            default: the devices' ``instruction_overhead_seconds`` (0 unless measured).
         bucket_bytes: the gradient bucket size of replicated stages, as given to ``wrap``
             (default: the runtime's, ``graphpipe._C.default_bucket_bytes``).
         sync: how replicated stages synchronise (a ``graphpipe.sync`` method or a
@@ -60,5 +61,6 @@ def simulate(
     sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
     method = sync_method(sync) if sync is not None else None
-    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=task_overhead_seconds,
+    overhead = -1.0 if task_overhead_seconds is None else float(task_overhead_seconds)
+    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=overhead,
                        bucket_bytes=buckets, sync=method, sync_step=bool(sync_step))

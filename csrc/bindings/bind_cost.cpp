@@ -26,6 +26,8 @@ void bind_cost(py::module_& m) {
       .def_readwrite("flops_per_second", &Devices::flops_per_second)
       .def_readwrite("memory_bandwidth", &Devices::memory_bandwidth)
       .def_readwrite("op_overhead_seconds", &Devices::op_overhead_seconds)
+      .def_readwrite("instruction_overhead_seconds", &Devices::instruction_overhead_seconds)
+      .def_readwrite("step_overhead_seconds", &Devices::step_overhead_seconds)
       .def_readwrite("relative_speed", &Devices::relative_speed)
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)

@@ -153,7 +153,7 @@ void bind_sim(py::module_& m) {
         return sim::simulate(plan, schedule, devices, options);
       },
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
-      py::arg("optimizer_traffic_factor") = 4.0, py::arg("task_overhead_seconds") = 0.0,
+      py::arg("optimizer_traffic_factor") = 4.0, py::arg("task_overhead_seconds") = -1.0,
       py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("sync") = py::none(), py::arg("sync_step") = true,
       "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h); sync: the replicated "
       "stages' SyncMethod (default the plan's); sync_step: for local SGD, simulate a step that averages.");

@@ -55,6 +55,10 @@ void Devices::validate() const {
   require_positive(flops_per_second, "flops_per_second");
   require_positive(memory_bandwidth, "memory_bandwidth");
   require_positive(relative_speed, "relative_speed");
+  if (!(instruction_overhead_seconds >= 0.0) || !(step_overhead_seconds >= 0.0)) {
+    throw PlanningError("devices.instruction_overhead_seconds and step_overhead_seconds must not be negative, found " +
+                        number(instruction_overhead_seconds) + " and " + number(step_overhead_seconds));
+  }
   if (!(op_overhead_seconds >= 0.0)) {
     throw PlanningError("devices.op_overhead_seconds must not be negative, found " +
                         number(op_overhead_seconds));

@@ -27,6 +27,12 @@ struct Devices {
   double flops_per_second = 0.0;     // sustained dense throughput of one device
   double memory_bandwidth = 0.0;     // bytes per second of one device's memory
   double op_overhead_seconds = 0.0;  // fixed cost of launching one operator
+  // The runtime's own costs, measured by a calibration (benchmarks/compare.py; 0 when not
+  // measured): dispatching one forward or backward instruction (its bookkeeping around the
+  // stage's operators), and the fixed cost of a training step (the step's setup and ending).
+  // The planner (partition/evaluate.h) and the simulator (sim/simulate.h) both charge them.
+  double instruction_overhead_seconds = 0.0;
+  double step_overhead_seconds = 0.0;
   // How much faster these devices are than the machine that measured the profiles: a measured
   // time is divided by it (2.0 halves every profiled time). Analytic times ignore it.
   double relative_speed = 1.0;

@@ -16,6 +16,8 @@ nlohmann::json to_json(const Devices& d) {
                      {"flops_per_second", d.flops_per_second},
                      {"memory_bandwidth", d.memory_bandwidth},
                      {"op_overhead_seconds", d.op_overhead_seconds},
+                     {"instruction_overhead_seconds", d.instruction_overhead_seconds},
+                     {"step_overhead_seconds", d.step_overhead_seconds},
                      {"relative_speed", d.relative_speed},
                      {"link_bandwidth", d.link_bandwidth},
                      {"link_latency", d.link_latency}};
@@ -73,6 +75,11 @@ Devices devices_from_json(const nlohmann::json& doc) {
   d.flops_per_second = positive(doc, "flops_per_second");
   d.memory_bandwidth = positive(doc, "memory_bandwidth");
   d.op_overhead_seconds = jf::non_negative<double>(doc, "op_overhead_seconds", "$");
+  // Optional: files written before the runtime costs were measured read as unmeasured (0).
+  for (auto [key, field] : {std::pair{"instruction_overhead_seconds", &d.instruction_overhead_seconds},
+                            std::pair{"step_overhead_seconds", &d.step_overhead_seconds}}) {
+    if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
+  }
   d.relative_speed = positive(doc, "relative_speed");
   d.link_bandwidth = matrix(doc, "link_bandwidth", d.count, true);
   d.link_latency = matrix(doc, "link_latency", d.count, false);

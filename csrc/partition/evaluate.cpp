@@ -14,11 +14,12 @@
 namespace graphpipe::partition {
 
 double Evaluation::iteration_seconds(const Problem& problem) const {
+  const double fixed = problem.model->devices().step_overhead_seconds;
   if (problem.zero_bubble) {
     return static_cast<double>(problem.num_micro_batches) * split_bottleneck +
-           static_cast<double>(depth - 1) * split_fill + optimizer_tail;
+           static_cast<double>(depth - 1) * split_fill + optimizer_tail + fixed;
   }
-  return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail;
+  return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail + fixed;
 }
 
 bool predicted_faster(double step, double bottleneck, double best_step, double best_bottleneck) {
@@ -348,10 +349,12 @@ Evaluation evaluate(const Problem& p, const std::vector<int>& assignment, const 
     ev.optimizer_tail = std::max(ev.optimizer_tail, exposed + f.optimizer - upstream[s]);
   }
   ev.max_overflow = -std::numeric_limits<double>::infinity();
+  for (int s = 0; s < k; ++s) ev.stages[s].dispatch = 2.0 * p.model->devices().instruction_overhead_seconds;
   for (int s = 0; s < k; ++s) {
     const StageFigures& f = ev.stages[s];
     if (f.time() > ev.bottleneck) ev.bottleneck = f.time();
-    const double split = f.forward + f.backward_input + f.backward_weight + f.transfer;
+    // A split backward dispatches three instructions per micro-batch (F, I, W).
+    const double split = f.forward + f.backward_input + f.backward_weight + f.transfer + f.dispatch * 1.5;
     if (split > ev.split_bottleneck) {
       ev.split_bottleneck = split;
       ev.split_fill = std::max(0.0, f.forward + f.transfer + f.backward_input - f.backward_weight);

@@ -52,7 +52,10 @@ struct StageFigures {
   // runs again in the backward (added to `backward`), and the recomputed micro-batch's
   // activations are held once.
   bool recompute = false;
-  double time() const { return forward + backward + transfer; }
+  // The runtime's dispatch of the stage's forward and backward instructions per micro-batch
+  // (2 x cost::Devices::instruction_overhead_seconds; the simulator adds the same per task).
+  double dispatch = 0.0;
+  double time() const { return forward + backward + transfer + dispatch; }
 };
 
 struct Evaluation {
@@ -76,7 +79,8 @@ struct Evaluation {
   double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
   int worst_memory_stage = -1;         // the stage with that overflow
   bool fits() const { return max_overflow <= 0.0; }
-  // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail; under the zero-bubble
+  // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail + the step's fixed cost
+  // (cost::Devices::step_overhead_seconds); under the zero-bubble
   // schedule (Problem::zero_bubble) the fill and drain are ZB-H1's, whose weight-gradient halves
   // fill the bubbles: num_micro_batches x split_bottleneck + (depth - 1) x split_fill +
   // optimizer_tail (M (F + I + W) + (p - 1)(F + I - W) on a chain; with I = W = B / 2 the

@@ -198,13 +198,19 @@ class Replay {
     return (static_cast<std::size_t>(gradient) * s_.edges.size() + edge) * M_ + mb;
   }
 
+  // The runtime's cost per compute instruction: the option when given (>= 0), else the devices'
+  // measured figure (cost::Devices::instruction_overhead_seconds, 0 when unmeasured).
+  double overhead() const {
+    return options_.task_overhead_seconds >= 0.0 ? options_.task_overhead_seconds : devices_.instruction_overhead_seconds;
+  }
+
   double compute_seconds(const Instruction& i) const {
     const auto& stage = plan_.stages[i.stage];
     switch (i.kind) {
-      case OpKind::forward: return stage.forward_seconds + options_.task_overhead_seconds;
-      case OpKind::backward: return stage.backward_seconds + options_.task_overhead_seconds;
-      case OpKind::backward_input: return schedule::backward_split(stage).first + options_.task_overhead_seconds;
-      case OpKind::backward_weight: return schedule::backward_split(stage).second + options_.task_overhead_seconds;
+      case OpKind::forward: return stage.forward_seconds + overhead();
+      case OpKind::backward: return stage.backward_seconds + overhead();
+      case OpKind::backward_input: return schedule::backward_split(stage).first + overhead();
+      case OpKind::backward_weight: return schedule::backward_split(stage).second + overhead();
       case OpKind::optimizer_step:
         return devices_.memory_bandwidth > 0.0
                    ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
@@ -517,13 +523,14 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     if (last < 0 || tasks[k].end >= tasks[last].end) last = static_cast<int>(k);
   }
-  result.iteration_seconds = last < 0 ? 0.0 : tasks[last].end;
+  // The step's fixed cost (Devices::step_overhead_seconds) comes on top of its tasks.
+  result.iteration_seconds = (last < 0 ? 0.0 : tasks[last].end) + devices.step_overhead_seconds;
   result.amortized_iteration_seconds = result.iteration_seconds;
   if (averages) {
     // The other kind of step, for the mean over a period: one step in `period` averages.
     double other = 0.0;
     for (const Task& t : Replay(plan, leads, devices, options, result.sync, !options.sync_step).run()) {
-      other = std::max(other, t.end);
+      other = std::max(other, t.end + devices.step_overhead_seconds);
     }
     const double averaging = options.sync_step ? result.iteration_seconds : other;
     const double local = options.sync_step ? other : result.iteration_seconds;

@@ -71,6 +71,24 @@ TEST(CostDevices, JsonRoundTrip) {
   EXPECT_DOUBLE_EQ(back.op_overhead_seconds, d.op_overhead_seconds);
 }
 
+TEST(CostDevices, MeasuredRuntimeCostsRoundTripAndOlderFilesReadAsUnmeasured) {
+  Devices d = v100(4, 2);
+  d.instruction_overhead_seconds = 171e-6;
+  d.step_overhead_seconds = 0.024;
+  const Devices back = loads_devices(dumps(d));
+  EXPECT_DOUBLE_EQ(back.instruction_overhead_seconds, 171e-6);
+  EXPECT_DOUBLE_EQ(back.step_overhead_seconds, 0.024);
+  // A file written before the fields existed: unmeasured, 0.
+  nlohmann::json doc = nlohmann::json::parse(dumps(d));
+  doc.erase("instruction_overhead_seconds");
+  doc.erase("step_overhead_seconds");
+  const Devices older = devices_from_json(doc);
+  EXPECT_EQ(older.instruction_overhead_seconds, 0.0);
+  EXPECT_EQ(older.step_overhead_seconds, 0.0);
+  doc["step_overhead_seconds"] = -1.0;
+  EXPECT_THROW(devices_from_json(doc), FormatError);
+}
+
 TEST(CostDevices, JsonErrorsNameTheField) {
   auto expect_error = [](nlohmann::json doc, const std::string& needle) {
     try {

@@ -116,3 +116,22 @@ TEST(PartitionMonotone, PipeDreamChainsForFewerDevicesStayCandidates) {
     EXPECT_TRUE(found) << "a chain for 6 devices is missing from the chains for 12";
   }
 }
+
+TEST(PartitionMonotone, MeasuredRuntimeCostsArePartOfThePrediction) {
+  graph::OpGraph g = tst::random_chain(5, 8);
+  g.trace_batch_size = 8;
+  cost::Devices d = cost::v100(2, 8);
+  cost::CostModel plain_model(g, d);
+  d.instruction_overhead_seconds = 1e-3;
+  d.step_overhead_seconds = 0.5;
+  cost::CostModel measured_model(g, d);
+  const pt::Problem plain = pt::make_problem(plain_model, 8, 2, 2, 1e12, {});
+  const pt::Problem measured = pt::make_problem(measured_model, 8, 2, 2, 1e12, {});
+  std::vector<int> assignment(g.num_nodes());
+  for (std::size_t v = 0; v < assignment.size(); ++v) assignment[v] = v < 4 ? 0 : 1;
+  const pt::Evaluation a = pt::evaluate(plain, assignment), b = pt::evaluate(measured, assignment);
+  // A forward and a backward instruction per micro-batch on the slowest stage, and the step's
+  // fixed cost once: (M + depth - 1) x 2 ms + 0.5 s more.
+  EXPECT_NEAR(b.bottleneck, a.bottleneck + 2e-3, 1e-15);
+  EXPECT_NEAR(b.iteration_seconds(measured), a.iteration_seconds(plain) + (4 + 2 - 1) * 2e-3 + 0.5, 1e-12);
+}

@@ -70,6 +70,23 @@ TEST(Simulate, TaskOverheadLengthensEveryComputeTask) {
   EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5);
 }
 
+TEST(Simulate, MeasuredRuntimeCostsOfTheDevicesAreChargedByDefault) {
+  // The devices' measured dispatch cost per forward/backward stands in for the option, and the
+  // step's fixed cost comes on top: the same 38.5 s as above, plus 2 s.
+  const int S = 4, M = 8;
+  auto plan = chain_plan(S, M, 1.0, 2.0, 1000.0);
+  graphpipe::cost::Devices d = devices(S);
+  d.instruction_overhead_seconds = 0.25;
+  d.step_overhead_seconds = 2.0;
+  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5 + 2.0);
+  // An explicit option wins over the devices' figure.
+  SimOptions options;
+  options.task_overhead_seconds = 0.0;
+  EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d, options).iteration_seconds,
+                   (M + S - 1) * 3.0 + 2.0);
+}
+
 TEST(Simulate, OneFOneBHoldsStagesToSinkFillDrainHoldsAll) {
   const int S = 4, M = 8;
   auto plan = chain_plan(S, M);
