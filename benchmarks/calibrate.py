@@ -140,6 +140,8 @@ def calibrated_devices(count: int) -> tuple[Any, float, dict[str, float]]:
     overhead = dispatch_overhead(concurrency=count)
     devices = graphpipe.devices(count, "cpu", measure=True)
     devices.set_node_links(count, bandwidth, latency, bandwidth, latency)
+    # The description carries the runtime's measured dispatch cost: planner and simulator read it.
+    devices.instruction_overhead_seconds = overhead
     return devices, overhead, {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                                "task_overhead_seconds": overhead}
 

@@ -381,6 +381,9 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     if calibration is not None:
         latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
         devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
+        # The runtime's measured dispatch cost goes into the description: the planner charges it
+        # as the simulator does (cost::Devices::instruction_overhead_seconds).
+        devices.instruction_overhead_seconds = calibration["task_overhead_seconds"]
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
