@@ -45,7 +45,7 @@ from graphpipe.trace import iter_tensors, trace_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import BENCH_SPECS  # noqa: E402
+from compare import BENCH_SPECS
 
 MICRO_BATCHES = 4
 

@@ -19,13 +19,12 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from graphpipe.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks
 
 
 def _worker(rank: int, world: int, spec: str, steps: int) -> dict[str, list[float]]:

@@ -25,8 +25,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import graphpipe  # noqa: E402
 from compare import BENCH_SPECS, git_commit  # noqa: E402
+
+import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
 
 

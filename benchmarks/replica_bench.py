@@ -35,8 +35,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import graphpipe  # noqa: E402
 from compare import BENCH_SPECS, LR, git_commit  # noqa: E402
+
+import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
 from graphpipe.testing import run_ranks  # noqa: E402
@@ -140,10 +141,10 @@ def main() -> None:
         sim_zero = graphpipe.simulate(idle, devices, task_overhead_seconds=overhead, bucket_bytes=bucket_bytes)
 
         def measure(scale: float | None) -> tuple[float, list[Any], list[float]]:
-            results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, scale, timeout=600)
+            results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, scale, timeout=600)  # noqa: B023 (runs within this iteration)
             bad = [r for r in results if not r.ok]
             if bad:
-                raise SystemExit(f"{name}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
+                raise SystemExit(f"{name}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")  # noqa: B023 (runs within this iteration)
             # A step ends when its slowest rank does: per step, the longest rank's wall time.
             steps = [max(r.value["seconds"][k] for r in results) for k in range(args.steps)]
             return statistics.median(steps), results, steps

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from graphpipe._ext import _C  # noqa: E402
+from graphpipe._ext import _C
 
 SIZES = [(4, 16), (8, 64), (16, 128), (32, 256), (64, 512)]
 TARGET = (32, 256, 0.100)  # stages, micro-batches, seconds
@@ -77,11 +77,11 @@ def main() -> int:
     for stages, mbs in SIZES:
         plan, devices = chain(stages, mbs)
         for kind in ("1f1b", "fill_drain"):
-            _, gen_median, schedule = best_and_median(lambda: _C.Schedule.generate(plan, kind), args.repeats)
+            _, gen_median, schedule = best_and_median(lambda: _C.Schedule.generate(plan, kind), args.repeats)  # noqa: B023 (runs within this iteration)
             _, check_median, _ = best_and_median(schedule.check, args.repeats)
             for overlap in (True, False):
                 sim_best, sim_median, result = best_and_median(
-                    lambda: _C.simulate(plan, schedule, devices, overlap=overlap), args.repeats)
+                    lambda: _C.simulate(plan, schedule, devices, overlap=overlap), args.repeats)  # noqa: B023 (runs within this iteration)
                 row = {
                     "stages": stages, "micro_batches": mbs, "kind": kind, "overlap": overlap,
                     "tasks": len(result.tasks),

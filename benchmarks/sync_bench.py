@@ -44,11 +44,12 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import graphpipe  # noqa: E402
 from compare import git_commit  # noqa: E402
+
+import graphpipe  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
-from graphpipe.testing import run_ranks  # noqa: E402
 from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, SyncMethod, TopK  # noqa: E402
+from graphpipe.testing import run_ranks  # noqa: E402
 
 WORLD = 4
 PLACEMENT = {0: [0, 1], 1: [2, 3]}
@@ -205,6 +206,7 @@ def _timed(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
            scale: float) -> list[float]:
     """Emulated compute (``scale`` x the plan's times), real communication: per-step seconds."""
     import torch.distributed as dist
+
     from graphpipe.testing.emulate import emulate_stage
 
     torch.set_num_threads(1)
@@ -243,11 +245,11 @@ def timing_rows(methods: list[tuple[str, SyncMethod]], args: Any) -> list[dict[s
         steps = max(args.timing_steps // period, 1) * period  # whole rounds: the averaging amortised
 
         def measure(scale: float, plan_text: str) -> float:
-            results = run_ranks(_timed, WORLD, method, plan_text, args.hidden, args.batch, steps, scale, timeout=900)
+            results = run_ranks(_timed, WORLD, method, plan_text, args.hidden, args.batch, steps, scale, timeout=900)  # noqa: B023 (runs within this iteration)
             bad = [r for r in results if not r.ok]
             if bad:
-                raise SystemExit(f"{label}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")
-            per_step = [max(r.value[k] for r in results) for k in range(steps)]
+                raise SystemExit(f"{label}: rank {bad[0].rank}: {bad[0].message}\n{bad[0].traceback}")  # noqa: B023 (runs within this iteration)
+            per_step = [max(r.value[k] for r in results) for k in range(steps)]  # noqa: B023 (runs within this iteration)
             return statistics.mean(per_step)
 
         measured = measure(1.0, plan_json)

@@ -8,6 +8,7 @@ iteration) -> ``wrap`` (train the plan on torch.distributed ranks).
 
 from __future__ import annotations
 
+from graphpipe import sync
 from graphpipe._ext import _C
 from graphpipe.errors import (
     FormatError,
@@ -22,7 +23,6 @@ from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduc
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, WrapOptions, init_distributed, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
-from graphpipe import sync
 from graphpipe.trace import trace
 
 OpGraph = _C.OpGraph

@@ -165,7 +165,7 @@ def eval_mismatch(model: nn.Module, module: fx.GraphModule, values: list[Any], a
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             want = pytree.tree_leaves(model(*args, **kwargs))
             got = pytree.tree_leaves(module(*values))
-    except Exception as exc:  # noqa: BLE001 - any failure means eval mode is not known to work
+    except Exception as exc:
         return f"running {type(model).__name__} in eval mode on the example failed: {type(exc).__name__}: {exc}"
     finally:
         for m, mode in modes.items():
@@ -204,7 +204,7 @@ def export_capture(model: nn.Module, args: tuple, kwargs: dict) -> ExportedCaptu
     try:
         with torch.enable_grad():
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=_dynamic_batch(model, args, kwargs), strict=False)
-    except Exception as exc:  # noqa: BLE001 - export raises many types; all become TraceError
+    except Exception as exc:
         text = str(exc).strip().splitlines()
         raise TraceError(f"torch.export cannot capture {type(model).__name__}: {text[0] if text else type(exc).__name__}"
                          ) from exc
@@ -297,13 +297,13 @@ def _inline_grad_regions(gm: fx.GraphModule) -> None:
                 if inner.op == "placeholder":
                     env[inner] = next(placeholders)
                 elif inner.op == "output":
-                    results = fx.map_arg(inner.args[0], lambda a: env[a])
+                    results = fx.map_arg(inner.args[0], lambda a: env[a])  # noqa: B023 (runs within this iteration)
                 elif inner.op == "get_attr":
                     name = f"{sub_node.target}_{inner.target}".replace(".", "_")
                     setattr(gm, name, getattr(sub, str(inner.target)))
                     env[inner] = graph.get_attr(name)
                 else:
-                    copied = graph.node_copy(inner, lambda a: env[a])
+                    copied = graph.node_copy(inner, lambda a: env[a])  # noqa: B023 (runs within this iteration)
                     copied.meta = dict(inner.meta)
                     # set_grad_enabled sets the mode outright: a nested region, inlined in a later
                     # round, gets its own

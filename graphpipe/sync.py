@@ -52,7 +52,7 @@ class SyncMethod(ABC):
     local_updates: bool = False
 
     @abstractmethod
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         """This method as the cost model and the simulator price it."""
 
     def round_length(self, lr: float) -> int:
@@ -77,7 +77,7 @@ class AllReduce(SyncMethod):
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise InputError(f"AllReduce: ranks_per_node must be at least 1, got {self.ranks_per_node}")
 
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="all_reduce", hierarchical=self.hierarchical)
 
     def describe(self) -> str:
@@ -99,7 +99,7 @@ class LocalSGD(SyncMethod):
     def round_length(self, lr: float) -> int:
         return self.period
 
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="local_sgd", period=float(self.period))
 
     def describe(self) -> str:
@@ -158,7 +158,7 @@ class QSR(SyncMethod):
         lrs = list(lrs)
         return len(lrs) / max(1, len(self.rounds(lrs)))
 
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="local_sgd", period=float(self.mean_period or self.base_period))
 
     def describe(self) -> str:
@@ -177,7 +177,7 @@ class TopK(SyncMethod):
         if not 0 < self.ratio <= 1:
             raise InputError(f"TopK: ratio must be in (0, 1], got {self.ratio!r}")
 
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="top_k", ratio=float(self.ratio))
 
     def describe(self) -> str:
@@ -203,14 +203,14 @@ class PowerSGD(SyncMethod):
             raise InputError(f"PowerSGD: start_iter must be at least 2 (torch's error feedback needs it), "
                              f"got {self.start_iter!r}")
 
-    def cost_method(self) -> "_C.SyncMethod":
+    def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="power_sgd", rank=self.rank, min_compression_rate=self.min_compression_rate)
 
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank}"
 
 
-def named(name: str) -> "_C.SyncMethod":
+def named(name: str) -> _C.SyncMethod:
     """The cost model's description of a sync method given by name, read by the C++ parser
     (cost/sync_method.cpp ``parse_sync_kind``: the one list of names and spellings, so
     ``"allreduce"`` and ``"all_reduce"`` mean the same to ``wrap``, ``plan`` and ``simulate``).
@@ -231,7 +231,7 @@ def named(name: str) -> "_C.SyncMethod":
     return method
 
 
-def parse(sync: "SyncMethod | str | None") -> SyncMethod:
+def parse(sync: SyncMethod | str | None) -> SyncMethod:
     """``wrap``'s ``sync=`` argument as a method: ``None`` and the all-reduce's names
     (:func:`named`) are AllReduce()."""
     if sync is None:

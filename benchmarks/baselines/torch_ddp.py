@@ -113,7 +113,7 @@ class _Segment(torch.autograd.Function):
     segment's parameters (which DDP's hooks then all-reduce)."""
 
     @staticmethod
-    def forward(ctx: Any, forward_seconds: float, backward_seconds: float, token: torch.Tensor,  # noqa: D102
+    def forward(ctx: Any, forward_seconds: float, backward_seconds: float, token: torch.Tensor,
                 *params: torch.Tensor) -> torch.Tensor:
         from graphpipe.testing.emulate import wait
 
@@ -123,7 +123,7 @@ class _Segment(torch.autograd.Function):
         return token.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         from graphpipe.testing.emulate import wait
 
         wait(ctx.backward_seconds)
@@ -152,7 +152,7 @@ class EmulatedDDPModel(nn.Module):
         self._output_shape = tuple(output_shape)
         self._output_dtype = output_dtype
 
-    def forward(self, *inputs: Any) -> torch.Tensor:  # noqa: D102
+    def forward(self, *inputs: Any) -> torch.Tensor:
         token = torch.zeros((), dtype=self._output_dtype)
         for params, fwd, bwd in self._segments:
             token = _Segment.apply(fwd, bwd, token, *params)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from baselines.torch_ddp import DDPEmulation, _Segment, shard, shard_inputs
+from baselines.torch_ddp import DDPEmulation, _Segment, shard_inputs
 from baselines.torch_ddp import emulated_model as ddp_emulated_model
 
 __all__ = ["EmulatedFSDPModel", "emulated_model", "layer_names", "make_stepper", "memory_bytes", "shard_layers"]
@@ -78,7 +78,7 @@ class _Layer(nn.Module):
             self._keys[name] = f"p{i}"
         self._waits = waits
 
-    def forward(self, token: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, token: torch.Tensor) -> torch.Tensor:
         for names, fwd, bwd in self._waits:
             token = _Segment.apply(fwd, bwd, token, *[getattr(self, self._keys[n]) for n in names])
         return token
@@ -110,7 +110,7 @@ class EmulatedFSDPModel(nn.Module):
         self._output_shape = tuple(output_shape)
         self._output_dtype = output_dtype
 
-    def forward(self, *inputs: Any) -> torch.Tensor:  # noqa: D102
+    def forward(self, *inputs: Any) -> torch.Tensor:
         token = torch.zeros((), dtype=self._output_dtype)
         for layer in self.layers:
             token = layer(token)

@@ -36,11 +36,11 @@ class _ContiguousGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad.contiguous()
 
 
@@ -295,7 +295,7 @@ class GradsAsExample(nn.Module):
         leaves, _ = pytree.tree_flatten(example_output)
         self._needs_grad = [bool(leaf.requires_grad) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
 
-    def forward(self, *args: Any) -> Any:  # noqa: D102
+    def forward(self, *args: Any) -> Any:
         leaves, spec = pytree.tree_flatten(self.inner(*args))
         if len(leaves) != len(self._needs_grad):
             raise RuntimeError(f"stage returned {len(leaves)} values, its example {len(self._needs_grad)}")

@@ -197,7 +197,7 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
         private = _unpickle(template["sync"][f"rank{pipe.rank}"], "this rank's sync record") \
             if "sync" in template else None
         restore_private = _same_run(pipe, loaded["meta"], private)
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the same refusal on every rank
+    except (Exception, CheckpointException) as exc:
         # (DCP's CheckpointException is a BaseException: named here, or it would escape.)
         refusal = _reason(exc, path)
     agree(group, refusal, where)
@@ -250,7 +250,7 @@ def _read_metadata(path: str) -> Metadata:
         raise InputError(f"no checkpoint at {path}: the folder does not exist")
     try:
         return dcp.FileSystemReader(path).read_metadata()
-    except Exception as exc:  # noqa: BLE001 - named below
+    except Exception as exc:
         raise InputError(f"{path} is not a readable checkpoint: its metadata file (.metadata) is missing or "
                          f"damaged ({type(exc).__name__}: {exc})") from exc
 
@@ -436,7 +436,7 @@ def load_into_model(model: nn.Module, path: str | os.PathLike, optimizer: torch.
         loaded = _checked(template, own, model, optimizer)
     except InputError as exc:
         raise InputError(f"load_into_model({path!r}): {exc}") from exc
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - named below
+    except (Exception, CheckpointException) as exc:
         raise InputError(f"load_into_model({path!r}): {_reason(exc, path)}") from exc
     _copy_into(own, loaded["model"])
     if optimizer is not None and loaded["optim"] is not None:
@@ -463,7 +463,7 @@ def model_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         meta = _unpickle(template[_META], "the checkpoint's graphpipe record")
     except InputError as exc:
         raise InputError(f"model_state_dict({path!r}): {exc}") from exc
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - named below
+    except (Exception, CheckpointException) as exc:
         raise InputError(f"model_state_dict({path!r}): {_reason(exc, path)}") from exc
     # In the original model's key order, as Pipeline.full_state_dict returns it.
     return {k: model[k] for k in meta["model_keys"] if k in model}

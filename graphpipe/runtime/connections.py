@@ -71,7 +71,7 @@ class Connections:
 
     @classmethod
     def connect(cls, maker: GroupMaker, world_size: int, schedule: Any, cut: StageCut, stage: StageModule | None,
-                module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> "Connections":
+                module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> Connections:
         """Makes the groups, the executor and the replicas' sync for this rank's ``stage``."""
         rank = maker.board.rank
         self = cls()
@@ -165,13 +165,13 @@ class Connections:
             if sub is not None:
                 try:
                     dist.destroy_process_group(sub)
-                except Exception:  # noqa: BLE001 - already gone with the default group
+                except Exception:
                     pass
         self.replica_groups = []
         if self.pg is not None:
             pg, self.pg = self.pg, None
             try:
                 dist.destroy_process_group(pg)
-            except Exception:  # noqa: BLE001 - already gone with the default group
+            except Exception:
                 pass
             gc.collect()  # the group closes its connections when its last handle goes

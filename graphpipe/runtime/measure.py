@@ -88,7 +88,7 @@ class SavedActivations:
     class _Held:
         __slots__ = ("tensor", "nbytes", "owner", "__weakref__")
 
-        def __init__(self, tensor: Any, nbytes: int, owner: "SavedActivations") -> None:
+        def __init__(self, tensor: Any, nbytes: int, owner: SavedActivations) -> None:
             self.tensor, self.nbytes, self.owner = tensor, nbytes, owner
 
         def __del__(self) -> None:

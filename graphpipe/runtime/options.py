@@ -76,7 +76,7 @@ class WrapOptions:
     plan_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_keywords(cls, base: "WrapOptions | None" = None, **keywords: Any) -> "WrapOptions":
+    def from_keywords(cls, base: WrapOptions | None = None, **keywords: Any) -> WrapOptions:
         """``base`` (default: the defaults) with the fields named in ``keywords`` replaced; a
         keyword that is no field is a planning option (``plan_options``)."""
         if base is not None and not isinstance(base, WrapOptions):

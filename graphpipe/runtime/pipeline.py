@@ -39,13 +39,19 @@ from graphpipe.runtime.options import DEFAULT_TIMEOUT, WrapOptions
 from graphpipe.runtime.plan import stage_ranks
 from graphpipe.runtime.process_group import global_ranks
 from graphpipe.runtime.rendezvous import Agreed, rendezvous
-from graphpipe.runtime.replica_sync import sync_state_refusal
 from graphpipe.runtime.replica_agreement import digests, first_disagreement
-from graphpipe.runtime.steps import loss_callback, run_eval, run_step
+from graphpipe.runtime.replica_sync import sync_state_refusal
 from graphpipe.runtime.stage_call import StageFn, no_stage, stage_call
-from graphpipe.runtime.stages import NO_PARAMETERS, StageModule, build_stages, keep_local_stage, local_module
-from graphpipe.runtime.stages import stage_device
+from graphpipe.runtime.stages import (
+    NO_PARAMETERS,
+    StageModule,
+    build_stages,
+    keep_local_stage,
+    local_module,
+    stage_device,
+)
 from graphpipe.runtime.state_dicts import load_refusal, stage_state_dict, state_aliases
+from graphpipe.runtime.steps import loss_callback, run_eval, run_step
 from graphpipe.simulation import schedule as generate_schedule
 from graphpipe.sync import parse as parse_sync
 
@@ -130,7 +136,7 @@ class Pipeline:
         """Whether :meth:`close` was called."""
         return self.executor is None
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc: Any) -> None:

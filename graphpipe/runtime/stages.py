@@ -38,8 +38,8 @@ it); O(nodes + edges).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -378,7 +378,7 @@ def propagate_layouts(
     try:
         with torch.no_grad():
             output = _Prop(meta_gm).run(*meta_inputs)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise InputError(
             f"shape propagation of the model on the meta device failed: {exc}. graphpipe needs "
             "the shapes of the tensors that cross stages; a model with data-dependent shapes is "

@@ -13,8 +13,9 @@ import queue as queue_mod
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -61,7 +62,7 @@ def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., An
         value = fn(rank, world, *args)
         torch.save(value, os.path.join(out_dir, f"rank{rank}.pt"))
         q.put((rank, True, "", "", "", time.monotonic() - start))
-    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+    except BaseException as exc:
         q.put((rank, False, type(exc).__name__, str(exc), traceback.format_exc(), time.monotonic() - start))
     finally:
         q.close()
@@ -129,7 +130,7 @@ def run_cases(train: Callable[..., Any], cases: list[tuple]) -> dict[tuple, Any]
     for case in cases:
         try:
             out[case] = train(*case)
-        except Exception as exc:  # noqa: BLE001 - reported per case
+        except Exception as exc:
             out[case] = {"error": f"{type(exc).__name__}: {exc}"}
             break
     return out

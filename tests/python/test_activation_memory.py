@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_runtime_gold import make_model
 
 from graphpipe.testing import run_ranks
-from test_runtime_gold import make_model
 
 SCHEDULES = ["1f1b", "fill_drain", "zb_graph"]
 

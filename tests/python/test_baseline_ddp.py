@@ -21,6 +21,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from baselines.torch_ddp import EmulatedDDPModel, emulation_segments, shard, shard_inputs, train_rank  # noqa: E402
+
 from graphpipe.models import default_loss  # noqa: E402
 from graphpipe.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
 

@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from baselines.torch_ddp import emulation_segments, shard_inputs  # noqa: E402
 from baselines.torch_fsdp import emulated_model, layer_names, make_stepper, memory_bytes, train_rank  # noqa: E402
+
 from graphpipe.models import build_model, default_loss  # noqa: E402
 from graphpipe.testing import reference_training, run_ranks, seeded_batches  # noqa: E402
 

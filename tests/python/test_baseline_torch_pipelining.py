@@ -55,10 +55,16 @@ def test_emulated_stages_run_on_four_ranks(spec: str, schedule: str, tmp_path) -
 
 def test_grads_as_example_detaches_what_the_example_does_not_differentiate() -> None:
     sys.path.insert(0, str(SCRIPT.parents[1]))
-    from baselines.torch_pipelining import (GradsAsExample, balanced_chain_labels, chain_stage_modules,
-                                            pin_integer_consumers, stage_examples)
-    from graphpipe.testing.emulate import EmulatedStage
+    from baselines.torch_pipelining import (
+        GradsAsExample,
+        balanced_chain_labels,
+        chain_stage_modules,
+        pin_integer_consumers,
+        stage_examples,
+    )
+
     from graphpipe.testing import seeded_batches
+    from graphpipe.testing.emulate import EmulatedStage
     from graphpipe.trace import trace_module
 
     model, inputs, _ = seeded_batches("mmt:branches=2,depth=1", 1)
@@ -86,6 +92,7 @@ def test_front_end_trains_like_a_single_process(spec: str, points: list[str], mi
     # whose inputs enter at stage 0 (EnterAtStageZero) and are sent on to the stages that read them.
     sys.path.insert(0, str(SCRIPT.parents[1]))
     from baselines.torch_pipeline_frontend import train_rank
+
     from graphpipe.models import default_loss
     from graphpipe.testing import reference_training, run_ranks, seeded_batches
 
@@ -100,6 +107,7 @@ def test_front_end_trains_like_a_single_process(spec: str, points: list[str], mi
 def test_front_end_says_why_it_cannot_take_a_split() -> None:
     sys.path.insert(0, str(SCRIPT.parents[1]))
     from baselines.torch_pipeline_frontend import refusal, split_points
+
     from graphpipe.models import build_model
 
     assert split_points([["a", "a.x"], ["b.y", "b"], [None, "c"]]) == ["b.y", "c"]

@@ -185,7 +185,7 @@ def _topk(rank: int, world: int) -> dict:
             sent_by_bucket.append(sent)
         # The result is the sum of what every rank sent, added in rank order.
         everyone = _gather(sent_by_bucket)
-        for k, p in enumerate(layout):
+        for k in range(len(layout)):
             expected = torch.zeros_like(everyone[0][k])
             for r in range(world):
                 expected += everyone[r][k]

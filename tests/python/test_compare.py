@@ -188,7 +188,7 @@ def test_a_refused_plan_is_a_reason_not_a_number(monkeypatch: pytest.MonkeyPatch
 
     import graphpipe
 
-    def refusing(graph, devices, partitioner, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def refusing(graph, devices, partitioner, **kwargs):
         raise ValueError("no room")
 
     monkeypatch.setattr(graphpipe, "plan", refusing)

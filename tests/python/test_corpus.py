@@ -34,9 +34,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import corpus_models as cm  # noqa: E402
+import corpus_models as cm
 
-from graphpipe.testing import expect_ok, run_cases, run_ranks  # noqa: E402
+from graphpipe.testing import expect_ok, run_cases, run_ranks
 
 # torchvision is a test dependency (scripts/install_deps.sh installs it): without it the corpus
 # fails here, at import, naming the missing package, rather than being skipped.
@@ -327,7 +327,7 @@ def _graphs_left_after_steps(rank: int, world: int, cases: list[tuple[str, dict[
                             micro_batches=cm.MICRO_BATCHES, timeout=120) as pipe:
             for module in pipe.module.modules():
                 if isinstance(module, torch.nn.Linear):
-                    module.register_forward_pre_hook(lambda m, args: seen.extend(weakref.ref(a) for a in args))
+                    module.register_forward_pre_hook(lambda m, args: seen.extend(weakref.ref(a) for a in args))  # noqa: B023 (runs within this iteration)
             for inputs, targets in case.batches:
                 pipe.step(inputs, targets)
             gc.collect()

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import torch
+from test_replicated_stages import replicated_plan
+from test_runtime_gold import make_model as make_bench_model
 from torch import nn
 
 from graphpipe.testing import run_cases, run_ranks
-from test_replicated_stages import replicated_plan
-from test_runtime_gold import make_model as make_bench_model
 
 K, M = 2, 3
 BATCH, MICRO_BATCHES, LR = 8, 2, 0.05
@@ -253,9 +253,9 @@ def _bad_worker(rank: int, world: int, root: str) -> dict[str, Any]:
     """Saves a good checkpoint and another model's, damages copies of the good one (rank 0), and
     loads each bad one: the error on this rank, and whether anything changed."""
     import torch.distributed as dist
+    from test_runtime_pipeline import hand_plan
 
     import graphpipe
-    from test_runtime_pipeline import hand_plan
 
     other, other_example, _ = make_bench_model("dlrm")
     from graphpipe.models import default_loss
@@ -287,7 +287,7 @@ def _bad_worker(rank: int, world: int, root: str) -> dict[str, Any]:
             try:
                 pipe.load(os.path.join(root, what), optimizer=optimizer)
                 out[what] = {"error": None}
-            except Exception as exc:  # noqa: BLE001 - compared by the test
+            except Exception as exc:
                 out[what] = {"error": type(exc).__name__, "message": str(exc)}
             after = _snapshot(pipe, optimizer)
             try:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from test_example_torchrun import EXAMPLE, free_port
 
 SPEC = "mmt:branches=2,depth=1"

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-import hf_models as hm  # noqa: E402
+import hf_models as hm
 
-from graphpipe.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks
 
 hm.import_transformers()
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
+from test_runtime_gold import make_model, reference
 
 from graphpipe.testing import run_ranks
-from test_runtime_gold import make_model, reference
 
 FAILING = 1   # the rank that fails (holds a middle stage of the 3-rank sequential plan)
 FAST = 5.0    # seconds within which every survivor must have raised
@@ -33,7 +33,9 @@ def _step_failure_worker(rank: int, world: int, where: str) -> dict[str, Any]:
     loss_fn = default_loss("candle_uno")
     failing = FAILING
     if where == "loss":
-        def loss_fn(output: Any, target: Any, base: Any = default_loss("candle_uno")) -> torch.Tensor:
+        base = default_loss("candle_uno")
+
+        def loss_fn(output: Any, target: Any) -> torch.Tensor:
             if calls["steps"] == 1:
                 raise ValueError("bad loss on purpose")
             return base(output, target)
@@ -72,14 +74,14 @@ def _step_failure_worker(rank: int, world: int, where: str) -> dict[str, Any]:
         start = time.monotonic()
         try:
             pipe.step(inputs, targets, optimizer=optimizer)
-        except Exception as exc:  # noqa: BLE001 - what each rank saw is the result
+        except Exception as exc:
             out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
             break
     if rank == failing:
         time.sleep(2.0)  # stays alive after raising: the others must not depend on its exit
     try:
         pipe.step(*batches[0])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         out["after"] = (type(exc).__name__, str(exc))
     return out
 
@@ -124,7 +126,7 @@ def _stuck_output_worker(rank: int, world: int) -> dict[str, Any]:
     start = time.monotonic()
     try:
         pipe.step(*batches[0], optimizer=optimizer)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"output_rank": pipe.output_rank, "error": type(exc).__name__, "message": str(exc),
                 "seconds": time.monotonic() - start}
     return {"output_rank": pipe.output_rank, "error": None}
@@ -173,7 +175,7 @@ def _bad_batch_worker(rank: int, world: int) -> dict[str, Any]:
         try:
             pipe.step(*bad[name])
             errors[name] = None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[name] = (type(exc).__name__, str(exc))
     second = pipe.step(*batches[1])  # good again: in step, with the right loss
     return {"first": first, "second": second, "errors": errors}
@@ -221,7 +223,7 @@ def _disagree_worker(rank: int, world: int, what: str) -> dict[str, Any]:
     try:
         graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential",
                        micro_batches=micro_batches, timeout=300)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
     return {"error": None, "seconds": time.monotonic() - start}
 

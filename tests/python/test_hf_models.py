@@ -15,9 +15,8 @@ ids), plus GPT-2 on a manual plan that puts its tied embedding and LM head on di
 
 from __future__ import annotations
 
-import functools
-
 import datetime
+import functools
 import itertools
 import os
 import sys
@@ -27,9 +26,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import hf_models as hm  # noqa: E402
+import hf_models as hm
 
-from graphpipe.testing import expect_ok, run_cases, run_ranks  # noqa: E402
+from graphpipe.testing import expect_ok, run_cases, run_ranks
 
 # transformers is a test dependency (scripts/install_deps.sh installs it): without it these
 # tests fail here, naming the missing package, rather than being skipped.

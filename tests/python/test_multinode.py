@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import multinode_train as mt
 import pytest
 import torch
+import two_nodes
 
 import graphpipe
-import multinode_train as mt
-import two_nodes
 
 SCRIPT = Path(__file__).resolve().with_name("multinode_train.py")
 LAUNCH_TIMEOUT = 90.0  # seconds for both nodes' torchrun, rendezvous to exit

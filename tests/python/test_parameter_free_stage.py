@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import corpus_models as cm  # noqa: E402
+import corpus_models as cm
 
-from graphpipe.testing import run_ranks  # noqa: E402
+from graphpipe.testing import run_ranks
 
 # direct_buffer on 3 ranks with the middle stage (tanh, a buffer read, a product) holding no
 # parameter.

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from test_runtime_gold import LR, make_model, reference
 
 from graphpipe.testing import run_ranks
-from test_runtime_gold import LR, make_model, reference
 
 MODEL = "candle_uno"
 
@@ -37,7 +37,7 @@ def _repeated_worker(rank: int, world: int) -> list[list[float]]:
     from graphpipe.models import default_loss
 
     runs = []
-    for i in range(4):
+    for _ in range(4):
         model, example, batches = make_model(MODEL)
         # A group that rank 0 alone belongs to, as torch's pipelining baseline makes for a plan
         # with fewer stages than ranks: rank 0 now holds one more process group than rank 1.
@@ -106,7 +106,6 @@ def test_subgroup_with_uneven_group_counts_is_refused_on_every_rank() -> None:
 
 def _tied_worker(rank: int, world: int) -> dict[tuple, Any]:
     import torch.distributed as dist
-
     from test_corpus import train
 
     out = {}

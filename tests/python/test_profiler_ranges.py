@@ -9,10 +9,10 @@ import tempfile
 from typing import Any
 
 import torch
-
-from graphpipe.testing import run_ranks
 from test_runtime_gold import make_model
 from test_runtime_pipeline import hand_plan
+
+from graphpipe.testing import run_ranks
 
 
 def _worker(rank: int, world: int, log_path: str) -> dict[str, Any]:

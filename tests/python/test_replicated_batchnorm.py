@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-import corpus_models as cm  # noqa: E402
-from graphpipe.testing import run_ranks  # noqa: E402
+import corpus_models as cm
+
+from graphpipe.testing import run_ranks
 
 MICRO_BATCHES, ROWS, STEPS, LR = 2, 4, 2, 0.05  # ROWS per micro-batch: 2 per replica
 
@@ -47,9 +48,8 @@ def _plan(model: nn.Module, example: tuple, placement: list[list[int]]) -> dict[
     import json
 
     import graphpipe
-    from graphpipe.trace import trace_module
-
     from graphpipe.runtime.sync_batchnorm import StageSyncBatchNorm, adopt_sync_batchnorm
+    from graphpipe.trace import trace_module
 
     # As wrap traces a model with SyncBatchNorm: its modules adopted, each one operator.
     leaves = (StageSyncBatchNorm,) if adopt_sync_batchnorm(model) else ()

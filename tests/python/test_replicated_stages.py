@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_runtime_gold import LR, make_model, reference
 
 from graphpipe.testing import (
     fail_in_second_step,
@@ -36,7 +37,6 @@ from graphpipe.testing import (
     survivor_errors,
     train_pipeline,
 )
-from test_runtime_gold import LR, make_model, reference
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 #: stage -> its ranks: 2 stages x 2 replicas, 1 + 3, and a replicated stage feeding a single one

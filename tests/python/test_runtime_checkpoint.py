@@ -8,10 +8,10 @@ import os
 from typing import Any
 
 import torch
-
-from graphpipe.testing import run_ranks
 from test_runtime_gold import make_model
 from test_runtime_pipeline import hand_plan
+
+from graphpipe.testing import run_ranks
 
 NAME = "dlrm"
 

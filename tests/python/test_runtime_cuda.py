@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe import _C
-from graphpipe.testing import run_ranks
 # The gold test's model, batches and training constants: the GPU runs are the CPU gold cases.
 from test_runtime_gold import LR, MICRO_BATCHES, make_model
+
+from graphpipe import _C
+from graphpipe.testing import run_ranks
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and bool(getattr(_C, "runtime_with_cuda", False))),

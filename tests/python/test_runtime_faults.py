@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import pytest
-
-from graphpipe.testing import fail_in_second_step, run_ranks, steps_until_error, survivor_errors
 from test_runtime_gold import make_model
 from test_runtime_pipeline import hand_plan
+
+from graphpipe.testing import fail_in_second_step, run_ranks, steps_until_error, survivor_errors
 
 TIMEOUT = 5.0
 VICTIM = 1

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from test_runtime_gold import LR, MICRO_BATCHES, make_model, reference
 
 from graphpipe.testing import run_ranks
-from test_runtime_gold import MICRO_BATCHES, LR, make_model, reference
 
 BRANCH_CONTAINERS = ("branches", "dense", "sparse")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_runtime_gold import make_model
+from test_runtime_pipeline import hand_plan
 from torch import nn
 
 import graphpipe
@@ -13,8 +15,6 @@ from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import build_stages, manual_plan, merge, split
 from graphpipe.runtime.stages import flatten_values, meta_copy, propagate_layouts, unflatten_values
 from graphpipe.trace import trace_module
-from test_runtime_gold import make_model
-from test_runtime_pipeline import hand_plan
 
 
 def test_split_and_merge_nested() -> None:
@@ -33,7 +33,7 @@ def test_split_errors_are_clear() -> None:
         split((torch.ones(6), torch.ones(4)), 2)
 
 
-def _run_stages_in_order(graph, values):  # noqa: ANN001 - test helper
+def _run_stages_in_order(graph, values):
     env = {}
     out = None
     for st in graph.stages:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
 import torch
 from torch import nn
 

@@ -99,7 +99,7 @@ def test_a_norm_parameter_hook_runs_once() -> None:
     grads = {}
     for split in (False, True):
         calls = []
-        handle = LN.weight.register_hook(lambda g: calls.append(1) or g * 2)
+        handle = LN.weight.register_hook(lambda g: calls.append(1) or g * 2)  # noqa: B023 (runs within this iteration)
         for p in PARAMS:
             p.grad = None
         leaf = x.clone().requires_grad_()

@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.testing import run_cases, run_ranks
 from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, TopK, qsr_period
+from graphpipe.testing import run_cases, run_ranks
 
 BATCH, MICRO_BATCHES, STEPS, LR = 8, 2, 6, 0.1
 PLACEMENTS = {"2x2": [[0, 1], [2, 3]], "dp4": [[0, 1, 2, 3]]}
@@ -114,7 +114,6 @@ def expected_bytes(pipe: Any, name: str) -> float:
     """The cost model's payload bytes per replica for the STEPS steps just run."""
     from graphpipe._ext import _C
 
-    params = [p for p in pipe.parameters() if p.requires_grad]
     method = sync_method(name)
     method = AllReduce() if isinstance(method, str) else method
     shapes = [_C.ParamShape(name=n, shape=list(p.shape), element_size=p.element_size())
@@ -180,7 +179,7 @@ def refused_case(what: str) -> dict[str, Any]:
     try:
         with graphpipe.wrap(model, example, nn.functional.cross_entropy, plan=plan, timeout=30, sync=sync) as pipe:
             pipe.step(*batches[0])  # no optimizer=
-    except Exception as exc:  # noqa: BLE001 - the test compares it
+    except Exception as exc:
         return {"type": type(exc).__name__, "message": str(exc)}
     return {"type": None}
 

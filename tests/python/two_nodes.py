@@ -36,9 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["Node", "NodeResult", "TwoNodes", "unavailable"]
 
@@ -130,7 +131,7 @@ def unavailable() -> str | None:
     try:
         with TwoNodes():
             pass
-    except Exception as exc:  # noqa: BLE001 - the reason is the message
+    except Exception as exc:
         hint = "" if os.geteuid() == 0 else f" (not root: euid {os.geteuid()}; namespaces need CAP_SYS_ADMIN)"
         return f"could not make two network namespaces joined by a veth pair: {exc}{hint}"
     return None
@@ -163,7 +164,7 @@ class TwoNodes:
     def endpoint(self) -> str:
         return f"{self.nodes[0].addr}:{RDZV_PORT}"
 
-    def __enter__(self) -> "TwoNodes":
+    def __enter__(self) -> TwoNodes:
         reap_stale()
         self._trap_signals()
         try:
@@ -224,7 +225,7 @@ class TwoNodes:
             for n in self.nodes:
                 try:
                     _delete(n.netns)
-                except Exception:  # noqa: BLE001 - delete the other one anyway
+                except Exception:
                     pass
         finally:
             self._restore_signals()
