@@ -19,7 +19,7 @@ double Evaluation::iteration_seconds(const Problem& problem) const {
     return static_cast<double>(problem.num_micro_batches) * split_bottleneck +
            static_cast<double>(depth - 1) * split_fill + optimizer_tail + fixed;
   }
-  return static_cast<double>(problem.num_micro_batches + depth - 1) * bottleneck + optimizer_tail + fixed;
+  return pipeline_step(problem.num_micro_batches, depth, bottleneck) + optimizer_tail + fixed;
 }
 
 bool predicted_faster(double step, double bottleneck, double best_step, double best_bottleneck) {

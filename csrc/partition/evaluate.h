@@ -26,6 +26,7 @@
 // is what it was before replication existed, and stage s is on device s.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,13 @@ struct Evaluation {
   // 1F1B bottleneck's M (F + B) + (p - 1) F).
   double iteration_seconds(const Problem& problem) const;
 };
+
+// The 1F1B step of `micro_batches` micro-batches through `depth` stages whose slowest takes
+// `bottleneck`: (micro_batches + depth - 1) x bottleneck. The one closed form; the evaluation's
+// iteration_seconds and the graphpipe DP's depth trade-off (graphpipe_dp.h) both use it.
+inline double pipeline_step(std::int64_t micro_batches, int depth, double bottleneck) {
+  return static_cast<double>(micro_batches + depth - 1) * bottleneck;
+}
 
 // Throws PlanningError when labels are out of range or a label is unused.
 // `replicas` (by input label; empty: one each) sets each stage's device count; more than one

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "partition/evaluate.h"
 #include "partition/series_parallel_dp/dp_planner.h"
 
 namespace graphpipe::partition {
@@ -124,11 +125,10 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   // at which h would stop paying off; a depth that cannot pay off costs at most one probe. Extra
   // probes are capped at max(16, probes so far).
   std::vector<double> picks{least};
-  const double m = static_cast<double>(p_.num_micro_batches);
-  double best = (m + probe(least) - 1) * least;
+  double best = pipeline_step(p_.num_micro_batches, probe(least), least);
   const int limit = probes_ + std::max(16, probes_);
   for (int h = probe(least) - 1; h >= 1 && probes_ < limit;) {
-    const double upper = best / (m + h - 1);
+    const double upper = best / pipeline_step(p_.num_micro_batches, h, 1.0);
     // a: the largest probe known too deep for h; b: the smallest known to reach h.
     double a = picks.back(), b = upper;
     bool reached = false;
@@ -146,7 +146,7 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
       if (probe(mid) <= h) b = mid; else a = mid;
     }
     picks.push_back(b);
-    best = std::min(best, (m + probe(b) - 1) * b);
+    best = std::min(best, pipeline_step(p_.num_micro_batches, probe(b), b));
     h = probe(b) - 1;
   }
   return picks;
