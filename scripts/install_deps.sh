@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(build-essential cmake ninja-build libmetis-dev libspdlog-dev libgtest-dev nlohmann-json3-dev)
+APT_PACKAGES=(build-essential cmake ninja-build libmetis-dev libspdlog-dev libgtest-dev nlohmann-json3-dev
+              clang-format clang-tidy)  # the last two: scripts/lint.sh
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -28,7 +29,7 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0
   echo "== pip: installing ${TORCH_REQ}"
   python3 -m pip install -q "${TORCH_REQ}"
 fi
-python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel" "pillow" "scikit-learn"
+python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel" "pillow" "scikit-learn" "ruff==0.17.6"
 
 # torchvision (a test dependency: the model corpus of tests/python/test_corpus.py) in the release
 # that matches torch (torchvision 0.N+15 goes with torch 2.N). --no-deps, because its wheels

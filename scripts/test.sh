@@ -16,6 +16,10 @@ else
   cuda_rc=$?
 fi
 
+echo "== lint (scripts/lint.sh: ruff, clang-format, clang-tidy, functions over 80 lines)"
+bash scripts/lint.sh
+lint_rc=$?
+
 echo "== GoogleTest (ctest)"
 ctest --test-dir build/cmake --output-on-failure -j2 --timeout 300
 ctest_rc=$?
@@ -25,7 +29,7 @@ echo "== pytest"
 (cd tests && python3 -m pytest python -q -p no:cacheprovider "$@")
 pytest_rc=$?
 
-if [ $ctest_rc -ne 0 ] || [ $pytest_rc -ne 0 ] || [ $cuda_rc -ne 0 ]; then
-  echo "FAILED: ctest exit $ctest_rc, pytest exit $pytest_rc, CUDA build exit $cuda_rc" >&2
+if [ $ctest_rc -ne 0 ] || [ $pytest_rc -ne 0 ] || [ $cuda_rc -ne 0 ] || [ $lint_rc -ne 0 ]; then
+  echo "FAILED: ctest exit $ctest_rc, pytest exit $pytest_rc, CUDA build exit $cuda_rc, lint exit $lint_rc" >&2
   exit 1
 fi
