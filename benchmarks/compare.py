@@ -217,8 +217,8 @@ def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, mode
 def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micro_batches: int, model: Any,
                    inputs: Any, emulate: float | None, device: torch.device) -> Any:
     import torch.distributed as dist
-
     from baselines.torch_pipelining import chain_stage_modules, make_stepper, pin_integer_consumers, stage_examples
+
     from graphpipe.trace import trace_module
 
     k = run.num_stages
@@ -227,6 +227,7 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
         return lambda x, y: float("nan")
     if run.front_end:
         from baselines.torch_pipeline_frontend import make_stepper as frontend_stepper
+
         from graphpipe.testing.emulate import EmulatedStage
 
         forward, backward = run.stage_seconds[rank]
@@ -320,7 +321,7 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
         else:
             step = _data_parallel_stepper(rank, world, spec, variant.runtime, variant.run, variant.micro_batches,
                                           model, inputs, emulate, dev)
-    except Exception as exc:  # noqa: BLE001 - agreed on below, then raised
+    except Exception as exc:  # agreed on below, then raised
         failure = exc
     # Every rank learns whether every other could build its part before any rank waits on a
     # peer: a variant that one rank refuses then fails everywhere at once instead of leaving
@@ -392,7 +393,7 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
 def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
     try:
         return graphpipe.plan(graph, devices, partitioner, **kwargs), ""
-    except Exception as exc:  # noqa: BLE001 - the planner's refusal is the row's content
+    except Exception as exc:  # the planner's refusal is the row's content
         return None, f"no plan: {type(exc).__name__}: {str(exc)[:120]}"
 
 
@@ -459,7 +460,7 @@ def whole_model(graph: Any, one: Any, rows: int) -> tuple[Any, Any]:
     try:
         return figures, emulation_segments(graph, rows, figures.forward_seconds, figures.backward_seconds,
                                            optimizer_seconds(graphpipe.simulate(whole, one), 1)[0])
-    except Exception as exc:  # noqa: BLE001 - only the emulated data-parallel variants need it
+    except Exception as exc:  # only the emulated data-parallel variants need it
         return figures, f"{type(exc).__name__}: {exc}"
 
 
@@ -604,7 +605,7 @@ class Launch:
         rank = dist.get_rank()
         try:
             mine = RankResult(rank, True, measure_rank(rank, world, spec, variant, steps, emulate, self.device))
-        except Exception as exc:  # noqa: BLE001 - every rank learns every rank's failure
+        except Exception as exc:  # every rank learns every rank's failure
             mine = RankResult(rank, False, error_type=type(exc).__name__, message=str(exc))
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)

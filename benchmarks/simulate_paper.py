@@ -66,7 +66,7 @@ def print_ratios(rows: list[dict]) -> None:
     for model, gpus in dict.fromkeys((r["model"], r["gpus"]) for r in rows):
         graph, seq, dp = (keyed.get((model, gpus, label)) for label in ("graph+dp", "sequential+dp", "data parallel"))
 
-        def ratio(other):
+        def ratio(other, graph=graph):
             if graph is None or other is None:
                 return "-"
             return f"{other['simulated_iteration_seconds'] / graph['simulated_iteration_seconds']:.2f}x"
@@ -175,7 +175,7 @@ def main() -> None:
                 sim = graphpipe.simulate(plan, devices)
                 results[partitioner] = (plan, sim, seconds)
             base = results["sequential"][1].samples_per_second
-            for partitioner, (plan, sim, seconds) in results.items():
+            for plan, sim, seconds in results.values():
                 row = {
                     "model": name, "gpus": count, "partitioner": plan.partitioner,
                     "stages": plan.num_stages, "depth": plan.depth,
