@@ -170,7 +170,7 @@ def main() -> None:
             results = {}
             for partitioner in ("sequential", "graphpipe"):
                 start = time.perf_counter()
-                plan = graphpipe.plan(graph, devices, partitioner)
+                plan = graphpipe.plan(graph, devices, partitioner, replicate=False)  # pipelines, one device a stage
                 seconds = time.perf_counter() - start
                 sim = graphpipe.simulate(plan, devices)
                 results[partitioner] = (plan, sim, seconds)
