@@ -391,6 +391,9 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
 
 
 def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
+    # A variant is replicated only where it says so: plan()'s default would replicate pipelines
+    # that leave ranks idle, and the table compares the two kinds side by side.
+    kwargs.setdefault("replicate", False)
     try:
         return graphpipe.plan(graph, devices, partitioner, **kwargs), ""
     except Exception as exc:  # the planner's refusal is the row's content
