@@ -36,20 +36,23 @@ class BatchPrep:
         self.device = device
         self._layouts: dict[int, tuple[list[EdgeLayout], Any]] = {}
         self._specs_for: int | None = None
+        self._loss_dtypes: dict[int, torch.dtype] = {}
 
     def inputs(self, executor: Any, inputs: Any, replicated: bool) -> tuple[list[dict[str, Any]], int]:
         """Per micro-batch, the value of every model input; and the micro-batch size."""
-        call = microbatch.call_inputs(inputs)
-        self._check.check_inputs(self._input_values(*call))
+        # The forward's signature is bound once per step, for the whole batch: each
+        # micro-batch's values are the batch's values cut along dim 0 (the same tensors that
+        # cutting the call's arguments and binding each cut would give).
+        whole = self._input_values(*microbatch.call_inputs(inputs))
+        self._check.check_inputs(whole)
         if self.device.type != "cpu":
-            call = microbatch.to_device(call, self.device)
-        chunks = microbatch.split(call, self.num_micro_batches, "inputs")
+            whole = microbatch.to_device(whole, self.device)
+        values = microbatch.split(whole, self.num_micro_batches, "inputs")
         if self._cut.copies_inputs:
             # Micro-batches are views of one batch and share its version counter: a model that
             # writes into its inputs would invalidate what autograd saved for the others.
-            chunks = [microbatch.copy(c) for c in chunks]
-        values = [self._input_values(*c) for c in chunks]
-        mbs = microbatch.batch_size(call) // self.num_micro_batches
+            values = [microbatch.copy(c) for c in values]
+        mbs = microbatch.batch_size(whole) // self.num_micro_batches
         if self._static_batch is not None and mbs != self._static_batch:
             raise InputError(
                 f"{self._model_name} was captured by torch.export at a fixed batch of {self._static_batch} (its code "
@@ -89,7 +92,7 @@ class BatchPrep:
     def loss_dtype(self, mbs: int) -> torch.dtype:
         """The dtype step() returns the loss in: the model output's floating dtype (which every
         rank knows from shape propagation), float32 if it has none."""
-        for t in flatten_values([self._layouts[mbs][1]]):
-            if t.is_floating_point():
-                return t.dtype
-        return torch.float32
+        if mbs not in self._loss_dtypes:  # once per micro-batch size: step() asks every step
+            floats = [t.dtype for t in flatten_values([self._layouts[mbs][1]]) if t.is_floating_point()]
+            self._loss_dtypes[mbs] = floats[0] if floats else torch.float32
+        return self._loss_dtypes[mbs]

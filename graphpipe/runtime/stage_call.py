@@ -10,7 +10,6 @@ from there, not from a Python copy."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -44,36 +43,60 @@ def stage_call(
     and returns the loss to differentiate (None: no backward)."""
     in_edges = list(executor.in_edges)
     out_edges = list(executor.out_edges)
+    # Per incoming edge, whether every value it carries is one tensor (the usual case): then the
+    # received tensors are the values and the pytree unflatten per micro-batch is skipped.
+    plain_in = [_plain(layouts[e]) for e in in_edges]
+    out_counts = [len(stage.out_values.get(e, ())) for e in out_edges]
+    placeholders = list(stage.placeholders)
+    copies = stage.copies_received
+    is_output = stage.is_output
 
     def forward(m: int, received: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
-        args = [values[m][name] for name in stage.placeholders]
-        for e, tensors in zip(in_edges, received):
-            if stage.copies_received:
+        given = values[m]
+        args = [given[name] for name in placeholders]
+        for e, plain, tensors in zip(in_edges, plain_in, received):
+            if copies:
                 # A received activation is an autograd leaf, which may not be written in place;
                 # its copy may, and the copy's gradient still reaches the leaf.
                 tensors = [t.clone() if t.requires_grad else t for t in tensors]
-            args.extend(unflatten_values(layouts[e], tensors))
+            args.extend(tensors if plain else unflatten_values(layouts[e], tensors))
         result = _run(stage, args, recompute, saved)
         outs, pos = [], 0
-        for e in out_edges:  # an edge that carries only model inputs transfers no tensor
-            n = len(stage.out_values.get(e, ()))
-            outs.append(flatten_values(list(result[pos : pos + n])))
+        for n in out_counts:  # an edge that carries only model inputs transfers no tensor
+            part = result[pos : pos + n]
+            outs.append(list(part) if all(isinstance(v, torch.Tensor) for v in part) else flatten_values(list(part)))
             pos += n
-        loss = on_output(m, result[-1]) if stage.is_output else None
+        loss = on_output(m, result[-1]) if is_output else None
         return outs, loss
 
     return forward
 
 
+def _plain(layout: EdgeLayout) -> bool:
+    """Whether each value of the edge is one tensor: every value's tree is a single leaf and
+    there are as many tensors on the wire as values (so every leaf is a tensor's slot)."""
+    return len(layout.specs) == len(layout.trees) and all(spec.is_leaf() for spec, _ in layout.trees)
+
+
 def _run(stage: StageModule, args: list[Any], recompute: bool, saved: SavedActivations | None) -> Any:
     # The stage switches grad mode where the model has no_grad blocks: restore the caller's
-    # mode even when the stage raises.
-    counting = saved.hooks() if saved is not None and torch.is_grad_enabled() else nullcontext()
-    with torch.set_grad_enabled(torch.is_grad_enabled()), counting:
-        if recompute and torch.is_grad_enabled():
-            # Activation recomputation (the planner's choice for a stage that does not fit
-            # otherwise): torch's non-reentrant checkpoint keeps only the inputs and runs the
-            # stage forward again when the backward (B or I) first needs it, with the random
-            # state of the first run.
-            return torch.utils.checkpoint.checkpoint(stage.module, *args, use_reentrant=False)
-        return stage.module(*args)
+    # mode even when the stage raises (a plain restore: cheaper than a context manager per call).
+    grad = torch.is_grad_enabled()
+    try:
+        if saved is not None and grad:
+            with saved.hooks():
+                return _call(stage, args, recompute and grad)
+        return _call(stage, args, recompute and grad)
+    finally:
+        if torch.is_grad_enabled() != grad:
+            torch.set_grad_enabled(grad)
+
+
+def _call(stage: StageModule, args: list[Any], recompute: bool) -> Any:
+    if recompute:
+        # Activation recomputation (the planner's choice for a stage that does not fit
+        # otherwise): torch's non-reentrant checkpoint keeps only the inputs and runs the
+        # stage forward again when the backward (B or I) first needs it, with the random
+        # state of the first run.
+        return torch.utils.checkpoint.checkpoint(stage.module, *args, use_reentrant=False)
+    return stage.module(*args)

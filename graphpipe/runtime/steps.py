@@ -81,7 +81,8 @@ def run_step(pipe: "Pipeline", fn: StageFn, losses: list[torch.Tensor], mbs: int
             optimizer.zero_grad()
         during = (f"in the loss sum from rank {pipe.output_rank}" if len(pipe.output_ranks) == 1
                   else f"in the loss sum over the loss stage's ranks {pipe.output_ranks}")
-        dist.all_reduce(buf, group=conn.pg)
+        if pipe.world_size > 1:  # over one rank the sum is this rank's buffer: no gloo round trip
+            dist.all_reduce(buf, group=conn.pg)
         if guarded:
             during = "in the optimizer step"
             pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
@@ -106,7 +107,8 @@ def run_eval(pipe: "Pipeline", make_fn: Callable[[Callable[[int, Any], None]], S
         mine = [outputs[m] for m in range(pipe.num_micro_batches)] if outputs else None
         if len(pipe.output_ranks) == 1:
             box = [microbatch.merge(mine) if mine is not None else None]
-            dist.broadcast_object_list(box, src=pipe._global_ranks[pipe.output_rank], group=conn.pg)
+            if pipe.world_size > 1:  # one rank holds the output already: no pickling round trip
+                dist.broadcast_object_list(box, src=pipe._global_ranks[pipe.output_rank], group=conn.pg)
             return box[0]
         # A replicated output stage: every replica holds its rows of each micro-batch.
         parts: list[Any] = [None] * pipe.world_size

@@ -119,6 +119,8 @@ class EmulatedStage(nn.Module):
         self.anchor = nn.Parameter(torch.zeros(()))
         self._spec: Any = None
         self._leaves: list[Any] = []
+        self._tensor_specs: list[tuple[torch.Size, torch.dtype]] = []
+        self._one_tensor = False
 
     def forward(self, *args: Any) -> Any:
         if self._spec is None:
@@ -126,19 +128,40 @@ class EmulatedStage(nn.Module):
                 result = self.real(*args)
             leaves, self._spec = pytree.tree_flatten(result)
             self._leaves = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
+            # Computed once: the per-call work is what the emulation measures the runtime with.
+            self._tensor_specs = [leaf for leaf in self._leaves if isinstance(leaf, tuple)]
+            self._one_tensor = self._spec.is_leaf() and len(self._tensor_specs) == 1
         wait(self.forward_seconds)
-        tensor_specs = [leaf for leaf in self._leaves if isinstance(leaf, tuple)]
-        floats = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        floats = _float_tensors(args)
         # A stage with no input that needs a gradient (a source) has no input half to wait for:
         # its whole backward is the parameters' (as in the runtime's split, where I is empty).
         has_inputs = any(a.requires_grad for a in floats)
         input_part = self.input_seconds if has_inputs else 0.0
         weight = _WaitWeights.apply(self.backward_seconds - input_part, self.anchor)
         outs = [t + weight if t.is_floating_point() else t
-                for t in _WaitInputs.apply(input_part, tensor_specs, *floats)]
+                for t in _WaitInputs.apply(input_part, self._tensor_specs, *floats)]
+        if self._one_tensor:
+            return outs[0]
         it = iter(outs)
         leaves = [next(it) if isinstance(leaf, tuple) else leaf for leaf in self._leaves]
         return pytree.tree_unflatten(leaves, self._spec)
+
+
+def _float_tensors(args: tuple) -> list[torch.Tensor]:
+    """The floating tensors among ``args``' pytree leaves, in pytree order. Stage modules take
+    tensors, tuples or lists of them and a few constants: those are walked directly (a pytree
+    walk per micro-batch costs more than the rest of the emulated forward), anything else
+    (a dict, a registered pytree) through torch's pytree."""
+    out: list[torch.Tensor] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_floating_point():
+                out.append(a)
+        elif type(a) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in a):
+            out.extend(t for t in a if t.is_floating_point())
+        elif a is not None and not isinstance(a, (bool, int, float, str)):
+            return [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return out
 
 
 def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seconds: float | None = None,
