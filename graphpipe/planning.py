@@ -145,54 +145,69 @@ def plan(
             ``stage_devices`` (an unknown stage, an empty list, overlapping or out-of-range
             devices).
     """
+    graph = _graph_of(model_or_graph, example_inputs)
+    described = _devices_of(devices, device_kind)
+    # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
+    options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
+               "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
+               "zero_bubble": _zero_bubble(schedule), "sync": sync_method(sync)}
+
+    def partition(replicated: bool) -> Any:
+        return _C.partition(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
+                            micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
+                            optimizer=optimizer, seed=seed, replicate=replicated, **options)
+
+    return _choose_replication(partition, graph.num_nodes, described.count, replicate, partitioner)
+
+
+def _graph_of(model_or_graph: nn.Module | Any, example_inputs: Any) -> Any:
+    """The ``OpGraph`` to plan: the model traced with ``example_inputs``, or the graph given."""
     if isinstance(model_or_graph, nn.Module):
         if example_inputs is None:
             raise InputError("plan(model, ...) needs example_inputs to trace the model")
-        graph = trace(model_or_graph, example_inputs)
-    elif isinstance(model_or_graph, _C.OpGraph):
-        graph = model_or_graph
-    else:
-        raise InputError(f"plan needs an nn.Module or an OpGraph, got {type(model_or_graph).__name__}")
-    if isinstance(devices, int):
-        if devices < 1:
-            raise _C.PlanningError(f"plan needs at least one device, got {devices}")
-        described = _describe_devices(devices, device_kind)
-    else:
-        described = devices
-    mapping = list(manual.items()) if isinstance(manual, Mapping) else (list(manual) if manual else None)
-    ranks = None
-    if stage_devices is not None:
-        if not isinstance(stage_devices, Mapping):
-            raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
-        ranks = {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
+        return trace(model_or_graph, example_inputs)
+    if isinstance(model_or_graph, _C.OpGraph):
+        return model_or_graph
+    raise InputError(f"plan needs an nn.Module or an OpGraph, got {type(model_or_graph).__name__}")
 
-    def partition(replicated: bool) -> Any:
-        return _C.partition(
-            graph,
-            described,
-            partitioner=partitioner,
-            batch_size=batch_size or 0,
-            micro_batch_size=micro_batch_size,
-            num_micro_batches=micro_batches,
-            memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None,
-            optimizer=optimizer,
-            manual=mapping,
-            seed=seed,
-            replicate=replicated,
-            stage_devices=ranks,
-            zero_bubble=_zero_bubble(schedule),
-            sync=sync_method(sync),
-        )
 
-    # The default replicates only where one device per stage leaves devices idle; which plan is
-    # faster is the core's prediction (each plan's predicted step), not a rule made here.
+def _devices_of(devices: int | Any, device_kind: str) -> Any:
+    """``plan(devices=...)`` as a ``Devices`` description: a count of ``device_kind``, or as given."""
+    if not isinstance(devices, int):
+        return devices
+    if devices < 1:
+        raise _C.PlanningError(f"plan needs at least one device, got {devices}")
+    return _describe_devices(devices, device_kind)
+
+
+def _manual_mapping(manual: Mapping[str, int] | Sequence[tuple[str, int]] | None) -> list | None:
+    """``plan(manual=...)`` as the core takes it: a list of (module prefix, stage) pairs."""
+    return list(manual.items()) if isinstance(manual, Mapping) else (list(manual) if manual else None)
+
+
+def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> dict[int, list[int]] | None:
+    """``plan(stage_devices=...)`` as the core takes it: stage -> list of device ids."""
+    if stage_devices is None:
+        return None
+    if not isinstance(stage_devices, Mapping):
+        raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
+    return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
+
+
+def _choose_replication(partition: Any, num_nodes: int, device_count: int, replicate: bool | None,
+                        partitioner: str) -> Any:
+    """The plan ``plan(replicate=...)`` returns, ``partition(replicated)`` making each candidate.
+
+    The default replicates only where one device per stage leaves devices idle; which plan is
+    faster is the core's prediction (each plan's predicted step), not a rule made here.
+    """
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
     # More devices than operators: only replicas can use them.
-    if described.count > graph.num_nodes:
+    if device_count > num_nodes:
         return partition(True)
     single = partition(False)
-    if sum(len(stage.devices) for stage in single.stages) >= described.count:
+    if sum(len(stage.devices) for stage in single.stages) >= device_count:
         return single
     replicated = partition(True)
     faster = replicated.predicted_iteration_seconds < single.predicted_iteration_seconds

@@ -262,12 +262,7 @@ def profile(
         raise InputError(f"batch_sizes must be positive and strictly increasing, got {sizes}")
     if repeats < 1 or warmup < 0:
         raise InputError("repeats must be >= 1 and warmup >= 0")
-    first = next(model.parameters(), None)
-    dev = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
-    if dev.type == "meta":
-        raise InputError("cannot time operators on the meta device: pass device='cpu' or 'cuda'")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("device 'cuda' requested but torch.cuda.is_available() is False")
+    dev = _measuring_device(model, device)
     model = model.to(dev)
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
 
@@ -277,30 +272,14 @@ def profile(
             "profile: the graph does not match the model (its operators or edges differ); "
             "profile the graph that graphpipe.trace returned for this same model"
         )
-    gm = traced.module
     # The runs accumulate into parameter gradients and, in training mode, update buffers such as
     # BatchNorm's running statistics: the user's model must come out as it went in.
     saved_grads = {p: p.grad for p in model.parameters()}
     saved_buffers = [(buf, buf.detach().clone()) for buf in model.buffers()]
-    by_name = {n.name: n for n in gm.graph.nodes}
     results: dict[int, list[Any]] = {i: [] for i in range(graph.num_nodes)}
-    base_batch = traced.batch_size
     for b in sizes:
-        rows = torch.arange(b) % base_batch
-        values = _take_rows(traced.placeholder_values, rows, base_batch)
-        forward_in_place, whole_backward, env = _whole_graph_runs(gm, values, sync, warmup, repeats)
-        timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
-        for name, node_id in traced.node_ids.items():
-            node = by_name[name]
-            if node.op == "placeholder":
-                alone = (0.0, 0.0, 0.0)
-            else:
-                alone = _operator_backward(gm, node, env, sync, warmup, repeats)
-            timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
-        factor = _scale_factor([t[2] for t in timed], whole_backward)
-        for node_id, fwd, bwd, inputs_half, weights_half in timed:
-            results[node_id].append(
-                _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
+        for node_id, sample in _profile_batch(traced, b, sync, warmup, repeats):
+            results[node_id].append(sample)
     for p, grad in saved_grads.items():
         p.grad = grad
     with torch.no_grad():
@@ -309,6 +288,41 @@ def profile(
     for node_id, samples in results.items():
         graph.set_profile(node_id, samples)
     return graph
+
+
+def _measuring_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    """Where :func:`profile` times: ``device``, else the model's (its first parameter's), else the CPU."""
+    first = next(model.parameters(), None)
+    dev = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+    if dev.type == "meta":
+        raise InputError("cannot time operators on the meta device: pass device='cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("device 'cuda' requested but torch.cuda.is_available() is False")
+    return dev
+
+
+def _profile_batch(traced: Any, b: int, sync: Callable[[], None], warmup: int,
+                   repeats: int) -> list[tuple[int, Any]]:
+    """Each operator's ``ProfileSample`` at batch size ``b`` (rows of the traced batch repeated):
+    forwards timed in place in whole-graph runs, backwards alone, scaled so that they add up to
+    the whole graph's backward."""
+    gm = traced.module
+    by_name = {n.name: n for n in gm.graph.nodes}
+    base_batch = traced.batch_size
+    rows = torch.arange(b) % base_batch
+    values = _take_rows(traced.placeholder_values, rows, base_batch)
+    forward_in_place, whole_backward, env = _whole_graph_runs(gm, values, sync, warmup, repeats)
+    timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
+    for name, node_id in traced.node_ids.items():
+        node = by_name[name]
+        if node.op == "placeholder":
+            alone = (0.0, 0.0, 0.0)
+        else:
+            alone = _operator_backward(gm, node, env, sync, warmup, repeats)
+        timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
+    factor = _scale_factor([t[2] for t in timed], whole_backward)
+    return [(node_id, _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
+            for node_id, fwd, bwd, inputs_half, weights_half in timed]
 
 
 def _to(value: Any, dev: torch.device) -> Any:
