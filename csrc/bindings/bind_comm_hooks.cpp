@@ -6,9 +6,9 @@
 // c10d::PythonCommHook (torch/csrc/distributed/c10d/python_comm_hook.h, in libtorch_python, so
 // its adapter lives here with the other Python-facing code). The hooks written in C++ are in
 // csrc/runtime/.
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/python_comm_hook.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "bindings/bindings.h"
 #include "common/error.h"
@@ -73,13 +73,15 @@ class PythonHook final : public runtime::CommHook {
     if (named.is_none()) {
       throw Error("graphpipe runtime: python_comm_hook " + name_ + ": " + where +
                   " is None, so torch's hook would communicate over the default (world) group, not the stage's "
-                  "replicas; " + advice);
+                  "replicas; " +
+                  advice);
     }
     if (!py::isinstance(named, group_type) ||
         named.cast<c10::intrusive_ptr<c10d::ProcessGroup>>().get() != group.get()) {
       throw Error("graphpipe runtime: python_comm_hook " + name_ + ": " + where +
                   " is not the stage's counting group given to GradientBuckets, so its traffic would not be measured "
-                  "and its sum could be over other ranks; " + advice);
+                  "and its sum could be over other ranks; " +
+                  advice);
     }
   }
 
@@ -111,7 +113,9 @@ void bind_comm_hooks(py::module_& m) {
       .def_property_readonly("inner", &runtime::CountingGroup::inner, "The process group it forwards to.");
   m.def(
       "counting_group",
-      [](c10::intrusive_ptr<c10d::ProcessGroup> group) { return c10::make_intrusive<runtime::CountingGroup>(std::move(group)); },
+      [](c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        return c10::make_intrusive<runtime::CountingGroup>(std::move(group));
+      },
       py::arg("group"),
       "A CountingGroup over `group`: give it to a Python hook's state and to GradientBuckets so that the hook's "
       "traffic is measured.");
@@ -140,7 +144,8 @@ void bind_comm_hooks(py::module_& m) {
            "Entries each rank sends for a bucket of `numel` elements: ceil(ratio x numel), at least 1.");
 
   m.def(
-      "all_reduce_hook", []() -> std::shared_ptr<runtime::CommHook> { return std::make_shared<runtime::AllReduceHook>(); },
+      "all_reduce_hook",
+      []() -> std::shared_ptr<runtime::CommHook> { return std::make_shared<runtime::AllReduceHook>(); },
       "The default hook: one all-reduce (sum) per bucket, the replicas' exact sum (runtime/all_reduce_hook.h).");
   m.def(
       "topk_hook", [](double ratio) { return std::make_shared<runtime::TopKHook>(ratio); }, py::arg("ratio"),
@@ -148,8 +153,8 @@ void bind_comm_hooks(py::module_& m) {
       "bucket + residual by one all-gather; the result is the sum of what the ranks sent (runtime/topk_hook.h).");
   m.def(
       "hierarchical_all_reduce_hook",
-      [](c10::intrusive_ptr<c10d::ProcessGroup> intra, c10::intrusive_ptr<c10d::ProcessGroup> inter)
-          -> std::shared_ptr<runtime::CommHook> {
+      [](c10::intrusive_ptr<c10d::ProcessGroup> intra,
+         c10::intrusive_ptr<c10d::ProcessGroup> inter) -> std::shared_ptr<runtime::CommHook> {
         return std::make_shared<runtime::HierarchicalAllReduceHook>(std::move(intra), std::move(inter));
       },
       py::arg("intra_node_group"), py::arg("inter_node_group"),

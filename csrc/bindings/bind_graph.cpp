@@ -88,8 +88,7 @@ void bind_node_and_edge(py::module_& m) {
       .def_readwrite("is_output", &Node::is_output)
       .def_readwrite("profile", &Node::profile)
       .def("__repr__", [](const Node& n) {
-        return "Node(" + n.name + ", " + n.op + " " + n.target +
-               (n.module.empty() ? "" : " in " + n.module) + ")";
+        return "Node(" + n.name + ", " + n.op + " " + n.target + (n.module.empty() ? "" : " in " + n.module) + ")";
       });
 
   py::class_<Edge>(m, "Edge", "A tensor flowing between two operators (bytes per sample).")
@@ -97,8 +96,8 @@ void bind_node_and_edge(py::module_& m) {
       .def_readonly("dst", &Edge::dst)
       .def_readonly("bytes", &Edge::bytes)
       .def("__repr__", [](const Edge& e) {
-        return "Edge(" + std::to_string(e.src) + " -> " + std::to_string(e.dst) +
-               ", bytes=" + std::to_string(e.bytes) + ")";
+        return "Edge(" + std::to_string(e.src) + " -> " + std::to_string(e.dst) + ", bytes=" + std::to_string(e.bytes) +
+               ")";
       });
 }
 
@@ -132,8 +131,7 @@ void bind_op_graph(py::module_& m) {
   py::class_<OpGraph>(m, "OpGraph", "The operator DAG of a traced model (see graph/op_graph.h).")
       .def(py::init<>())
       .def("add_node", &OpGraph::add_node, py::arg("node"))
-      .def("add_edge", &OpGraph::add_edge, py::arg("src"), py::arg("dst"),
-           py::arg("bytes_per_sample"))
+      .def("add_edge", &OpGraph::add_edge, py::arg("src"), py::arg("dst"), py::arg("bytes_per_sample"))
       .def_property_readonly("num_nodes", &OpGraph::num_nodes)
       .def_property_readonly("num_edges", &OpGraph::num_edges)
       .def("node", &OpGraph::node, py::arg("id"), py::return_value_policy::copy)
@@ -163,26 +161,24 @@ void bind_op_graph(py::module_& m) {
           },
           py::arg("id"), py::arg("samples"), "Replaces the measured profile of one node.")
       .def(
-          "set_output",
-          [](OpGraph& g, NodeId id, bool is_output) { g.mutable_node(id).is_output = is_output; },
+          "set_output", [](OpGraph& g, NodeId id, bool is_output) { g.mutable_node(id).is_output = is_output; },
           py::arg("id"), py::arg("is_output") = true, "Marks (or unmarks) a node as a graph output.")
       .def(
           "series_parallel", [](const OpGraph& g) { return graph::decompose_series_parallel(g); },
           "Series-parallel decomposition (see graph/series_parallel.h).")
       .def_readwrite("model_name", &OpGraph::model_name)
       .def_readwrite("trace_batch_size", &OpGraph::trace_batch_size)
-      .def("to_json", [](const OpGraph& g, int indent) { return graph::dumps(g, indent); },
-           py::arg("indent") = -1)
+      .def(
+          "to_json", [](const OpGraph& g, int indent) { return graph::dumps(g, indent); }, py::arg("indent") = -1)
       .def_static("from_json", &graph::loads, py::arg("text"))
-      .def("save", [](const OpGraph& g, const std::string& path) { graph::save(g, path); },
-           py::arg("path"))
+      .def(
+          "save", [](const OpGraph& g, const std::string& path) { graph::save(g, path); }, py::arg("path"))
       .def_static("load", &graph::load, py::arg("path"))
       .def("__len__", &OpGraph::num_nodes)
       .def("__str__", &OpGraph::summary)
       .def("__repr__", [](const OpGraph& g) {
         return "<OpGraph" + (g.model_name.empty() ? std::string() : " " + g.model_name) + ": " +
-               std::to_string(g.num_nodes()) + " nodes, " + std::to_string(g.num_edges()) +
-               " edges>";
+               std::to_string(g.num_nodes()) + " nodes, " + std::to_string(g.num_edges()) + " edges>";
       });
 }
 

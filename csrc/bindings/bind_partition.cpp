@@ -20,8 +20,8 @@ namespace {
 plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices, const std::string& partitioner,
                            std::int64_t batch_size, std::optional<std::int64_t> micro_batch_size,
                            std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
-                           const std::string& optimizer, std::optional<partition::ManualMapping> manual,
-                           int max_stages, double tolerance, int seed, bool refine, bool replicate,
+                           const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
+                           double tolerance, int seed, bool refine, bool replicate,
                            std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble,
                            const cost::SyncMethod& sync) {
   partition::Options o;

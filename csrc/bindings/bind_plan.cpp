@@ -79,15 +79,18 @@ void bind_plan(py::module_& m) {
       .def_readwrite("chain", &Plan::chain)
       .def_readwrite("sync", &Plan::sync, "The sync method the plan was priced for (SyncMethod).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
-      .def("to_string", [](const Plan& p, const graph::OpGraph& g) { return plan::to_string(p, g); },
-           py::arg("graph"), "Readable table with operator names.")
+      .def(
+          "to_string", [](const Plan& p, const graph::OpGraph& g) { return plan::to_string(p, g); }, py::arg("graph"),
+          "Readable table with operator names.")
       .def("validate", &plan::validate_plan, py::arg("graph"),
            "Checks the plan against a graph; raises PlanningError naming the problem.")
-      .def("to_json", [](const Plan& p, const graph::OpGraph& g, int indent) { return plan::dumps(p, g, indent); },
-           py::arg("graph"), py::arg("indent") = -1)
+      .def(
+          "to_json", [](const Plan& p, const graph::OpGraph& g, int indent) { return plan::dumps(p, g, indent); },
+          py::arg("graph"), py::arg("indent") = -1)
       .def_static("from_json", &plan::loads_plan, py::arg("text"), py::arg("graph"))
-      .def("save", [](const Plan& p, const graph::OpGraph& g, const std::string& path) { plan::save(p, g, path); },
-           py::arg("graph"), py::arg("path"))
+      .def(
+          "save", [](const Plan& p, const graph::OpGraph& g, const std::string& path) { plan::save(p, g, path); },
+          py::arg("graph"), py::arg("path"))
       .def_static("load", &plan::load_plan, py::arg("path"), py::arg("graph"))
       .def("__str__", [](const Plan& p) { return plan::to_string(p); })
       .def("__repr__", [](const Plan& p) {

@@ -6,9 +6,9 @@
 //
 // Compiled against torch's bundled pybind11, so a torch.distributed ProcessGroup passes in as
 // c10::intrusive_ptr<c10d::ProcessGroup> and tensors as at::Tensor.
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 
@@ -35,7 +35,6 @@ std::chrono::milliseconds to_ms(double seconds) {
   if (!(seconds > 0.0)) throw Error("graphpipe runtime: the timeout must be a positive number of seconds");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
-
 
 // The stage's Python forward, called once per forward instruction with the GIL taken: the
 // received tensors go in as a list per incoming edge, (outputs per outgoing edge, loss or None)
@@ -76,7 +75,8 @@ runtime::StageOutput call_stage(const py::function& forward, int micro_batch,
     }
   }
   if (!loss.is_none()) {
-    if (!THPVariable_Check(loss.ptr())) throw Error("graphpipe runtime: a stage forward's loss must be a tensor or None");
+    if (!THPVariable_Check(loss.ptr()))
+      throw Error("graphpipe runtime: a stage forward's loss must be a tensor or None");
     out.loss = THPVariable_Unpack(loss.ptr());
   }
   return out;
@@ -93,7 +93,6 @@ void bind_runtime_errors(py::module_& m) {
 #else
   m.attr("runtime_with_cuda") = false;
 #endif
-
 }
 
 // A timing carries the instruction it measured (schedule/instruction.h), so readers use its
@@ -106,14 +105,14 @@ void bind_timings(py::module_& m) {
       .def_property_readonly("micro_batch",
                              [](const runtime::InstructionTiming& t) { return t.instruction.micro_batch; })
       .def_property_readonly("edge", [](const runtime::InstructionTiming& t) { return t.instruction.edge; })
-      .def_property_readonly("token", [](const runtime::InstructionTiming& t) { return schedule::to_token(t.instruction); })
+      .def_property_readonly("token",
+                             [](const runtime::InstructionTiming& t) { return schedule::to_token(t.instruction); })
       .def_readonly("start", &runtime::InstructionTiming::start)
       .def_readonly("end", &runtime::InstructionTiming::end)
       .def("__repr__", [](const runtime::InstructionTiming& t) {
         return "InstructionTiming(" + schedule::to_token(t.instruction) + ", " + std::to_string(t.start) + ", " +
                std::to_string(t.end) + ")";
       });
-
 }
 
 // The runtime's split backward (runtime/split_backward.h), for the profiler and the benchmarks
@@ -148,7 +147,6 @@ void bind_split_backward(py::module_& m) {
       py::arg("roots"), py::arg("grads"), py::arg("inputs"), py::arg("params"),
       "A split backward's I: the gradients of roots (seeded with grads) with respect to inputs (None "
       "where none reaches one), and the PendingWeights whose run() is its W for params.");
-
 }
 
 void bind_gradient_buckets(py::module_& m) {
@@ -188,55 +186,55 @@ void bind_gradient_buckets(py::module_& m) {
       .def("abandon", &runtime::GradientBuckets::abandon,
            "Disarms and forgets the buckets in flight (after a failed iteration).");
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
-
 }
 
 void bind_executor(py::module_& m) {
-  auto executor = py::class_<runtime::Executor>(m, "Executor",
-                                                "Runs one rank's instruction list of a schedule (runtime/executor.h).")
-      .def(py::init([](const schedule::Schedule& schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       double timeout_seconds) {
-             // Only a schedule proven not to hang runs: a hang across ranks would surface as a
-             // timeout far from its cause, the checker names the instruction instead.
-             schedule::require_deadlock_free(schedule);
-             return std::make_unique<runtime::Executor>(schedule, rank, std::move(group), to_ms(timeout_seconds));
-           }),
-           py::arg("schedule"), py::arg("rank"), py::arg("group"), py::arg("timeout"),
-           "Runs `rank`'s program of `schedule` (a Schedule, e.g. graphpipe.schedule(plan, kind)); "
-           "raises ScheduleError if the schedule can hang.")
-      .def_property_readonly("rank", &runtime::Executor::rank)
-      .def_property_readonly("stage", &runtime::Executor::stage)
-      .def_property_readonly("in_edges", &runtime::Executor::in_edges)
-      .def_property_readonly("out_edges", &runtime::Executor::out_edges)
-      .def_property_readonly("program",
-                             [](const runtime::Executor& e) {
-                               std::vector<std::string> tokens;
-                               for (const auto& ins : e.program()) tokens.push_back(schedule::to_token(ins));
-                               return tokens;
-                             })
-      // A copy: a reference would keep the executor, and with it the process group, alive.
-      .def_property_readonly(
-          "schedule", [](const runtime::Executor& e) { return e.schedule(); }, "The Schedule it runs (a copy).")
-      .def("schedule_table", [](const runtime::Executor& e) { return e.schedule().to_string(); })
-      .def_property_readonly("replica", &runtime::Executor::replica)
-      .def(
-          "my_rows",
-          [](const runtime::Executor& e, std::int64_t rows) {
-            const auto r = e.my_rows(rows);
-            return std::make_pair(r.begin, r.end);
-          },
-          py::arg("rows"), "This rank's rows [begin, end) of a micro-batch of `rows` rows.")
-      .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
-      .def("set_parameters", &runtime::Executor::set_parameters, py::arg("parameters"),
-           "The stage's trainable parameters, whose gradients a W instruction computes (an empty "
-           "list: a stage without any).")
-      .def("set_local_updates", &runtime::Executor::set_local_updates, py::arg("on"),
-           "The replicas of this rank's stage update locally (local SGD): AR waits for nothing.")
-      .def_property_readonly("held_micro_batches", &runtime::Executor::held_micro_batches,
-                             "Micro-batches whose state (activations, outputs, graphs kept between an "
-                             "I and its W) the executor holds: 0 after every run().")
-      .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
-           "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).");
+  auto executor =
+      py::class_<runtime::Executor>(m, "Executor",
+                                    "Runs one rank's instruction list of a schedule (runtime/executor.h).")
+          .def(py::init([](const schedule::Schedule& schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           double timeout_seconds) {
+                 // Only a schedule proven not to hang runs: a hang across ranks would surface as a
+                 // timeout far from its cause, the checker names the instruction instead.
+                 schedule::require_deadlock_free(schedule);
+                 return std::make_unique<runtime::Executor>(schedule, rank, std::move(group), to_ms(timeout_seconds));
+               }),
+               py::arg("schedule"), py::arg("rank"), py::arg("group"), py::arg("timeout"),
+               "Runs `rank`'s program of `schedule` (a Schedule, e.g. graphpipe.schedule(plan, kind)); "
+               "raises ScheduleError if the schedule can hang.")
+          .def_property_readonly("rank", &runtime::Executor::rank)
+          .def_property_readonly("stage", &runtime::Executor::stage)
+          .def_property_readonly("in_edges", &runtime::Executor::in_edges)
+          .def_property_readonly("out_edges", &runtime::Executor::out_edges)
+          .def_property_readonly("program",
+                                 [](const runtime::Executor& e) {
+                                   std::vector<std::string> tokens;
+                                   for (const auto& ins : e.program()) tokens.push_back(schedule::to_token(ins));
+                                   return tokens;
+                                 })
+          // A copy: a reference would keep the executor, and with it the process group, alive.
+          .def_property_readonly(
+              "schedule", [](const runtime::Executor& e) { return e.schedule(); }, "The Schedule it runs (a copy).")
+          .def("schedule_table", [](const runtime::Executor& e) { return e.schedule().to_string(); })
+          .def_property_readonly("replica", &runtime::Executor::replica)
+          .def(
+              "my_rows",
+              [](const runtime::Executor& e, std::int64_t rows) {
+                const auto r = e.my_rows(rows);
+                return std::make_pair(r.begin, r.end);
+              },
+              py::arg("rows"), "This rank's rows [begin, end) of a micro-batch of `rows` rows.")
+          .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
+          .def("set_parameters", &runtime::Executor::set_parameters, py::arg("parameters"),
+               "The stage's trainable parameters, whose gradients a W instruction computes (an empty "
+               "list: a stage without any).")
+          .def("set_local_updates", &runtime::Executor::set_local_updates, py::arg("on"),
+               "The replicas of this rank's stage update locally (local SGD): AR waits for nothing.")
+          .def_property_readonly("held_micro_batches", &runtime::Executor::held_micro_batches,
+                                 "Micro-batches whose state (activations, outputs, graphs kept between an "
+                                 "I and its W) the executor holds: 0 after every run().")
+          .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
+               "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).");
   executor
       .def(
           "use_cuda",

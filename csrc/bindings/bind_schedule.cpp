@@ -102,8 +102,8 @@ void bind_check_result(py::module_& m) {
       .def_readonly("instruction", &BlockedRank::instruction)
       .def_readonly("reason", &BlockedRank::reason)
       .def("__repr__", [](const BlockedRank& b) {
-        return "BlockedRank(rank=" + std::to_string(b.rank) + ", step=" + std::to_string(b.step) +
-               ", " + schedule::to_token(b.instruction) + ")";
+        return "BlockedRank(rank=" + std::to_string(b.rank) + ", step=" + std::to_string(b.step) + ", " +
+               schedule::to_token(b.instruction) + ")";
       });
 
   py::class_<CheckResult>(m, "CheckResult", "Outcome of Schedule.check() (see schedule/check.h).")
@@ -112,9 +112,8 @@ void bind_check_result(py::module_& m) {
       .def_readonly("blocked", &CheckResult::blocked)
       .def("__bool__", [](const CheckResult& r) { return r.ok; })
       .def("__str__", &CheckResult::to_string)
-      .def("__repr__", [](const CheckResult& r) {
-        return std::string("<CheckResult ") + (r.ok ? "ok" : "hangs") + ">";
-      });
+      .def("__repr__",
+           [](const CheckResult& r) { return std::string("<CheckResult ") + (r.ok ? "ok" : "hangs") + ">"; });
 }
 
 // Schedule: generate, parse, JSON, check, its programs.
@@ -122,23 +121,21 @@ void bind_schedule_class(py::module_& m) {
   py::class_<Schedule>(m, "Schedule",
                        "Per-rank programs of one training iteration (see schedule/schedule.h). "
                        "str() is the ranks x steps table, which Schedule.parse reads back.")
-      .def(py::init(&from_programs), py::arg("kind"), py::arg("num_micro_batches"),
-           py::arg("stage_ranks"), py::arg("edges"), py::arg("programs"),
-           "Builds a schedule from token lists, one per rank; validates it.")
+      .def(py::init(&from_programs), py::arg("kind"), py::arg("num_micro_batches"), py::arg("stage_ranks"),
+           py::arg("edges"), py::arg("programs"), "Builds a schedule from token lists, one per rank; validates it.")
       .def_static(
-          "generate",
-          [](const Plan& plan, const std::string& kind) { return schedule::generate(plan, kind); },
+          "generate", [](const Plan& plan, const std::string& kind) { return schedule::generate(plan, kind); },
           py::arg("plan"), py::arg("kind") = "1f1b",
           "A deadlock-free schedule for `plan`: kind '1f1b' (graph-aware), '1f1b_greedy' or "
           "'fill_drain' (GPipe).")
-      .def_static("parse", [](const std::string& text) { return schedule::parse(text); },
-                  py::arg("text"))
+      .def_static(
+          "parse", [](const std::string& text) { return schedule::parse(text); }, py::arg("text"))
       .def_static("from_json", &schedule::loads, py::arg("text"))
       .def_static("load", &schedule::load, py::arg("path"))
-      .def("to_json", [](const Schedule& s, int indent) { return schedule::dumps(s, indent); },
-           py::arg("indent") = -1)
-      .def("save", [](const Schedule& s, const std::string& path) { schedule::save(s, path); },
-           py::arg("path"))
+      .def(
+          "to_json", [](const Schedule& s, int indent) { return schedule::dumps(s, indent); }, py::arg("indent") = -1)
+      .def(
+          "save", [](const Schedule& s, const std::string& path) { schedule::save(s, path); }, py::arg("path"))
       .def("check", &schedule::check,
            "Replays the programs with matched sends and receives (blocking model of "
            "schedule/check.h): ok, or per stuck rank the instruction it blocks on.")
@@ -153,8 +150,8 @@ void bind_schedule_class(py::module_& m) {
                                return out;
                              })
       .def_property_readonly("programs", &programs, "Each rank's program as tokens.")
-      .def("instructions", [](const Schedule& s, int rank) { return s.ranks.at(rank); },
-           py::arg("rank"))
+      .def(
+          "instructions", [](const Schedule& s, int rank) { return s.ranks.at(rank); }, py::arg("rank"))
       .def_property_readonly("num_stages", &Schedule::num_stages)
       .def_property_readonly("num_ranks", &Schedule::num_ranks)
       .def("compute_table", &Schedule::compute_table)
@@ -162,8 +159,8 @@ void bind_schedule_class(py::module_& m) {
       .def("__str__", &Schedule::to_string)
       .def("__repr__", [](const Schedule& s) {
         return "<Schedule " + s.kind + ": " + std::to_string(s.num_stages()) + " stages, " +
-               std::to_string(s.num_micro_batches) + " micro-batches, " +
-               std::to_string(s.num_instructions()) + " instructions>";
+               std::to_string(s.num_micro_batches) + " micro-batches, " + std::to_string(s.num_instructions()) +
+               " instructions>";
       });
 }
 
@@ -174,8 +171,7 @@ void bind_policy_helpers(py::module_& m) {
       [](const Plan& plan, const std::string& kind) {
         return schedule::in_flight_limits(plan, schedule::parse_policy(kind));
       },
-      py::arg("plan"), py::arg("kind") = "1f1b",
-      "Most micro-batches each stage may hold under the schedule kind.");
+      py::arg("plan"), py::arg("kind") = "1f1b", "Most micro-batches each stage may hold under the schedule kind.");
   m.def("backward_split", &schedule::backward_split, py::arg("stage"),
         "(input-gradient seconds, weight-gradient seconds) of a plan Stage's backward, as the "
         "zero-bubble schedule and the simulator split it (schedule/generate.h).");

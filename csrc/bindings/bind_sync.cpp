@@ -26,9 +26,14 @@ std::string method_repr(const SyncMethod& s) {
   std::ostringstream out;
   out << "SyncMethod(kind='" << cost::to_string(s.kind) << "'";
   switch (s.kind) {
-    case cost::SyncKind::all_reduce: break;
-    case cost::SyncKind::local_sgd: out << ", period=" << s.period; break;
-    case cost::SyncKind::top_k: out << ", ratio=" << s.ratio; break;
+    case cost::SyncKind::all_reduce:
+      break;
+    case cost::SyncKind::local_sgd:
+      out << ", period=" << s.period;
+      break;
+    case cost::SyncKind::top_k:
+      out << ", ratio=" << s.ratio;
+      break;
     case cost::SyncKind::power_sgd:
       out << ", rank=" << s.rank << ", min_compression_rate=" << s.min_compression_rate;
       break;
@@ -78,7 +83,8 @@ void bind_sync_method(py::module_& m) {
       .def_readwrite("hierarchical", &SyncMethod::hierarchical)
       .def("validate", &SyncMethod::validate, "Raises PlanningError naming a bad field.")
       .def("describe", &SyncMethod::describe)
-      .def("cost_method", [](const SyncMethod& s) { return s; }, "Itself (what graphpipe.sync's methods return).")
+      .def(
+          "cost_method", [](const SyncMethod& s) { return s; }, "Itself (what graphpipe.sync's methods return).")
       .def("to_json", [](const SyncMethod& s) { return cost::to_json(s).dump(); })
       .def_static(
           "from_json",
@@ -86,8 +92,9 @@ void bind_sync_method(py::module_& m) {
           py::arg("text"))
       .def(py::self == py::self)
       .def("__repr__", &method_repr)
-      .def(py::pickle([](const SyncMethod& s) { return cost::to_json(s).dump(); },
-                      [](const std::string& text) { return cost::sync_method_from_json(nlohmann::json::parse(text), "$"); }));
+      .def(py::pickle(
+          [](const SyncMethod& s) { return cost::to_json(s).dump(); },
+          [](const std::string& text) { return cost::sync_method_from_json(nlohmann::json::parse(text), "$"); }));
   m.def("sync_kinds", &cost::sync_kind_names, "The kinds SyncMethod accepts.");
 }
 
@@ -142,9 +149,8 @@ void bind_sync_pricing(py::module_& m) {
   m.def(
       "sync_cost",
       [](const SyncMethod& method, const std::vector<graph::ParamShape>& parameters, const cost::Devices& devices,
-         const std::vector<int>& group, double bucket_bytes) {
-        return cost::stage_sync_cost(method, devices, group, parameters, 0.0, bucket_bytes);
-      },
+         const std::vector<int>& group,
+         double bucket_bytes) { return cost::stage_sync_cost(method, devices, group, parameters, 0.0, bucket_bytes); },
       py::arg("method"), py::arg("parameters"), py::arg("devices"), py::arg("group"),
       py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
       "Per step cost of syncing `parameters` (ParamShape list, stage module order) over the ranks `group`.");

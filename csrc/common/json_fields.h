@@ -30,8 +30,7 @@ inline const nlohmann::json& array(const nlohmann::json& value, const std::strin
   return value;
 }
 
-inline const nlohmann::json& field(const nlohmann::json& parent, const std::string& key,
-                                   const std::string& where) {
+inline const nlohmann::json& field(const nlohmann::json& parent, const std::string& key, const std::string& where) {
   object(parent, where);
   auto it = parent.find(key);
   if (it == parent.end()) throw FormatError(where + ": missing field '" + key + "'");
@@ -73,8 +72,8 @@ inline void check_header(const nlohmann::json& document, const std::string& form
   }
   auto found = get<int>(document, "schema_version", "$");
   if (found != version) {
-    throw FormatError("$.schema_version: this build reads version " + std::to_string(version) +
-                      " of " + format + ", the file is version " + std::to_string(found));
+    throw FormatError("$.schema_version: this build reads version " + std::to_string(version) + " of " + format +
+                      ", the file is version " + std::to_string(found));
   }
 }
 

@@ -14,12 +14,18 @@ namespace {
 
 spdlog::level::level_enum to_spdlog(Level level) {
   switch (level) {
-    case Level::trace: return spdlog::level::trace;
-    case Level::debug: return spdlog::level::debug;
-    case Level::info: return spdlog::level::info;
-    case Level::warn: return spdlog::level::warn;
-    case Level::error: return spdlog::level::err;
-    case Level::off: return spdlog::level::off;
+    case Level::trace:
+      return spdlog::level::trace;
+    case Level::debug:
+      return spdlog::level::debug;
+    case Level::info:
+      return spdlog::level::info;
+    case Level::warn:
+      return spdlog::level::warn;
+    case Level::error:
+      return spdlog::level::err;
+    case Level::off:
+      return spdlog::level::off;
   }
   return spdlog::level::warn;
 }
@@ -55,20 +61,24 @@ void set_level(Level level) { logger()->set_level(to_spdlog(level)); }
 
 Level level() {
   switch (logger()->level()) {
-    case spdlog::level::trace: return Level::trace;
-    case spdlog::level::debug: return Level::debug;
-    case spdlog::level::info: return Level::info;
-    case spdlog::level::warn: return Level::warn;
+    case spdlog::level::trace:
+      return Level::trace;
+    case spdlog::level::debug:
+      return Level::debug;
+    case spdlog::level::info:
+      return Level::info;
+    case spdlog::level::warn:
+      return Level::warn;
     case spdlog::level::err:
-    case spdlog::level::critical: return Level::error;
-    default: return Level::off;
+    case spdlog::level::critical:
+      return Level::error;
+    default:
+      return Level::off;
   }
 }
 
 bool enabled(Level level) { return logger()->should_log(to_spdlog(level)); }
 
-void write(Level level, std::string_view message) {
-  logger()->log(to_spdlog(level), "{}", message);
-}
+void write(Level level, std::string_view message) { logger()->log(to_spdlog(level), "{}", message); }
 
 }  // namespace graphpipe::log

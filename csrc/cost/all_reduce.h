@@ -17,8 +17,9 @@
 // Both move 2 (d - 1) / d of the buffer per device; the hierarchy moves most of it over the
 // fast intra-node links and takes 2 (L - 1) + 2 (n - 1) steps instead of 2 (d - 1), so it wins
 // where inter-node links are slower or latency counts. best_all_reduce takes the cheaper (the
-// ring on a tie); for a group on one node, or with one device per node, both are the same ring. A group of one device costs nothing. Every function
-// is O(d log d) and throws PlanningError for a device outside the description or a repeated one.
+// ring on a tie); for a group on one node, or with one device per node, both are the same ring. A group of one device
+// costs nothing. Every function is O(d log d) and throws PlanningError for a device outside the description or a
+// repeated one.
 #pragma once
 
 #include <string>

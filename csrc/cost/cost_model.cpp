@@ -9,9 +9,12 @@ namespace graphpipe::cost {
 
 double optimizer_state_factor(Optimizer optimizer) {
   switch (optimizer) {
-    case Optimizer::sgd: return 0.0;
-    case Optimizer::momentum: return 1.0;
-    case Optimizer::adam: return 2.0;
+    case Optimizer::sgd:
+      return 0.0;
+    case Optimizer::momentum:
+      return 1.0;
+    case Optimizer::adam:
+      return 2.0;
   }
   return 2.0;
 }
@@ -30,9 +33,12 @@ Optimizer parse_optimizer(const std::string& name) {
 
 std::string to_string(Optimizer optimizer) {
   switch (optimizer) {
-    case Optimizer::sgd: return "sgd";
-    case Optimizer::momentum: return "momentum";
-    case Optimizer::adam: return "adam";
+    case Optimizer::sgd:
+      return "sgd";
+    case Optimizer::momentum:
+      return "momentum";
+    case Optimizer::adam:
+      return "adam";
   }
   return "adam";
 }

@@ -84,8 +84,7 @@ class CostModel {
   // Activation bytes the node stashes for one micro-batch (its output).
   double activation_bytes(graph::NodeId node, std::int64_t micro_batch) const;
   // static + activations_per_micro_batch x in_flight.
-  static double stage_memory(double static_bytes, double activation_bytes_per_micro_batch,
-                             int in_flight) {
+  static double stage_memory(double static_bytes, double activation_bytes_per_micro_batch, int in_flight) {
     return static_bytes + activation_bytes_per_micro_batch * in_flight;
   }
 

@@ -19,8 +19,7 @@ std::string number(double value) {
 
 void require_positive(double value, const char* field) {
   if (!(value > 0.0) || !std::isfinite(value)) {
-    throw PlanningError(std::string("devices.") + field + " must be a positive number, found " +
-                        number(value));
+    throw PlanningError(std::string("devices.") + field + " must be a positive number, found " + number(value));
   }
 }
 
@@ -60,30 +59,25 @@ void Devices::validate() const {
                         number(instruction_overhead_seconds) + " and " + number(step_overhead_seconds));
   }
   if (!(op_overhead_seconds >= 0.0)) {
-    throw PlanningError("devices.op_overhead_seconds must not be negative, found " +
-                        number(op_overhead_seconds));
+    throw PlanningError("devices.op_overhead_seconds must not be negative, found " + number(op_overhead_seconds));
   }
-  auto check_matrix = [&](const std::vector<std::vector<double>>& matrix, const char* field,
-                          bool bandwidth) {
+  auto check_matrix = [&](const std::vector<std::vector<double>>& matrix, const char* field, bool bandwidth) {
     if (static_cast<int>(matrix.size()) != count) {
-      throw PlanningError(std::string("devices.") + field + " has " +
-                          std::to_string(matrix.size()) + " rows for " + std::to_string(count) +
-                          " devices");
+      throw PlanningError(std::string("devices.") + field + " has " + std::to_string(matrix.size()) + " rows for " +
+                          std::to_string(count) + " devices");
     }
     for (int a = 0; a < count; ++a) {
       if (static_cast<int>(matrix[a].size()) != count) {
         throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "] has " +
-                            std::to_string(matrix[a].size()) + " entries for " +
-                            std::to_string(count) + " devices");
+                            std::to_string(matrix[a].size()) + " entries for " + std::to_string(count) + " devices");
       }
       for (int b = 0; b < count; ++b) {
         if (a == b) continue;
         double v = matrix[a][b];
         bool ok = bandwidth ? (v > 0.0 && std::isfinite(v)) : (v >= 0.0 && std::isfinite(v));
         if (!ok) {
-          throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "][" +
-                              std::to_string(b) + "] must be " +
-                              (bandwidth ? "positive" : "non-negative") + ", found " + number(v));
+          throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "][" + std::to_string(b) +
+                              "] must be " + (bandwidth ? "positive" : "non-negative") + ", found " + number(v));
         }
       }
     }
@@ -92,8 +86,8 @@ void Devices::validate() const {
   check_matrix(link_latency, "link_latency", false);
   if (!node.empty()) {
     if (static_cast<int>(node.size()) != count) {
-      throw PlanningError("devices.node has " + std::to_string(node.size()) + " entries for " +
-                          std::to_string(count) + " devices");
+      throw PlanningError("devices.node has " + std::to_string(node.size()) + " entries for " + std::to_string(count) +
+                          " devices");
     }
     for (int d = 0; d < count; ++d) {
       if (node[d] < 0) {

@@ -21,7 +21,7 @@
 namespace graphpipe::cost {
 
 struct Devices {
-  std::string name;                  // preset or file name, for reports
+  std::string name;  // preset or file name, for reports
   int count = 1;
   double memory_bytes = 0.0;         // capacity of each device
   double flops_per_second = 0.0;     // sustained dense throughput of one device

@@ -27,8 +27,7 @@ nlohmann::json to_json(const Devices& d) {
 
 namespace {
 
-std::vector<std::vector<double>> matrix(const nlohmann::json& doc, const std::string& key,
-                                        int count, bool positive) {
+std::vector<std::vector<double>> matrix(const nlohmann::json& doc, const std::string& key, int count, bool positive) {
   const std::string path = "$." + key;
   const auto& rows = jf::array(jf::field(doc, key, "$"), path);
   if (static_cast<int>(rows.size()) != count) {
@@ -48,8 +47,8 @@ std::vector<std::vector<double>> matrix(const nlohmann::json& doc, const std::st
       if (!row[b].is_number()) throw FormatError(cell + ": expected a number, found " + row[b].type_name());
       double v = row[b].get<double>();
       if (a != b && (positive ? !(v > 0.0) : !(v >= 0.0))) {
-        throw FormatError(cell + ": must be " + (positive ? "positive" : "non-negative") +
-                          ", found " + std::to_string(v));
+        throw FormatError(cell + ": must be " + (positive ? "positive" : "non-negative") + ", found " +
+                          std::to_string(v));
       }
       result[a][b] = v;
     }
@@ -107,13 +106,9 @@ Devices devices_from_json(const nlohmann::json& doc) {
 
 std::string dumps(const Devices& devices, int indent) { return to_json(devices).dump(indent); }
 
-Devices loads_devices(const std::string& text) {
-  return devices_from_json(jf::parse(text, "device description"));
-}
+Devices loads_devices(const std::string& text) { return devices_from_json(jf::parse(text, "device description")); }
 
-void save(const Devices& devices, const std::string& path) {
-  jf::write_file(path, dumps(devices, 2));
-}
+void save(const Devices& devices, const std::string& path) { jf::write_file(path, dumps(devices, 2)); }
 
 Devices load_devices(const std::string& path) {
   return devices_from_json(jf::parse(jf::read_file(path), "'" + path + "'"));

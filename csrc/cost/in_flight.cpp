@@ -6,14 +6,12 @@
 
 namespace graphpipe::cost {
 
-std::vector<int> in_flight_1f1b(int num_stages, const StageEdges& edges,
-                                std::int64_t num_micro_batches) {
+std::vector<int> in_flight_1f1b(int num_stages, const StageEdges& edges, std::int64_t num_micro_batches) {
   std::vector<std::vector<int>> out(num_stages);
   for (auto [src, dst] : edges) {
     if (src < 0 || dst >= num_stages || src >= dst) {
-      throw PlanningError("in_flight_1f1b: stage edge " + std::to_string(src) + " -> " +
-                          std::to_string(dst) + " does not follow the topological order of " +
-                          std::to_string(num_stages) + " stages");
+      throw PlanningError("in_flight_1f1b: stage edge " + std::to_string(src) + " -> " + std::to_string(dst) +
+                          " does not follow the topological order of " + std::to_string(num_stages) + " stages");
     }
     out[src].push_back(dst);
   }

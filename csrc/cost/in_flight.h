@@ -22,7 +22,6 @@ using StageEdges = std::vector<std::pair<int, int>>;
 using InFlightRule =
     std::function<std::vector<int>(int num_stages, const StageEdges& edges, std::int64_t num_micro_batches)>;
 
-std::vector<int> in_flight_1f1b(int num_stages, const StageEdges& edges,
-                                std::int64_t num_micro_batches);
+std::vector<int> in_flight_1f1b(int num_stages, const StageEdges& edges, std::int64_t num_micro_batches);
 
 }  // namespace graphpipe::cost

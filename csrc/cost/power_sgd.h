@@ -32,7 +32,7 @@ namespace graphpipe::cost {
 
 struct PowerSgdMatrix {
   std::int64_t rows = 0, cols = 0;
-  int rank = 0;              // r' = min(rows, cols, rank)
+  int rank = 0;  // r' = min(rows, cols, rank)
   bool compressed = false;
   std::int64_t numel() const { return rows * cols; }
   std::int64_t p_numel() const { return compressed ? rows * rank : 0; }

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/names.h"
 #include "common/log.h"
+#include "common/names.h"
 
 namespace graphpipe::cost {
 
@@ -19,8 +19,7 @@ constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
 
 void check_count(int count) {
   if (count < 1) {
-    throw PlanningError("a device description needs at least 1 device, asked for " +
-                        std::to_string(count));
+    throw PlanningError("a device description needs at least 1 device, asked for " + std::to_string(count));
   }
 }
 
@@ -32,7 +31,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // a few repeats, so a busy machine does not make the rank look slower than it is.
 double measure_flops() {
   constexpr int n = 96;
-  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  constexpr std::size_t cells = static_cast<std::size_t>(n) * n;
+  std::vector<float> a(cells, 1.0f), b(cells, 0.5f), c(cells, 0.0f);
   double best = 0.0;
   for (int repeat = 0; repeat < 5; ++repeat) {
     auto start = std::chrono::steady_clock::now();
@@ -71,8 +71,8 @@ double measure_bandwidth() {
 namespace {
 
 // A GPU preset: per-device figures plus NVLink-class links inside a node, slower ones across.
-Devices gpu(const char* name, int count, int per_node, double memory, double flops, double bandwidth,
-            double overhead, double intra_bw, double intra_lat, double inter_bw, double inter_lat) {
+Devices gpu(const char* name, int count, int per_node, double memory, double flops, double bandwidth, double overhead,
+            double intra_bw, double intra_lat, double inter_bw, double inter_lat) {
   check_count(count);
   Devices d;
   d.name = name;

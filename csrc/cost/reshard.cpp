@@ -34,7 +34,8 @@ double reshard_seconds(const Devices& devices, const std::vector<int>& senders, 
   while (i < ds && j < dr) {
     const std::int64_t shared = std::min(a.second, b.second) - std::max(a.first, b.first);
     if (shared > 0) {
-      const double seconds = link(senders[i], receivers[j], bytes * static_cast<double>(shared) / static_cast<double>(rows));
+      const double seconds =
+          link(senders[i], receivers[j], bytes * static_cast<double>(shared) / static_cast<double>(rows));
       send_busy[i] += seconds;
       recv_busy[j] += seconds;
     }

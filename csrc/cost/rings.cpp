@@ -56,12 +56,13 @@ bool equal_nodes(const std::map<int, std::vector<int>>& nodes) {
   return std::all_of(nodes.begin(), nodes.end(), [&](const auto& entry) { return entry.second.size() == local; });
 }
 
-double slowest_cross_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes,
-                                double steps, double chunk) {
+double slowest_cross_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes, double steps,
+                                double chunk) {
   if (nodes.size() < 2) return 0.0;
   double slowest = 0.0;
   for (std::size_t j = 0; j < nodes.begin()->second.size(); ++j) {
     std::vector<int> ring;
+    ring.reserve(nodes.size());
     for (const auto& [node, members] : nodes) ring.push_back(members[j]);
     slowest = std::max(slowest, steps * ring_step_seconds(devices, ring, chunk));
   }
@@ -71,7 +72,8 @@ double slowest_cross_node_rings(const Devices& devices, const std::map<int, std:
 double slowest_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes, double steps,
                           double chunk) {
   double slowest = 0.0;
-  for (const auto& [node, members] : nodes) slowest = std::max(slowest, steps * ring_step_seconds(devices, members, chunk));
+  for (const auto& [node, members] : nodes)
+    slowest = std::max(slowest, steps * ring_step_seconds(devices, members, chunk));
   return slowest;
 }
 

@@ -27,8 +27,8 @@ std::map<int, std::vector<int>> by_node(const Devices& devices, const std::vecto
 bool equal_nodes(const std::map<int, std::vector<int>>& nodes);
 // The slowest of the two-level algorithms' rings across nodes (ring j joins the j-th device of
 // every node of equal `nodes`), each taking `steps` steps of `chunk` bytes; 0 with one node.
-double slowest_cross_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes,
-                                double steps, double chunk);
+double slowest_cross_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes, double steps,
+                                double chunk);
 // The slowest node's ring, each taking `steps` steps of `chunk` bytes.
 double slowest_node_rings(const Devices& devices, const std::map<int, std::vector<int>>& nodes, double steps,
                           double chunk);

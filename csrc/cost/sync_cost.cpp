@@ -70,8 +70,8 @@ BucketCost price_bucket(const SyncMethod& method, const SyncLoad& load, const Co
       // Values and positions packed into one all-gather per bucket.
       const double position = top_k_position_bytes(load.numel);
       add(cost, pricer.all_gather(k * (e + position)), k * (e + position));
-      const double traffic = kTopKBucketPasses * load.bytes + k * (e + position) +
-                             static_cast<double>(d) * k * (3.0 * e + position);
+      const double traffic =
+          kTopKBucketPasses * load.bytes + k * (e + position) + static_cast<double>(d) * k * (3.0 * e + position);
       cost.compute_seconds = memory_seconds(devices, traffic, kTopKBucketLaunches);
       break;
     }
@@ -80,9 +80,9 @@ BucketCost price_bucket(const SyncMethod& method, const SyncLoad& load, const Co
       add(cost, pricer.all_reduce(u), u);
       add(cost, pricer.all_reduce(p), p);
       add(cost, pricer.all_reduce(q), q);
-      cost.compute_seconds = load.compress_seconds +
-                             memory_seconds(devices, kPowerSgdBucketPasses * load.bytes + 4.0 * u,
-                                            kPowerSgdBucketLaunches + load.uncompressed_tensors);
+      cost.compute_seconds =
+          load.compress_seconds + memory_seconds(devices, kPowerSgdBucketPasses * load.bytes + 4.0 * u,
+                                                 kPowerSgdBucketLaunches + load.uncompressed_tensors);
       break;
     }
     case SyncKind::local_sgd:

@@ -51,11 +51,11 @@
 namespace graphpipe::cost {
 
 // Documented constants of the compression compute (see above).
-inline constexpr double kTopKBucketPasses = 12.0;      // 3 add + 2 magnitudes + 4 selection + 2 residual + 1 zero
+inline constexpr double kTopKBucketPasses = 12.0;  // 3 add + 2 magnitudes + 4 selection + 2 residual + 1 zero
 inline constexpr double kTopKBucketLaunches = 8.0;
-inline constexpr double kPowerSgdBucketPasses = 8.0;   // 3 add + 2 copy + 3 subtract
+inline constexpr double kPowerSgdBucketPasses = 8.0;  // 3 add + 2 copy + 3 subtract
 inline constexpr double kPowerSgdBucketLaunches = 6.0;
-inline constexpr double kAverageTraffic = 6.0;         // 2 flatten + 2 divide + 2 copy back
+inline constexpr double kAverageTraffic = 6.0;  // 2 flatten + 2 divide + 2 copy back
 inline constexpr double kAverageLaunches = 2.0;
 // Top-k's positions travel packed after the values, as int32 where a bucket's positions fit
 // (fewer than 2^31 elements), else int64: the runtime's hook (runtime/topk_hook.cpp) asks this
@@ -103,12 +103,12 @@ class GroupPricer final : public CollectivePricer {
 
 // One bucket's work on one replica (for local_sgd: one averaging of the load, not amortised).
 struct BucketCost {
-  double payload_bytes = 0.0;    // input bytes handed to collectives
-  double collectives = 0.0;      // collectives issued
-  double compute_seconds = 0.0;  // compression and decompression (local SGD: the averaging's copies)
-  double comm_seconds = 0.0;     // the collectives, one after another
-  double intra_node_bytes = 0.0; // bytes this replica sends over intra-node links
-  double inter_node_bytes = 0.0; // and over inter-node links
+  double payload_bytes = 0.0;     // input bytes handed to collectives
+  double collectives = 0.0;       // collectives issued
+  double compute_seconds = 0.0;   // compression and decompression (local SGD: the averaging's copies)
+  double comm_seconds = 0.0;      // the collectives, one after another
+  double intra_node_bytes = 0.0;  // bytes this replica sends over intra-node links
+  double inter_node_bytes = 0.0;  // and over inter-node links
   double seconds() const { return compute_seconds + comm_seconds; }
 };
 

@@ -18,8 +18,8 @@
 namespace graphpipe::cost {
 
 struct SyncLoad {
-  double numel = 0.0;               // gradient elements
-  double bytes = 0.0;               // their bytes
+  double numel = 0.0;  // gradient elements
+  double bytes = 0.0;  // their bytes
   double tensors = 0.0;
   // PowerSGD (filled only for power_sgd): elements and tensors all-reduced as they are, elements
   // of the factors P and Q, and the compute of compressing and rebuilding the matrices.

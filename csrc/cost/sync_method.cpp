@@ -12,10 +12,14 @@ namespace jf = json_fields;
 
 std::string to_string(SyncKind kind) {
   switch (kind) {
-    case SyncKind::all_reduce: return "all_reduce";
-    case SyncKind::local_sgd: return "local_sgd";
-    case SyncKind::top_k: return "top_k";
-    case SyncKind::power_sgd: return "power_sgd";
+    case SyncKind::all_reduce:
+      return "all_reduce";
+    case SyncKind::local_sgd:
+      return "local_sgd";
+    case SyncKind::top_k:
+      return "top_k";
+    case SyncKind::power_sgd:
+      return "power_sgd";
   }
   return "?";
 }
@@ -33,7 +37,8 @@ SyncKind parse_sync_kind(const std::string& name) {
 void SyncMethod::validate() const {
   const std::string what = "sync method " + to_string(kind) + ": ";
   switch (kind) {
-    case SyncKind::all_reduce: break;
+    case SyncKind::all_reduce:
+      break;
     case SyncKind::local_sgd:
       if (!(period >= 1.0) || !std::isfinite(period)) {
         throw PlanningError(what + "period must be a finite number of steps >= 1, got " + std::to_string(period));
@@ -60,9 +65,14 @@ std::string SyncMethod::describe() const {
   std::string args;
   std::ostringstream value;
   switch (kind) {
-    case SyncKind::all_reduce: break;
-    case SyncKind::local_sgd: value << "period=" << period; break;
-    case SyncKind::top_k: value << "ratio=" << ratio; break;
+    case SyncKind::all_reduce:
+      break;
+    case SyncKind::local_sgd:
+      value << "period=" << period;
+      break;
+    case SyncKind::top_k:
+      value << "ratio=" << ratio;
+      break;
     case SyncKind::power_sgd:
       value << "rank=" << rank;
       if (min_compression_rate != 2.0) value << ", min_compression_rate=" << min_compression_rate;

@@ -37,11 +37,11 @@ std::vector<std::string> sync_kind_names();
 
 struct SyncMethod {
   SyncKind kind = SyncKind::all_reduce;
-  double period = 1.0;                 // local_sgd: mean steps between averagings, >= 1
-  double ratio = 0.01;                 // top_k: share of each bucket's entries sent, in (0, 1]
-  int rank = 1;                        // power_sgd: rank of the factors, >= 1
-  double min_compression_rate = 2.0;   // power_sgd: torch's PowerSGDState default, > 0
-  bool hierarchical = false;           // force the hierarchical collective algorithms
+  double period = 1.0;                // local_sgd: mean steps between averagings, >= 1
+  double ratio = 0.01;                // top_k: share of each bucket's entries sent, in (0, 1]
+  int rank = 1;                       // power_sgd: rank of the factors, >= 1
+  double min_compression_rate = 2.0;  // power_sgd: torch's PowerSGDState default, > 0
+  bool hierarchical = false;          // force the hierarchical collective algorithms
 
   // Throws PlanningError naming the field (only the fields of `kind` are checked).
   void validate() const;

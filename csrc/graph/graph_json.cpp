@@ -59,8 +59,7 @@ json to_json(const OpGraph& graph) {
 
 namespace {
 
-std::vector<std::string> string_list(const json& parent, const std::string& key,
-                                     const std::string& where) {
+std::vector<std::string> string_list(const json& parent, const std::string& key, const std::string& where) {
   const json& list = jf::array(jf::field(parent, key, where), where + "." + key);
   std::vector<std::string> result;
   for (std::size_t i = 0; i < list.size(); ++i) {
@@ -153,8 +152,7 @@ OpGraph from_json(const json& document) {
       auto dst = jf::get<std::int64_t>(edges[i], "dst", at);
       const auto n = static_cast<std::int64_t>(graph.num_nodes());
       if (src < 0 || src >= n || dst < 0 || dst >= n) {
-        throw FormatError(at + ": edge end out of range (the file has " + std::to_string(n) +
-                          " nodes)");
+        throw FormatError(at + ": edge end out of range (the file has " + std::to_string(n) + " nodes)");
       }
       graph.add_edge(static_cast<NodeId>(src), static_cast<NodeId>(dst),
                      jf::non_negative<double>(edges[i], "bytes", at));
@@ -170,12 +168,8 @@ std::string dumps(const OpGraph& graph, int indent) { return to_json(graph).dump
 
 OpGraph loads(const std::string& text) { return from_json(jf::parse(text, "the graph text")); }
 
-void save(const OpGraph& graph, const std::string& path) {
-  jf::write_file(path, dumps(graph, 1));
-}
+void save(const OpGraph& graph, const std::string& path) { jf::write_file(path, dumps(graph, 1)); }
 
-OpGraph load(const std::string& path) {
-  return from_json(jf::parse(jf::read_file(path), "'" + path + "'"));
-}
+OpGraph load(const std::string& path) { return from_json(jf::parse(jf::read_file(path), "'" + path + "'")); }
 
 }  // namespace graphpipe::graph

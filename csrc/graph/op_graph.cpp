@@ -65,21 +65,18 @@ NodeId OpGraph::add_node(Node node) {
 }
 
 void OpGraph::throw_bad_node(NodeId id) const {
-  throw GraphError("node id " + std::to_string(id) + " is out of range (graph has " +
-                   std::to_string(nodes_.size()) + " nodes)");
+  throw GraphError("node id " + std::to_string(id) + " is out of range (graph has " + std::to_string(nodes_.size()) +
+                   " nodes)");
 }
 
-void OpGraph::throw_bad_edge(EdgeId id) {
-  throw GraphError("edge id " + std::to_string(id) + " is out of range");
-}
+void OpGraph::throw_bad_edge(EdgeId id) { throw GraphError("edge id " + std::to_string(id) + " is out of range"); }
 
 EdgeId OpGraph::add_edge(NodeId src, NodeId dst, double bytes_per_sample) {
   check_node(src);
   check_node(dst);
   if (src == dst) throw GraphError("self loop on node " + describe(*this, src));
   if (!(bytes_per_sample >= 0.0)) {
-    throw GraphError("edge " + nodes_[src].name + " -> " + nodes_[dst].name +
-                     " has negative or NaN bytes");
+    throw GraphError("edge " + nodes_[src].name + " -> " + nodes_[dst].name + " has negative or NaN bytes");
   }
   for (EdgeId e : out_[src]) {
     if (edges_[e].dst == dst) {
@@ -103,13 +100,11 @@ Node& OpGraph::mutable_node(NodeId id) {
   return nodes_[id];
 }
 
-
 std::optional<NodeId> OpGraph::find(std::string_view name) const {
   auto it = by_name_.find(std::string(name));
   if (it == by_name_.end()) return std::nullopt;
   return it->second;
 }
-
 
 std::vector<NodeId> OpGraph::successors(NodeId id) const {
   std::vector<NodeId> result;
@@ -327,12 +322,11 @@ std::string OpGraph::summary() const {
     }
     std::vector<int> width(static_cast<std::size_t>(max_depth) + 1, 0);
     for (int d : depth) ++width[d];
-    out << "  longest path: " << max_depth + 1 << " nodes, widest level: "
-        << *std::max_element(width.begin(), width.end()) << " nodes\n";
+    out << "  longest path: " << max_depth + 1
+        << " nodes, widest level: " << *std::max_element(width.begin(), width.end()) << " nodes\n";
     auto sp = decompose_series_parallel(*this);
     if (sp.is_series_parallel) {
-      out << "  series-parallel: yes, widest parallel split: "
-          << sp.tree.widest_parallel() << "\n";
+      out << "  series-parallel: yes, widest parallel split: " << sp.tree.widest_parallel() << "\n";
     } else {
       out << "  series-parallel: no (" << sp.report << ")\n";
     }

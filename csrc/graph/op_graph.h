@@ -33,10 +33,10 @@ using EdgeId = std::int32_t;
 // compresses by shape), its dtype (the runtime's gradient buckets hold one dtype each), its element
 // size in bytes, and whether it is trained (the runtime sums only the gradients of trained ones).
 struct ParamShape {
-  std::string name;                  // qualified name, as in Node::params
-  std::vector<std::int64_t> shape;   // empty: a scalar
-  std::string dtype = "float32";     // torch's name without "torch." ("float32", "bfloat16", ...)
-  int element_size = 4;              // bytes per element
+  std::string name;                 // qualified name, as in Node::params
+  std::vector<std::int64_t> shape;  // empty: a scalar
+  std::string dtype = "float32";    // torch's name without "torch." ("float32", "bfloat16", ...)
+  int element_size = 4;             // bytes per element
   bool requires_grad = true;
   std::int64_t numel() const;
   std::int64_t bytes() const { return numel() * element_size; }
@@ -56,23 +56,23 @@ struct ProfileSample {
 };
 
 struct Node {
-  std::string name;    // unique within the graph
-  std::string op;      // "input", "call_module", "call_function" or "call_method"
-  std::string target;  // what is called: module class ("Linear"), function ("torch.cat"), method
-  std::string module;  // qualified name of the owning module ("" is the root module)
-  double forward_flops = 0.0;           // forward FLOPs per sample
-  std::int64_t param_bytes = 0;         // bytes of the parameters this node owns
-  std::vector<std::string> params;      // qualified names of the parameters it owns
+  std::string name;                        // unique within the graph
+  std::string op;                          // "input", "call_module", "call_function" or "call_method"
+  std::string target;                      // what is called: module class ("Linear"), function ("torch.cat"), method
+  std::string module;                      // qualified name of the owning module ("" is the root module)
+  double forward_flops = 0.0;              // forward FLOPs per sample
+  std::int64_t param_bytes = 0;            // bytes of the parameters this node owns
+  std::vector<std::string> params;         // qualified names of the parameters it owns
   std::vector<std::string> shared_params;  // parameters it uses that another node owns
   // The owned parameters' shapes, one per entry of `params` in the same order, or empty (graphs
   // traced before shapes were recorded: the sync pricing then treats param_bytes as one flat
   // float32 tensor). When given, their bytes add up to param_bytes (checked by add_node).
   std::vector<ParamShape> param_shapes;
-  std::int64_t buffer_bytes = 0;        // bytes of non-trainable buffers it owns
-  double output_bytes = 0.0;            // output activation bytes per sample
+  std::int64_t buffer_bytes = 0;  // bytes of non-trainable buffers it owns
+  double output_bytes = 0.0;      // output activation bytes per sample
   bool is_input = false;
   bool is_output = false;
-  std::vector<ProfileSample> profile;   // sorted by batch size, one sample per size
+  std::vector<ProfileSample> profile;  // sorted by batch size, one sample per size
 };
 
 struct Edge {
@@ -96,7 +96,8 @@ class OpGraph {
   Node& mutable_node(NodeId id);
   // edge, out_edges and in_edges are inline: partitioners call them in their inner loops.
   const Edge& edge(EdgeId id) const {
-    if (id < 0 || static_cast<std::size_t>(id) >= edges_.size()) [[unlikely]] throw_bad_edge(id);
+    if (id < 0 || static_cast<std::size_t>(id) >= edges_.size()) [[unlikely]]
+      throw_bad_edge(id);
     return edges_[id];
   }
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -131,7 +132,7 @@ class OpGraph {
   std::vector<bool> reachable_from(NodeId from) const;
   bool reaches(NodeId from, NodeId to) const;
 
-  double total_forward_flops() const;   // per sample
+  double total_forward_flops() const;  // per sample
   std::int64_t total_param_bytes() const;
 
   // A stable hash of names, ops and edges: a plan records it to detect being applied to
@@ -140,12 +141,13 @@ class OpGraph {
   // A few lines: counts, inputs, outputs, totals, widest level, series-parallel or not.
   std::string summary() const;
 
-  std::string model_name;               // free text, e.g. the model class
-  std::int64_t trace_batch_size = 1;    // batch size of the example inputs
+  std::string model_name;             // free text, e.g. the model class
+  std::int64_t trace_batch_size = 1;  // batch size of the example inputs
 
  private:
   void check_node(NodeId id) const {
-    if (id < 0 || static_cast<std::size_t>(id) >= nodes_.size()) [[unlikely]] throw_bad_node(id);
+    if (id < 0 || static_cast<std::size_t>(id) >= nodes_.size()) [[unlikely]]
+      throw_bad_node(id);
   }
   [[noreturn]] void throw_bad_node(NodeId id) const;
   [[noreturn]] static void throw_bad_edge(EdgeId id);

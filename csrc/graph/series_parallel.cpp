@@ -115,8 +115,8 @@ class Reducer {
       names += (i ? ", " : "") + describe(graph_, left[i]);
     }
     if (left.size() > 8) names += ", ...";
-    result.report = std::to_string(left.size()) +
-                    " operators remain after all series and parallel reductions (" + names +
+    result.report = std::to_string(left.size()) + " operators remain after all series and parallel reductions (" +
+                    names +
                     "); paths between them cross (an N-shaped dependency), which no nesting of "
                     "series and parallel compositions expresses";
     return result;
@@ -144,8 +144,7 @@ class Reducer {
   }
 
   // Merges links of v that share their other end (outgoing: same head; incoming: same tail).
-  void merge_parallel(int v, std::vector<std::vector<int>>& adjacency, std::vector<int>& work,
-                      bool outgoing) {
+  void merge_parallel(int v, std::vector<std::vector<int>>& adjacency, std::vector<int>& work, bool outgoing) {
     std::map<int, int> first_by_end;
     bool merged = false;
     for (int id : live(adjacency[v])) {

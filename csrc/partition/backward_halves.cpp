@@ -12,9 +12,9 @@ std::vector<BackwardHalves> backward_halves(const graph::OpGraph& g, const std::
   const std::size_t n = g.num_nodes();
   if (order.size() != n || stage_of.size() != n || input.size() != n || weight.size() != n) {
     throw PlanningError("backward_halves: " + std::to_string(order.size()) + " ordered operators, " +
-                        std::to_string(stage_of.size()) + " stage labels, " + std::to_string(input.size()) +
-                        " I and " + std::to_string(weight.size()) + " W figures for a graph of " +
-                        std::to_string(n) + " operators");
+                        std::to_string(stage_of.size()) + " stage labels, " + std::to_string(input.size()) + " I and " +
+                        std::to_string(weight.size()) + " W figures for a graph of " + std::to_string(n) +
+                        " operators");
   }
   std::vector<BackwardHalves> halves(num_stages);
   // reached[v]: I runs v (a received tensor leads to it inside its stage).
@@ -23,8 +23,8 @@ std::vector<BackwardHalves> backward_halves(const graph::OpGraph& g, const std::
   for (graph::NodeId v : order) {
     const int s = stage_of[v];
     if (s < 0 || s >= num_stages) {
-      throw PlanningError("backward_halves: operator " + graph::describe(g, v) + " is in stage " +
-                          std::to_string(s) + " of " + std::to_string(num_stages));
+      throw PlanningError("backward_halves: operator " + graph::describe(g, v) + " is in stage " + std::to_string(s) +
+                          " of " + std::to_string(num_stages));
     }
     // joins: an in-stage operand comes from a weighted operator that I does not run, so W runs
     // v again for that operand's gradient (split_backward.h's join).

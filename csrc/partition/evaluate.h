@@ -22,8 +22,8 @@
 // method on its ranks (cost/sync_cost.h, as one bucket of all its operators' gradients; with the
 // default all-reduce, cost::best_all_reduce of its parameter bytes); it runs after the stage's
 // last backward, next to its optimizer step, so it joins the optimizer tail below, in buckets
-// that start during that backward as the runtime runs them (only what outlasts it counts). With one device per stage every figure
-// is what it was before replication existed, and stage s is on device s.
+// that start during that backward as the runtime runs them (only what outlasts it counts). With one device per stage
+// every figure is what it was before replication existed, and stage s is on device s.
 #pragma once
 
 #include <cstdint>
@@ -39,15 +39,15 @@ struct StageFigures {
   // The backward split as a zero-bubble schedule runs it (backward_halves.h): I and W. A
   // recomputed stage's forward is added to the half that runs it first.
   double backward_input = 0.0, backward_weight = 0.0;
-  double optimizer = 0.0;         // the stage's optimizer step, once per iteration
+  double optimizer = 0.0;  // the stage's optimizer step, once per iteration
   double static_bytes = 0.0;
   double activation_bytes = 0.0;  // one micro-batch, received tensors included
   int in_flight = 1;
   double memory = 0.0;
-  int replicas = 1;               // devices of the stage
-  std::vector<int> devices;       // its ranks, ascending
-  double all_reduce = 0.0;        // the sync over those ranks, per iteration (Problem::sync)
-  double input_bytes = 0.0;       // one micro-batch's received tensors (what recomputation keeps)
+  int replicas = 1;          // devices of the stage
+  std::vector<int> devices;  // its ranks, ascending
+  double all_reduce = 0.0;   // the sync over those ranks, per iteration (Problem::sync)
+  double input_bytes = 0.0;  // one micro-batch's received tensors (what recomputation keeps)
   // Activation recomputation, chosen when the stage does not fit otherwise (and then fits
   // better): only the received tensors of the micro-batches in flight are kept, the forward
   // runs again in the backward (added to `backward`), and the recomputed micro-batch's
@@ -61,13 +61,13 @@ struct StageFigures {
 
 struct Evaluation {
   bool acyclic = false;
-  std::vector<int> cycle;              // labels of a stage cycle (input labels) when not acyclic
+  std::vector<int> cycle;  // labels of a stage cycle (input labels) when not acyclic
   int num_stages = 0;
-  std::vector<int> stage_of;           // node -> stage, renumbered topologically (when acyclic)
-  std::vector<StageFigures> stages;    // by renumbered stage
+  std::vector<int> stage_of;                     // node -> stage, renumbered topologically (when acyclic)
+  std::vector<StageFigures> stages;              // by renumbered stage
   std::vector<std::pair<int, int>> stage_edges;  // distinct (src, dst), sorted
   int depth = 0;
-  double bottleneck = 0.0;             // slowest stage time per micro-batch
+  double bottleneck = 0.0;  // slowest stage time per micro-batch
   // Under a split backward: the slowest stage's forward + I + W + transfer, and its share of the
   // zero-bubble fill, max(0, forward + transfer + I - W).
   double split_bottleneck = 0.0;
@@ -77,8 +77,8 @@ struct Evaluation {
   // run on the stages upstream of it (the longest such path); max over stages of (its
   // all-reduce + its step - that upstream backward work), >= 0.
   double optimizer_tail = 0.0;
-  double max_overflow = 0.0;           // largest memory - limit over stages (<= 0 when it fits)
-  int worst_memory_stage = -1;         // the stage with that overflow
+  double max_overflow = 0.0;    // largest memory - limit over stages (<= 0 when it fits)
+  int worst_memory_stage = -1;  // the stage with that overflow
   bool fits() const { return max_overflow <= 0.0; }
   // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail + the step's fixed cost
   // (cost::Devices::step_overhead_seconds); under the zero-bubble
@@ -101,8 +101,8 @@ inline double pipeline_step(std::int64_t micro_batches, int depth, double bottle
 // needs problem.replicated() and at most its ReplicaTable's max_replicas(). `devices` (by input
 // label; empty: placed by place_stages) gives the ranks explicitly (manual plans); each list's
 // size must then be the stage's replica count.
-Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment,
-                    const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
+Evaluation evaluate(const Problem& problem, const std::vector<int>& assignment, const std::vector<int>& replicas = {},
+                    const std::vector<std::vector<int>>& devices = {});
 
 // How every choice between plans that fit ranks them (the graphpipe portfolio's winner, the
 // driver's micro-batch size): whether a plan of predicted step `step` and slowest stage

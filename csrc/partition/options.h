@@ -17,17 +17,17 @@ namespace graphpipe::partition {
 
 struct Options {
   std::string partitioner = "graphpipe";  // a name from partitioner_names() (registry.h)
-  std::int64_t batch_size = 0;          // 0: the graph's trace_batch_size
-  std::int64_t micro_batch_size = 0;    // 0: chosen (or from num_micro_batches)
-  std::int64_t num_micro_batches = 0;   // 0: chosen
-  double memory_limit = 0.0;            // bytes per device; 0: Devices::memory_bytes
+  std::int64_t batch_size = 0;            // 0: the graph's trace_batch_size
+  std::int64_t micro_batch_size = 0;      // 0: chosen (or from num_micro_batches)
+  std::int64_t num_micro_batches = 0;     // 0: chosen
+  double memory_limit = 0.0;              // bytes per device; 0: Devices::memory_bytes
   cost::Optimizer optimizer = cost::Optimizer::adam;
-  ManualMapping manual;                 // for "manual"
-  int max_stages = 0;                   // 0: one per device
-  double tolerance = 1e-3;              // graphpipe's binary search, relative
-  int seed = 0;                         // METIS seed
-  bool refine = true;                   // boundary refinement for graphpipe and metis
-  cost::InFlightRule in_flight;         // empty: 1F1B depth rule
+  ManualMapping manual;          // for "manual"
+  int max_stages = 0;            // 0: one per device
+  double tolerance = 1e-3;       // graphpipe's binary search, relative
+  int seed = 0;                  // METIS seed
+  bool refine = true;            // boundary refinement for graphpipe and metis
+  cost::InFlightRule in_flight;  // empty: 1F1B depth rule
   // The plan will run under the zero-bubble schedule (zb_graph, schedule/generate.h): the
   // predicted step counts ZB-H1's shorter fill and drain (Evaluation::iteration_seconds), so
   // the partitioners weigh depth against it.

@@ -64,9 +64,8 @@ void check_graph_and_devices(const graph::OpGraph& g, const cost::Devices& devic
   // With replication the extra devices become replicas; without, each would need a stage.
   if (!replicated && static_cast<std::size_t>(devices.count) > g.num_nodes()) {
     throw PlanningError(std::to_string(devices.count) + " devices but the graph has only " +
-                        std::to_string(g.num_nodes()) +
-                        " operators: every stage needs an operator; use at most " + std::to_string(g.num_nodes()) +
-                        " devices, or replicate=True to give stages several devices");
+                        std::to_string(g.num_nodes()) + " operators: every stage needs an operator; use at most " +
+                        std::to_string(g.num_nodes()) + " devices, or replicate=True to give stages several devices");
   }
 }
 
@@ -88,15 +87,15 @@ void check_memory_bounds(const cost::CostModel& model, double limit, int devices
     double need = model.static_bytes(v);
     total += need;
     if (need > limit) {
-      throw PlanningError("the model does not fit: operator " + graph::describe(g, v) + " alone needs " +
-                          gib(need) + " for weights, gradients and optimizer state, more than the memory limit of " +
-                          gib(limit) + " per device (over by " + gib(need - limit) + ")");
+      throw PlanningError("the model does not fit: operator " + graph::describe(g, v) + " alone needs " + gib(need) +
+                          " for weights, gradients and optimizer state, more than the memory limit of " + gib(limit) +
+                          " per device (over by " + gib(need - limit) + ")");
     }
   }
   if (total > limit * devices) {
-    throw PlanningError("the model does not fit: weights, gradients and optimizer state need " + gib(total) +
-                        ", " + std::to_string(devices) + " devices of " + gib(limit) + " hold " +
-                        gib(limit * devices) + " (over by " + gib(total - limit * devices) + ")");
+    throw PlanningError("the model does not fit: weights, gradients and optimizer state need " + gib(total) + ", " +
+                        std::to_string(devices) + " devices of " + gib(limit) + " hold " + gib(limit * devices) +
+                        " (over by " + gib(total - limit * devices) + ")");
   }
 }
 
@@ -209,11 +208,12 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
     best.offer(problem, std::move(candidate), ev);
   }
   if (best.assignment.empty()) {
-    throw PlanningError("the model does not fit in memory: the best " + o.partitioner + " plan (micro-batch size " +
-                        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) +
-                        " on stage " + std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) +
-                        " per device (over by " + gib(best.least_overflow) +
-                        "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
+    throw PlanningError(
+        "the model does not fit in memory: the best " + o.partitioner + " plan (micro-batch size " +
+        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) + " on stage " +
+        std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) + " per device (over by " +
+        gib(best.least_overflow) +
+        "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
   }
   Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner, best.replicas,
                          best.devices);

@@ -34,11 +34,11 @@ struct PartitionRequest {
   const cost::Devices& devices;
   const Options& options;
   const cost::CostModel& model;
-  std::int64_t batch_size = 0;                 // resolved: Options::batch_size or the trace's
-  std::vector<std::int64_t> micro_batch_sizes; // the candidates, ascending (problem.h)
-  double memory_limit = 0.0;                   // bytes per device, resolved
-  int max_stages = 1;                          // <= devices and <= operators
-  bool chain = false;                          // Partitioner::plans_chains() of the partitioner asked
+  std::int64_t batch_size = 0;                  // resolved: Options::batch_size or the trace's
+  std::vector<std::int64_t> micro_batch_sizes;  // the candidates, ascending (problem.h)
+  double memory_limit = 0.0;                    // bytes per device, resolved
+  int max_stages = 1;                           // <= devices and <= operators
+  bool chain = false;                           // Partitioner::plans_chains() of the partitioner asked
 
   // The partitioning question at one micro-batch size, as the driver evaluates it.
   Problem problem(std::int64_t micro_batch_size) const {
@@ -56,10 +56,10 @@ struct PartitionRequest {
 
 // A partitioner's answer at one micro-batch size; the driver evaluates it and builds the Plan.
 struct CandidatePlan {
-  std::vector<int> assignment;  // node -> stage label 0..K-1; empty: no layout fits in memory
-  std::string partitioner;      // Plan::partitioner: the registry name, or a variant such as
-                                // "graphpipe(chain)" that says which part of a portfolio won
-  std::vector<int> replicas;    // devices per label; empty: one each (replicas.h)
+  std::vector<int> assignment;            // node -> stage label 0..K-1; empty: no layout fits in memory
+  std::string partitioner;                // Plan::partitioner: the registry name, or a variant such as
+                                          // "graphpipe(chain)" that says which part of a portfolio won
+  std::vector<int> replicas;              // devices per label; empty: one each (replicas.h)
   std::vector<std::vector<int>> devices;  // ranks per label (manual stage_devices); empty: placed
 };
 

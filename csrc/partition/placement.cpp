@@ -22,6 +22,7 @@ std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const s
   std::map<int, std::vector<int>> by_node;
   for (int d = 0; d < devices.count; ++d) by_node[devices.node_of(d)].push_back(d);
   std::vector<std::vector<int>> nodes;
+  nodes.reserve(by_node.size());
   for (auto& [id, ranks] : by_node) nodes.push_back(std::move(ranks));
   std::sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
   std::vector<std::size_t> used(nodes.size(), 0);
@@ -31,7 +32,8 @@ std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const s
   std::vector<std::vector<int>> result(stages);
   for (int s = 0; s < stages; ++s) {
     const auto r = static_cast<std::size_t>(replicas[s]);
-    if (replicas[s] < 1) throw PlanningError("stage " + std::to_string(s) + " has " + std::to_string(replicas[s]) + " replicas");
+    if (replicas[s] < 1)
+      throw PlanningError("stage " + std::to_string(s) + " has " + std::to_string(replicas[s]) + " replicas");
     // The heaviest producer already placed.
     int producer = -1;
     double heaviest = -1.0;

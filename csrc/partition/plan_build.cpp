@@ -10,11 +10,11 @@
 
 namespace graphpipe::partition {
 
+using plan::fill_stage_parameters;
+using plan::implied_stage_edges;
 using plan::Plan;
 using plan::Stage;
 using plan::StageEdge;
-using plan::fill_stage_parameters;
-using plan::implied_stage_edges;
 using plan::tensors_carried;
 using plan::top_modules;
 using plan::validate_plan;
@@ -38,7 +38,7 @@ std::string label_operators(const graph::OpGraph& g, const std::vector<int>& ass
 }  // namespace
 
 plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, const std::string& partitioner,
-                const std::vector<int>& replicas, const std::vector<std::vector<int>>& devices) {
+                      const std::vector<int>& replicas, const std::vector<std::vector<int>>& devices) {
   const graph::OpGraph& g = *p.graph;
   if (!replicas.empty() || !devices.empty()) {
     // A cyclic assignment is reported below by its operators; only the replica figures need it acyclic.
@@ -52,8 +52,8 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
     throw PlanningError(partitioner + " produced stages whose dependencies form a cycle: " + text);
   }
   if (ev.num_stages > p.model->devices().count) {
-    throw PlanningError(partitioner + " produced " + std::to_string(ev.num_stages) +
-                        " stages for " + std::to_string(p.model->devices().count) + " devices");
+    throw PlanningError(partitioner + " produced " + std::to_string(ev.num_stages) + " stages for " +
+                        std::to_string(p.model->devices().count) + " devices");
   }
   Plan plan;
   plan.partitioner = partitioner;

@@ -19,6 +19,6 @@ namespace graphpipe::partition {
 // by their operators) or when the assignment uses more stages (or replicas) than devices.
 // `replicas` and `devices` are by input label, as evaluate() takes them.
 plan::Plan build_plan(const Problem& problem, const std::vector<int>& assignment, const std::string& partitioner,
-                const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
+                      const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
 
 }  // namespace graphpipe::partition

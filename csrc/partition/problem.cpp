@@ -9,12 +9,11 @@ namespace graphpipe::partition {
 
 double Problem::total_compute() const { return std::accumulate(compute.begin(), compute.end(), 0.0); }
 
-Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
-                     std::int64_t micro_batch_size, int max_stages, double memory_limit,
-                     cost::InFlightRule in_flight) {
+Problem make_problem(const cost::CostModel& model, std::int64_t batch_size, std::int64_t micro_batch_size,
+                     int max_stages, double memory_limit, cost::InFlightRule in_flight) {
   if (micro_batch_size < 1 || batch_size % micro_batch_size != 0) {
-    throw PlanningError("micro-batch size " + std::to_string(micro_batch_size) +
-                        " does not divide the mini-batch of " + std::to_string(batch_size));
+    throw PlanningError("micro-batch size " + std::to_string(micro_batch_size) + " does not divide the mini-batch of " +
+                        std::to_string(batch_size));
   }
   const graph::OpGraph& g = model.graph();
   Problem p;
@@ -75,7 +74,8 @@ void set_sync(Problem& p, const cost::SyncMethod& method) {
     p.total_param_bytes += static_cast<double>(n.param_bytes);
     if (n.param_bytes > 0 && n.param_shapes.empty()) {
       if (method.kind == cost::SyncKind::power_sgd) {
-        throw PlanningError("PowerSGD is priced by the shapes of the parameters, and operator " + graph::describe(g, static_cast<graph::NodeId>(v)) +
+        throw PlanningError("PowerSGD is priced by the shapes of the parameters, and operator " +
+                            graph::describe(g, static_cast<graph::NodeId>(v)) +
                             " has parameter bytes without shapes (a graph traced before shapes were recorded): trace "
                             "the model again with graphpipe.trace");
       }
@@ -99,8 +99,8 @@ std::vector<std::int64_t> micro_batch_candidates(std::int64_t batch_size, std::i
   }
   if (fixed != 0) {
     if (fixed < 1 || batch_size % fixed != 0) {
-      throw PlanningError("micro-batch size " + std::to_string(fixed) +
-                          " does not divide the mini-batch of " + std::to_string(batch_size));
+      throw PlanningError("micro-batch size " + std::to_string(fixed) + " does not divide the mini-batch of " +
+                          std::to_string(batch_size));
     }
     return {fixed};
   }

@@ -44,7 +44,7 @@ struct Problem {
   // when set, a stage may run as several data-parallel replicas, the devices of all stages
   // together at most device_budget. Null: one device per stage, as before replication existed.
   std::shared_ptr<const ReplicaTable> replicas;
-  int device_budget = 1;         // devices a plan may use in all (max_stages without replication)
+  int device_budget = 1;  // devices a plan may use in all (max_stages without replication)
   // How replicated stages synchronise, and what each operator's owned parameters ask of it
   // (cost/sync_load.h; make_problem sets the default all-reduce, set_sync another method). The
   // planner prices a stage's sync as one bucket holding all of its operators' gradients
@@ -54,8 +54,8 @@ struct Problem {
   cost::SyncLoad sync_total;              // the whole graph's
   double total_param_bytes = 0.0;         // the whole graph's param_bytes
 
-  std::vector<graph::NodeId> order;  // topological order of the operators
-  std::vector<int> position;         // position[v] = index of v in order
+  std::vector<graph::NodeId> order;                // topological order of the operators
+  std::vector<int> position;                       // position[v] = index of v in order
   std::vector<double> forward, backward, compute;  // compute = forward + backward
   // The backward's halves timed apart (CostModel::backward_input/weight_seconds); a stage's I
   // and W follow from them by backward_halves.h.
@@ -72,9 +72,8 @@ struct Problem {
   double total_compute() const;
 };
 
-Problem make_problem(const cost::CostModel& model, std::int64_t batch_size,
-                     std::int64_t micro_batch_size, int max_stages, double memory_limit,
-                     cost::InFlightRule in_flight);
+Problem make_problem(const cost::CostModel& model, std::int64_t batch_size, std::int64_t micro_batch_size,
+                     int max_stages, double memory_limit, cost::InFlightRule in_flight);
 
 // Sets problem.sync and the operators' sync loads. PowerSGD prices by parameter shapes: an
 // operator with parameter bytes but no shapes is a PlanningError naming it.

@@ -15,7 +15,8 @@ double replica_stage_time(const Problem& p, int level, double compute, double tr
   const double bandwidth = table.link_bandwidth();
   // Every crossing transfer keeps its latency; its bytes term shrinks to the share.
   const double saved = bandwidth > 0.0 ? cross_bytes / bandwidth * (1.0 - 1.0 / d) : 0.0;
-  return compute + std::max(0.0, transfer - saved) + sync_estimate(p, d, params) / static_cast<double>(p.num_micro_batches);
+  return compute + std::max(0.0, transfer - saved) +
+         sync_estimate(p, d, params) / static_cast<double>(p.num_micro_batches);
 }
 
 double sync_estimate(const Problem& p, int d, double params) {
@@ -91,10 +92,10 @@ std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& ass
       trial[label] = next;
       Evaluation tried = evaluate(p, assignment, trial);
       Score then = score(p, tried);
-      const bool better = now.fits ? then.fits && then.step <= now.step * (1.0 + 1e-12) &&
-                                         (then.step < now.step * (1.0 - 1e-12) ||
-                                          tried.stages[s].time() < ev.stages[s].time())
-                                   : then.overflow < now.overflow;
+      const bool better =
+          now.fits ? then.fits && then.step <= now.step * (1.0 + 1e-12) &&
+                         (then.step < now.step * (1.0 - 1e-12) || tried.stages[s].time() < ev.stages[s].time())
+                   : then.overflow < now.overflow;
       if (!better) continue;
       used += next - replicas[label];
       replicas = std::move(trial);

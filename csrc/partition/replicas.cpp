@@ -79,7 +79,8 @@ double ReplicaTable::all_reduce_estimate(int d, double bytes, bool hierarchical)
 double ReplicaTable::all_gather_estimate(int d, double bytes, bool hierarchical) const {
   if (d <= 1 || bytes <= 0.0) return 0.0;
   const auto& lines = all_gather_[d];
-  return hierarchical ? chords(lines, 2, lines.size(), bytes) : chords(lines, 0, std::min<std::size_t>(2, lines.size()), bytes);
+  return hierarchical ? chords(lines, 2, lines.size(), bytes)
+                      : chords(lines, 0, std::min<std::size_t>(2, lines.size()), bytes);
 }
 
 cost::AllReduceCost EstimatePricer::all_reduce(double bytes) const {

@@ -33,8 +33,8 @@ struct Stage {
   std::vector<graph::NodeId> nodes;  // in topological order of the OpGraph
   std::vector<int> devices;          // ranks of the stage's replicas (d = devices.size() >= 1)
   // Figures marked "per replica" are one replica's, for the largest shard (ceil(b / d) rows).
-  double forward_seconds = 0.0;      // predicted, one micro-batch, per replica
-  double backward_seconds = 0.0;     // predicted, one micro-batch, per replica
+  double forward_seconds = 0.0;   // predicted, one micro-batch, per replica
+  double backward_seconds = 0.0;  // predicted, one micro-batch, per replica
   // The backward split as a zero-bubble schedule runs it (partition/backward_halves.h): I, the
   // input gradients, and W, the weight gradients, per micro-batch and replica. Their sum exceeds
   // backward_seconds where W walks again activation gradients that I computed. Both 0: not
@@ -47,11 +47,11 @@ struct Stage {
   // replicas of the two stages directly). Not part of forward/backward_seconds, which are
   // compute only; the stage's time is the sum of the three.
   double transfer_seconds = 0.0;
-  double param_bytes = 0.0;          // parameters held by the stage (each replica holds all)
-  double activation_bytes = 0.0;     // activations stashed for one micro-batch, per replica
-  int in_flight = 1;                 // micro-batches whose activations are held at peak
-  double memory_bytes = 0.0;         // predicted peak of one replica: weights, grads, optimizer, activations
-  double static_bytes = 0.0;         // of which weights, grads, optimizer state and buffers (full stage)
+  double param_bytes = 0.0;       // parameters held by the stage (each replica holds all)
+  double activation_bytes = 0.0;  // activations stashed for one micro-batch, per replica
+  int in_flight = 1;              // micro-batches whose activations are held at peak
+  double memory_bytes = 0.0;      // predicted peak of one replica: weights, grads, optimizer, activations
+  double static_bytes = 0.0;      // of which weights, grads, optimizer state and buffers (full stage)
   // Predicted time per step of keeping the replicas in agreement by the plan's sync method
   // (Plan::sync; cost/sync_cost.h): with the default all-reduce, summing the stage's gradients
   // (cost::best_all_reduce on `devices`); local SGD's averaging amortised over its period; top-k
@@ -74,19 +74,19 @@ struct Stage {
 };
 
 struct StageEdge {
-  int src = 0;                          // producing stage
-  int dst = 0;                          // consuming stage
-  std::vector<graph::EdgeId> edges;     // operator edges carried, in OpGraph edge order
-  double bytes = 0.0;                   // bytes per micro-batch (forward; backward sends the same)
-  int tensors = 1;                      // tensors per micro-batch, one per producing operator: the
-                                        // runtime sends each on its own, so each pays the latency
+  int src = 0;                       // producing stage
+  int dst = 0;                       // consuming stage
+  std::vector<graph::EdgeId> edges;  // operator edges carried, in OpGraph edge order
+  double bytes = 0.0;                // bytes per micro-batch (forward; backward sends the same)
+  int tensors = 1;                   // tensors per micro-batch, one per producing operator: the
+                                     // runtime sends each on its own, so each pays the latency
 };
 
 struct Plan {
-  std::string partitioner;              // "metis", "graphpipe", "sequential", "manual"
-  std::string graph_fingerprint;        // OpGraph::fingerprint() of the graph it was made for
+  std::string partitioner;        // "metis", "graphpipe", "sequential", "manual"
+  std::string graph_fingerprint;  // OpGraph::fingerprint() of the graph it was made for
   std::int64_t num_graph_nodes = 0;
-  std::int64_t batch_size = 0;          // mini-batch size (samples per training step)
+  std::int64_t batch_size = 0;  // mini-batch size (samples per training step)
   std::int64_t micro_batch_size = 0;
   std::int64_t num_micro_batches = 0;
   int num_devices = 0;
@@ -94,13 +94,13 @@ struct Plan {
   std::vector<StageEdge> edges;
   // slowest stage's (forward + backward + transfer) / micro_batch_size
   double bottleneck_seconds_per_sample = 0.0;
-  int depth = 0;                        // stages on the longest path of the stage graph
+  int depth = 0;  // stages on the longest path of the stage graph
   // (num_micro_batches + depth - 1) x the slowest stage's time per micro-batch, plus the part of
   // the all-reduces and optimizer steps that outlasts the pipeline (evaluate.h): the 1F1B estimate of one
   // training step that the partitioners use to choose the micro-batch size and the plan.
   double predicted_iteration_seconds = 0.0;
-  double memory_limit_bytes = 0.0;      // the per-device limit the plan was made under
-  std::string optimizer;                // "sgd", "momentum" or "adam": sets the memory figures
+  double memory_limit_bytes = 0.0;  // the per-device limit the plan was made under
+  std::string optimizer;            // "sgd", "momentum" or "adam": sets the memory figures
   // How replicated stages synchronise (cost/sync_method.h): what all_reduce_seconds prices and
   // what the simulator runs by default.
   cost::SyncMethod sync;

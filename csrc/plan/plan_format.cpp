@@ -54,22 +54,22 @@ std::string module_list(const Stage& st) {
 
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
-  out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on "
-      << plan.num_devices << " devices, depth " << plan.depth << ", mini-batch "
-      << plan.batch_size << " = " << plan.num_micro_batches << " x " << plan.micro_batch_size
-      << ", optimizer " << plan.optimizer << (plan.chain ? ", run as a chain" : "") << "\n";
-  out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3)
-      << " ms/sample, predicted step " << format("%.4g", plan.predicted_iteration_seconds * 1e3)
-      << " ms, memory limit " << bytes(plan.memory_limit_bytes) << "\n";
+  out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices
+      << " devices, depth " << plan.depth << ", mini-batch " << plan.batch_size << " = " << plan.num_micro_batches
+      << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer << (plan.chain ? ", run as a chain" : "")
+      << "\n";
+  out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3) << " ms/sample, predicted step "
+      << format("%.4g", plan.predicted_iteration_seconds * 1e3) << " ms, memory limit "
+      << bytes(plan.memory_limit_bytes) << "\n";
   // Device lists of replicated stages are longer than one rank: the column grows to fit.
   std::size_t dev_width = 5;
   for (const Stage& st : plan.stages) dev_width = std::max(dev_width, device_list(st).size() + 1);
-  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("ops", 6) << pad("fwd ms", 10)
-      << pad("bwd ms", 10) << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11)
-      << pad("inflt", 6) << pad("memory", 11) << pad("allred ms", 10) << pad("next", 10);
+  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("ops", 6) << pad("fwd ms", 10) << pad("bwd ms", 10)
+      << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11) << pad("inflt", 6) << pad("memory", 11)
+      << pad("allred ms", 10) << pad("next", 10);
   // Without the graph the operators' names are unknown; the modules (stored in the plan) are not.
-  const bool any_modules = std::any_of(plan.stages.begin(), plan.stages.end(),
-                                       [](const Stage& st) { return !st.modules.empty(); });
+  const bool any_modules =
+      std::any_of(plan.stages.begin(), plan.stages.end(), [](const Stage& st) { return !st.modules.empty(); });
   out << (g ? "operators" : any_modules ? "modules" : "") << "\n";
   for (const Stage& st : plan.stages) {
     const std::string devices = device_list(st);
@@ -80,10 +80,9 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
       next += std::to_string(e.dst);
     }
     if (next.empty()) next = "-";
-    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width)
-        << pad(std::to_string(st.nodes.size()), 6) << pad(millis(st.forward_seconds), 10)
-        << pad(millis(st.backward_seconds), 10) << pad(millis(st.transfer_seconds), 10)
-        << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
+    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width) << pad(std::to_string(st.nodes.size()), 6)
+        << pad(millis(st.forward_seconds), 10) << pad(millis(st.backward_seconds), 10)
+        << pad(millis(st.transfer_seconds), 10) << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
         << pad(std::to_string(st.in_flight) + (st.recompute ? "r" : ""), 6) << pad(bytes(st.memory_bytes), 11)
         << pad(millis(st.all_reduce_seconds), 10) << pad(next, 10);
     if (g && !st.nodes.empty()) {
@@ -98,8 +97,7 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
   if (!plan.edges.empty()) {
     out << "  stage edges:";
     for (const StageEdge& e : plan.edges) {
-      out << " " << e.src << "->" << e.dst << " (" << e.edges.size() << " tensors, "
-          << bytes(e.bytes) << ")";
+      out << " " << e.src << "->" << e.dst << " (" << e.edges.size() << " tensors, " << bytes(e.bytes) << ")";
     }
     out << "\n";
   }

@@ -36,7 +36,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
   }
   nlohmann::json edges = nlohmann::json::array();
   for (const StageEdge& se : plan.edges) {
-    edges.push_back({{"src", se.src}, {"dst", se.dst}, {"edges", se.edges}, {"bytes", se.bytes}, {"tensors", se.tensors}});
+    edges.push_back(
+        {{"src", se.src}, {"dst", se.dst}, {"edges", se.edges}, {"bytes", se.bytes}, {"tensors", se.tensors}});
   }
   return {{"format", "graphpipe.plan"},
           {"schema_version", kPlanSchemaVersion},
@@ -111,8 +112,7 @@ std::vector<std::string> strings_from_json(const nlohmann::json& list, const std
 }
 
 // A stage's operators (by name) and devices.
-void stage_placement_from_json(const nlohmann::json& js, const std::string& where, const graph::OpGraph& g,
-                               Stage& st) {
+void stage_placement_from_json(const nlohmann::json& js, const std::string& where, const graph::OpGraph& g, Stage& st) {
   const auto& names = jf::array(jf::field(js, "nodes", where), where + ".nodes");
   for (std::size_t k = 0; k < names.size(); ++k) {
     const std::string at = where + ".nodes[" + std::to_string(k) + "]";
@@ -144,7 +144,8 @@ Stage stage_from_json(const nlohmann::json& value, const std::string& where, con
   st.in_flight = jf::get<int>(js, "in_flight", where);
   st.memory_bytes = jf::non_negative<double>(js, "memory_bytes", where);
   // Optional: plans written before replicated stages existed have one device per stage.
-  if (js.contains("all_reduce_seconds")) st.all_reduce_seconds = jf::non_negative<double>(js, "all_reduce_seconds", where);
+  if (js.contains("all_reduce_seconds"))
+    st.all_reduce_seconds = jf::non_negative<double>(js, "all_reduce_seconds", where);
   if (js.contains("recompute")) st.recompute = jf::get<bool>(js, "recompute", where);
   // Optional too: plans written before the split backward was priced (then halves).
   if (js.contains("backward_input_seconds")) {
@@ -204,13 +205,9 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   return plan;
 }
 
-std::string dumps(const Plan& plan, const graph::OpGraph& g, int indent) {
-  return to_json(plan, g).dump(indent);
-}
+std::string dumps(const Plan& plan, const graph::OpGraph& g, int indent) { return to_json(plan, g).dump(indent); }
 
-Plan loads_plan(const std::string& text, const graph::OpGraph& g) {
-  return plan_from_json(jf::parse(text, "plan"), g);
-}
+Plan loads_plan(const std::string& text, const graph::OpGraph& g) { return plan_from_json(jf::parse(text, "plan"), g); }
 
 void save(const Plan& plan, const graph::OpGraph& g, const std::string& path) {
   jf::write_file(path, dumps(plan, g, 2));

@@ -48,8 +48,9 @@ void validate_plan(const Plan& plan, const graph::OpGraph& graph);
 // only to their neighbours: an operator edge from a to b > a + 1 is relayed, riding on every
 // edge (k, k + 1) for a <= k < b, as chain pipelines forward skip tensors. Throws PlanningError
 // naming an operator edge that goes from a later stage back to an earlier one.
-std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(
-    const graph::OpGraph& graph, const std::vector<int>& stage_of, bool chain);
+std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(const graph::OpGraph& graph,
+                                                                              const std::vector<int>& stage_of,
+                                                                              bool chain);
 
 // How many tensors a stage edge carrying `edges` sends per micro-batch: one per producing
 // operator (a value read by several operators downstream crosses once). StageEdge::tensors.

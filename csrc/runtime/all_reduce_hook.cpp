@@ -15,11 +15,12 @@ c10::intrusive_ptr<c10::ivalue::Future> AllReduceHook::runHook(c10d::GradBucket&
   // as the buffer itself.
   return group_->allreduce(tensors, c10d::AllreduceOptions())
       ->getFuture()
-      ->then([buffer](c10::ivalue::Future& done) -> c10::IValue {
-               done.value();  // rethrows the collective's error
-               return buffer;
-             },
-             c10::TensorType::get());
+      ->then(
+          [buffer](c10::ivalue::Future& done) -> c10::IValue {
+            done.value();  // rethrows the collective's error
+            return buffer;
+          },
+          c10::TensorType::get());
 }
 
 at::Tensor AllReduceHook::parseHookResult(const c10::IValue& result) { return result.toTensor(); }

@@ -102,8 +102,7 @@ c10::intrusive_ptr<c10d::Work> CountingGroup::all_gather_single_coalesced(std::v
 }
 
 c10::intrusive_ptr<c10d::Work> CountingGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::GatherOptions& opts) {
+                                                     std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   count(bytes_of(inputs));
   return inner_->gather(outputs, inputs, opts);
 }
@@ -128,8 +127,9 @@ c10::intrusive_ptr<c10d::Work> CountingGroup::reduce_scatter_single(at::Tensor& 
   return inner_->reduce_scatter_single(output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> CountingGroup::reduce_scatter_single_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> CountingGroup::reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                                              std::vector<at::Tensor>& inputs,
+                                                                              const c10d::ReduceScatterOptions& opts) {
   count(bytes_of(inputs));
   return inner_->reduce_scatter_single_coalesced(outputs, inputs, opts);
 }

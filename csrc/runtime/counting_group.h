@@ -63,7 +63,9 @@ class CountingGroup : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return inner_->getBackendName(); }
   void setTimeout(std::chrono::milliseconds timeout) override { inner_->setTimeout(timeout); }
   void startCoalescing(c10::DeviceType device) override { inner_->startCoalescing(device); }
-  c10::intrusive_ptr<c10d::Work> endCoalescing(c10::DeviceType device) override { return inner_->endCoalescing(device); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing(c10::DeviceType device) override {
+    return inner_->endCoalescing(device);
+  }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -83,10 +85,9 @@ class CountingGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,

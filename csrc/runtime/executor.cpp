@@ -27,7 +27,9 @@ const std::vector<Instruction> kEmpty;
 // Waits at least this long are logged as long (debug level): where the pipeline's bubbles are.
 constexpr double kLongWaitMs = 10.0;
 
-bool carries_grad(const at::Tensor& spec) { return at::isFloatingType(spec.scalar_type()) || at::isComplexType(spec.scalar_type()); }
+bool carries_grad(const at::Tensor& spec) {
+  return at::isFloatingType(spec.scalar_type()) || at::isComplexType(spec.scalar_type());
+}
 
 std::string shape_of(const at::Tensor& t) {
   std::ostringstream s;
@@ -158,9 +160,8 @@ std::string Executor::describe_piece(const Instruction& ins, std::size_t k, std:
 void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
   if (out.edges.size() != out_edges_.size()) {
     throw TransferMismatch("stage " + std::to_string(stage_) + " forward of micro-batch " +
-                           std::to_string(micro_batch) + " returned tensors for " +
-                           std::to_string(out.edges.size()) + " outgoing edges, expected " +
-                           std::to_string(out_edges_.size()));
+                           std::to_string(micro_batch) + " returned tensors for " + std::to_string(out.edges.size()) +
+                           " outgoing edges, expected " + std::to_string(out_edges_.size()));
   }
   for (std::size_t i = 0; i < out_edges_.size(); ++i) check_edge_outputs(micro_batch, i, out.edges[i]);
 }
@@ -180,22 +181,22 @@ void Executor::check_edge_outputs(int micro_batch, std::size_t i, const std::vec
   }
   const bool replicated = schedule_.replicas(stage_) > 1;
   for (std::size_t k = 0; k < got.size(); ++k) {
-    const bool fits = got[k].defined() && got[k].scalar_type() == want[k].scalar_type() &&
-                      (replicated ? got[k].sizes() == c10::IntArrayRef(local_shape(want[k]))
-                                  : got[k].sizes() == want[k].sizes());
+    const bool fits =
+        got[k].defined() && got[k].scalar_type() == want[k].scalar_type() &&
+        (replicated ? got[k].sizes() == c10::IntArrayRef(local_shape(want[k])) : got[k].sizes() == want[k].sizes());
     if (fits) continue;
     std::ostringstream declared;
     declared << c10::IntArrayRef(local_shape(want[k])) << " " << want[k].scalar_type();
     throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
                            ": tensor " + std::to_string(k) + " of " + edge() + " is " +
-                           (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) +
-                           ", the edge declares " + declared.str() +
-                           " (shapes are fixed by the shape propagation at the micro-batch size" +
+                           (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) + ", the edge declares " +
+                           declared.str() + " (shapes are fixed by the shape propagation at the micro-batch size" +
                            (replicated ? ", cut to this replica's rows)" : ")"));
   }
 }
 
-void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops, std::vector<at::Tensor>& buffers) {
+void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>& ops,
+                    std::vector<at::Tensor>& buffers) {
   const auto& spec = specs_.at(ins.edge);
   const auto parts = pieces(ins);
   // One send or receive per tensor and peer: the rows this rank and the peer share (all of the
@@ -249,7 +250,8 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
       st.received.erase(it);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -367,9 +369,9 @@ struct Executor::Run {
   const bool debug = log::enabled(log::Level::debug);
   bool replicated = false;
   const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  std::vector<Instruction> list;            // the program's instructions that run (train: all)
-  std::vector<std::size_t> next_receive;    // index of the next receive of the same stream (or size)
-  std::size_t last_backward = 0;            // the last B or W: it finishes the weight gradients
+  std::vector<Instruction> list;                           // the program's instructions that run (train: all)
+  std::vector<std::size_t> next_receive;                   // index of the next receive of the same stream (or size)
+  std::size_t last_backward = 0;                           // the last B or W: it finishes the weight gradients
   std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
   std::vector<InFlight> sends;
   std::vector<InstructionTiming> timings;
@@ -383,9 +385,9 @@ struct Executor::Run {
 
 // Indexed by schedule::OpKind (instruction.h's order).
 const Executor::Handler Executor::kHandlers[] = {
-    &Executor::exec_recv_activation, &Executor::exec_forward,       &Executor::exec_send_activation,
-    &Executor::exec_recv_gradient,   &Executor::exec_backward,      &Executor::exec_send_gradient,
-    &Executor::exec_optimizer_step,  &Executor::exec_all_reduce,    &Executor::exec_backward_input,
+    &Executor::exec_recv_activation, &Executor::exec_forward,    &Executor::exec_send_activation,
+    &Executor::exec_recv_gradient,   &Executor::exec_backward,   &Executor::exec_send_gradient,
+    &Executor::exec_optimizer_step,  &Executor::exec_all_reduce, &Executor::exec_backward_input,
     &Executor::exec_backward_weight,
 };
 
@@ -554,9 +556,8 @@ void Executor::check_ready(bool train) const {
   // trainable parameters (a stage of parameter-free operators between two others, which the
   // corpus's partitioners produce), whose W does nothing.
   const auto& prog = program();
-  const bool splits = train && std::any_of(prog.begin(), prog.end(), [](const Instruction& ins) {
-                        return ins.kind == OpKind::backward_weight;
-                      });
+  const bool splits = train && std::any_of(prog.begin(), prog.end(),
+                                           [](const Instruction& ins) { return ins.kind == OpKind::backward_weight; });
   if (splits && !parameters_ && stage_ >= 0) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
                 "'s program splits its backwards (I and W) but set_parameters() was never called "

@@ -95,7 +95,7 @@ class Executor {
            std::chrono::milliseconds timeout);
 
   int rank() const { return rank_; }
-  int stage() const { return stage_; }  // -1 when the rank holds no stage
+  int stage() const { return stage_; }      // -1 when the rank holds no stage
   int replica() const { return replica_; }  // index among the stage's ranks (0: the lead)
   // This rank's rows of a micro-batch of `rows` rows (all of them unless the stage is replicated).
   schedule::RowRange my_rows(std::int64_t rows) const;
@@ -141,9 +141,9 @@ class Executor {
 
  private:
   struct MicroBatchState {
-    std::map<int, std::vector<at::Tensor>> received;   // in-edge -> activations (leaves)
-    std::map<int, std::vector<at::Tensor>> outputs;    // out-edge -> produced tensors
-    std::map<int, std::vector<at::Tensor>> grads;      // out-edge -> received gradients
+    std::map<int, std::vector<at::Tensor>> received;  // in-edge -> activations (leaves)
+    std::map<int, std::vector<at::Tensor>> outputs;   // out-edge -> produced tensors
+    std::map<int, std::vector<at::Tensor>> grads;     // out-edge -> received gradients
     at::Tensor loss;
     // Between an I and its W: where W starts, with the gradients I recorded there.
     PendingWeights pending;
@@ -164,16 +164,16 @@ class Executor {
   using Handler = void (Executor::*)(Run&, std::size_t);
   static const Handler kHandlers[];
 
-  void exec_recv_activation(Run& run, std::size_t i);   // RF
-  void exec_forward(Run& run, std::size_t i);           // F
-  void exec_send_activation(Run& run, std::size_t i);   // SF
-  void exec_recv_gradient(Run& run, std::size_t i);     // RB
-  void exec_backward(Run& run, std::size_t i);          // B
-  void exec_send_gradient(Run& run, std::size_t i);     // SB
-  void exec_optimizer_step(Run& run, std::size_t i);    // OPT
-  void exec_all_reduce(Run& run, std::size_t i);        // AR
-  void exec_backward_input(Run& run, std::size_t i);    // I
-  void exec_backward_weight(Run& run, std::size_t i);   // W
+  void exec_recv_activation(Run& run, std::size_t i);  // RF
+  void exec_forward(Run& run, std::size_t i);          // F
+  void exec_send_activation(Run& run, std::size_t i);  // SF
+  void exec_recv_gradient(Run& run, std::size_t i);    // RB
+  void exec_backward(Run& run, std::size_t i);         // B
+  void exec_send_gradient(Run& run, std::size_t i);    // SB
+  void exec_optimizer_step(Run& run, std::size_t i);   // OPT
+  void exec_all_reduce(Run& run, std::size_t i);       // AR
+  void exec_backward_input(Run& run, std::size_t i);   // I
+  void exec_backward_weight(Run& run, std::size_t i);  // W
 
   // run()'s steps.
   void check_ready(bool train) const;
@@ -224,8 +224,7 @@ class Executor {
   std::vector<Piece> pieces(const schedule::Instruction& ins) const;
   // The description of tensor k (of n) of a transfer's piece, for error messages: built only
   // when a transfer fails or is logged.
-  std::string describe_piece(const schedule::Instruction& ins, std::size_t k, std::size_t n,
-                             const Piece& part) const;
+  std::string describe_piece(const schedule::Instruction& ins, std::size_t k, std::size_t n, const Piece& part) const;
 
   schedule::Schedule schedule_;
   int rank_;

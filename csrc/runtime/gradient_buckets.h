@@ -98,26 +98,26 @@ class GradientBuckets {
     std::vector<int> parameters;  // indices into parameters_
     std::int64_t numel = 0;
     at::Tensor flat;
-    int pending = 0;              // gradients not yet final in this iteration
+    int pending = 0;  // gradients not yet final in this iteration
     bool started = false;
     c10::intrusive_ptr<c10::ivalue::Future> future;  // the hook's result
   };
-  void ready(int parameter);               // a gradient is final (called with mutex_ held)
-  void start_ready();                      // start the buckets whose turn it is (mutex_ held)
-  void start(std::size_t index);           // copy into the flat buffer and run the hook
+  void ready(int parameter);      // a gradient is final (called with mutex_ held)
+  void start_ready();             // start the buckets whose turn it is (mutex_ held)
+  void start(std::size_t index);  // copy into the flat buffer and run the hook
   c10d::GradBucket grad_bucket(std::size_t index) const;
   [[noreturn]] void fail(std::size_t index, std::exception_ptr error) const;
   [[noreturn]] void check_group_error(const std::string& what, const std::string& failure) const;
 
   std::vector<at::Tensor> parameters_;
-  std::vector<int> bucket_of_;              // parameter -> bucket
-  std::vector<std::int64_t> offset_;        // parameter -> offset in its bucket's flat buffer
+  std::vector<int> bucket_of_;        // parameter -> bucket
+  std::vector<std::int64_t> offset_;  // parameter -> offset in its bucket's flat buffer
   std::vector<Bucket> buckets_;
-  std::vector<char> seen_;                  // parameter's gradient final in this iteration
+  std::vector<char> seen_;  // parameter's gradient final in this iteration
   c10::intrusive_ptr<CountingGroup> group_;
   std::shared_ptr<CommHook> hook_;
   std::chrono::milliseconds timeout_;
-  std::size_t next_ = 0;                    // the next bucket to start, in index order
+  std::size_t next_ = 0;                              // the next bucket to start, in index order
   c10::intrusive_ptr<c10::ivalue::Future> previous_;  // the last started bucket's future (serial hooks)
   // The accumulators are kept alive (a parameter's accumulator is otherwise recreated, without
   // the hook, when the last graph that referenced it is freed), with their hooks' keys.

@@ -24,11 +24,12 @@ void wait_check(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::millise
     std::ostringstream seconds;
     seconds << static_cast<double>(timeout.count()) / 1000.0;
     throw PipelineTimeout("graphpipe runtime: hierarchical_all_reduce_hook: " + what + " timed out after " +
-                          seconds.str() + " s (do the intra-node and inter-node groups consist of the stage's replicas?)");
+                          seconds.str() +
+                          " s (do the intra-node and inter-node groups consist of the stage's replicas?)");
   }
   if (future->hasError()) {
-    throw PeerError("graphpipe runtime: hierarchical_all_reduce_hook: " + what + " failed: " +
-                    future->tryRetrieveErrorMessage());
+    throw PeerError("graphpipe runtime: hierarchical_all_reduce_hook: " + what +
+                    " failed: " + future->tryRetrieveErrorMessage());
   }
 }
 
@@ -50,8 +51,9 @@ HierarchicalAllReduceHook::HierarchicalAllReduceHook(c10::intrusive_ptr<c10d::Pr
                                                      c10::intrusive_ptr<c10d::ProcessGroup> inter_node)
     : intra_raw_(std::move(intra_node)), inter_raw_(std::move(inter_node)) {
   if (!intra_raw_ || !inter_raw_) {
-    throw Error("graphpipe runtime: hierarchical_all_reduce_hook needs an intra-node and an inter-node process "
-                "group on every replica, got None");
+    throw Error(
+        "graphpipe runtime: hierarchical_all_reduce_hook needs an intra-node and an inter-node process "
+        "group on every replica, got None");
   }
 }
 
@@ -88,10 +90,13 @@ void HierarchicalAllReduceHook::check_fit(const c10::intrusive_ptr<CountingGroup
     table << (r ? ", " : "") << "replica " << r << ": " << Lr << " x " << mr;
   }
   if (!fits) {
-    throw Error("graphpipe runtime: hierarchical_all_reduce_hook: the intra-node and inter-node groups do not fit the "
-                "stage's " + std::to_string(d) + " replicas: every node must hold the same number L of them and the "
-                "inter-node group one per node, so that L x nodes = " + std::to_string(d) +
-                " on every replica; got (intra-node ranks x inter-node ranks) " + table.str());
+    throw Error(
+        "graphpipe runtime: hierarchical_all_reduce_hook: the intra-node and inter-node groups do not fit the "
+        "stage's " +
+        std::to_string(d) +
+        " replicas: every node must hold the same number L of them and the "
+        "inter-node group one per node, so that L x nodes = " +
+        std::to_string(d) + " on every replica; got (intra-node ranks x inter-node ranks) " + table.str());
   }
 
   // 2. Membership: the node sums the one-hot vectors of its replicas (stage ranks); the inter-node
@@ -131,7 +136,8 @@ void HierarchicalAllReduceHook::check_fit(const c10::intrusive_ptr<CountingGroup
     throw Error("graphpipe runtime: hierarchical_all_reduce_hook: on replicas " + failing +
                 " the intra-node and inter-node groups do not factor the stage's replicas (each replica must be "
                 "reached exactly once through its node and the inter-node group, which joins the ranks of one "
-                "local index); " + detail.str());
+                "local index); " +
+                detail.str());
   }
 }
 

@@ -29,7 +29,7 @@ class InstructionRange {
   InstructionRange& operator=(const InstructionRange&) = delete;
 
  private:
-  std::string name_;           // outlives range_ (members are destroyed in reverse order)
+  std::string name_;  // outlives range_ (members are destroyed in reverse order)
   at::RecordFunction range_;
 };
 

@@ -76,8 +76,7 @@ class CaptureGuard {
   ~CaptureGuard() {
     for (auto& [node, hook] : hooks_) {
       auto& list = node->pre_hooks();
-      list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& h) { return h.get() == hook; }),
-                 list.end());
+      list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& h) { return h.get() == hook; }), list.end());
     }
   }
   void add(const NodePtr& node, std::vector<at::Tensor>* slot) {
@@ -158,7 +157,7 @@ void PendingWeights::run() {
   // accumulate_grad with outputs: backward(inputs=params), so a parameter's accumulator (and the
   // hooks on it, gradient_buckets.h's) runs as in a plain backward.
   torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
-                                                       /*accumulate_grad=*/true, params);
+                                                        /*accumulate_grad=*/true, params);
 }
 
 namespace {
@@ -315,6 +314,5 @@ PendingWeights backward_input(const std::vector<at::Tensor>& roots, const std::v
   pending.grads_ = std::move(start.grads);
   return pending;
 }
-
 
 }  // namespace graphpipe::runtime

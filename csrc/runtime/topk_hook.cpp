@@ -81,7 +81,8 @@ c10::intrusive_ptr<c10::ivalue::Future> TopKHook::runHook(c10d::GradBucket& buck
   const std::int64_t value_bytes = k * static_cast<std::int64_t>(values.element_size());
   const std::int64_t position_bytes = k * static_cast<std::int64_t>(positions.element_size());
   // One payload per rank, so one collective: the values' bytes, then the positions' bytes.
-  std::vector<at::Tensor> inputs{at::cat({values.contiguous().view(at::kByte), positions.contiguous().view(at::kByte)})};
+  std::vector<at::Tensor> inputs{
+      at::cat({values.contiguous().view(at::kByte), positions.contiguous().view(at::kByte)})};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < group_->getSize(); ++r) outputs[0].push_back(at::empty_like(inputs[0]));
   auto work = group_->allgather(outputs, inputs, c10d::AllgatherOptions());
@@ -90,8 +91,8 @@ c10::intrusive_ptr<c10::ivalue::Future> TopKHook::runHook(c10d::GradBucket& buck
   const auto options = buffer.options();
   std::vector<at::Tensor> gathered = outputs[0];
   return work->getFuture()->then(
-      [gathered, n, value_bytes, position_bytes, value_type, position_type, options](
-          c10::ivalue::Future& done) -> c10::IValue {
+      [gathered, n, value_bytes, position_bytes, value_type, position_type,
+       options](c10::ivalue::Future& done) -> c10::IValue {
         done.value();  // rethrows the collective's error
         at::Tensor dense = at::zeros({n}, options);
         for (const auto& payload : gathered) {

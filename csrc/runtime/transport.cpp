@@ -77,8 +77,8 @@ void Transport::wait(const Posted& posted) {
   std::ostringstream message;
   const double seconds = static_cast<double>(timeout_.count()) / 1000.0;
   if (failure.empty() || looks_like_timeout(failure)) {
-    message << "rank " << me << ": timed out after " << seconds << " s waiting for peer rank " << op.peer
-            << " on " << op.describe() << " (the peer is stuck or dead; the process group is unusable now)";
+    message << "rank " << me << ": timed out after " << seconds << " s waiting for peer rank " << op.peer << " on "
+            << op.describe() << " (the peer is stuck or dead; the process group is unusable now)";
     if (!failure.empty()) message << " [" << failure << "]";
     throw PipelineTimeout(message.str());
   }

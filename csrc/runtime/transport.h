@@ -33,8 +33,8 @@ namespace graphpipe::runtime {
 
 struct TransferOp {
   bool send = false;
-  int peer = 0;     // rank in the process group
-  int tag = 0;      // >= 0
+  int peer = 0;  // rank in the process group
+  int tag = 0;   // >= 0
   at::Tensor tensor;
   // For messages: "0SF1e2 (send of the activation ... over edge 2 (0->1)), tensor 0 of 2". A
   // function, called only when a message needs it: formatting it for every operation cost more

@@ -35,8 +35,8 @@ std::string CheckResult::to_string() const {
   }
   out << "the schedule hangs: " << blocked.size() << " rank(s) blocked";
   for (const auto& b : blocked) {
-    out << "\n  rank " << b.rank << " blocks at step " << b.step << " on " << to_token(b.instruction)
-        << ": " << b.reason;
+    out << "\n  rank " << b.rank << " blocks at step " << b.step << " on " << to_token(b.instruction) << ": "
+        << b.reason;
   }
   return out.str();
 }

@@ -42,7 +42,7 @@ struct BlockedRank {
 
 struct CheckResult {
   bool ok = true;
-  std::size_t batches = 0;          // communication batches completed (all ranks)
+  std::size_t batches = 0;           // communication batches completed (all ranks)
   std::vector<BlockedRank> blocked;  // empty when ok
   // "ok: ..." or one line per blocked rank.
   std::string to_string() const;

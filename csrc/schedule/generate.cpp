@@ -22,15 +22,15 @@ void check_plan_shape(const Plan& plan) {
   }
   for (int s = 0; s < S; ++s) {
     if (plan.stages[s].id != s) {
-      throw PlanningError("plan stage at index " + std::to_string(s) + " has id " +
-                          std::to_string(plan.stages[s].id) + "; stage ids must be 0..S-1 in order");
+      throw PlanningError("plan stage at index " + std::to_string(s) + " has id " + std::to_string(plan.stages[s].id) +
+                          "; stage ids must be 0..S-1 in order");
     }
   }
   for (std::size_t e = 0; e < plan.edges.size(); ++e) {
     const auto& edge = plan.edges[e];
     if (edge.src < 0 || edge.dst >= S || edge.src >= edge.dst) {
-      throw PlanningError("plan stage edge " + std::to_string(e) + " (" + std::to_string(edge.src) +
-                          "->" + std::to_string(edge.dst) +
+      throw PlanningError("plan stage edge " + std::to_string(e) + " (" + std::to_string(edge.src) + "->" +
+                          std::to_string(edge.dst) +
                           ") must join existing stages with src < dst (topological numbering)");
     }
   }
@@ -57,10 +57,14 @@ Policy parse_policy(std::string_view name) {
 
 std::string_view policy_name(Policy policy) {
   switch (policy) {
-    case Policy::fill_drain: return "fill_drain";
-    case Policy::one_f_one_b: return "1f1b";
-    case Policy::one_f_one_b_greedy: return "1f1b_greedy";
-    case Policy::zb_graph: return "zb_graph";
+    case Policy::fill_drain:
+      return "fill_drain";
+    case Policy::one_f_one_b:
+      return "1f1b";
+    case Policy::one_f_one_b_greedy:
+      return "1f1b_greedy";
+    case Policy::zb_graph:
+      return "zb_graph";
   }
   return "?";
 }
@@ -121,9 +125,7 @@ std::vector<int> in_flight_limits(const Plan& plan, Policy policy) {
   return limits;
 }
 
-Schedule generate(const Plan& plan, std::string_view policy) {
-  return generate(plan, parse_policy(policy));
-}
+Schedule generate(const Plan& plan, std::string_view policy) { return generate(plan, parse_policy(policy)); }
 
 Schedule generate(const Plan& plan, Policy policy) {
   const std::vector<std::vector<int>> ranks_of = stage_ranks(plan);

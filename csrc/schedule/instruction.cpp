@@ -44,16 +44,10 @@ long read_number(std::string_view text, std::size_t& pos) {
 
 }  // namespace
 
-bool is_send(OpKind kind) {
-  return kind == OpKind::send_activation || kind == OpKind::send_gradient;
-}
-bool is_recv(OpKind kind) {
-  return kind == OpKind::recv_activation || kind == OpKind::recv_gradient;
-}
+bool is_send(OpKind kind) { return kind == OpKind::send_activation || kind == OpKind::send_gradient; }
+bool is_recv(OpKind kind) { return kind == OpKind::recv_activation || kind == OpKind::recv_gradient; }
 bool is_transfer(OpKind kind) { return is_send(kind) || is_recv(kind); }
-bool has_micro_batch(OpKind kind) {
-  return kind != OpKind::optimizer_step && kind != OpKind::all_reduce;
-}
+bool has_micro_batch(OpKind kind) { return kind != OpKind::optimizer_step && kind != OpKind::all_reduce; }
 
 std::string_view kind_name(OpKind kind) { return info(kind).name; }
 std::string_view kind_code(OpKind kind) { return info(kind).code; }
@@ -114,11 +108,20 @@ Instruction matching_transfer(const Instruction& instruction, int peer_stage) {
   Instruction peer = instruction;
   peer.stage = peer_stage;
   switch (instruction.kind) {
-    case OpKind::send_activation: peer.kind = OpKind::recv_activation; break;
-    case OpKind::recv_activation: peer.kind = OpKind::send_activation; break;
-    case OpKind::send_gradient: peer.kind = OpKind::recv_gradient; break;
-    case OpKind::recv_gradient: peer.kind = OpKind::send_gradient; break;
-    default: throw Error("matching_transfer: " + to_token(instruction) + " is not a transfer");
+    case OpKind::send_activation:
+      peer.kind = OpKind::recv_activation;
+      break;
+    case OpKind::recv_activation:
+      peer.kind = OpKind::send_activation;
+      break;
+    case OpKind::send_gradient:
+      peer.kind = OpKind::recv_gradient;
+      break;
+    case OpKind::recv_gradient:
+      peer.kind = OpKind::send_gradient;
+      break;
+    default:
+      throw Error("matching_transfer: " + to_token(instruction) + " is not a transfer");
   }
   return peer;
 }
@@ -128,17 +131,26 @@ std::string describe(const Instruction& i) {
   const std::string at = " at stage " + std::to_string(i.stage);
   const std::string over = " over edge " + std::to_string(i.edge);
   switch (i.kind) {
-    case OpKind::forward: return "forward of micro-batch " + mb + at;
-    case OpKind::backward: return "backward of micro-batch " + mb + at;
-    case OpKind::backward_input: return "input-gradient backward of micro-batch " + mb + at;
-    case OpKind::backward_weight: return "weight-gradient backward of micro-batch " + mb + at;
-    case OpKind::send_activation: return "send of the activation of micro-batch " + mb + over + at;
+    case OpKind::forward:
+      return "forward of micro-batch " + mb + at;
+    case OpKind::backward:
+      return "backward of micro-batch " + mb + at;
+    case OpKind::backward_input:
+      return "input-gradient backward of micro-batch " + mb + at;
+    case OpKind::backward_weight:
+      return "weight-gradient backward of micro-batch " + mb + at;
+    case OpKind::send_activation:
+      return "send of the activation of micro-batch " + mb + over + at;
     case OpKind::recv_activation:
       return "receive of the activation of micro-batch " + mb + over + at;
-    case OpKind::send_gradient: return "send of the gradient of micro-batch " + mb + over + at;
-    case OpKind::recv_gradient: return "receive of the gradient of micro-batch " + mb + over + at;
-    case OpKind::optimizer_step: return "optimizer step" + at;
-    case OpKind::all_reduce: return "all-reduce of the replicas' gradients" + at;
+    case OpKind::send_gradient:
+      return "send of the gradient of micro-batch " + mb + over + at;
+    case OpKind::recv_gradient:
+      return "receive of the gradient of micro-batch " + mb + over + at;
+    case OpKind::optimizer_step:
+      return "optimizer step" + at;
+    case OpKind::all_reduce:
+      return "all-reduce of the replicas' gradients" + at;
   }
   return "?";
 }

@@ -2,8 +2,9 @@
 //
 // A schedule (schedule.h) gives every rank an ordered list of instructions. Each names what to
 // do (receive an activation, run a forward, send an activation, receive a gradient, run a
-// backward, send a gradient, step the optimizer, sum the gradients of a replicated stage's replicas), the stage it belongs to, the micro-batch and, for transfers, the stage edge
-// (an index into Plan::edges) that the tensor travels on.
+// backward, send a gradient, step the optimizer, sum the gradients of a replicated stage's replicas), the stage it
+// belongs to, the micro-batch and, for transfers, the stage edge (an index into Plan::edges) that the tensor travels
+// on.
 //
 // Tokens. Every instruction prints as one short token, in the spirit of
 // torch.distributed.pipelining's "1F0": <stage><code>[<micro-batch>][e<edge>]
@@ -65,9 +66,7 @@ bool is_recv(OpKind kind);
 inline bool is_compute(OpKind kind) { return !is_transfer(kind); }
 bool has_micro_batch(OpKind kind);
 // backward or backward_input: the instruction that produces the gradients a stage sends back.
-inline bool produces_input_gradients(OpKind kind) {
-  return kind == OpKind::backward || kind == OpKind::backward_input;
-}
+inline bool produces_input_gradients(OpKind kind) { return kind == OpKind::backward || kind == OpKind::backward_input; }
 
 // "forward", "recv_activation", ... (the enum names); parse_kind_name is the inverse.
 std::string_view kind_name(OpKind kind);

@@ -98,9 +98,9 @@ class ListScheduler {
   std::vector<std::size_t> next_;                // fixed order: position in order_[s]
   std::vector<int> forwards_, backwards_;        // dispatched so far
   std::vector<int> backwards_done_;
-  std::vector<int> weights_, weights_done_;      // zb_graph: W dispatched and finished
-  std::vector<double> input_finish_;             // zb_graph: when the stage's running I ends
-  std::vector<int> held_limit_;                  // zb_graph: weight_limits()
+  std::vector<int> weights_, weights_done_;  // zb_graph: W dispatched and finished
+  std::vector<double> input_finish_;         // zb_graph: when the stage's running I ends
+  std::vector<int> held_limit_;              // zb_graph: weight_limits()
   std::vector<char> busy_, optimizer_done_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   long seq_ = 0;
@@ -242,10 +242,12 @@ void ListScheduler::finish_events(double t) {
     busy_[ev.stage] = 0;
     if (ev.type == kFinishForward) {
       forward_done_[at(ev.stage, ev.micro_batch)] = 1;
-      if (!out_edges_[ev.stage].empty()) produced_.push_back({ev.stage, {OpKind::forward, ev.stage, ev.micro_batch, -1}});
+      if (!out_edges_[ev.stage].empty())
+        produced_.push_back({ev.stage, {OpKind::forward, ev.stage, ev.micro_batch, -1}});
     } else if (ev.type == kFinishBackward) {
       ++backwards_done_[ev.stage];
-      if (!in_edges_[ev.stage].empty()) produced_.push_back({ev.stage, {OpKind::backward, ev.stage, ev.micro_batch, -1}});
+      if (!in_edges_[ev.stage].empty())
+        produced_.push_back({ev.stage, {OpKind::backward, ev.stage, ev.micro_batch, -1}});
     } else if (ev.type == kFinishWeight) {
       ++weights_done_[ev.stage];
     }
@@ -297,9 +299,9 @@ void ListScheduler::check_finished() const {
   for (int s = 0; s < S_; ++s) {
     if (!optimizer_done_[s]) {
       // Cannot happen for the policies (see generate.h's argument); kept as a guard.
-      throw ScheduleError("internal error: the " + schedule_.kind + " generator stalled at stage " +
-                          std::to_string(s) + " after " + std::to_string(forwards_[s]) + " forwards and " +
-                          std::to_string(backwards_[s]) + " backwards");
+      throw ScheduleError("internal error: the " + schedule_.kind + " generator stalled at stage " + std::to_string(s) +
+                          " after " + std::to_string(forwards_[s]) + " forwards and " + std::to_string(backwards_[s]) +
+                          " backwards");
     }
   }
 }

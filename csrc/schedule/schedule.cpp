@@ -37,10 +37,13 @@ const std::vector<int>& Schedule::peer_ranks(const Instruction& t) const {
   const ScheduleEdge& e = edges.at(static_cast<std::size_t>(t.edge));
   switch (t.kind) {
     case OpKind::send_activation:
-    case OpKind::recv_gradient: return stage_ranks.at(e.dst);
+    case OpKind::recv_gradient:
+      return stage_ranks.at(e.dst);
     case OpKind::recv_activation:
-    case OpKind::send_gradient: return stage_ranks.at(e.src);
-    default: throw ScheduleError(to_token(t) + " is not a transfer: it has no peer rank");
+    case OpKind::send_gradient:
+      return stage_ranks.at(e.src);
+    default:
+      throw ScheduleError(to_token(t) + " is not a transfer: it has no peer rank");
   }
 }
 
@@ -56,8 +59,8 @@ Schedule leads_only(const Schedule& s) {
 
 std::string Schedule::to_string() const {
   std::ostringstream out;
-  out << "schedule " << (kind.empty() ? "manual" : kind) << ": " << num_stages() << " stages, "
-      << num_micro_batches << " micro-batches, " << num_ranks() << " ranks\n";
+  out << "schedule " << (kind.empty() ? "manual" : kind) << ": " << num_stages() << " stages, " << num_micro_batches
+      << " micro-batches, " << num_ranks() << " ranks\n";
   out << "stage ranks:";
   // A replicated stage prints as its ranks joined by commas: "stage ranks: 0,1 2".
   for (const auto& replicas : stage_ranks) {
@@ -130,10 +133,12 @@ Schedule parse(std::string_view text) {
     if (words.empty() || words[0][0] == '#') continue;
     if (!have_header) {
       // schedule <kind>: <S> stages, <M> micro-batches, <R> ranks
-      if (words.size() != 8 || words[0] != "schedule" || words[1].back() != ':' ||
-          words[3] != "stages," || words[5] != "micro-batches," || words[7] != "ranks") {
-        throw FormatError(at + ": expected 'schedule <kind>: <S> stages, <M> micro-batches, <R> "
-                          "ranks', found '" + line + "'");
+      if (words.size() != 8 || words[0] != "schedule" || words[1].back() != ':' || words[3] != "stages," ||
+          words[5] != "micro-batches," || words[7] != "ranks") {
+        throw FormatError(at +
+                          ": expected 'schedule <kind>: <S> stages, <M> micro-batches, <R> "
+                          "ranks', found '" +
+                          line + "'");
       }
       s.kind = words[1].substr(0, words[1].size() - 1);
       declared_stages = parse_int(words[2], at + " stages");

@@ -70,7 +70,7 @@ struct ScheduleEdge {
 };
 
 struct Schedule {
-  std::string kind;                             // "1f1b", "fill_drain", "1f1b_greedy", "manual"
+  std::string kind;  // "1f1b", "fill_drain", "1f1b_greedy", "manual"
   int num_micro_batches = 0;
   std::vector<std::vector<int>> stage_ranks;    // ranks of each stage, its lead first
   std::vector<ScheduleEdge> edges;              // the plan's stage edges, same indices

@@ -27,12 +27,12 @@ struct RowRange {
 // when a replica would own no row (rows < replicas) or the index is out of range.
 inline RowRange shard_rows(std::int64_t rows, int replicas, int index) {
   if (replicas < 1 || index < 0 || index >= replicas) {
-    throw PlanningError("replica " + std::to_string(index) + " of " + std::to_string(replicas) +
-                        " does not exist");
+    throw PlanningError("replica " + std::to_string(index) + " of " + std::to_string(replicas) + " does not exist");
   }
   if (rows < replicas) {
     throw PlanningError("a micro-batch of " + std::to_string(rows) + " rows cannot be split among " +
-                        std::to_string(replicas) + " replicas (each needs at least one row): use a "
+                        std::to_string(replicas) +
+                        " replicas (each needs at least one row): use a "
                         "larger micro-batch or fewer replicas");
   }
   const std::int64_t base = rows / replicas, extra = rows % replicas;

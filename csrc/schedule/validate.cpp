@@ -41,16 +41,26 @@ struct Positions {
     const std::size_t stage_index = static_cast<std::size_t>(i.stage) * m + i.micro_batch;
     const std::size_t edge_index = static_cast<std::size_t>(i.edge) * m + i.micro_batch;
     switch (i.kind) {
-      case OpKind::forward: return forward[stage_index];
-      case OpKind::backward: return backward[stage_index];
-      case OpKind::backward_input: return backward_input[stage_index];
-      case OpKind::backward_weight: return backward_weight[stage_index];
-      case OpKind::send_activation: return send_act[edge_index];
-      case OpKind::recv_activation: return recv_act[edge_index];
-      case OpKind::send_gradient: return send_grad[edge_index];
-      case OpKind::recv_gradient: return recv_grad[edge_index];
-      case OpKind::optimizer_step: return optimizer[i.stage];
-      case OpKind::all_reduce: return all_reduce[i.stage];
+      case OpKind::forward:
+        return forward[stage_index];
+      case OpKind::backward:
+        return backward[stage_index];
+      case OpKind::backward_input:
+        return backward_input[stage_index];
+      case OpKind::backward_weight:
+        return backward_weight[stage_index];
+      case OpKind::send_activation:
+        return send_act[edge_index];
+      case OpKind::recv_activation:
+        return recv_act[edge_index];
+      case OpKind::send_gradient:
+        return send_grad[edge_index];
+      case OpKind::recv_gradient:
+        return recv_grad[edge_index];
+      case OpKind::optimizer_step:
+        return optimizer[i.stage];
+      case OpKind::all_reduce:
+        return all_reduce[i.stage];
     }
     throw ScheduleError("unknown instruction kind");
   }
@@ -193,8 +203,8 @@ void Validator::check_transfer(const std::string& at, const Instruction& i) cons
 }
 
 ScheduleError Validator::missing(const Instruction& i) const {
-  return ScheduleError("rank " + std::to_string(s_.lead_rank(i.stage)) + " lacks " + to_token(i) + " (" +
-                       describe(i) + ")");
+  return ScheduleError("rank " + std::to_string(s_.lead_rank(i.stage)) + " lacks " + to_token(i) + " (" + describe(i) +
+                       ")");
 }
 
 void Validator::need_before(const Instruction& first, const Instruction& then) {
@@ -203,9 +213,8 @@ void Validator::need_before(const Instruction& first, const Instruction& then) {
   if (a < 0) throw missing(first);
   if (b < 0) throw missing(then);
   if (a > b) {
-    throw ScheduleError(where(s_.lead_rank(then.stage), static_cast<std::size_t>(b), then) + ": the " +
-                        describe(then) + " comes before the " + describe(first) + " (step " + std::to_string(a) +
-                        ") that it needs");
+    throw ScheduleError(where(s_.lead_rank(then.stage), static_cast<std::size_t>(b), then) + ": the " + describe(then) +
+                        " comes before the " + describe(first) + " (step " + std::to_string(a) + ") that it needs");
   }
 }
 
@@ -221,9 +230,9 @@ Instruction Validator::grads(int st, int m) {
                         to_token(in) + "/" + to_token(w) + ": a micro-batch's backward is one or the other");
   }
   if (!split && pos_.slot(b) < 0) {
-    throw ScheduleError("rank " + std::to_string(s_.lead_rank(st)) + " lacks " + to_token(b) + " (or " +
-                        to_token(in) + " and " + to_token(w) + "): the backward of micro-batch " +
-                        std::to_string(m) + " at stage " + std::to_string(st));
+    throw ScheduleError("rank " + std::to_string(s_.lead_rank(st)) + " lacks " + to_token(b) + " (or " + to_token(in) +
+                        " and " + to_token(w) + "): the backward of micro-batch " + std::to_string(m) + " at stage " +
+                        std::to_string(st));
   }
   if (split) need_before(in, w);
   return split ? in : b;

@@ -74,7 +74,16 @@
 namespace graphpipe::sim {
 
 enum class TaskKind {
-  forward, backward, activation, gradient, optimizer, all_reduce, backward_input, backward_weight, compress, average
+  forward,
+  backward,
+  activation,
+  gradient,
+  optimizer,
+  all_reduce,
+  backward_input,
+  backward_weight,
+  compress,
+  average
 };
 
 std::string_view task_kind_name(TaskKind kind);  // "forward", "backward", "activation", ...
@@ -88,7 +97,7 @@ struct Task {
   int edge = -1;         // for a transfer, the index into Plan::edges
   double start = 0.0;
   double end = 0.0;
-  int cause = -1;        // the task whose end fixed this start (-1: it starts at time 0)
+  int cause = -1;  // the task whose end fixed this start (-1: it starts at time 0)
 };
 
 // "F3 s1" (forward of micro-batch 3 at stage 1), "B3 s1", "A3 e0" (activation of micro-batch 3
@@ -138,10 +147,10 @@ struct SimResult {
   // The mean iteration over a local-SGD period: (period - 1) local steps and one that averages;
   // iteration_seconds for every other method.
   double amortized_iteration_seconds = 0.0;
-  cost::SyncMethod sync;           // the method simulated
-  std::int64_t samples = 0;  // per iteration
+  cost::SyncMethod sync;            // the method simulated
+  std::int64_t samples = 0;         // per iteration
   double samples_per_second = 0.0;  // samples / amortized_iteration_seconds
-  std::vector<Task> tasks;         // computes in each rank's program order, transfers as matched
+  std::vector<Task> tasks;          // computes in each rank's program order, transfers as matched
   std::vector<RankStats> ranks;
   std::vector<StageStats> stages;
   std::vector<int> critical_path;  // task indices, first to last
@@ -150,7 +159,7 @@ struct SimResult {
   std::string summary() const;
 };
 
-SimResult simulate(const plan::Plan& plan, const schedule::Schedule& schedule,
-                   const cost::Devices& devices, const SimOptions& options = {});
+SimResult simulate(const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
+                   const SimOptions& options = {});
 
 }  // namespace graphpipe::sim

@@ -14,9 +14,8 @@
 namespace graphpipe::testing {
 
 // Stages 0..n-1 on ranks 0..n-1 with the given edges and equal costs.
-inline plan::Plan stage_plan(int stages, const std::vector<std::pair<int, int>>& edges,
-                                  int micro_batches, double forward = 1.0, double backward = 2.0,
-                                  double edge_bytes = 0.0) {
+inline plan::Plan stage_plan(int stages, const std::vector<std::pair<int, int>>& edges, int micro_batches,
+                             double forward = 1.0, double backward = 2.0, double edge_bytes = 0.0) {
   plan::Plan plan;
   plan.partitioner = "manual";
   plan.micro_batch_size = 1;
@@ -42,8 +41,8 @@ inline plan::Plan stage_plan(int stages, const std::vector<std::pair<int, int>>&
   return plan;
 }
 
-inline plan::Plan chain_plan(int stages, int micro_batches, double forward = 1.0,
-                                  double backward = 2.0, double edge_bytes = 0.0) {
+inline plan::Plan chain_plan(int stages, int micro_batches, double forward = 1.0, double backward = 2.0,
+                             double edge_bytes = 0.0) {
   std::vector<std::pair<int, int>> edges;
   for (int s = 0; s + 1 < stages; ++s) edges.push_back({s, s + 1});
   return stage_plan(stages, edges, micro_batches, forward, backward, edge_bytes);

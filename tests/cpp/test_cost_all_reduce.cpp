@@ -83,8 +83,8 @@ TEST(CostAllReduce, OneDevicePerNodeOrUnequalNodesUseTheRing) {
   EXPECT_NEAR(gc::hierarchical_all_reduce(d, spread, bytes).seconds, gc::ring_all_reduce(d, spread, bytes).seconds,
               1e-12);
   const std::vector<int> unequal = {0, 1, 2, 4};  // three on node 0, one on node 1
-  EXPECT_NEAR(gc::hierarchical_all_reduce(d, unequal, bytes).seconds,
-              gc::ring_all_reduce(d, unequal, bytes).seconds, 1e-12);
+  EXPECT_NEAR(gc::hierarchical_all_reduce(d, unequal, bytes).seconds, gc::ring_all_reduce(d, unequal, bytes).seconds,
+              1e-12);
 }
 
 TEST(CostAllReduce, UniformLinksDifferOnlyInLatency) {

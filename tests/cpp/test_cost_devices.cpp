@@ -12,8 +12,8 @@ using namespace graphpipe::cost;
 TEST(CostDevices, V100PresetHasNodeLinks) {
   Devices d = v100(8);
   EXPECT_EQ(d.count, 8);
-  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][1], 50e9);   // same node of 4
-  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][4], 12.5e9); // across nodes
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][1], 50e9);    // same node of 4
+  EXPECT_DOUBLE_EQ(d.link_bandwidth[0][4], 12.5e9);  // across nodes
   EXPECT_DOUBLE_EQ(d.transfer_seconds(0, 0, 1e9), 0.0);
   EXPECT_NEAR(d.transfer_seconds(0, 1, 50e9), 1.0 + 5e-6, 1e-12);
   EXPECT_DOUBLE_EQ(d.slowest_link_bandwidth(), 12.5e9);

@@ -57,8 +57,8 @@ TEST(CostModel, ProfileInterpolatesAndExtrapolates) {
   EXPECT_TRUE(m.is_profiled(1));
   EXPECT_NEAR(m.forward_seconds(1, 2), 0.005, 1e-12);
   EXPECT_NEAR(m.forward_seconds(1, 4), (0.010 + (0.020 - 0.010) * 2 / 6) / 2, 1e-12);
-  EXPECT_NEAR(m.forward_seconds(1, 16), 0.040 / 2, 1e-12);     // per-sample time of the largest
-  EXPECT_NEAR(m.backward_seconds(1, 2), 0.020 / 2, 1e-12);     // not profiled: 2 x forward
+  EXPECT_NEAR(m.forward_seconds(1, 16), 0.040 / 2, 1e-12);  // per-sample time of the largest
+  EXPECT_NEAR(m.backward_seconds(1, 2), 0.020 / 2, 1e-12);  // not profiled: 2 x forward
   EXPECT_NEAR(m.backward_seconds(1, 8), 0.050 / 2, 1e-12);
   // Below the smallest size: the line, but never cheaper per sample than the smallest size.
   double t1 = m.forward_seconds(1, 1);

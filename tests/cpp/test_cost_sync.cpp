@@ -97,9 +97,8 @@ TEST(CostSync, MethodJsonRoundTripsAndDescribes) {
 
 TEST(CostSync, BucketsFollowTheRuntimesRule) {
   // Parameters in registration order; the runtime walks them from the last: e, (d frozen), c, b, a.
-  const std::vector<ParamShape> params = {
-      param("a", {300}), param("b", {10, 10}), param("c", {50}, "float16", 2), param("d", {7}, "float32", 4, false),
-      param("e", {10})};
+  const std::vector<ParamShape> params = {param("a", {300}), param("b", {10, 10}), param("c", {50}, "float16", 2),
+                                          param("d", {7}, "float32", 4, false), param("e", {10})};
   // Cap 1000 B: e (40 B) opens the float32 bucket, c opens the float16 one, b joins (440 B), a
   // joins too (the bucket held less than the cap) and passes it: 1640 B.
   auto wide = gc::gradient_buckets(params, 1000.0);
@@ -185,16 +184,16 @@ TEST(CostSync, PowerSgdCompressesOnlyWhereTorchWould) {
   EXPECT_TRUE(w.compressed);
   EXPECT_EQ(w.p_numel(), 64 * 4);
   EXPECT_EQ(w.q_numel(), 32 * 4);
-  EXPECT_FALSE(gc::power_sgd_matrix({64}, 4, 2.0).compressed);       // a bias: 64 x 1
-  EXPECT_FALSE(gc::power_sgd_matrix({}, 4, 2.0).compressed);         // a scalar
-  EXPECT_FALSE(gc::power_sgd_matrix({8, 8}, 4, 2.0).compressed);     // 128 > 64
-  EXPECT_FALSE(gc::power_sgd_matrix({8, 8}, 4, 1.0).compressed);     // 64 < 64 is false: strict
-  EXPECT_TRUE(gc::power_sgd_matrix({8, 8}, 3, 1.0).compressed);      // 48 < 64
-  auto conv = gc::power_sgd_matrix({16, 3, 3, 3}, 2, 2.0);           // 16 x 27, 43 * 2 * 2 = 172 < 432
+  EXPECT_FALSE(gc::power_sgd_matrix({64}, 4, 2.0).compressed);    // a bias: 64 x 1
+  EXPECT_FALSE(gc::power_sgd_matrix({}, 4, 2.0).compressed);      // a scalar
+  EXPECT_FALSE(gc::power_sgd_matrix({8, 8}, 4, 2.0).compressed);  // 128 > 64
+  EXPECT_FALSE(gc::power_sgd_matrix({8, 8}, 4, 1.0).compressed);  // 64 < 64 is false: strict
+  EXPECT_TRUE(gc::power_sgd_matrix({8, 8}, 3, 1.0).compressed);   // 48 < 64
+  auto conv = gc::power_sgd_matrix({16, 3, 3, 3}, 2, 2.0);        // 16 x 27, 43 * 2 * 2 = 172 < 432
   EXPECT_TRUE(conv.compressed);
   EXPECT_EQ(conv.cols, 27);
   EXPECT_EQ(conv.q_numel(), 54);
-  auto thin = gc::power_sgd_matrix({3, 100}, 4, 2.0);                // r' = 3: 618 > 300
+  auto thin = gc::power_sgd_matrix({3, 100}, 4, 2.0);  // r' = 3: 618 > 300
   EXPECT_EQ(thin.rank, 3);
   EXPECT_FALSE(thin.compressed);
 }
@@ -209,7 +208,8 @@ TEST(CostSync, PowerSgdBytesAndSecondsOfABucket) {
   // Uncompressed: the bias (64); P: 64 x 4; Q: 32 x 4; float32.
   EXPECT_DOUBLE_EQ(cost.payload_bytes, (64.0 + 256.0 + 128.0) * 4.0);
   EXPECT_DOUBLE_EQ(cost.collectives, 3.0);
-  const double comm = gc::best_all_reduce(d, first(4), 256.0).seconds + gc::best_all_reduce(d, first(4), 1024.0).seconds +
+  const double comm = gc::best_all_reduce(d, first(4), 256.0).seconds +
+                      gc::best_all_reduce(d, first(4), 1024.0).seconds +
                       gc::best_all_reduce(d, first(4), 512.0).seconds;
   EXPECT_NEAR(cost.comm_seconds, comm, 1e-15);
   // Compute at 1 GFLOP/s and 1 GB/s: three products of 2 * 64 * 32 * 4 flops (compute bound),
@@ -228,9 +228,8 @@ TEST(CostSync, PowerSgdBytesAndSecondsOfABucket) {
 
 TEST(CostSync, PowerSgdNeedsShapes) {
   gc::Devices d = two_level(4, 4);
-  const std::string message = error_of([&] {
-    gc::stage_sync_cost(method(gc::SyncKind::power_sgd), d, first(4), {}, 4e6, 1e6);
-  });
+  const std::string message =
+      error_of([&] { gc::stage_sync_cost(method(gc::SyncKind::power_sgd), d, first(4), {}, 4e6, 1e6); });
   EXPECT_NE(message.find("shapes"), std::string::npos) << message;
   // The other methods fall back to equal flat buckets of the parameter bytes.
   auto flat = gc::stage_sync_cost(method(gc::SyncKind::all_reduce), d, first(4), {}, 4e6, 1e6);
@@ -241,7 +240,8 @@ TEST(CostSync, PowerSgdNeedsShapes) {
 TEST(CostSync, LocalSgdAmortisesOneAveragingOverThePeriod) {
   gc::Devices d = two_level(4, 4);
   d.op_overhead_seconds = 1e-6;
-  const std::vector<ParamShape> params = {param("w", {1000, 1000}), param("b", {1000}), param("f", {5}, "float32", 4, false)};
+  const std::vector<ParamShape> params = {param("w", {1000, 1000}), param("b", {1000}),
+                                          param("f", {5}, "float32", 4, false)};
   const double trained = 4.004e6;  // the frozen parameter is not averaged
   auto m = method(gc::SyncKind::local_sgd);
   m.period = 4.0;
@@ -258,7 +258,8 @@ TEST(CostSync, LocalSgdAmortisesOneAveragingOverThePeriod) {
   m.period = 1.0;
   auto every = gc::stage_sync_cost(m, d, first(4), params, 0.0, 1e5);
   EXPECT_NEAR(every.seconds(), averaging, 1e-12);
-  EXPECT_DOUBLE_EQ(every.payload_bytes, gc::stage_sync_cost(method(gc::SyncKind::all_reduce), d, first(4), params, 0.0, 1e5).payload_bytes);
+  EXPECT_DOUBLE_EQ(every.payload_bytes,
+                   gc::stage_sync_cost(method(gc::SyncKind::all_reduce), d, first(4), params, 0.0, 1e5).payload_bytes);
 }
 
 TEST(CostSync, HierarchicalForcesTheTwoLevelAlgorithms) {

@@ -109,19 +109,17 @@ TEST(GraphJson, MalformedFilesAreRejectedWithTheReason) {
             std::string::npos);
   EXPECT_NE(edit([](auto& d) { d["nodes"][1]["param_bytes"] = "big"; }).find("$.nodes[1].param_bytes"),
             std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["output_bytes"] = -3; }).find("must not be negative"),
-            std::string::npos);
+  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["output_bytes"] = -3; }).find("must not be negative"), std::string::npos);
   EXPECT_NE(edit([](auto& d) { d["edges"][0]["dst"] = 99; }).find("out of range"), std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["nodes"][2]["name"] = "x"; }).find("duplicate node name"),
+  EXPECT_NE(edit([](auto& d) { d["nodes"][2]["name"] = "x"; }).find("duplicate node name"), std::string::npos);
+  EXPECT_NE(edit([](auto& d) {
+              d["edges"].push_back({{"src", 4}, {"dst", 0}, {"bytes", 1}});
+            }).find("cycle"),
             std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["edges"].push_back({{"src", 4}, {"dst", 0}, {"bytes", 1}}); })
-                .find("cycle"),
+  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["profile"][1]["batch_size"] = 1; }).find("increasing"), std::string::npos);
+  EXPECT_NE(edit([](auto& d) {
+              d["nodes"][1]["profile"][0]["backward_weight_seconds"] = -1e-5;
+            }).find("$.nodes[1].profile[0].backward_weight_seconds: must not be negative"),
             std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["profile"][1]["batch_size"] = 1; }).find("increasing"),
-            std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["nodes"][1]["profile"][0]["backward_weight_seconds"] = -1e-5; })
-                .find("$.nodes[1].profile[0].backward_weight_seconds: must not be negative"),
-            std::string::npos);
-  EXPECT_NE(edit([](auto& d) { d["trace_batch_size"] = 0; }).find("trace_batch_size"),
-            std::string::npos);
+  EXPECT_NE(edit([](auto& d) { d["trace_batch_size"] = 0; }).find("trace_batch_size"), std::string::npos);
 }

@@ -49,9 +49,14 @@ TEST(SeriesParallel, SingleNode) {
 }
 
 TEST(SeriesParallel, ForkJoinBranchesArePartsOfOneParallel) {
-  auto g = graph_of({{"fork", "a1"}, {"a1", "a2"}, {"a2", "join"},
-                     {"fork", "b1"}, {"b1", "join"},
-                     {"fork", "c1"}, {"c1", "c2"}, {"c2", "join"}});
+  auto g = graph_of({{"fork", "a1"},
+                     {"a1", "a2"},
+                     {"a2", "join"},
+                     {"fork", "b1"},
+                     {"b1", "join"},
+                     {"fork", "c1"},
+                     {"c1", "c2"},
+                     {"c2", "join"}});
   EXPECT_EQ(tree_text(g), "S(fork, P(S(a1, a2), b1, S(c1, c2)), join)");
   auto d = decompose_series_parallel(g);
   EXPECT_EQ(d.tree.widest_parallel(), 3);
@@ -65,22 +70,20 @@ TEST(SeriesParallel, SkipConnectionAddsNoBranch) {
 
 TEST(SeriesParallel, SeveralInputsAndOutputs) {
   // Two independent inputs joined, then two heads: sources and sinks share virtual terminals.
-  auto g = graph_of({{"in1", "m1"}, {"in2", "m2"}, {"m1", "cat"}, {"m2", "cat"},
-                     {"cat", "head1"}, {"cat", "head2"}});
+  auto g = graph_of({{"in1", "m1"}, {"in2", "m2"}, {"m1", "cat"}, {"m2", "cat"}, {"cat", "head1"}, {"cat", "head2"}});
   EXPECT_EQ(tree_text(g), "S(P(S(in1, m1), S(in2, m2)), cat, P(head1, head2))");
   expect_partition(g);
 }
 
 TEST(SeriesParallel, NestedParallel) {
-  auto g = graph_of({{"s", "a"}, {"a", "a1"}, {"a", "a2"}, {"a1", "aj"}, {"a2", "aj"},
-                     {"aj", "t"}, {"s", "b"}, {"b", "t"}});
+  auto g =
+      graph_of({{"s", "a"}, {"a", "a1"}, {"a", "a2"}, {"a1", "aj"}, {"a2", "aj"}, {"aj", "t"}, {"s", "b"}, {"b", "t"}});
   EXPECT_EQ(tree_text(g), "S(s, P(S(a, P(a1, a2), aj), b), t)");
 }
 
 TEST(SeriesParallel, NGraphIsNotSeriesParallel) {
   // The forbidden pattern: a->c, a->d, b->d with a common source and sink.
-  auto g = graph_of({{"s", "a"}, {"s", "b"}, {"a", "c"}, {"a", "d"}, {"b", "d"},
-                     {"c", "t"}, {"d", "t"}});
+  auto g = graph_of({{"s", "a"}, {"s", "b"}, {"a", "c"}, {"a", "d"}, {"b", "d"}, {"c", "t"}, {"d", "t"}});
   auto d = decompose_series_parallel(g);
   EXPECT_FALSE(d.is_series_parallel);
   std::set<std::string> left;

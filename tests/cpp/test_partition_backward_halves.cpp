@@ -121,7 +121,8 @@ TEST(BackwardHalves, ModelInputsAreReadNotReceived) {
 TEST(BackwardHalves, RejectsMismatchedSizes) {
   auto g = chain4();
   EXPECT_THROW(pt::backward_halves(g, g.topological_order(), {0, 0, 0}, 1, kInput, kWeight), graphpipe::PlanningError);
-  EXPECT_THROW(pt::backward_halves(g, g.topological_order(), {0, 0, 0, 2}, 2, kInput, kWeight), graphpipe::PlanningError);
+  EXPECT_THROW(pt::backward_halves(g, g.topological_order(), {0, 0, 0, 2}, 2, kInput, kWeight),
+               graphpipe::PlanningError);
 }
 
 namespace {

@@ -134,7 +134,8 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
           for (std::size_t v = 0; v < assignment.size(); ++v) {
             if (assignment[v] != s) continue;
             group.add(static_cast<graph::NodeId>(v));
-            for (int l = 0; l < p.replicas->num_levels(); ++l) level_compute[l] += p.replicas->compute(l, static_cast<int>(v));
+            for (int l = 0; l < p.replicas->num_levels(); ++l)
+              level_compute[l] += p.replicas->compute(l, static_cast<int>(v));
           }
           const int level = p.replicas->level_of(replicas[s]);
           worst = std::max(worst, pt::replica_stage_time(p, level, level_compute[level], group.transfer,

@@ -39,8 +39,13 @@ graph::OpGraph candle_like() {
   for (int b = 0; b < 7; ++b) {
     graph::NodeId prev = input;
     for (int l = 0; l < 9; ++l) {
-      auto v = node("b" + std::to_string(b) + "_" + std::to_string(l), l == 1 ? 8.0 : l == 0 ? 0.0 : 1.0,
-                    l == 0 ? 0 : l == 1 ? 64 << 20 : 16 << 20);
+      auto v = node("b" + std::to_string(b) + "_" + std::to_string(l),
+                    l == 1   ? 8.0
+                    : l == 0 ? 0.0
+                             : 1.0,
+                    l == 0   ? 0
+                    : l == 1 ? 64 << 20
+                             : 16 << 20);
       g.add_edge(prev, v, 16384);
       prev = v;
     }

@@ -90,7 +90,8 @@ TEST(PartitionMonotone, StageEdgesArePricedByTheirLinks) {
   double crossing = 0.0;
   int edges = 0;
   for (std::size_t e = 0; e < g.num_edges(); ++e) {
-    if (assignment[g.edge(static_cast<graph::EdgeId>(e)).src] != assignment[g.edge(static_cast<graph::EdgeId>(e)).dst]) {
+    if (assignment[g.edge(static_cast<graph::EdgeId>(e)).src] !=
+        assignment[g.edge(static_cast<graph::EdgeId>(e)).dst]) {
       crossing += p.edge_bytes[e];
       ++edges;
     }

@@ -155,12 +155,14 @@ TEST(PartitionOptimality, BestPartitionerWithinFivePercentOfExhaustive) {
     dp_within += within_tolerance(r.dp_bottleneck, r.reference.bottleneck);
   }
   std::printf("slowest stage: best partitioner within 5%% on %d/%d graphs (worst ratio %.4f)\n", within, cases, worst);
-  std::printf("step: graphpipe within its tolerance on %d/%d graphs (worst %.6f); best partitioner "
-              "within 5%% on %d/%d graphs (worst %.4f)\n",
-              graphpipe_within, cases, worst_graphpipe, within_step, cases, worst_step);
-  std::printf("slowest stage: the DP's own first plan within its tolerance on %d/%d series-parallel graphs "
-              "(worst %.4f)\n",
-              dp_within, sp_cases, worst_dp);
+  std::printf(
+      "step: graphpipe within its tolerance on %d/%d graphs (worst %.6f); best partitioner "
+      "within 5%% on %d/%d graphs (worst %.4f)\n",
+      graphpipe_within, cases, worst_graphpipe, within_step, cases, worst_step);
+  std::printf(
+      "slowest stage: the DP's own first plan within its tolerance on %d/%d series-parallel graphs "
+      "(worst %.4f)\n",
+      dp_within, sp_cases, worst_dp);
   EXPECT_GT(cases, 40);
   EXPECT_GE(sp_cases, 25);
 }

@@ -96,7 +96,8 @@ TEST(PartitionPlanIo, StageModulesRoundTrip) {
   // The JSON is what the loaded plan says, not a recomputation from the graph.
   auto renamed = doc;
   renamed["stages"][0]["modules"] = {"renamed_tower"};
-  EXPECT_EQ(graphpipe::plan::loads_plan(renamed.dump(), g).stages[0].modules, std::vector<std::string>{"renamed_tower"});
+  EXPECT_EQ(graphpipe::plan::loads_plan(renamed.dump(), g).stages[0].modules,
+            std::vector<std::string>{"renamed_tower"});
   // Written before the field existed: derived from the graph, the same as build_plan's.
   auto old = doc;
   for (auto& st : old["stages"]) st.erase("modules");

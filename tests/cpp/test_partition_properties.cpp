@@ -18,9 +18,9 @@ namespace cost = graphpipe::cost;
 namespace tst = graphpipe::testing;
 using graphpipe::PlanningError;
 using graphpipe::partition::Options;
+using graphpipe::plan::dumps;
 using graphpipe::plan::Plan;
 using graphpipe::plan::validate_plan;
-using graphpipe::plan::dumps;
 
 namespace {
 
@@ -42,8 +42,8 @@ void run_case(unsigned seed, const std::string& partitioner, Tally& tally) {
   // A third of the cases get a tight limit: around what one device would need for its share.
   double total_static = 4.0 * static_cast<double>(g.total_param_bytes());
   if (rng() % 3 == 0) o.memory_limit = std::max(1e6, total_static / devices * (0.5 + (rng() % 100) / 100.0));
-  SCOPED_TRACE(partitioner + " seed " + std::to_string(seed) + (sp ? " (sp)" : " (dag)") + " n=" +
-               std::to_string(g.num_nodes()) + " devices=" + std::to_string(devices));
+  SCOPED_TRACE(partitioner + " seed " + std::to_string(seed) + (sp ? " (sp)" : " (dag)") +
+               " n=" + std::to_string(g.num_nodes()) + " devices=" + std::to_string(devices));
   try {
     Plan plan = gp::partition::partition(g, d, o);
     ++tally.plans;
@@ -69,8 +69,8 @@ void run_many(const std::string& partitioner, unsigned count) {
   auto start = std::chrono::steady_clock::now();
   for (unsigned seed = 0; seed < count; ++seed) run_case(seed, partitioner, tally);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%s: %u graphs, %d plans (%d with parallel stages), %d do-not-fit errors, %.2f s\n",
-              partitioner.c_str(), count, tally.plans, tally.parallel_stages, tally.does_not_fit, seconds);
+  std::printf("%s: %u graphs, %d plans (%d with parallel stages), %d do-not-fit errors, %.2f s\n", partitioner.c_str(),
+              count, tally.plans, tally.parallel_stages, tally.does_not_fit, seconds);
   EXPECT_GT(tally.plans, static_cast<int>(count) / 2);
 }
 

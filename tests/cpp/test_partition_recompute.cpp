@@ -268,8 +268,8 @@ TEST(PartitionRecompute, ReplicatedDpsFindPlansThatFitOnlyRecomputed) {
       double plain = 0.0, recomputed = 0.0;
       for (const pt::StageFigures& f : ev.stages) {
         plain = std::max(plain, f.memory);
-        recomputed = std::max(recomputed, pt::stage_memory(f.static_bytes, f.activation_bytes, f.input_bytes,
-                                                           f.in_flight, 1.0).bytes);
+        recomputed = std::max(
+            recomputed, pt::stage_memory(f.static_bytes, f.activation_bytes, f.input_bytes, f.in_flight, 1.0).bytes);
       }
       least_plain = std::min(least_plain, plain);
       least_recomputed = std::min(least_recomputed, recomputed);
@@ -318,9 +318,9 @@ TEST(PartitionRecompute, ReplicatedDpsFindPlansThatFitOnlyRecomputed) {
     o.micro_batch_size = kMicro;
     o.memory_limit = limit;
     const graphpipe::plan::Plan plan = pt::partition(g, cost::v100(kRepDevices), o);
-    EXPECT_TRUE(std::any_of(plan.stages.begin(), plan.stages.end(),
-                            [](const graphpipe::plan::Stage& st) { return st.recompute && st.devices.size() > 1; }))
-        << name;
+    EXPECT_TRUE(std::any_of(plan.stages.begin(), plan.stages.end(), [](const graphpipe::plan::Stage& st) {
+      return st.recompute && st.devices.size() > 1;
+    })) << name;
     for (const graphpipe::plan::Stage& st : plan.stages) EXPECT_LE(st.memory_bytes, limit) << name;
   }
 }

@@ -137,7 +137,8 @@ TEST(PartitionRegistry, DriverReturnsThePartitionersBestCandidate) {
           if (candidate.assignment.empty()) continue;
           const pt::Evaluation ev = pt::evaluate(problem, candidate.assignment);
           if (!ev.fits()) continue;
-          const std::string json = graphpipe::plan::dumps(pt::build_plan(problem, candidate.assignment, candidate.partitioner), g);
+          const std::string json =
+              graphpipe::plan::dumps(pt::build_plan(problem, candidate.assignment, candidate.partitioner), g);
           plans.insert(json);
           const double step = ev.iteration_seconds(problem);
           if (best_json.empty() || step < best_step * (1.0 - 1e-12) ||
@@ -189,8 +190,8 @@ TEST(PartitionRegistry, PortfolioWinnerIsTheLeastStepTiesToTheEarlier) {
           if (!ev.fits()) continue;
           const double other = ev.iteration_seconds(problem);
           steps.insert(other);
-          EXPECT_GE(other, step * (1.0 - 1e-12)) << "candidate " << i << " (" << candidates[i].partitioner
-                                                 << ") is faster than the winner " << w;
+          EXPECT_GE(other, step * (1.0 - 1e-12))
+              << "candidate " << i << " (" << candidates[i].partitioner << ") is faster than the winner " << w;
           if (i < w) {
             // An earlier candidate lost, so it was slower, or as fast with a higher slowest stage.
             EXPECT_TRUE(other > step * (1.0 + 1e-12) || ev.bottleneck > won.bottleneck) << "candidate " << i;

@@ -164,7 +164,8 @@ TEST(PartitionReplicas, ReplicationNeverLosesToOneDevicePerStageOnTheSameLayouts
     for (const char* name : {"graphpipe", "metis"}) {
       graphpipe::plan::Plan plain = pt::partition(g, cost::v100(8), options(name, false));
       graphpipe::plan::Plan replicated = pt::partition(g, cost::v100(8), options(name, true));
-      EXPECT_LE(replicated.predicted_iteration_seconds, plain.predicted_iteration_seconds * 1.01) << name << " seed " << seed;
+      EXPECT_LE(replicated.predicted_iteration_seconds, plain.predicted_iteration_seconds * 1.01)
+          << name << " seed " << seed;
     }
   }
 }
@@ -390,5 +391,6 @@ TEST(PartitionReplicas, AgainstExhaustiveSearchOverLayoutsAndReplicaCounts) {
                            << " s, exhaustive " << reference << " s";
     }
   }
-  std::printf("graphpipe with replication vs exhaustive (layouts x replica counts): worst gap %.2f%% over %d graphs\n", 100.0 * worst, compared);
+  std::printf("graphpipe with replication vs exhaustive (layouts x replica counts): worst gap %.2f%% over %d graphs\n",
+              100.0 * worst, compared);
 }

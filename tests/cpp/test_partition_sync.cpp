@@ -89,7 +89,8 @@ TEST(PartitionSync, CheaperSyncMethodsBuyReplicasTheAllReduceCannot) {
       EXPECT_EQ(plan.sync, m);
       const graphpipe::plan::Stage& heavy = plan.stages.back();
       EXPECT_GT(heavy.devices.size(), 1u) << name << " " << m.describe();
-      EXPECT_LT(plan.predicted_iteration_seconds, 0.75 * plain.predicted_iteration_seconds) << name << " " << m.describe();
+      EXPECT_LT(plan.predicted_iteration_seconds, 0.75 * plain.predicted_iteration_seconds)
+          << name << " " << m.describe();
       // The plan's figure is the pricing of the stage's gradients as one bucket on its ranks.
       const cost::GroupPricer pricer(d, heavy.devices, false);
       const cost::SyncLoad load = cost::tensor_load(m, g.node(1).param_shapes[0], d);

@@ -82,7 +82,6 @@ TEST(Check, ThreeRanksWaitingInACircle) {
   EXPECT_EQ(to_token(result.blocked[0].instruction), "0RB0e0");
   EXPECT_EQ(to_token(result.blocked[1].instruction), "1RB0e1");
   EXPECT_EQ(to_token(result.blocked[2].instruction), "2RF0e2");
-  EXPECT_NE(result.blocked[2].reason.find("waits for rank 0 to post the matching send 0SF0e2"),
-            std::string::npos)
+  EXPECT_NE(result.blocked[2].reason.find("waits for rank 0 to post the matching send 0SF0e2"), std::string::npos)
       << result.to_string();
 }

@@ -140,12 +140,10 @@ TEST(ScheduleJson, HeaderAndFieldsAreChecked) {
   EXPECT_NE(error_of([&] { from_json(wrong_version); }).find("version 99"), std::string::npos);
   auto bad_token = doc;
   bad_token["ranks"][1][2] = "1Q0";
-  EXPECT_NE(error_of([&] { from_json(bad_token); }).find("$.ranks[1][2]: bad schedule token"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { from_json(bad_token); }).find("$.ranks[1][2]: bad schedule token"), std::string::npos);
   auto bad_edge = doc;
   bad_edge["edges"][0].erase("dst");
-  EXPECT_NE(error_of([&] { from_json(bad_edge); }).find("$.edges[0]: missing field 'dst'"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { from_json(bad_edge); }).find("$.edges[0]: missing field 'dst'"), std::string::npos);
   EXPECT_THROW(loads("{not json"), FormatError);
 }
 

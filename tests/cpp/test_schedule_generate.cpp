@@ -46,8 +46,7 @@ TEST(Generate, ClassicOneFOneBOnAChain) {
   // Communication as in Megatron: the last stage returns gradient k and receives activation k+1
   // in one batch (consecutive transfers are posted together), stage 2 sends activation k+1 and
   // receives gradient k in one batch.
-  EXPECT_EQ(tokens({s.ranks[3].begin(), s.ranks[3].begin() + 8}),
-            "3RF0e2 3F0 3B0 3RF1e2 3SB0e2 3F1 3B1 3SB1e2");
+  EXPECT_EQ(tokens({s.ranks[3].begin(), s.ranks[3].begin() + 8}), "3RF0e2 3F0 3B0 3RF1e2 3SB0e2 3F1 3B1 3SB1e2");
   EXPECT_EQ(tokens({s.ranks[2].begin() + 4, s.ranks[2].begin() + 12}),
             "2F1 2RF2e1 2SF1e2 2RB0e2 2B0 2SB0e1 2F2 2RB1e2");
   EXPECT_EQ(to_token(s.ranks[3].back()), "3OPT");
@@ -118,8 +117,7 @@ TEST(Generate, TwoStagesOnOneRankAreRefusedClearly) {
     generate(plan, Policy::one_f_one_b);
     FAIL() << "expected ScheduleError";
   } catch (const ScheduleError& e) {
-    EXPECT_NE(std::string(e.what()).find("stages 0 and 2 both run on rank 0"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("stages 0 and 2 both run on rank 0"), std::string::npos) << e.what();
   }
 }
 
@@ -146,7 +144,8 @@ TEST(Generate, EveryGeneratedScheduleOnRandomDagsCompletes) {
       Schedule s = generate(plan, p);  // validates
       CheckResult result = check(s);
       ASSERT_TRUE(result.ok) << "trial " << trial << " " << policy_name(p) << "\n"
-                             << result.to_string() << "\n" << s.to_string();
+                             << result.to_string() << "\n"
+                             << s.to_string();
       ++schedules;
     }
   }

@@ -66,8 +66,9 @@ TEST(ScheduleReplicas, ValidateRefusesDivergingReplicasAndMisplacedAllReduces) {
   auto missing = good;
   for (int r : {0, 1}) {
     auto& p = missing.ranks[r];
-    p.erase(std::remove_if(p.begin(), p.end(), [](const gs::Instruction& i) { return i.kind == gs::OpKind::all_reduce; }),
-            p.end());
+    p.erase(
+        std::remove_if(p.begin(), p.end(), [](const gs::Instruction& i) { return i.kind == gs::OpKind::all_reduce; }),
+        p.end());
   }
   try {
     gs::validate(missing);
@@ -84,7 +85,8 @@ TEST(ScheduleReplicas, ValidateRefusesDivergingReplicasAndMisplacedAllReduces) {
   auto early = good;
   for (int r : {0, 1}) {
     auto& p = early.ranks[r];
-    auto ar = std::find_if(p.begin(), p.end(), [](const gs::Instruction& i) { return i.kind == gs::OpKind::all_reduce; });
+    auto ar =
+        std::find_if(p.begin(), p.end(), [](const gs::Instruction& i) { return i.kind == gs::OpKind::all_reduce; });
     gs::Instruction moved = *ar;
     p.erase(ar);
     p.insert(p.begin(), moved);

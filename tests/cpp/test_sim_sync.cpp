@@ -119,7 +119,8 @@ TEST(SimulateSync, TopKCompressesEachBucketBeforeItsSmallerCollectives) {
   const Task* c1 = find(r, "C1 s0");
   const Task* ar = find(r, "AR s0");
   ASSERT_TRUE(c0 && c1 && ar);
-  const cost::SyncCost priced = cost::stage_sync_cost(m, d, {0, 1}, plan.stages[0].parameters, 0.0, cost::kDefaultBucketBytes);
+  const cost::SyncCost priced =
+      cost::stage_sync_cost(m, d, {0, 1}, plan.stages[0].parameters, 0.0, cost::kDefaultBucketBytes);
   ASSERT_EQ(priced.buckets.size(), 2u);
   EXPECT_DOUBLE_EQ(c0->start, 5.0);
   EXPECT_NEAR(c0->end - c0->start, priced.buckets[0].compute_seconds, 1e-12);
@@ -127,8 +128,8 @@ TEST(SimulateSync, TopKCompressesEachBucketBeforeItsSmallerCollectives) {
   EXPECT_DOUBLE_EQ(ar->start, c0->end);
   EXPECT_NEAR(ar->end, c1->end + priced.buckets[1].comm_seconds, 1e-12);
   // The gathered entries are a small fraction of the all-reduce's bytes.
-  const cost::SyncCost summed = cost::stage_sync_cost(cost::SyncMethod{}, d, {0, 1}, plan.stages[0].parameters, 0.0,
-                                                      cost::kDefaultBucketBytes);
+  const cost::SyncCost summed =
+      cost::stage_sync_cost(cost::SyncMethod{}, d, {0, 1}, plan.stages[0].parameters, 0.0, cost::kDefaultBucketBytes);
   EXPECT_LT(10.0 * priced.comm_seconds, summed.comm_seconds);
   // The compression is compute on the rank (the first bucket's overlaps the backward: only the
   // last one's adds to the busy time).

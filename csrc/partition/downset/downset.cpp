@@ -47,7 +47,7 @@ std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
 struct Layer {
   int from = 0, to = 0;  // indices of I and J
   int first = 0, count = 0;
-  bool roomy = false;    // fits on one device at the most micro-batches any stage holds
+  bool roomy = false;  // fits on one device at the most micro-batches any stage holds
 };
 
 // The DP of downset.h over one problem: best[r][c][I] for r layers, at most c stages, down-set I.

@@ -109,5 +109,4 @@ std::vector<Grouping> group_parts(const Figures* parts, int m, int cap, int in_f
   return best;
 }
 
-
 }  // namespace graphpipe::partition::downset

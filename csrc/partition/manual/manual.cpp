@@ -43,9 +43,8 @@ std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping&
   int stages = 0;
   for (const auto& [prefix, stage] : mapping) {
     if (stage < 0 || stage >= num_devices) {
-      throw PlanningError("manual mapping sends '" + prefix + "' to stage " + std::to_string(stage) +
-                          ", outside 0.." + std::to_string(num_devices - 1) + " for " +
-                          std::to_string(num_devices) + " devices");
+      throw PlanningError("manual mapping sends '" + prefix + "' to stage " + std::to_string(stage) + ", outside 0.." +
+                          std::to_string(num_devices - 1) + " for " + std::to_string(num_devices) + " devices");
     }
     stages = std::max(stages, stage + 1);
   }
@@ -63,35 +62,35 @@ std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping&
         continue;
       }
     }
-    unmapped.push_back(graph::describe(g, v) + (g.node(v).module.empty() ? "" : " in module '" + g.node(v).module + "'"));
+    unmapped.push_back(graph::describe(g, v) +
+                       (g.node(v).module.empty() ? "" : " in module '" + g.node(v).module + "'"));
   }
   if (!unmapped.empty()) {
     std::string names;
     for (std::size_t i = 0; i < unmapped.size() && i < 5; ++i) names += (i ? "; " : "") + unmapped[i];
     if (unmapped.size() > 5) names += "; ...";
-    throw PlanningError("manual mapping leaves " + std::to_string(unmapped.size()) +
-                        " operators without a stage: " + names +
-                        " (add a rule for their module, or \"\" for everything else)");
+    throw PlanningError("manual mapping leaves " + std::to_string(unmapped.size()) + " operators without a stage: " +
+                        names + " (add a rule for their module, or \"\" for everything else)");
   }
   std::vector<int> size(stages, 0);
   for (int s : assignment) ++size[s];
   for (int s = 0; s < stages; ++s) {
     if (!size[s]) {
-      throw PlanningError("manual mapping names stages 0.." + std::to_string(stages - 1) +
-                          " but stage " + std::to_string(s) + " receives no operator");
+      throw PlanningError("manual mapping names stages 0.." + std::to_string(stages - 1) + " but stage " +
+                          std::to_string(s) + " receives no operator");
     }
   }
   return assignment;
 }
 
-std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices,
-                                                   int num_stages, int num_devices) {
+std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices, int num_stages,
+                                                   int num_devices) {
   std::vector<std::vector<int>> result(num_stages);
   std::vector<int> owner(num_devices, -1);
   for (const auto& [stage, ranks] : stage_devices) {
     if (stage < 0 || stage >= num_stages) {
-      throw PlanningError("stage_devices names stage " + std::to_string(stage) + ", but the manual mapping has stages 0.." +
-                          std::to_string(num_stages - 1));
+      throw PlanningError("stage_devices names stage " + std::to_string(stage) +
+                          ", but the manual mapping has stages 0.." + std::to_string(num_stages - 1));
     }
     if (ranks.empty()) throw PlanningError("stage_devices gives stage " + std::to_string(stage) + " no device");
     for (int d : ranks) {
@@ -101,7 +100,8 @@ std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vect
                             " devices");
       }
       if (owner[d] >= 0) {
-        throw PlanningError("stage_devices gives device " + std::to_string(d) + " to stage " + std::to_string(owner[d]) +
+        throw PlanningError("stage_devices gives device " + std::to_string(d) + " to stage " +
+                            std::to_string(owner[d]) +
                             (owner[d] == stage ? " twice" : " and to stage " + std::to_string(stage)) +
                             ": the stages' devices must not overlap");
       }

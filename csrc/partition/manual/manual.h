@@ -23,8 +23,7 @@ namespace graphpipe::partition {
 
 using ManualMapping = std::vector<std::pair<std::string, int>>;
 
-std::vector<int> manual_assignment(const graph::OpGraph& graph, const ManualMapping& mapping,
-                                   int num_devices);
+std::vector<int> manual_assignment(const graph::OpGraph& graph, const ManualMapping& mapping, int num_devices);
 
 // The stage of the longest rule covering each operator (the rule above), -1 for an operator no
 // rule covers; no other check. graphpipe.runtime.manual_plan reads it instead of matching rules
@@ -36,7 +35,7 @@ std::vector<int> manual_rule_stages(const graph::OpGraph& graph, const ManualMap
 // lowest no stage names. PlanningError naming the problem for a stage outside 0..num_stages-1,
 // an empty list, a device outside 0..num_devices-1, a device listed twice (in one stage or in
 // two), or more devices asked for than there are.
-std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices,
-                                                   int num_stages, int num_devices);
+std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vector<int>>& stage_devices, int num_stages,
+                                                   int num_devices);
 
 }  // namespace graphpipe::partition

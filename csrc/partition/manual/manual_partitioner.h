@@ -24,7 +24,7 @@ class ManualPartitioner final : public Partitioner {
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
 
  private:
-  std::vector<int> assignment_;  // from prepare(): the mapping applied to the graph
+  std::vector<int> assignment_;            // from prepare(): the mapping applied to the graph
   std::vector<std::vector<int>> devices_;  // ranks per stage when stage_devices is given
 };
 

@@ -57,8 +57,8 @@ std::vector<int> metis_parts(const Problem& p, int k, int seed) {
   std::vector<idx_t> w_memory = scaled(memory, 1e6);
   std::vector<idx_t> vwgt(2 * static_cast<std::size_t>(n));
   for (idx_t v = 0; v < n; ++v) {
-    vwgt[2 * v] = w_compute[v];
-    vwgt[2 * v + 1] = w_memory[v];
+    vwgt[2 * static_cast<std::size_t>(v)] = w_compute[v];
+    vwgt[2 * static_cast<std::size_t>(v) + 1] = w_memory[v];
   }
   // Edge weights in KiB, scaled down together if their sum could overflow METIS's int32.
   double kib_total = 0.0;
@@ -95,14 +95,14 @@ std::vector<int> metis_parts(const Problem& p, int k, int seed) {
   options[METIS_OPTION_NUMBERING] = 0;
   std::vector<idx_t> part(n, 0);
   idx_t nvtxs = n;
-  int status = METIS_PartGraphKway(&nvtxs, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr,
-                                   adjwgt.data(), &nparts, nullptr, ubvec, options, &objval, part.data());
+  int status = METIS_PartGraphKway(&nvtxs, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr, adjwgt.data(),
+                                   &nparts, nullptr, ubvec, options, &objval, part.data());
   if (status != METIS_OK) {
-    throw PlanningError("METIS_PartGraphKway failed with code " + std::to_string(status) + " for " +
-                        std::to_string(n) + " operators into " + std::to_string(k) + " parts");
+    throw PlanningError("METIS_PartGraphKway failed with code " + std::to_string(status) + " for " + std::to_string(n) +
+                        " operators into " + std::to_string(k) + " parts");
   }
-  log::debug("metis: " + std::to_string(n) + " operators into " + std::to_string(k) +
-             " parts, edge cut " + std::to_string(objval) + " KiB");
+  log::debug("metis: " + std::to_string(n) + " operators into " + std::to_string(k) + " parts, edge cut " +
+             std::to_string(objval) + " KiB");
   return std::vector<int>(part.begin(), part.end());
 }
 

@@ -124,9 +124,7 @@ class Refiner {
     for (int s = 0; s < k_; ++s) in_flight_[s] = by_position[position[s]];
   }
 
-  bool reaches(int a, int b) const {
-    return (reach_[static_cast<std::size_t>(a) * words_ + b / 64] >> (b % 64)) & 1u;
-  }
+  bool reaches(int a, int b) const { return (reach_[static_cast<std::size_t>(a) * words_ + b / 64] >> (b % 64)) & 1u; }
 
   bool valid(int v, int from, int to) const {
     if (members_[from].size() < 2) return false;
@@ -228,7 +226,8 @@ class Refiner {
   bool step() {
     int worst_memory = -1;
     for (int s = 0; s < k_; ++s) {
-      if (memory(s) > p_.memory_limit && (worst_memory < 0 || memory(s) - p_.memory_limit > memory(worst_memory) - p_.memory_limit)) {
+      if (memory(s) > p_.memory_limit &&
+          (worst_memory < 0 || memory(s) - p_.memory_limit > memory(worst_memory) - p_.memory_limit)) {
         worst_memory = s;
       }
     }

@@ -39,21 +39,23 @@ void Planner::inside_open(int branch, int k, int n, int d, Entry& best) {
   const int m = static_cast<int>(tree_.nodes[t].children.size());
   const int length = static_cast<int>(items_[branch].size());
   const bool last = q + 1 == m;
-  levels(last ? 0 : 1, last ? 0 : n - 1, [&](int x) { return series(t, q + 1, x, d).depth; }, [&](int n_r, int dj) {
-    if (dj >= kInf || dj + 1 >= best.depth) return false;
-    const int dd = cap(d + dj);
-    const int left = n - n_r;
-    if (k == length) {
-      const int h = others(branch, left, dd);
-      if (h < kInf && h + dj < best.depth) best = {h + dj, Open{n_r, 0}};
-    } else {
-      auto [h, n_m] = balance(
-          1, left - 1, [&](int x) { return series(branch, k, x, dd).depth; },
-          [&](int x) { return others(branch, left - x, dd); });
-      if (h < kInf && h + dj < best.depth) best = {h + dj, Open{n_r, n_m}};
-    }
-    return true;
-  });
+  levels(
+      last ? 0 : 1, last ? 0 : n - 1, [&](int x) { return series(t, q + 1, x, d).depth; },
+      [&](int n_r, int dj) {
+        if (dj >= kInf || dj + 1 >= best.depth) return false;
+        const int dd = cap(d + dj);
+        const int left = n - n_r;
+        if (k == length) {
+          const int h = others(branch, left, dd);
+          if (h < kInf && h + dj < best.depth) best = {h + dj, Open{n_r, 0}};
+        } else {
+          auto [h, n_m] = balance(
+              1, left - 1, [&](int x) { return series(branch, k, x, dd).depth; },
+              [&](int x) { return others(branch, left - x, dd); });
+          if (h < kInf && h + dj < best.depth) best = {h + dj, Open{n_r, n_m}};
+        }
+        return true;
+      });
 }
 
 // Join (tail == branch) or cross (tail the other largest branch): the join stage holds the tail
@@ -74,37 +76,40 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
   for (int e = q + 1; e < m; e = (e == e_last ? m : e_last)) {
     if (e - q - 1 >= fits_in_row || too_big(tails[e - q - 1])) break;
     const bool last = e + 1 == m;
-    levels(last ? 0 : 1, last ? 0 : n - 2, [&](int x) { return series(t, e + 1, x, d).depth; }, [&](int n_r, int rest) {
-      if (rest >= kInf || rest + 2 >= best.depth) return false;
-      const int d2 = cap(d + rest);
-      const int left = n - n_r;
-      if (tail == branch) {
-        auto [h, n_t] = balance(
-            1, left - 1, [&](int x) { return branch_to_join(branch, k, x, d2, e).depth; },
-            [&](int x) { return others(branch, left - x, cap(d2 + 1)) + 1; });
-        if (h < kInf && h + rest < best.depth) best = {h + rest, Join{{e, n_r}, n_t}};
-        return true;
-      }
-      // Three parts: the fork branch's rest, the other branch up to the join, the others.
-      auto split = [&](int n_f, int f) {
-        auto [h, n_t] = balance(
-            1, left - n_f - spare, [&](int x) { return branch_to_join(tail, 0, x, d2, e).depth; },
-            [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
-        h = std::max(h, f);
-        if (h < kInf && h + rest < best.depth) best = {h + rest, Cross{{e, n_r}, n_t, n_f}};
-      };
-      if (k == length) {
-        split(0, 1);
-      } else {
-        levels(1, left - 1 - spare, [&](int x) { return series(branch, k, x, cap(d2 + 1)).depth + 1; },
-               [&](int n_f, int f) {
-                 if (f >= kInf || f + rest >= best.depth) return false;
-                 split(n_f, f);
-                 return true;
-               });
-      }
-      return true;
-    });
+    levels(
+        last ? 0 : 1, last ? 0 : n - 2, [&](int x) { return series(t, e + 1, x, d).depth; },
+        [&](int n_r, int rest) {
+          if (rest >= kInf || rest + 2 >= best.depth) return false;
+          const int d2 = cap(d + rest);
+          const int left = n - n_r;
+          if (tail == branch) {
+            auto [h, n_t] = balance(
+                1, left - 1, [&](int x) { return branch_to_join(branch, k, x, d2, e).depth; },
+                [&](int x) { return others(branch, left - x, cap(d2 + 1)) + 1; });
+            if (h < kInf && h + rest < best.depth) best = {h + rest, Join{{e, n_r}, n_t}};
+            return true;
+          }
+          // Three parts: the fork branch's rest, the other branch up to the join, the others.
+          auto split = [&](int n_f, int f) {
+            auto [h, n_t] = balance(
+                1, left - n_f - spare, [&](int x) { return branch_to_join(tail, 0, x, d2, e).depth; },
+                [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
+            h = std::max(h, f);
+            if (h < kInf && h + rest < best.depth) best = {h + rest, Cross{{e, n_r}, n_t, n_f}};
+          };
+          if (k == length) {
+            split(0, 1);
+          } else {
+            levels(
+                1, left - 1 - spare, [&](int x) { return series(branch, k, x, cap(d2 + 1)).depth + 1; },
+                [&](int n_f, int f) {
+                  if (f >= kInf || f + rest >= best.depth) return false;
+                  split(n_f, f);
+                  return true;
+                });
+          }
+          return true;
+        });
   }
 }
 
@@ -124,15 +129,16 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
     if (replicas_to_fit(s, in_flight(d + 1), n) == 0) continue;
     const int e = q + 1 + j;
     const bool last = e + 1 == m;
-    levels(last ? 0 : 1, last ? 0 : n - 1 - spare, [&](int x) { return series(t, e + 1, x, d).depth; },
-           [&](int n_r, int rest) {
-             if (rest >= kInf || rest + 1 >= best.depth) return false;
-             const int r = replicas_to_fit(s, in_flight(d + rest + 1), n - n_r - spare);
-             if (r == 0) return true;
-             const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).depth;
-             if (side < kInf && side + 1 + rest < best.depth) best = {side + 1 + rest, Close{{e, n_r}, r}};
-             return true;
-           });
+    levels(
+        last ? 0 : 1, last ? 0 : n - 1 - spare, [&](int x) { return series(t, e + 1, x, d).depth; },
+        [&](int n_r, int rest) {
+          if (rest >= kInf || rest + 1 >= best.depth) return false;
+          const int r = replicas_to_fit(s, in_flight(d + rest + 1), n - n_r - spare);
+          if (r == 0) return true;
+          const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).depth;
+          if (side < kInf && side + 1 + rest < best.depth) best = {side + 1 + rest, Close{{e, n_r}, r}};
+          return true;
+        });
   }
 }
 
@@ -159,12 +165,14 @@ Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
       if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Group{i + g, r}};
     }
     if (!is_leaf(items[i])) {
-      levels(1, n - 2, [&](int x) { return branch_to_join(branch, i + 1, x, d, e).depth; }, [&](int x, int rest) {
-        if (rest >= kInf || rest + 1 >= best.depth) return false;
-        const int child = solve(items[i], n - x, d + rest).depth;
-        if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
-        return true;
-      });
+      levels(
+          1, n - 2, [&](int x) { return branch_to_join(branch, i + 1, x, d, e).depth; },
+          [&](int x, int rest) {
+            if (rest >= kInf || rest + 1 >= best.depth) return false;
+            const int child = solve(items[i], n - x, d + rest).depth;
+            if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
+            return true;
+          });
     }
   }
   join_memo_.insert(k, best);

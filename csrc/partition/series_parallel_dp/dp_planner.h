@@ -86,18 +86,15 @@ class Planner {
   void add_levels(graph::NodeId v);
   std::int64_t store_levels();
   const Row* cached(const Rows& rows, std::uint64_t key) const;
-  const std::vector<Stats>& grow(Rows& rows, std::uint64_t key, const std::vector<int>& fixed,
-                                 std::size_t fixed_begin, std::size_t fixed_end, const std::vector<int>& items,
-                                 std::size_t start);
+  const std::vector<Stats>& grow(Rows& rows, std::uint64_t key, const std::vector<int>& fixed, std::size_t fixed_begin,
+                                 std::size_t fixed_end, const std::vector<int>& items, std::size_t start);
   const std::vector<Stats>& row(int t, int start, const std::vector<int>& items);
   const std::vector<Stats>& fork_row(int t, int i, int q, int branch);
   const std::vector<Stats>& join_row(int branch, int k);
   const std::vector<Stats>& close_row(int branch, int k);
 
   // ---- stage fit (dp_stage_fit.cpp) ----
-  int in_flight(int depth) const {
-    return static_cast<int>(std::min<std::int64_t>(depth, p_.num_micro_batches));
-  }
+  int in_flight(int depth) const { return static_cast<int>(std::min<std::int64_t>(depth, p_.num_micro_batches)); }
   double least_compute(const Stats& s) const { return rep_ ? arena_[s.levels + num_levels_ - 1] : s.compute; }
   bool fits(const Stats& s, int in_flight_count) const;
   bool too_big(const Stats& s) const { return least_compute(s) > target_ || s.static_bytes > p_.memory_limit; }
@@ -149,7 +146,10 @@ class Planner {
     int a = lo, b = hi;
     while (a < b) {
       int mid = a + (b - a) / 2;
-      if (f(mid) <= g(mid)) b = mid; else a = mid + 1;
+      if (f(mid) <= g(mid))
+        b = mid;
+      else
+        a = mid + 1;
     }
     std::pair<int, int> best{std::max(f(a), g(a)), a};
     if (a > lo) {
@@ -171,7 +171,10 @@ class Planner {
       int a = lo, b = r;
       while (a < b) {
         int mid = a + (b - a) / 2;
-        if (f(mid) <= v) b = mid; else a = mid + 1;
+        if (f(mid) <= v)
+          b = mid;
+        else
+          a = mid + 1;
       }
       if (!visit(a, v)) return;
       r = a - 1;

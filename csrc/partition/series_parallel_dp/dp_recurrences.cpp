@@ -56,12 +56,14 @@ void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>
 // reach.
 void Planner::series_split(int t, int i, int n, int d, Entry& best) {
   const int child_node = tree_.nodes[t].children[i];
-  levels(0, n - 2, [&](int x) { return series(t, i + 1, x, d).depth; }, [&](int x, int rest) {
-    if (rest >= kInf || rest + 1 >= best.depth) return false;
-    const int child = solve(child_node, n - x, d + rest).depth;
-    if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
-    return true;
-  });
+  levels(
+      0, n - 2, [&](int x) { return series(t, i + 1, x, d).depth; },
+      [&](int x, int rest) {
+        if (rest >= kInf || rest + 1 >= best.depth) return false;
+        const int child = solve(child_node, n - x, d + rest).depth;
+        if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
+        return true;
+      });
 }
 
 // Fork: children i..q-1 and the head of one of parallel child q's two largest branches as one

@@ -41,8 +41,8 @@ const Planner::Row* Planner::cached(const Rows& rows, std::uint64_t key) const {
 // kGrowMargin x the target (the entry that crosses it is kept, so callers see where to stop).
 // Cached per key; a row grown for a larger target serves every smaller one.
 const std::vector<Stats>& Planner::grow(Rows& rows, std::uint64_t key, const std::vector<int>& fixed,
-                                        std::size_t fixed_begin, std::size_t fixed_end,
-                                        const std::vector<int>& items, std::size_t start) {
+                                        std::size_t fixed_begin, std::size_t fixed_end, const std::vector<int>& items,
+                                        std::size_t start) {
   if (const Row* hit = cached(rows, key)) return hit->stats;
   auto& r = rows[key];
   r.stats.clear();
@@ -98,7 +98,7 @@ const std::vector<Stats>& Planner::join_row(int branch, int k) {
   const int t = parent_[par];
   std::uint64_t key = (static_cast<std::uint64_t>(branch) << 32) | static_cast<std::uint32_t>(k);
   return grow(join_rows_, key, items_[branch], k, items_[branch].size(), tree_.nodes[t].children,
-              static_cast<std::size_t>(slot_[par] + 1));
+              static_cast<std::size_t>(slot_[par]) + 1);
 }
 
 // The rest of `branch` from item k, the whole other one of the two largest branches, and the
@@ -110,7 +110,7 @@ const std::vector<Stats>& Planner::close_row(int branch, int k) {
   std::vector<int> fixed(items_[branch].begin() + k, items_[branch].end());
   fixed.push_back(other_lead(branch));
   return grow(close_rows_, key, fixed, 0, fixed.size(), tree_.nodes[parent_[par]].children,
-              static_cast<std::size_t>(slot_[par] + 1));
+              static_cast<std::size_t>(slot_[par]) + 1);
 }
 
 }  // namespace graphpipe::partition::series_parallel_dp

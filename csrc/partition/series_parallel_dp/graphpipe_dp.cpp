@@ -65,6 +65,7 @@ std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
              " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
              std::to_string(probes_ - main_probes) + " more");
   std::vector<ReplicatedAssignment> plans;
+  plans.reserve(picks.size());
   for (double target : picks) {
     plans.push_back({plan_at_.at(target), rep_ ? replicas_at_.at(target) : std::vector<int>{}});
   }
@@ -113,7 +114,10 @@ std::optional<double> Planner::least_target(double tolerance) {
   }
   while (hi > lo * (1.0 + tolerance)) {
     double mid = 0.5 * (lo + hi);
-    if (probe(mid) < kInf) hi = mid; else lo = mid;
+    if (probe(mid) < kInf)
+      hi = mid;
+    else
+      lo = mid;
   }
   return hi;
 }
@@ -134,8 +138,10 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
     bool reached = false;
     for (auto [target, depth] : seen_) {
       if (target > upper) break;
-      if (depth > h) a = std::max(a, target);
-      else if (!reached) b = target, reached = true;
+      if (depth > h)
+        a = std::max(a, target);
+      else if (!reached)
+        b = target, reached = true;
     }
     if (!reached && (upper <= a * (1.0 + tolerance) || probe(upper) > h)) {
       --h;
@@ -143,7 +149,10 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
     }
     while (b > a * (1.0 + tolerance) && probes_ < limit) {
       double mid = 0.5 * (a + b);
-      if (probe(mid) <= h) b = mid; else a = mid;
+      if (probe(mid) <= h)
+        b = mid;
+      else
+        a = mid;
     }
     picks.push_back(b);
     best = std::min(best, pipeline_step(p_.num_micro_batches, probe(b), b));
@@ -170,7 +179,8 @@ std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const 
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,
                                                     double tolerance) {
   std::vector<std::vector<int>> plans;
-  for (ReplicatedAssignment& plan : graphpipe_plans(problem, tree, tolerance)) plans.push_back(std::move(plan.assignment));
+  for (ReplicatedAssignment& plan : graphpipe_plans(problem, tree, tolerance))
+    plans.push_back(std::move(plan.assignment));
   return plans;
 }
 

@@ -59,8 +59,8 @@ namespace graphpipe::partition {
 
 // The assignment of the least-bottleneck plan found, or nullopt when no stage layout of this
 // family fits in memory at this micro-batch size. At most min(max_stages, 255) devices are used.
-std::optional<std::vector<int>> graphpipe_assignment(const Problem& problem,
-                                                     const graph::SPTree& tree, double tolerance);
+std::optional<std::vector<int>> graphpipe_assignment(const Problem& problem, const graph::SPTree& tree,
+                                                     double tolerance);
 // That plan first, then the shallower plans found at larger targets, each strictly shallower
 // than the one before; empty when nothing fits.
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,

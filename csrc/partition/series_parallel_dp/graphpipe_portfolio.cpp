@@ -8,12 +8,12 @@
 #include "common/log.h"
 #include "partition/downset/downset.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/graphpipe_dp.h"
 #include "partition/metis/metis.h"
 #include "partition/metis/refine.h"
 #include "partition/replica_allocation.h"
 #include "partition/sequential/pipedream.h"
 #include "partition/sequential/sequential.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 
 namespace graphpipe::partition {
 
@@ -35,8 +35,7 @@ std::vector<int> best_start(const Problem& problem, const std::vector<std::vecto
     std::vector<int> candidate = refine_them ? refine(problem, start) : start;
     Evaluation ev = evaluate(problem, candidate);
     double overflow = std::max(ev.max_overflow, 0.0);
-    if (best.empty() || overflow < best_overflow ||
-        (overflow == best_overflow && ev.bottleneck < best_bottleneck)) {
+    if (best.empty() || overflow < best_overflow || (overflow == best_overflow && ev.bottleneck < best_bottleneck)) {
       best = std::move(candidate);
       best_overflow = overflow;
       best_bottleneck = ev.bottleneck;
@@ -68,9 +67,8 @@ std::vector<graph::NodeId> branch_order(const Problem& p, const graph::SPTree& t
     }
     std::vector<int> children = node.children;
     if (node.kind == graph::SPNode::Kind::parallel) {
-      std::stable_sort(children.begin(), children.end(), [&](int a, int b) {
-        return smallest_first ? weight[a] < weight[b] : weight[a] > weight[b];
-      });
+      std::stable_sort(children.begin(), children.end(),
+                       [&](int a, int b) { return smallest_first ? weight[a] < weight[b] : weight[a] > weight[b]; });
     }
     todo.insert(todo.end(), children.rbegin(), children.rend());
   }
@@ -88,7 +86,8 @@ std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
 void pipedream_along(Problem p, std::vector<graph::NodeId> order, std::vector<CandidatePlan>& out) {
   p.order = std::move(order);
   for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
-  for (ChainPlan& chain : pipedream_plans(p)) out.push_back({std::move(chain.assignment), kPipeDream, std::move(chain.replicas), {}});
+  for (ChainPlan& chain : pipedream_plans(p))
+    out.push_back({std::move(chain.assignment), kPipeDream, std::move(chain.replicas), {}});
 }
 
 // With replication, every candidate's leftover devices go to its slowest stages (replica
@@ -154,10 +153,12 @@ void GraphpipePortfolio::prepare(const PartitionRequest& request) {
   }
 }
 
-std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionRequest& request, const Problem& problem) {
+std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionRequest& request,
+                                                                const Problem& problem) {
   std::vector<std::vector<int>> starts;
   if (!problem.replicated()) {
-    if (metis_starts_.empty()) metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
+    if (metis_starts_.empty())
+      metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
     starts = metis_starts_;
   } else {
     // One METIS start per budget of the ladder, made at the first micro-batch size that asks.
@@ -199,7 +200,9 @@ std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& r
   std::vector<CandidatePlan> chains = plain_chains.get();
   if (dp.empty()) return fallback_layouts(request, problem);
   std::vector<CandidatePlan> candidates;
-  for (ReplicatedAssignment& plan : dp) candidates.push_back({std::move(plan.assignment), kDp, std::move(plan.replicas), {}});
+  candidates.reserve(dp.size() + chains.size() + 1);
+  for (ReplicatedAssignment& plan : dp)
+    candidates.push_back({std::move(plan.assignment), kDp, std::move(plan.replicas), {}});
   if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp, {}, {}});
   for (CandidatePlan& chain : chains) candidates.push_back(std::move(chain));
   add_downset_plans(problem, candidates);
