@@ -3,11 +3,11 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "cost/all_reduce.h"
 #include "cost/cost_model.h"
 #include "cost/devices.h"
 #include "cost/devices_json.h"
 #include "cost/in_flight.h"
-#include "cost/all_reduce.h"
 #include "cost/presets.h"
 
 namespace py = pybind11;
@@ -17,7 +17,9 @@ namespace graphpipe::bindings {
 using cost::CostModel;
 using cost::Devices;
 
-void bind_cost(py::module_& m) {
+namespace {
+
+void bind_devices(py::module_& m) {
   py::class_<Devices>(m, "Devices", "Devices a plan runs on (see cost/devices.h and cost/presets.h).")
       .def(py::init<>())
       .def_readwrite("name", &Devices::name)
@@ -50,15 +52,19 @@ void bind_cost(py::module_& m) {
       .def_static("cpu_rank", &cost::cpu_rank, py::arg("count"), py::arg("measure") = true, py::arg("per_node") = 0,
                   "CPU ranks (per_node to a host; 0: one host); measure=False gives the documented constants.")
       .def_static("preset", &cost::preset, py::arg("name"), py::arg("count"), py::arg("per_node") = 0)
-      .def("to_json", [](const Devices& d, int indent) { return cost::dumps(d, indent); }, py::arg("indent") = -1)
+      .def(
+          "to_json", [](const Devices& d, int indent) { return cost::dumps(d, indent); }, py::arg("indent") = -1)
       .def_static("from_json", &cost::loads_devices, py::arg("text"))
-      .def("save", [](const Devices& d, const std::string& path) { cost::save(d, path); }, py::arg("path"))
+      .def(
+          "save", [](const Devices& d, const std::string& path) { cost::save(d, path); }, py::arg("path"))
       .def_static("load", &cost::load_devices, py::arg("path"))
       .def("__repr__", [](const Devices& d) {
         return "<Devices " + d.name + " x" + std::to_string(d.count) + ", " +
                std::to_string(static_cast<long long>(d.memory_bytes / (1024.0 * 1024.0 * 1024.0))) + " GiB each>";
       });
+}
 
+void bind_cost_model(py::module_& m) {
   py::class_<CostModel>(m, "CostModel", "Predicted operator times and memory (see cost/cost_model.h).")
       .def(py::init([](const graph::OpGraph& g, const Devices& d, const std::string& optimizer) {
              return CostModel(g, d, cost::parse_optimizer(optimizer));
@@ -75,7 +81,11 @@ void bind_cost(py::module_& m) {
       .def("transfer_seconds", py::overload_cast<double>(&CostModel::transfer_seconds, py::const_), py::arg("bytes"))
       .def("static_bytes", &CostModel::static_bytes, py::arg("node"))
       .def("activation_bytes", &CostModel::activation_bytes, py::arg("node"), py::arg("micro_batch"));
+}
 
+// AllReduceCost and the module's functions: all-reduce costs, the names of presets and
+// optimizers, the 1F1B in-flight rule.
+void bind_cost_functions(py::module_& m) {
   py::class_<cost::AllReduceCost>(m, "AllReduceCost", "What an all-reduce costs (see cost/all_reduce.h).")
       .def_property_readonly("algorithm", [](const cost::AllReduceCost& c) { return cost::to_string(c.algorithm); })
       .def_readonly("seconds", &cost::AllReduceCost::seconds)
@@ -96,11 +106,20 @@ void bind_cost(py::module_& m) {
       "Cost of summing `bytes` over the devices in `group`: 'ring', 'hierarchical' or the 'best' of both.");
   m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
   m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");
-  m.def("optimizer_state_factor",
-        [](const std::string& name) { return cost::optimizer_state_factor(cost::parse_optimizer(name)); },
-        py::arg("optimizer"));
-  m.def("in_flight_1f1b", &cost::in_flight_1f1b, py::arg("num_stages"), py::arg("edges"),
-        py::arg("num_micro_batches"), "1F1B depth rule: stages on the longest path to a sink, capped.");
+  m.def(
+      "optimizer_state_factor",
+      [](const std::string& name) { return cost::optimizer_state_factor(cost::parse_optimizer(name)); },
+      py::arg("optimizer"));
+  m.def("in_flight_1f1b", &cost::in_flight_1f1b, py::arg("num_stages"), py::arg("edges"), py::arg("num_micro_batches"),
+        "1F1B depth rule: stages on the longest path to a sink, capped.");
+}
+
+}  // namespace
+
+void bind_cost(py::module_& m) {
+  bind_devices(m);
+  bind_cost_model(m);
+  bind_cost_functions(m);
 }
 
 }  // namespace graphpipe::bindings

@@ -74,9 +74,8 @@ py::dict result_dict(const SimResult& r) {
   return d;
 }
 
-}  // namespace
-
-void bind_sim(py::module_& m) {
+// The parts of a result: tasks, each rank's time shares, each stage's peak memory.
+void bind_sim_parts(py::module_& m) {
   py::class_<Task>(m, "SimTask", "One simulated task: a forward, backward, transfer or optimizer step.")
       .def_property_readonly("kind", [](const Task& t) { return std::string(sim::task_kind_name(t.kind)); })
       .def_readonly("rank", &Task::rank)
@@ -90,8 +89,8 @@ void bind_sim(py::module_& m) {
       .def_property_readonly("name", &sim::task_name)
       .def("to_dict", &task_dict)
       .def("__repr__", [](const Task& t) {
-        return "<SimTask " + sim::task_name(t) + " rank " + std::to_string(t.rank) + " [" +
-               std::to_string(t.start) + ", " + std::to_string(t.end) + "]>";
+        return "<SimTask " + sim::task_name(t) + " rank " + std::to_string(t.rank) + " [" + std::to_string(t.start) +
+               ", " + std::to_string(t.end) + "]>";
       });
 
   py::class_<RankStats>(m, "SimRankStats", "Time shares of one rank over the iteration.")
@@ -110,7 +109,9 @@ void bind_sim(py::module_& m) {
       .def_readonly("rank", &StageStats::rank)
       .def_readonly("peak_in_flight", &StageStats::peak_in_flight)
       .def_readonly("peak_activation_bytes", &StageStats::peak_activation_bytes);
+}
 
+void bind_sim_result(py::module_& m) {
   py::class_<SimResult>(m, "SimResult", "Prediction of one iteration (see sim/simulate.h).")
       .def_readonly("overlap", &SimResult::overlap)
       .def_readonly("iteration_seconds", &SimResult::iteration_seconds, "Of the simulated step.")
@@ -136,11 +137,17 @@ void bind_sim(py::module_& m) {
         return "<SimResult iteration " + std::to_string(r.iteration_seconds) + " s, " +
                std::to_string(r.samples_per_second) + " samples/s>";
       });
+}
 
+}  // namespace
+
+void bind_sim(py::module_& m) {
+  bind_sim_parts(m);
+  bind_sim_result(m);
   m.def(
       "simulate",
-      [](const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices,
-         bool overlap, double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes,
+      [](const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices, bool overlap,
+         double optimizer_traffic_factor, double task_overhead_seconds, double bucket_bytes,
          std::optional<cost::SyncMethod> sync, bool sync_step) {
         sim::SimOptions options;
         options.sync = sync;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <sstream>
 
 #include "cost/gradient_buckets.h"
@@ -59,31 +60,29 @@ double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
 
 void check_inputs(const Plan& plan, const Schedule& s, const cost::Devices& devices) {
   if (static_cast<int>(plan.stages.size()) != s.num_stages()) {
-    throw ScheduleError("the schedule has " + std::to_string(s.num_stages()) +
-                        " stages but the plan has " + std::to_string(plan.stages.size()));
+    throw ScheduleError("the schedule has " + std::to_string(s.num_stages()) + " stages but the plan has " +
+                        std::to_string(plan.stages.size()));
   }
   if (plan.edges.size() != s.edges.size()) {
-    throw ScheduleError("the schedule has " + std::to_string(s.edges.size()) +
-                        " stage edges but the plan has " + std::to_string(plan.edges.size()));
+    throw ScheduleError("the schedule has " + std::to_string(s.edges.size()) + " stage edges but the plan has " +
+                        std::to_string(plan.edges.size()));
   }
   for (std::size_t e = 0; e < plan.edges.size(); ++e) {
     if (plan.edges[e].src != s.edges[e].src || plan.edges[e].dst != s.edges[e].dst) {
-      throw ScheduleError("stage edge " + std::to_string(e) + " is " + std::to_string(plan.edges[e].src) +
-                          "->" + std::to_string(plan.edges[e].dst) + " in the plan but " +
-                          std::to_string(s.edges[e].src) + "->" + std::to_string(s.edges[e].dst) +
-                          " in the schedule: was it made for another plan?");
+      throw ScheduleError("stage edge " + std::to_string(e) + " is " + std::to_string(plan.edges[e].src) + "->" +
+                          std::to_string(plan.edges[e].dst) + " in the plan but " + std::to_string(s.edges[e].src) +
+                          "->" + std::to_string(s.edges[e].dst) + " in the schedule: was it made for another plan?");
     }
   }
   if (s.num_micro_batches != plan.num_micro_batches) {
-    throw ScheduleError("the schedule has " + std::to_string(s.num_micro_batches) +
-                        " micro-batches but the plan has " + std::to_string(plan.num_micro_batches));
+    throw ScheduleError("the schedule has " + std::to_string(s.num_micro_batches) + " micro-batches but the plan has " +
+                        std::to_string(plan.num_micro_batches));
   }
   const auto R = static_cast<std::size_t>(s.num_ranks());
-  if (devices.count < s.num_ranks() || devices.link_latency.size() < R ||
-      devices.link_bandwidth.size() < R) {
-    throw PlanningError("the schedule uses " + std::to_string(R) + " ranks but the devices '" +
-                        devices.name + "' describe " + std::to_string(devices.count) +
-                        " (with link matrices for " + std::to_string(devices.link_latency.size()) + ")");
+  if (devices.count < s.num_ranks() || devices.link_latency.size() < R || devices.link_bandwidth.size() < R) {
+    throw PlanningError("the schedule uses " + std::to_string(R) + " ranks but the devices '" + devices.name +
+                        "' describe " + std::to_string(devices.count) + " (with link matrices for " +
+                        std::to_string(devices.link_latency.size()) + ")");
   }
   for (std::size_t r = 0; r < R; ++r) {
     if (devices.link_latency[r].size() < R || devices.link_bandwidth[r].size() < R) {
@@ -98,8 +97,14 @@ class Replay {
  public:
   Replay(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options,
          const cost::SyncMethod& method, bool averaging)
-      : plan_(plan), s_(s), devices_(devices), options_(options), method_(method), averaging_(averaging),
-        R_(s.num_ranks()), M_(s.num_micro_batches) {
+      : plan_(plan),
+        s_(s),
+        devices_(devices),
+        options_(options),
+        method_(method),
+        averaging_(averaging),
+        R_(s.num_ranks()),
+        M_(s.num_micro_batches) {
     const std::size_t E = s.edges.size();
     transfer_task_.assign(2 * E * M_, -1);
     pc_.assign(R_, 0);
@@ -131,8 +136,8 @@ class Replay {
     }
     for (int r = 0; r < R_; ++r) {
       if (pc_[r] < s_.ranks[r].size()) {
-        throw ScheduleError("internal error: the simulation stalled at rank " + std::to_string(r) +
-                            ", step " + std::to_string(pc_[r]));
+        throw ScheduleError("internal error: the simulation stalled at rank " + std::to_string(r) + ", step " +
+                            std::to_string(pc_[r]));
       }
     }
     return std::move(tasks_);
@@ -153,7 +158,7 @@ class Replay {
     // Bucket k's gradients are final once ready[k] / ready_whole of the last backward has run.
     std::vector<double> ready;
     double ready_whole = 1.0;
-    cost::BucketCost average;               // local SGD: one averaging of the parameters
+    cost::BucketCost average;  // local SGD: one averaging of the parameters
   };
 
   void price_syncs() {
@@ -201,21 +206,27 @@ class Replay {
   // The runtime's cost per compute instruction: the option when given (>= 0), else the devices'
   // measured figure (cost::Devices::instruction_overhead_seconds, 0 when unmeasured).
   double overhead() const {
-    return options_.task_overhead_seconds >= 0.0 ? options_.task_overhead_seconds : devices_.instruction_overhead_seconds;
+    return options_.task_overhead_seconds >= 0.0 ? options_.task_overhead_seconds
+                                                 : devices_.instruction_overhead_seconds;
   }
 
   double compute_seconds(const Instruction& i) const {
     const auto& stage = plan_.stages[i.stage];
     switch (i.kind) {
-      case OpKind::forward: return stage.forward_seconds + overhead();
-      case OpKind::backward: return stage.backward_seconds + overhead();
-      case OpKind::backward_input: return schedule::backward_split(stage).first + overhead();
-      case OpKind::backward_weight: return schedule::backward_split(stage).second + overhead();
+      case OpKind::forward:
+        return stage.forward_seconds + overhead();
+      case OpKind::backward:
+        return stage.backward_seconds + overhead();
+      case OpKind::backward_input:
+        return schedule::backward_split(stage).first + overhead();
+      case OpKind::backward_weight:
+        return schedule::backward_split(stage).second + overhead();
       case OpKind::optimizer_step:
         return devices_.memory_bandwidth > 0.0
                    ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
                    : 0.0;
-      default: return 0.0;
+      default:
+        return 0.0;
     }
   }
 
@@ -450,37 +461,47 @@ class Replay {
   const cost::Devices& devices_;
   const SimOptions& options_;
   const cost::SyncMethod method_;
-  const bool averaging_;  // local SGD: this step averages the parameters
+  const bool averaging_;         // local SGD: this step averages the parameters
   std::vector<StageSync> sync_;  // per stage
   const int R_;
   const int M_;
   std::vector<Task> tasks_;
   std::vector<int> transfer_task_;  // [direction][edge][micro-batch] -> task index
   std::vector<std::size_t> pc_, batch_end_, unfinished_;
-  std::vector<double> clock_;        // when the rank's program may go on
-  std::vector<int> clock_cause_;     // the task that set clock_
+  std::vector<double> clock_;     // when the rank's program may go on
+  std::vector<int> clock_cause_;  // the task that set clock_
   std::vector<char> in_batch_;
-  std::vector<double> pair_free_;    // when each ordered link is free
+  std::vector<double> pair_free_;  // when each ordered link is free
   std::vector<int> pair_last_;
   std::vector<std::deque<Posted>> sends_, recvs_;
   std::vector<std::vector<int>> in_edges_, out_edges_;  // per stage
-  std::vector<int> last_backward_;  // per stage: its latest backward task so far
+  std::vector<int> last_backward_;                      // per stage: its latest backward task so far
 };
 
 }  // namespace
 
 std::string_view task_kind_name(TaskKind kind) {
   switch (kind) {
-    case TaskKind::forward: return "forward";
-    case TaskKind::backward: return "backward";
-    case TaskKind::activation: return "activation";
-    case TaskKind::gradient: return "gradient";
-    case TaskKind::optimizer: return "optimizer";
-    case TaskKind::all_reduce: return "all_reduce";
-    case TaskKind::backward_input: return "backward_input";
-    case TaskKind::backward_weight: return "backward_weight";
-    case TaskKind::compress: return "compress";
-    case TaskKind::average: return "average";
+    case TaskKind::forward:
+      return "forward";
+    case TaskKind::backward:
+      return "backward";
+    case TaskKind::activation:
+      return "activation";
+    case TaskKind::gradient:
+      return "gradient";
+    case TaskKind::optimizer:
+      return "optimizer";
+    case TaskKind::all_reduce:
+      return "all_reduce";
+    case TaskKind::backward_input:
+      return "backward_input";
+    case TaskKind::backward_weight:
+      return "backward_weight";
+    case TaskKind::compress:
+      return "compress";
+    case TaskKind::average:
+      return "average";
   }
   return "?";
 }
@@ -488,37 +509,38 @@ std::string_view task_kind_name(TaskKind kind) {
 std::string task_name(const Task& t) {
   const std::string mb = std::to_string(t.micro_batch);
   switch (t.kind) {
-    case TaskKind::forward: return "F" + mb + " s" + std::to_string(t.stage);
-    case TaskKind::backward: return "B" + mb + " s" + std::to_string(t.stage);
-    case TaskKind::activation: return "A" + mb + " e" + std::to_string(t.edge);
-    case TaskKind::gradient: return "G" + mb + " e" + std::to_string(t.edge);
-    case TaskKind::optimizer: return "OPT s" + std::to_string(t.stage);
-    case TaskKind::all_reduce: return "AR s" + std::to_string(t.stage);
-    case TaskKind::backward_input: return "I" + mb + " s" + std::to_string(t.stage);
-    case TaskKind::backward_weight: return "W" + mb + " s" + std::to_string(t.stage);
-    case TaskKind::compress: return "C" + mb + " s" + std::to_string(t.stage);
-    case TaskKind::average: return "AVG s" + std::to_string(t.stage);
+    case TaskKind::forward:
+      return "F" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::backward:
+      return "B" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::activation:
+      return "A" + mb + " e" + std::to_string(t.edge);
+    case TaskKind::gradient:
+      return "G" + mb + " e" + std::to_string(t.edge);
+    case TaskKind::optimizer:
+      return "OPT s" + std::to_string(t.stage);
+    case TaskKind::all_reduce:
+      return "AR s" + std::to_string(t.stage);
+    case TaskKind::backward_input:
+      return "I" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::backward_weight:
+      return "W" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::compress:
+      return "C" + mb + " s" + std::to_string(t.stage);
+    case TaskKind::average:
+      return "AVG s" + std::to_string(t.stage);
   }
   return "?";
 }
 
-SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& devices,
-                   const SimOptions& options) {
-  check_inputs(plan, s, devices);
-  schedule::require_deadlock_free(s);  // validates too
+namespace {
 
-  SimResult result;
-  result.overlap = options.overlap;
-  result.sync = options.sync.value_or(plan.sync);
-  result.sync.validate();
-  // Replicas run their lead's program in lockstep (schedule/schedule.h): the leads are replayed,
-  // and each replica's figures are its lead's.
-  const Schedule leads = schedule::leads_only(s);
-  const bool averages = result.sync.local_updates() &&
-                        std::any_of(s.stage_ranks.begin(), s.stage_ranks.end(), [](const auto& r) { return r.size() > 1; });
-  result.tasks = Replay(plan, leads, devices, options, result.sync, averages && options.sync_step).run();
+// The step's length (its last task's end plus the fixed cost), the mean over a local-SGD period
+// (`other`: the length of the other kind of step, when the plan averages), the samples and the
+// critical path back from the last task.
+void step_figures(SimResult& result, const Plan& plan, const Schedule& s, const cost::Devices& devices,
+                  const SimOptions& options, const std::function<double()>& other_step) {
   const auto& tasks = result.tasks;
-
   int last = -1;
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     if (last < 0 || tasks[k].end >= tasks[last].end) last = static_cast<int>(k);
@@ -526,28 +548,46 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   // The step's fixed cost (Devices::step_overhead_seconds) comes on top of its tasks.
   result.iteration_seconds = (last < 0 ? 0.0 : tasks[last].end) + devices.step_overhead_seconds;
   result.amortized_iteration_seconds = result.iteration_seconds;
-  if (averages) {
+  if (other_step) {
     // The other kind of step, for the mean over a period: one step in `period` averages.
-    double other = 0.0;
-    for (const Task& t : Replay(plan, leads, devices, options, result.sync, !options.sync_step).run()) {
-      other = std::max(other, t.end + devices.step_overhead_seconds);
-    }
+    const double other = other_step();
     const double averaging = options.sync_step ? result.iteration_seconds : other;
     const double local = options.sync_step ? other : result.iteration_seconds;
     result.amortized_iteration_seconds = local + (averaging - local) * cost::amortisation(result.sync);
   }
-  result.samples = plan.batch_size > 0 ? plan.batch_size
-                                       : s.num_micro_batches * std::max<std::int64_t>(plan.micro_batch_size, 1);
+  result.samples =
+      plan.batch_size > 0 ? plan.batch_size : s.num_micro_batches * std::max<std::int64_t>(plan.micro_batch_size, 1);
   result.samples_per_second = result.amortized_iteration_seconds > 0.0
                                   ? static_cast<double>(result.samples) / result.amortized_iteration_seconds
                                   : 0.0;
   for (int k = last; k >= 0; k = tasks[k].cause) result.critical_path.push_back(k);
   std::reverse(result.critical_path.begin(), result.critical_path.end());
+}
 
-  // Per rank: busy, communicating (and not computing), waiting.
+// One lead rank's busy, communicating (and not computing) and waiting time in a step of T.
+RankStats lead_stats(int r, int stage, std::vector<Interval> compute, std::vector<Interval> comm, double T) {
+  RankStats stats;
+  stats.rank = r;
+  stats.stage = stage;
+  auto busy = merge(std::move(compute));
+  auto talking = merge(std::move(comm));
+  stats.busy_seconds = length(busy);
+  stats.comm_seconds = std::max(0.0, length(talking) - overlap(talking, busy));
+  stats.bubble_seconds = std::max(0.0, T - stats.busy_seconds - stats.comm_seconds);
+  if (T > 0.0) {
+    stats.busy_share = stats.busy_seconds / T;
+    stats.comm_share = stats.comm_seconds / T;
+    stats.bubble_share = stats.bubble_seconds / T;
+    stats.idle_share = 1.0 - stats.busy_share;
+  }
+  return stats;
+}
+
+// Per rank: busy, communicating (and not computing), waiting; a replica's figures are its lead's.
+void rank_stats(SimResult& result, const Schedule& s) {
   const int R = s.num_ranks();
   std::vector<std::vector<Interval>> compute(R), comm(R);
-  for (const auto& t : tasks) {
+  for (const auto& t : result.tasks) {
     if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
       comm[t.rank].push_back({t.start, t.end});
       comm[t.peer].push_back({t.start, t.end});
@@ -561,27 +601,13 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   for (int st = 0; st < s.num_stages(); ++st) {
     for (int r : s.stage_ranks[st]) stage_of_rank[r] = st;
   }
-  const double T = result.iteration_seconds;
   for (int r = 0; r < R; ++r) {
     if (stage_of_rank[r] >= 0 && s.lead_rank(stage_of_rank[r]) != r) {
       result.ranks.emplace_back();  // a replica: filled from its lead below
       continue;
     }
-    RankStats stats;
-    stats.rank = r;
-    stats.stage = stage_of_rank[r];
-    auto busy = merge(std::move(compute[r]));
-    auto talking = merge(std::move(comm[r]));
-    stats.busy_seconds = length(busy);
-    stats.comm_seconds = std::max(0.0, length(talking) - overlap(talking, busy));
-    stats.bubble_seconds = std::max(0.0, T - stats.busy_seconds - stats.comm_seconds);
-    if (T > 0.0) {
-      stats.busy_share = stats.busy_seconds / T;
-      stats.comm_share = stats.comm_seconds / T;
-      stats.bubble_share = stats.bubble_seconds / T;
-      stats.idle_share = 1.0 - stats.busy_share;
-    }
-    result.ranks.push_back(stats);
+    result.ranks.push_back(
+        lead_stats(r, stage_of_rank[r], std::move(compute[r]), std::move(comm[r]), result.iteration_seconds));
   }
   for (int r = 0; r < R; ++r) {
     if (stage_of_rank[r] < 0) continue;
@@ -590,11 +616,13 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     result.ranks[r] = result.ranks[lead];
     result.ranks[r].rank = r;
   }
+}
 
-  // Per stage: micro-batches in flight from the start of the forward to the end of the backward.
-  // At equal times a release counts before an acquisition (the memory is reused).
+// Per stage: micro-batches in flight from the start of the forward to the end of the backward.
+// At equal times a release counts before an acquisition (the memory is reused).
+void stage_peaks(SimResult& result, const Plan& plan, const Schedule& s) {
   std::vector<std::vector<std::pair<double, int>>> changes(s.num_stages());
-  for (const auto& t : tasks) {
+  for (const auto& t : result.tasks) {
     // Held until its weight gradients are done: B, or W (which frees what I kept).
     if (t.kind == TaskKind::forward) changes[t.stage].push_back({t.start, +1});
     if (t.kind == TaskKind::backward || t.kind == TaskKind::backward_weight) changes[t.stage].push_back({t.end, -1});
@@ -606,6 +634,37 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
     for (const auto& [time, delta] : c) peak = std::max(peak, held += delta);
     result.stages.push_back({st, s.lead_rank(st), peak, peak * plan.stages[st].activation_bytes});
   }
+}
+
+}  // namespace
+
+SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& devices, const SimOptions& options) {
+  check_inputs(plan, s, devices);
+  schedule::require_deadlock_free(s);  // validates too
+
+  SimResult result;
+  result.overlap = options.overlap;
+  result.sync = options.sync.value_or(plan.sync);
+  result.sync.validate();
+  // Replicas run their lead's program in lockstep (schedule/schedule.h): the leads are replayed,
+  // and each replica's figures are its lead's.
+  const Schedule leads = schedule::leads_only(s);
+  const bool averages = result.sync.local_updates() && std::any_of(s.stage_ranks.begin(), s.stage_ranks.end(),
+                                                                   [](const auto& r) { return r.size() > 1; });
+  result.tasks = Replay(plan, leads, devices, options, result.sync, averages && options.sync_step).run();
+  std::function<double()> other_step;
+  if (averages) {
+    other_step = [&] {
+      double other = 0.0;
+      for (const Task& t : Replay(plan, leads, devices, options, result.sync, !options.sync_step).run()) {
+        other = std::max(other, t.end + devices.step_overhead_seconds);
+      }
+      return other;
+    };
+  }
+  step_figures(result, plan, s, devices, options, other_step);
+  rank_stats(result, s);
+  stage_peaks(result, plan, s);
   return result;
 }
 
@@ -613,8 +672,8 @@ std::string SimResult::summary() const {
   std::ostringstream out;
   char line[256];
   std::snprintf(line, sizeof line, "simulation (%s): iteration %.6g s, %.6g samples/s (%lld samples)\n",
-                overlap ? "communication overlapped" : "communication blocking", iteration_seconds,
-                samples_per_second, static_cast<long long>(samples));
+                overlap ? "communication overlapped" : "communication blocking", iteration_seconds, samples_per_second,
+                static_cast<long long>(samples));
   out << line;
   if (amortized_iteration_seconds != iteration_seconds) {
     std::snprintf(line, sizeof line, "sync %s: amortised iteration %.6g s\n", sync.describe().c_str(),
@@ -623,8 +682,8 @@ std::string SimResult::summary() const {
   }
   out << "rank  stage   busy    comm  bubble\n";
   for (const auto& r : ranks) {
-    std::snprintf(line, sizeof line, "%4d  %5d  %5.1f%%  %5.1f%%  %5.1f%%\n", r.rank, r.stage,
-                  100 * r.busy_share, 100 * r.comm_share, 100 * r.bubble_share);
+    std::snprintf(line, sizeof line, "%4d  %5d  %5.1f%%  %5.1f%%  %5.1f%%\n", r.rank, r.stage, 100 * r.busy_share,
+                  100 * r.comm_share, 100 * r.bubble_share);
     out << line;
   }
   out << "stage  rank  peak in flight  peak activation bytes\n";

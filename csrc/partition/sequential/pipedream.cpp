@@ -45,141 +45,192 @@ LinkRun slowest_among(const cost::Devices& devices, int count) {
 // told apart cheaply.
 using Cuts = std::vector<std::pair<int, int>>;
 
-}  // namespace
+// One DP run's tables: best[j][m] = A(j, m) and the (end unit, level) of its first stage.
+struct Tables {
+  std::vector<std::vector<double>> best;
+  std::vector<std::vector<std::pair<int, int>>> choice;
+};
 
-std::vector<ChainPlan> pipedream_plans(const Problem& p) {
-  const ReplicaTable& table = *p.replicas;
-  const cost::Devices& devices = p.model->devices();
-  const std::vector<int> bounds = chunk_bounds(p, kUnits);
-  const int units = static_cast<int>(bounds.size()) - 1;
-  const auto M = p.num_micro_batches;
-  int usable = 0;  // levels whose replica counts fit the budget
-  while (usable < table.num_levels() && table.replicas(usable) <= p.device_budget) ++usable;
+// The search pipedream_plans runs: the chunked order's prefix sums and segment figures, one DP
+// per link figure (LinkRun), and the distinct chains they find.
+class PipeDreamSearch {
+ public:
+  explicit PipeDreamSearch(const Problem& p)
+      : p_(p), table_(*p.replicas), bounds_(chunk_bounds(p, kUnits)), units_(static_cast<int>(bounds_.size()) - 1) {
+    while (usable_ < table_.num_levels() && table_.replicas(usable_) <= p.device_budget) ++usable_;
+    prefix_sums();
+    segments();
+    fraction_.resize(usable_);
+    for (int l = 0; l < usable_; ++l) fraction_[l] = table_.row_fraction(l);
+  }
+
+  std::vector<ChainPlan> run() {
+    for (const LinkRun& run : link_runs()) collect(solve(run), run.devices);
+    return plans();
+  }
+
+ private:
   // Compute and forward of units [0, u) at each level.
-  std::vector<std::vector<double>> prefix(usable, std::vector<double>(units + 1, 0.0)), forward = prefix;
-  for (int l = 0; l < usable; ++l) {
-    for (int u = 0; u < units; ++u) {
-      double c = 0.0, f = 0.0;
-      for (int i = bounds[u]; i < bounds[u + 1]; ++i) {
-        const graph::NodeId v = p.order[i];
-        c += l == 0 ? p.compute[v] : table.compute(l, v);
-        f += l == 0 ? p.forward[v] : table.forward(l, v);
-      }
-      prefix[l][u + 1] = prefix[l][u] + c;
-      forward[l][u + 1] = forward[l][u] + f;
-    }
-  }
-  // seg[j][e - j - 1], grown until the segment's static memory alone overflows.
-  std::vector<std::vector<Segment>> seg(units);
-  {
-    std::vector<int> stamps(p.num_nodes(), -1);
-    for (int j = 0; j < units; ++j) {
-      GroupStats g(p, stamps, j);
-      for (int e = j + 1; e <= units; ++e) {
-        for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
-        if (g.static_bytes > p.memory_limit) break;
-        seg[j].push_back({g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, g.crossings});
+  void prefix_sums() {
+    prefix_.assign(usable_, std::vector<double>(units_ + 1, 0.0));
+    forward_ = prefix_;
+    for (int l = 0; l < usable_; ++l) {
+      for (int u = 0; u < units_; ++u) {
+        double c = 0.0, f = 0.0;
+        for (int i = bounds_[u]; i < bounds_[u + 1]; ++i) {
+          const graph::NodeId v = p_.order[i];
+          c += l == 0 ? p_.compute[v] : table_.compute(l, v);
+          f += l == 0 ? p_.forward[v] : table_.forward(l, v);
+        }
+        prefix_[l][u + 1] = prefix_[l][u] + c;
+        forward_[l][u + 1] = forward_[l][u] + f;
       }
     }
   }
-  std::vector<double> fraction(usable), sync_per(usable);
-  for (int l = 0; l < usable; ++l) fraction[l] = table.row_fraction(l);
+
+  // seg_[j][e - j - 1], grown until the segment's static memory alone overflows.
+  void segments() {
+    seg_.resize(units_);
+    std::vector<int> stamps(p_.num_nodes(), -1);
+    for (int j = 0; j < units_; ++j) {
+      GroupStats g(p_, stamps, j);
+      for (int e = j + 1; e <= units_; ++e) {
+        for (int i = bounds_[e - 1]; i < bounds_[e]; ++i) g.add(p_.order[i]);
+        if (g.static_bytes > p_.memory_limit) break;
+        seg_[j].push_back({g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, g.crossings});
+      }
+    }
+  }
+
   // The largest in-flight count at which a stage of these bytes fits at level l, without (first)
   // and with recomputation (second); 0: not even one micro-batch.
-  auto flight_limits = [&](const Segment& s, int l) {
-    const double act = s.act_bytes * fraction[l], input = s.input_bytes * fraction[l];
-    const double room = p.memory_limit - s.static_bytes;
+  std::pair<double, double> flight_limits(const Segment& s, int l) const {
+    const double act = s.act_bytes * fraction_[l], input = s.input_bytes * fraction_[l];
+    const double room = p_.memory_limit - s.static_bytes;
     auto most = [](double space, double per) {
       if (space < 0.0) return 0.0;
       return per <= 0.0 ? 1e18 : std::floor(space / per);
     };
     const double plain = most(room, act);
     const double recomputed = most(room - act, input);
-    return std::pair<double, double>{plain, std::max(plain, recomputed)};
-  };
-
-  // The node of rank 0 and its size: plans of at most that many devices stay on it.
-  int first_node = 0;
-  for (int d = 0; d < devices.count; ++d) first_node += devices.node_of(d) == devices.node_of(0) ? 1 : 0;
-  std::vector<LinkRun> runs{slowest_among(devices, std::min(p.device_budget, first_node))};
-  if (p.device_budget > first_node) {
-    runs.push_back({devices.slowest_link_latency(), devices.slowest_link_bandwidth(), p.device_budget});
+    return {plain, std::max(plain, recomputed)};
   }
 
-  std::vector<Cuts> found;
-  for (const LinkRun& run : runs) {
+  // The node of rank 0 and its size: plans of at most that many devices stay on it.
+  std::vector<LinkRun> link_runs() const {
+    const cost::Devices& devices = p_.model->devices();
+    int first_node = 0;
+    for (int d = 0; d < devices.count; ++d) first_node += devices.node_of(d) == devices.node_of(0) ? 1 : 0;
+    std::vector<LinkRun> runs{slowest_among(devices, std::min(p_.device_budget, first_node))};
+    if (p_.device_budget > first_node) {
+      runs.push_back({devices.slowest_link_latency(), devices.slowest_link_bandwidth(), p_.device_budget});
+    }
+    return runs;
+  }
+
+  // A(j, m) for every j and m <= run.devices, from the back.
+  Tables solve(const LinkRun& run) const {
     const int cap = run.devices;
-    std::vector<std::vector<double>> best(units + 1, std::vector<double>(cap + 1, kInf));
-    std::vector<std::vector<std::pair<int, int>>> choice(units + 1, std::vector<std::pair<int, int>>(cap + 1, {-1, -1}));
-    std::fill(best[units].begin(), best[units].end(), 0.0);
-    for (int j = units - 1; j >= 0; --j) {
-      double* here = best[j].data();
-      for (int e = j + 1; e <= j + static_cast<int>(seg[j].size()); ++e) {
-        const Segment& s = seg[j][e - j - 1];
-        const double* after = best[e].data();
-        for (int l = 0; l < usable; ++l) {
-          const int r = table.replicas(l);
-          if (r > cap) break;
-          const double link = run.bandwidth > 0.0 ? s.crossings * run.latency + s.cross_bytes / run.bandwidth / r : 0.0;
-          const double time = prefix[l][e] - prefix[l][j] + link +
-                              (r > 1 ? sync_estimate(p, r, s.params) / static_cast<double>(M) : 0.0);
-          const double again = forward[l][e] - forward[l][j];
-          const auto [plain, recomputed] = flight_limits(s, l);
-          if (recomputed < 1.0) continue;
-          for (int m = r; m <= cap; ++m) {
-            const double rest = e == units ? 0.0 : after[m - r];
-            if (rest == kInf) continue;
-            // A chain stage holds at most M micro-batches, and at most one per stage from it to
-            // the end: the later stages have m - r devices, so at most m - r stages.
-            const double flight = e == units ? 1.0 : std::min<double>(static_cast<double>(M), 1.0 + (m - r));
-            double t = time;
-            if (flight > plain) {
-              if (flight > recomputed) continue;
-              t += again;
-            }
-            const double value = std::max(t, rest);
-            if (value < here[m]) {
-              here[m] = value;
-              choice[j][m] = {e, l};
-            }
-          }
-        }
-      }
+    Tables t{
+        std::vector<std::vector<double>>(units_ + 1, std::vector<double>(cap + 1, kInf)),
+        std::vector<std::vector<std::pair<int, int>>>(units_ + 1, std::vector<std::pair<int, int>>(cap + 1, {-1, -1}))};
+    std::fill(t.best[units_].begin(), t.best[units_].end(), 0.0);
+    for (int j = units_ - 1; j >= 0; --j) {
+      for (int e = j + 1; e <= j + static_cast<int>(seg_[j].size()); ++e) first_segment(t, run, j, e);
       // At most m devices: never worse than with m - 1 (a tie keeps the fewer devices).
+      double* here = t.best[j].data();
       for (int m = 1; m <= cap; ++m) {
         if (!(here[m] < here[m - 1])) {
           here[m] = here[m - 1];
-          choice[j][m] = choice[j][m - 1];
+          t.choice[j][m] = t.choice[j][m - 1];
         }
       }
     }
+    return t;
+  }
+
+  // Relaxes A(j, m) over the chains whose first stage is segment j..e-1, at every level.
+  void first_segment(Tables& t, const LinkRun& run, int j, int e) const {
+    const int cap = run.devices;
+    const auto M = p_.num_micro_batches;
+    const Segment& s = seg_[j][e - j - 1];
+    double* here = t.best[j].data();
+    const double* after = t.best[e].data();
+    for (int l = 0; l < usable_; ++l) {
+      const int r = table_.replicas(l);
+      if (r > cap) break;
+      const double link = run.bandwidth > 0.0 ? s.crossings * run.latency + s.cross_bytes / run.bandwidth / r : 0.0;
+      const double time = prefix_[l][e] - prefix_[l][j] + link +
+                          (r > 1 ? sync_estimate(p_, r, s.params) / static_cast<double>(M) : 0.0);
+      const double again = forward_[l][e] - forward_[l][j];
+      const auto [plain, recomputed] = flight_limits(s, l);
+      if (recomputed < 1.0) continue;
+      for (int m = r; m <= cap; ++m) {
+        const double rest = e == units_ ? 0.0 : after[m - r];
+        if (rest == kInf) continue;
+        // A chain stage holds at most M micro-batches, and at most one per stage from it to
+        // the end: the later stages have m - r devices, so at most m - r stages.
+        const double flight = e == units_ ? 1.0 : std::min<double>(static_cast<double>(M), 1.0 + (m - r));
+        double stage = time;
+        if (flight > plain) {
+          if (flight > recomputed) continue;
+          stage += again;
+        }
+        const double value = std::max(stage, rest);
+        if (value < here[m]) {
+          here[m] = value;
+          t.choice[j][m] = {e, l};
+        }
+      }
+    }
+  }
+
+  // Every chain A(0, m), m = 1..cap, not found before.
+  void collect(const Tables& t, int cap) {
     for (int m = 1; m <= cap; ++m) {
-      if (best[0][m] == kInf || choice[0][m].first < 0) continue;
+      if (t.best[0][m] == kInf || t.choice[0][m].first < 0) continue;
       Cuts cuts;
       int j = 0, left = m;
-      while (j < units) {
-        const auto [e, l] = choice[j][left];
+      while (j < units_) {
+        const auto [e, l] = t.choice[j][left];
         cuts.push_back({e, l});
-        left -= table.replicas(l);
+        left -= table_.replicas(l);
         j = e;
       }
-      if (std::find(found.begin(), found.end(), cuts) == found.end()) found.push_back(std::move(cuts));
+      if (std::find(found_.begin(), found_.end(), cuts) == found_.end()) found_.push_back(std::move(cuts));
     }
   }
-  std::vector<ChainPlan> plans;
-  for (const Cuts& cuts : found) {
-    ChainPlan plan;
-    plan.assignment.assign(p.num_nodes(), 0);
-    int j = 0;
-    for (std::size_t label = 0; label < cuts.size(); ++label) {
-      const auto [e, l] = cuts[label];
-      for (int i = bounds[j]; i < bounds[e]; ++i) plan.assignment[p.order[i]] = static_cast<int>(label);
-      plan.replicas.push_back(table.replicas(l));
-      j = e;
+
+  std::vector<ChainPlan> plans() const {
+    std::vector<ChainPlan> plans;
+    for (const Cuts& cuts : found_) {
+      ChainPlan plan;
+      plan.assignment.assign(p_.num_nodes(), 0);
+      int j = 0;
+      for (std::size_t label = 0; label < cuts.size(); ++label) {
+        const auto [e, l] = cuts[label];
+        for (int i = bounds_[j]; i < bounds_[e]; ++i) plan.assignment[p_.order[i]] = static_cast<int>(label);
+        plan.replicas.push_back(table_.replicas(l));
+        j = e;
+      }
+      plans.push_back(std::move(plan));
     }
-    plans.push_back(std::move(plan));
+    return plans;
   }
-  return plans;
-}
+
+  const Problem& p_;
+  const ReplicaTable& table_;
+  const std::vector<int> bounds_;
+  const int units_;
+  int usable_ = 0;  // levels whose replica counts fit the budget
+  std::vector<std::vector<double>> prefix_, forward_;
+  std::vector<std::vector<Segment>> seg_;
+  std::vector<double> fraction_;
+  std::vector<Cuts> found_;
+};
+
+}  // namespace
+
+std::vector<ChainPlan> pipedream_plans(const Problem& p) { return PipeDreamSearch(p).run(); }
 
 }  // namespace graphpipe::partition

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "partition/evaluate.h"
@@ -124,190 +125,253 @@ namespace {
 struct Segment {
   double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
   double input_bytes = 0.0;  // received tensors' bytes: what a recomputed replica keeps (recompute.h)
-  std::size_t times = 0;  // where its replica_stage_time at each level starts in `times`
+  std::size_t times = 0;     // where its replica_stage_time at each level starts in `times`
+};
+
+}  // namespace
+
+namespace {
+
+constexpr int kNone = 1 << 29;
+
+// The search sequential_replicated runs: the chunked order's prefix sums and segment figures
+// (shared by all probes), the device-count DP one probe of a target time T runs, the binary
+// search over T, and the choice among the stage counts of the last feasible probe.
+class ReplicatedChainSearch {
+ public:
+  explicit ReplicatedChainSearch(const Problem& p)
+      : p_(p),
+        table_(*p.replicas),
+        bounds_(chunk_bounds(p, budget(p))),
+        units_(static_cast<int>(bounds_.size()) - 1),
+        K_(std::min(std::max(1, std::min(p.max_stages, static_cast<int>(p.num_nodes()))), units_)),
+        levels_(table_.num_levels()) {
+    prefix_sums();
+    segments();
+    segment_times();
+    fraction_.resize(usable_);
+    for (int l = 0; l < usable_; ++l) fraction_[l] = table_.row_fraction(l);
+    // Rows by unit, so that the inner loop over k reads and writes contiguous memory.
+    dev_.assign(units_ + 1, std::vector<int>(K_ + 1, kNone));
+    cut_ = lev_ = dev_;
+    k_lo_.resize(units_ + 1);
+    k_hi_.resize(units_ + 1);
+  }
+
+  std::pair<std::vector<int>, std::vector<int>> run(double tolerance) {
+    if (!bisect(tolerance)) return {};
+    return best_chain();
+  }
+
+ private:
+  static int budget(const Problem& p) {
+    const int max_k = std::max(1, std::min(p.max_stages, static_cast<int>(p.num_nodes())));
+    return std::max(16, static_cast<int>(std::sqrt(4e6 / max_k)));
+  }
+  int in_flight(int k) const { return static_cast<int>(std::min<std::int64_t>(k, p_.num_micro_batches)); }
+
+  // Compute and forward of units [0, u) at each level: a segment's is a difference. The forward
+  // is what a recomputed replica runs again (level 0 as evaluate() takes it: the problem's own).
+  void prefix_sums() {
+    prefix_.assign(levels_, std::vector<double>(units_ + 1, 0.0));
+    forward_ = prefix_;
+    for (int l = 0; l < levels_; ++l) {
+      for (int u = 0; u < units_; ++u) {
+        double c = 0.0, f = 0.0;
+        for (int i = bounds_[u]; i < bounds_[u + 1]; ++i) {
+          c += table_.compute(l, p_.order[i]);
+          f += l == 0 ? p_.forward[p_.order[i]] : table_.forward(l, p_.order[i]);
+        }
+        prefix_[l][u + 1] = prefix_[l][u] + c;
+        forward_[l][u + 1] = forward_[l][u] + f;
+      }
+    }
+  }
+
+  // seg_[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
+  void segments() {
+    while (usable_ < levels_ && table_.replicas(usable_) <= p_.device_budget) ++usable_;
+    seg_.resize(units_);
+    std::vector<int> stamps(p_.num_nodes(), -1);
+    for (int j = 0; j < units_; ++j) {
+      GroupStats g(p_, stamps, j);
+      for (int e = j + 1; e <= units_; ++e) {
+        for (int i = bounds_[e - 1]; i < bounds_[e]; ++i) g.add(p_.order[i]);
+        if (g.static_bytes > p_.memory_limit) break;
+        seg_[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, count_});
+        count_ += static_cast<std::size_t>(usable_);
+      }
+    }
+  }
+
+  double stage_time(int j, int e, int l) const {
+    const Segment& s = seg_[j][e - j - 1];
+    return replica_stage_time(p_, l, prefix_[l][e] - prefix_[l][j], s.transfer, s.cross_bytes, s.params);
+  }
+
+  // Each segment's time at every level (replica_stage_time, an all-reduce estimate each), which
+  // no probe's target changes: computed once here, when that takes at most 64 MB (it does unless
+  // max_stages is far below the device count), so that the probes only compare.
+  void segment_times() {
+    if (count_ > (std::size_t{8} << 20)) return;
+    times_.resize(count_);
+    for (int j = 0; j < units_; ++j) {
+      for (int e = j + 1; e <= j + static_cast<int>(seg_[j].size()); ++e) {
+        for (int l = 0; l < usable_; ++l) times_[seg_[j][e - j - 1].times + l] = stage_time(j, e, l);
+      }
+    }
+  }
+
+  // Whether segment j..e-1 at level l meets `target` and fits with `flight` micro-batches, its
+  // replicas recomputed where the shared rule says (recompute.h: each holds its shard's
+  // activations and received tensors, and runs its shard's forward once more). Monotone in flight.
+  bool fits(int j, int e, int l, double target, int flight) const {
+    const Segment& s = seg_[j][e - j - 1];
+    // Most levels that fail, fail on memory: tell so before loading the segment's times.
+    if (stage_memory(s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l], flight, p_.memory_limit)
+            .bytes > p_.memory_limit) {
+      return false;
+    }
+    return stage_fits(times_.empty() ? stage_time(j, e, l) : times_[s.times + l], forward_[l][e] - forward_[l][j],
+                      s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l], flight, p_.memory_limit,
+                      target);
+  }
+
+  // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
+  int least_level(int j, int e, double target, int flight) const {
+    for (int l = 0; l < usable_; ++l) {
+      if (fits(j, e, l, target, flight)) return l;
+    }
+    return -1;
+  }
+
+  // dev_[j][k]: fewest devices for units j.. in exactly k stages; cut_ and lev_ to rebuild. The
+  // stage counts k with dev_[j][k] < kNone lie in [k_lo_[j], k_hi_[j]] (empty when lo > hi): the
+  // loop over k for a first segment j..e-1 visits only those the rest from e can take.
+  bool feasible(double target) {
+    for (auto& row : dev_) std::fill(row.begin(), row.end(), kNone);
+    dev_[units_][0] = 0;
+    k_lo_[units_] = k_hi_[units_] = 0;
+    for (int j = units_ - 1; j >= 0; --j) {
+      k_lo_[j] = K_ + 1;
+      k_hi_[j] = 0;
+      const int reach = j + static_cast<int>(seg_[j].size());
+      for (int e = j + 1; e <= reach; ++e) {
+        // The least compute the segment can reach only grows with e: past the target, stop.
+        if (prefix_[levels_ - 1][e] - prefix_[levels_ - 1][j] > target) break;
+        first_segment(j, e, target);
+      }
+    }
+    for (int k = 1; k <= K_; ++k) {
+      if (dev_[0][k] <= p_.device_budget) return true;
+    }
+    return false;
+  }
+
+  // Relaxes dev_[j][k] over the chains whose first stage is segment j..e-1.
+  void first_segment(int j, int e, double target) {
+    int* here = dev_[j].data();
+    const int* after = dev_[e].data();
+    const Segment& s = seg_[j][e - j - 1];
+    int base = -1;  // least level at one micro-batch in flight: more in flight only need more
+    // k = 1 only for the last segment (e == units), k >= 2 only before it.
+    const int k_first = std::max(e == units_ ? 1 : 2, k_lo_[e] + 1);
+    const int k_last = std::min({K_, units_ - j, e == units_ ? 1 : k_hi_[e] + 1});
+    for (int k = k_first; k <= k_last; ++k) {
+      const int rest = after[k - 1];
+      if (rest >= kNone) continue;
+      if (base < 0) {
+        base = least_level(j, e, target, in_flight(1));
+        if (base < 0) return;
+      }
+      int l = base;
+      // Level `base` met the target at one micro-batch in flight; at k it still does unless
+      // it no longer fits or must recompute (one more forward): then scan again.
+      const StageMemory m = stage_memory(s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l],
+                                         in_flight(k), p_.memory_limit);
+      if (m.bytes > p_.memory_limit || m.recompute) {
+        l = least_level(j, e, target, in_flight(k));
+        if (l < 0) return;  // more micro-batches in flight for larger k: none fits either
+      }
+      const int total = rest + table_.replicas(l);
+      if (total < here[k]) {
+        here[k] = total;
+        cut_[j][k] = e;
+        lev_[j][k] = l;
+        k_lo_[j] = std::min(k_lo_[j], k);
+        k_hi_[j] = std::max(k_hi_[j], k);
+      }
+    }
+  }
+
+  // Bounds on T: the whole order on one device's time (memory permitting), and the total
+  // compute spread over every device; then bisection to `tolerance`. Leaves dev_ the DP of the
+  // least feasible T found; false when none is (T past 1e12 s).
+  bool bisect(double tolerance) {
+    const Segment& all = seg_[0].size() == static_cast<std::size_t>(units_) ? seg_[0][units_ - 1] : Segment{};
+    double hi = prefix_[0][units_] + all.transfer + 1.0;
+    for (int l = 0; l < levels_; ++l)
+      hi = std::max(hi, replica_stage_time(p_, l, prefix_[l][units_], all.transfer, all.cross_bytes, all.params));
+    double lo = prefix_[0][units_] / std::max(1, p_.device_budget);
+    while (!feasible(hi)) {
+      hi *= 2.0;
+      if (hi > 1e12) return false;
+    }
+    if (feasible(lo)) hi = lo;
+    while (hi > lo * (1.0 + tolerance)) {
+      const double mid = 0.5 * (lo + hi);
+      if (feasible(mid))
+        hi = mid;
+      else
+        lo = mid;
+    }
+    feasible(hi);
+    return true;
+  }
+
+  // Of the stage counts within the device budget, the chain of shortest predicted step.
+  std::pair<std::vector<int>, std::vector<int>> best_chain() const {
+    std::pair<std::vector<int>, std::vector<int>> best;
+    double best_step = 0.0, best_bottleneck = 0.0;
+    for (int k = 1; k <= K_; ++k) {
+      if (dev_[0][k] > p_.device_budget) continue;
+      std::vector<int> assignment(p_.num_nodes(), 0), replicas;
+      int j = 0;
+      for (int left = k; left >= 1; --left) {
+        const int e = cut_[j][left];
+        for (int i = bounds_[j]; i < bounds_[e]; ++i) assignment[p_.order[i]] = k - left;
+        replicas.push_back(table_.replicas(lev_[j][left]));
+        j = e;
+      }
+      Evaluation ev = evaluate(p_, assignment, replicas);
+      const double step = ev.iteration_seconds(p_);
+      if (!ev.fits()) continue;
+      if (best.first.empty() || predicted_faster(step, ev.bottleneck, best_step, best_bottleneck)) {
+        best = {std::move(assignment), std::move(replicas)};
+        best_step = step;
+        best_bottleneck = ev.bottleneck;
+      }
+    }
+    return best;
+  }
+
+  const Problem& p_;
+  const ReplicaTable& table_;
+  const std::vector<int> bounds_;
+  const int units_, K_, levels_;
+  int usable_ = 0;  // the levels whose replica counts fit the device budget
+  std::vector<std::vector<double>> prefix_, forward_;
+  std::vector<std::vector<Segment>> seg_;
+  std::size_t count_ = 0;
+  std::vector<double> times_, fraction_;
+  std::vector<std::vector<int>> dev_, cut_, lev_;
+  std::vector<int> k_lo_, k_hi_;
 };
 
 }  // namespace
 
 std::pair<std::vector<int>, std::vector<int>> sequential_replicated(const Problem& p, double tolerance) {
-  const ReplicaTable& table = *p.replicas;
-  const int n = static_cast<int>(p.num_nodes());
-  const int max_k = std::max(1, std::min(p.max_stages, n));
-  const int budget = std::max(16, static_cast<int>(std::sqrt(4e6 / max_k)));
-  const std::vector<int> bounds = chunk_bounds(p, budget);
-  const int units = static_cast<int>(bounds.size()) - 1;
-  const int K = std::min(max_k, units);
-  const int levels = table.num_levels();
-  const auto M = p.num_micro_batches;
-  auto in_flight = [&](int k) { return static_cast<int>(std::min<std::int64_t>(k, M)); };
-  // Compute and forward of units [0, u) at each level: a segment's is a difference. The forward
-  // is what a recomputed replica runs again (level 0 as evaluate() takes it: the problem's own).
-  std::vector<std::vector<double>> prefix(levels, std::vector<double>(units + 1, 0.0)), forward = prefix;
-  for (int l = 0; l < levels; ++l) {
-    for (int u = 0; u < units; ++u) {
-      double c = 0.0, f = 0.0;
-      for (int i = bounds[u]; i < bounds[u + 1]; ++i) {
-        c += table.compute(l, p.order[i]);
-        f += l == 0 ? p.forward[p.order[i]] : table.forward(l, p.order[i]);
-      }
-      prefix[l][u + 1] = prefix[l][u] + c;
-      forward[l][u + 1] = forward[l][u] + f;
-    }
-  }
-  // seg[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
-  int usable = 0;  // the levels whose replica counts fit the device budget
-  while (usable < levels && table.replicas(usable) <= p.device_budget) ++usable;
-  std::vector<std::vector<Segment>> seg(units);
-  std::size_t count = 0;
-  {
-    std::vector<int> stamps(p.num_nodes(), -1);
-    for (int j = 0; j < units; ++j) {
-      GroupStats g(p, stamps, j);
-      for (int e = j + 1; e <= units; ++e) {
-        for (int i = bounds[e - 1]; i < bounds[e]; ++i) g.add(p.order[i]);
-        if (g.static_bytes > p.memory_limit) break;
-        seg[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, count});
-        count += static_cast<std::size_t>(usable);
-      }
-    }
-  }
-  // Each segment's time at every level (replica_stage_time, an all-reduce estimate each), which
-  // no probe's target changes: computed once here, when that takes at most 64 MB (it does unless
-  // max_stages is far below the device count), so that the probes only compare.
-  auto stage_time = [&](int j, int e, int l) {
-    const Segment& s = seg[j][e - j - 1];
-    return replica_stage_time(p, l, prefix[l][e] - prefix[l][j], s.transfer, s.cross_bytes, s.params);
-  };
-  std::vector<double> times;
-  if (count <= (std::size_t{8} << 20)) {
-    times.resize(count);
-    for (int j = 0; j < units; ++j) {
-      for (int e = j + 1; e <= j + static_cast<int>(seg[j].size()); ++e) {
-        for (int l = 0; l < usable; ++l) times[seg[j][e - j - 1].times + l] = stage_time(j, e, l);
-      }
-    }
-  }
-  std::vector<double> fraction(usable);
-  for (int l = 0; l < usable; ++l) fraction[l] = table.row_fraction(l);
-  // Whether segment j..e-1 at level l meets `target` and fits with `flight` micro-batches, its
-  // replicas recomputed where the shared rule says (recompute.h: each holds its shard's
-  // activations and received tensors, and runs its shard's forward once more). Monotone in flight.
-  auto fits = [&](int j, int e, int l, double target, int flight) {
-    const Segment& s = seg[j][e - j - 1];
-    // Most levels that fail, fail on memory: tell so before loading the segment's times.
-    if (stage_memory(s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l], flight, p.memory_limit)
-            .bytes > p.memory_limit) {
-      return false;
-    }
-    return stage_fits(times.empty() ? stage_time(j, e, l) : times[s.times + l], forward[l][e] - forward[l][j],
-                      s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l], flight, p.memory_limit,
-                      target);
-  };
-  // Least level of segment j..e-1 meeting `target` and fitting with `flight` micro-batches; -1: none.
-  auto least_level = [&](int j, int e, double target, int flight) {
-    for (int l = 0; l < usable; ++l) {
-      if (fits(j, e, l, target, flight)) return l;
-    }
-    return -1;
-  };
-  constexpr int kNone = 1 << 29;
-  // dev[j][k]: fewest devices for units j.. in exactly k stages; cut and level to rebuild. Rows
-  // by unit, so that the inner loop over k reads and writes contiguous memory.
-  std::vector<std::vector<int>> dev(units + 1, std::vector<int>(K + 1, kNone)), cut = dev, lev = dev;
-  // The stage counts k with dev[j][k] < kNone lie in [k_lo[j], k_hi[j]] (empty when lo > hi): the
-  // loop over k for a first segment j..e-1 visits only those the rest from e can take.
-  std::vector<int> k_lo(units + 1), k_hi(units + 1);
-  auto feasible = [&](double target) {
-    for (auto& row : dev) std::fill(row.begin(), row.end(), kNone);
-    dev[units][0] = 0;
-    k_lo[units] = k_hi[units] = 0;
-    for (int j = units - 1; j >= 0; --j) {
-      k_lo[j] = K + 1;
-      k_hi[j] = 0;
-      const int reach = j + static_cast<int>(seg[j].size());
-      int* here = dev[j].data();
-      for (int e = j + 1; e <= reach; ++e) {
-        // The least compute the segment can reach only grows with e: past the target, stop.
-        if (prefix[levels - 1][e] - prefix[levels - 1][j] > target) break;
-        const int* after = dev[e].data();
-        const Segment& s = seg[j][e - j - 1];
-        int base = -1;  // least level at one micro-batch in flight: more in flight only need more
-        // k = 1 only for the last segment (e == units), k >= 2 only before it.
-        const int k_first = std::max(e == units ? 1 : 2, k_lo[e] + 1);
-        const int k_last = std::min({K, units - j, e == units ? 1 : k_hi[e] + 1});
-        for (int k = k_first; k <= k_last; ++k) {
-          const int rest = after[k - 1];
-          if (rest >= kNone) continue;
-          if (base < 0) {
-            base = least_level(j, e, target, in_flight(1));
-            if (base < 0) break;
-          }
-          int l = base;
-          // Level `base` met the target at one micro-batch in flight; at k it still does unless
-          // it no longer fits or must recompute (one more forward): then scan again.
-          const StageMemory m = stage_memory(s.static_bytes, s.act_bytes * fraction[l], s.input_bytes * fraction[l],
-                                             in_flight(k), p.memory_limit);
-          if (m.bytes > p.memory_limit || m.recompute) {
-            l = least_level(j, e, target, in_flight(k));
-            if (l < 0) break;  // more micro-batches in flight for larger k: none fits either
-          }
-          const int total = rest + table.replicas(l);
-          if (total < here[k]) {
-            here[k] = total;
-            cut[j][k] = e;
-            lev[j][k] = l;
-            k_lo[j] = std::min(k_lo[j], k);
-            k_hi[j] = std::max(k_hi[j], k);
-          }
-        }
-      }
-    }
-    for (int k = 1; k <= K; ++k) {
-      if (dev[0][k] <= p.device_budget) return true;
-    }
-    return false;
-  };
-  // Bounds on T: the whole order on one device's time (memory permitting), and the total
-  // compute spread over every device.
-  double hi = 0.0;
-  {
-    const Segment& all = seg[0].size() == static_cast<std::size_t>(units) ? seg[0][units - 1] : Segment{};
-    hi = prefix[0][units] + all.transfer + 1.0;
-    for (int l = 0; l < levels; ++l) hi = std::max(hi, replica_stage_time(p, l, prefix[l][units], all.transfer, all.cross_bytes, all.params));
-  }
-  double lo = prefix[0][units] / std::max(1, p.device_budget);
-  while (!feasible(hi)) {
-    hi *= 2.0;
-    if (hi > 1e12) return {};
-  }
-  if (feasible(lo)) hi = lo;
-  while (hi > lo * (1.0 + tolerance)) {
-    const double mid = 0.5 * (lo + hi);
-    if (feasible(mid)) hi = mid; else lo = mid;
-  }
-  feasible(hi);
-  std::pair<std::vector<int>, std::vector<int>> best;
-  double best_step = 0.0, best_bottleneck = 0.0;
-  for (int k = 1; k <= K; ++k) {
-    if (dev[0][k] > p.device_budget) continue;
-    std::vector<int> assignment(p.num_nodes(), 0), replicas;
-    int j = 0;
-    for (int left = k; left >= 1; --left) {
-      const int e = cut[j][left];
-      for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = k - left;
-      replicas.push_back(table.replicas(lev[j][left]));
-      j = e;
-    }
-    Evaluation ev = evaluate(p, assignment, replicas);
-    const double step = ev.iteration_seconds(p);
-    if (!ev.fits()) continue;
-    if (best.first.empty() || predicted_faster(step, ev.bottleneck, best_step, best_bottleneck)) {
-      best = {std::move(assignment), std::move(replicas)};
-      best_step = step;
-      best_bottleneck = ev.bottleneck;
-    }
-  }
-  return best;
+  return ReplicatedChainSearch(p).run(tolerance);
 }
 
 }  // namespace graphpipe::partition
