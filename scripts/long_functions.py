@@ -120,7 +120,6 @@ def cxx_functions(path: Path, limit: int) -> list[LongFunction]:
     text = path.read_text(encoding="utf-8", errors="replace")
     code = _blank_comments_and_strings(text)
     lines = text.split("\n")
-    code_lines = code.split("\n")
     found: list[LongFunction] = []
     # Stack of open braces: "scope" (namespace, class: may hold functions), "init" (a brace in
     # a constructor's member initialiser list), "body" (a function body), "inner" (any brace in
@@ -153,10 +152,10 @@ def cxx_functions(path: Path, limit: int) -> list[LongFunction]:
             kind = stack.pop()
             if kind == "body":
                 begin, name = starts.pop()
-                # The definition's first line: the header's first line with code on it.
+                # The definition's first line: where the header's code starts.
+                while begin < i and code[begin].isspace():
+                    begin += 1
                 first = code.count("\n", 0, begin)
-                while first < len(code_lines) and not code_lines[first].strip():
-                    first += 1
                 last = code.count("\n", 0, i)
                 length = last - first + 1
                 if length > limit:
