@@ -39,14 +39,34 @@ def split(value: Any, chunks: int, what: str = "inputs") -> list[Any]:
             f"the batch of {size} samples in {what} does not divide into {chunks} micro-batches; "
             f"use a batch size that is a multiple of {chunks} (or change micro_batches)"
         )
-    step = size // chunks
-    return [_slice(value, i * step, step) for i in range(chunks)]
+    return _cut(value, chunks, size // chunks)
 
 
 def rows(value: Any, begin: int, end: int) -> Any:
     """Rows ``[begin, end)`` of every batched tensor in ``value`` (views; a replica's share of a
     micro-batch). 0-d tensors and non-tensors are kept whole."""
     return _slice(value, begin, end - begin)
+
+
+def _cut(value: Any, chunks: int, step: int) -> list[Any]:
+    """``value`` as ``chunks`` micro-batches of ``step`` rows: each batched tensor is cut with one
+    ``Tensor.split`` (the same views as ``chunks`` narrows, in one call: this runs every step).
+    A tensor that requires grad is narrowed: autograd forbids in-place writes to the views of
+    a multi-view op, and a model may write into its inputs."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return [value] * chunks
+        if value.requires_grad:
+            return [value.narrow(0, i * step, step) for i in range(chunks)]
+        return list(value.split(step, 0))
+    if isinstance(value, (tuple, list)):
+        columns = [_cut(v, chunks, step) for v in value]
+        kind = tuple if isinstance(value, tuple) else list
+        return [kind(c[i] for c in columns) for i in range(chunks)]
+    if isinstance(value, Mapping):
+        cut = {k: _cut(v, chunks, step) for k, v in value.items()}
+        return [{k: c[i] for k, c in cut.items()} for i in range(chunks)]
+    return [value] * chunks
 
 
 def _slice(value: Any, start: int, length: int) -> Any:
