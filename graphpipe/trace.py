@@ -78,6 +78,17 @@ class TracedModel:
     signature: Any = None
     model_name: str = ""
 
+    def _placeholder_names(self) -> list[str]:
+        """The graph's placeholders' names, in order. Cached (every step binds its inputs, and
+        the walk is over every node of the graph), keyed on the graph and its node count so a
+        graph still being edited (export's clean-up) is walked again."""
+        graph = self.module.graph
+        cached = self.__dict__.get("_placeholders")
+        if cached is None or cached[0] is not graph or cached[1] != len(graph.nodes):
+            cached = (graph, len(graph.nodes), [n.name for n in graph.nodes if n.op == "placeholder"])
+            self.__dict__["_placeholders"] = cached
+        return cached[2]
+
     def input_values(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The value of every placeholder for a call ``model(*args, **kwargs)``, by placeholder
         name. Raises InputError for a call that does not match ``forward`` or passes another
@@ -101,7 +112,7 @@ class TracedModel:
                     "scalars at trace time: wrap the model with example inputs that pass this "
                     "argument as it is passed in training"
                 )
-        placeholders = [n.name for n in self.module.graph.nodes if n.op == "placeholder"]
+        placeholders = self._placeholder_names()
         if self.input_spec is not None:
             return dict(zip(placeholders, _exported_leaves(self.input_spec, tuple(args), kwargs, self.model_name)))
         values: list[Any] = []
