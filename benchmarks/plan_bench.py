@@ -32,7 +32,7 @@ import os
 import random
 import time
 
-from graphpipe._ext import _C  # noqa: E402
+from graphpipe._ext import _C
 
 # Every automatic partitioner the C++ registry has (manual needs a mapping).
 PARTITIONERS = tuple(p for p in _C.partitioner_names() if p != "manual")

@@ -47,7 +47,7 @@ import statistics
 import time
 from typing import Any
 
-import torch  # noqa: E402
+import torch
 
 
 def _batch_check_seconds(model: Any, inputs: tuple, targets: Any, calls: int = 2000) -> float:

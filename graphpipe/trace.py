@@ -344,7 +344,7 @@ def _symbolic_trace(
         # no_grad() blocks mark operators as gradient-free.
         with torch.enable_grad():
             graph = tracer.trace(model, concrete_args=dict(specialized) or None)
-    except Exception as exc:  # noqa: BLE001 - fx raises many types; all become TraceError
+    except Exception as exc:  # fx raises many types; all become TraceError
         where = _user_frame(exc)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "control flow" in message or "iteration" in message or "len(" in message or isinstance(
@@ -412,7 +412,7 @@ def _placeholder_values(
     # `mask` becomes `mask_1`, so names cannot be matched).
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values: list[Any] = []
-    for node, (name, param) in zip(placeholders, inspect.signature(model.forward).parameters.items()):
+    for _node, (name, param) in zip(placeholders, inspect.signature(model.forward).parameters.items()):
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             raise InputError(f"{type(model).__name__}.forward takes **{name}; pass keyword inputs by name")
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
@@ -570,7 +570,7 @@ def _capture(model: nn.Module, args: tuple, kwargs: dict[str, Any], leaf_modules
     return gm, exported, values
 
 
-def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> "_Recorder":
+def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> _Recorder:
     """Runs the capture once on the example, recording each operator's flops and output bytes."""
     counter = FlopCounterMode(display=False)
     recorder = _Recorder(gm, counter)
@@ -586,7 +586,7 @@ def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> "_Recor
             recorder.run(*[_copy_tensors(v) for v in values])
     except InputError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise TraceError(
             f"running the traced {type(model).__name__} on the example inputs failed: {exc} "
             f"(at {_user_frame(exc)}). Check that example_inputs are what forward() expects."
@@ -598,7 +598,7 @@ def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> "_Recor
     return recorder
 
 
-def _add_nodes(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: "_Recorder", batch: int) -> None:
+def _add_nodes(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: _Recorder, batch: int) -> None:
     """One OpGraph node per operator and model input, with its per-sample flops and bytes and
     the parameters and buffers it owns (a tensor used by several operators is owned by the
     first, listed as shared by the others)."""
@@ -658,7 +658,7 @@ def _own_state(info: Any, params: list[tuple[str, torch.Tensor]], buffers: list[
     info.param_shapes = shapes
 
 
-def _add_edges(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: "_Recorder", batch: int) -> None:
+def _add_edges(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, recorder: _Recorder, batch: int) -> None:
     """The OpGraph's edges (each with the per-sample bytes it carries) and outputs."""
     graph = traced.graph
     real_nodes = [n for n in gm.graph.nodes if n.name in traced.node_ids and n.op != "placeholder"]

@@ -45,7 +45,7 @@ def loss_callback(loss_fn: Callable[[Any, Any], torch.Tensor], targets: list[Any
     return on_output
 
 
-def run_step(pipe: "Pipeline", fn: StageFn, losses: list[torch.Tensor], mbs: int, optimizer: Any, scaler: Any,
+def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, optimizer: Any, scaler: Any,
              record: bool) -> torch.Tensor:
     """Runs one step of ``pipe`` with the stage call ``fn``; returns the full-batch loss
     (float64, every rank's). ``losses`` fills as the output stage computes them."""
@@ -95,7 +95,7 @@ def run_step(pipe: "Pipeline", fn: StageFn, losses: list[torch.Tensor], mbs: int
     return buf[0]
 
 
-def run_eval(pipe: "Pipeline", make_fn: Callable[[Callable[[int, Any], None]], StageFn]) -> Any:
+def run_eval(pipe: Pipeline, make_fn: Callable[[Callable[[int, Any], None]], StageFn]) -> Any:
     """Runs the forwards of ``pipe`` with the stage call ``make_fn(on_output)``; returns the
     merged output, on every rank."""
     conn = pipe._conn

@@ -69,7 +69,7 @@ class _WaitInputs(torch.autograd.Function):
     then returns zeros for the inputs."""
 
     @staticmethod
-    def forward(ctx: Any, seconds: float, specs: list, *inputs: torch.Tensor) -> Any:  # noqa: D102
+    def forward(ctx: Any, seconds: float, specs: list, *inputs: torch.Tensor) -> Any:
         ctx.seconds = seconds
         ctx.input_specs = [(t.shape, t.dtype) for t in inputs]
         outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
@@ -79,7 +79,7 @@ class _WaitInputs(torch.autograd.Function):
         return outs
 
     @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # noqa: D102
+    def backward(ctx: Any, *grads: Any) -> Any:
         wait(ctx.seconds)
         return (None, None, *[torch.zeros(s, dtype=d) if d.is_floating_point else None
                              for s, d in ctx.input_specs])
@@ -91,12 +91,12 @@ class _WaitWeights(torch.autograd.Function):
     gradient for the inputs only the first, one for the parameters only the second."""
 
     @staticmethod
-    def forward(ctx: Any, seconds: float, anchor: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(ctx: Any, seconds: float, anchor: torch.Tensor) -> torch.Tensor:
         ctx.seconds = seconds
         return torch.zeros(())
 
     @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:  # noqa: D102
+    def backward(ctx: Any, grad: Any) -> Any:
         wait(ctx.seconds)
         return None, torch.zeros(())
 
