@@ -4,9 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "partition/group_stats.h"
 #include "partition/replica_allocation.h"
-#include "partition/sequential/sequential.h"
+#include "partition/sequential/chain_units.h"
 
 namespace graphpipe::partition {
 
@@ -14,12 +13,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kUnits = 64;
-
-// A segment units[j..e): what its stage time and memory need, whatever its replica count.
-struct Segment {
-  double cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0, input_bytes = 0.0;
-  int crossings = 0;
-};
 
 // One link figure for every stage edge of a DP run, and the devices the run's plans may use.
 struct LinkRun {
@@ -51,18 +44,11 @@ struct Tables {
   std::vector<std::vector<std::pair<int, int>>> choice;
 };
 
-// The search pipedream_plans runs: the chunked order's prefix sums and segment figures, one DP
-// per link figure (LinkRun), and the distinct chains they find.
+// The search pipedream_plans runs: over the chunked order's prefix sums and segment figures
+// (ChainUnits), one DP per link figure (LinkRun), and the distinct chains they find.
 class PipeDreamSearch {
  public:
-  explicit PipeDreamSearch(const Problem& p)
-      : p_(p), table_(*p.replicas), bounds_(chunk_bounds(p, kUnits)), units_(static_cast<int>(bounds_.size()) - 1) {
-    while (usable_ < table_.num_levels() && table_.replicas(usable_) <= p.device_budget) ++usable_;
-    prefix_sums();
-    segments();
-    fraction_.resize(usable_);
-    for (int l = 0; l < usable_; ++l) fraction_[l] = table_.row_fraction(l);
-  }
+  explicit PipeDreamSearch(const Problem& p) : p_(p), table_(*p.replicas), chain_(p, kUnits), units_(chain_.units()) {}
 
   std::vector<ChainPlan> run() {
     for (const LinkRun& run : link_runs()) collect(solve(run), run.devices);
@@ -70,42 +56,10 @@ class PipeDreamSearch {
   }
 
  private:
-  // Compute and forward of units [0, u) at each level.
-  void prefix_sums() {
-    prefix_.assign(usable_, std::vector<double>(units_ + 1, 0.0));
-    forward_ = prefix_;
-    for (int l = 0; l < usable_; ++l) {
-      for (int u = 0; u < units_; ++u) {
-        double c = 0.0, f = 0.0;
-        for (int i = bounds_[u]; i < bounds_[u + 1]; ++i) {
-          const graph::NodeId v = p_.order[i];
-          c += l == 0 ? p_.compute[v] : table_.compute(l, v);
-          f += l == 0 ? p_.forward[v] : table_.forward(l, v);
-        }
-        prefix_[l][u + 1] = prefix_[l][u] + c;
-        forward_[l][u + 1] = forward_[l][u] + f;
-      }
-    }
-  }
-
-  // seg_[j][e - j - 1], grown until the segment's static memory alone overflows.
-  void segments() {
-    seg_.resize(units_);
-    std::vector<int> stamps(p_.num_nodes(), -1);
-    for (int j = 0; j < units_; ++j) {
-      GroupStats g(p_, stamps, j);
-      for (int e = j + 1; e <= units_; ++e) {
-        for (int i = bounds_[e - 1]; i < bounds_[e]; ++i) g.add(p_.order[i]);
-        if (g.static_bytes > p_.memory_limit) break;
-        seg_[j].push_back({g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, g.crossings});
-      }
-    }
-  }
-
   // The largest in-flight count at which a stage of these bytes fits at level l, without (first)
   // and with recomputation (second); 0: not even one micro-batch.
-  std::pair<double, double> flight_limits(const Segment& s, int l) const {
-    const double act = s.act_bytes * fraction_[l], input = s.input_bytes * fraction_[l];
+  std::pair<double, double> flight_limits(const UnitSegment& s, int l) const {
+    const double act = s.act_bytes * chain_.row_fraction(l), input = s.input_bytes * chain_.row_fraction(l);
     const double room = p_.memory_limit - s.static_bytes;
     auto most = [](double space, double per) {
       if (space < 0.0) return 0.0;
@@ -136,7 +90,7 @@ class PipeDreamSearch {
         std::vector<std::vector<std::pair<int, int>>>(units_ + 1, std::vector<std::pair<int, int>>(cap + 1, {-1, -1}))};
     std::fill(t.best[units_].begin(), t.best[units_].end(), 0.0);
     for (int j = units_ - 1; j >= 0; --j) {
-      for (int e = j + 1; e <= j + static_cast<int>(seg_[j].size()); ++e) first_segment(t, run, j, e);
+      for (int e = j + 1; e <= chain_.reach(j); ++e) first_segment(t, run, j, e);
       // At most m devices: never worse than with m - 1 (a tie keeps the fewer devices).
       double* here = t.best[j].data();
       for (int m = 1; m <= cap; ++m) {
@@ -153,16 +107,16 @@ class PipeDreamSearch {
   void first_segment(Tables& t, const LinkRun& run, int j, int e) const {
     const int cap = run.devices;
     const auto M = p_.num_micro_batches;
-    const Segment& s = seg_[j][e - j - 1];
+    const UnitSegment& s = chain_.segment(j, e);
     double* here = t.best[j].data();
     const double* after = t.best[e].data();
-    for (int l = 0; l < usable_; ++l) {
+    for (int l = 0; l < chain_.usable_levels(); ++l) {
       const int r = table_.replicas(l);
       if (r > cap) break;
       const double link = run.bandwidth > 0.0 ? s.crossings * run.latency + s.cross_bytes / run.bandwidth / r : 0.0;
-      const double time = prefix_[l][e] - prefix_[l][j] + link +
-                          (r > 1 ? sync_estimate(p_, r, s.params) / static_cast<double>(M) : 0.0);
-      const double again = forward_[l][e] - forward_[l][j];
+      const double time =
+          chain_.compute(l, j, e) + link + (r > 1 ? sync_estimate(p_, r, s.params) / static_cast<double>(M) : 0.0);
+      const double again = chain_.forward(l, j, e);
       const auto [plain, recomputed] = flight_limits(s, l);
       if (recomputed < 1.0) continue;
       for (int m = r; m <= cap; ++m) {
@@ -209,7 +163,7 @@ class PipeDreamSearch {
       int j = 0;
       for (std::size_t label = 0; label < cuts.size(); ++label) {
         const auto [e, l] = cuts[label];
-        for (int i = bounds_[j]; i < bounds_[e]; ++i) plan.assignment[p_.order[i]] = static_cast<int>(label);
+        for (int i = chain_.bound(j); i < chain_.bound(e); ++i) plan.assignment[p_.order[i]] = static_cast<int>(label);
         plan.replicas.push_back(table_.replicas(l));
         j = e;
       }
@@ -220,12 +174,8 @@ class PipeDreamSearch {
 
   const Problem& p_;
   const ReplicaTable& table_;
-  const std::vector<int> bounds_;
+  const ChainUnits chain_;  // the chunked order's prefix sums and segment figures
   const int units_;
-  int usable_ = 0;  // levels whose replica counts fit the budget
-  std::vector<std::vector<double>> prefix_, forward_;
-  std::vector<std::vector<Segment>> seg_;
-  std::vector<double> fraction_;
   std::vector<Cuts> found_;
 };
 

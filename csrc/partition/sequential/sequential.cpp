@@ -9,6 +9,7 @@
 #include "partition/group_stats.h"
 #include "partition/recompute.h"
 #include "partition/replica_allocation.h"
+#include "partition/sequential/chain_units.h"
 
 namespace graphpipe::partition {
 
@@ -121,36 +122,22 @@ std::vector<int> sequential_assignment(const Problem& p) {
 
 namespace {
 
-// Figures of every segment units[j..e) of the chunked order, shared by all probes.
-struct Segment {
-  double transfer = 0.0, cross_bytes = 0.0, params = 0.0, static_bytes = 0.0, act_bytes = 0.0;
-  double input_bytes = 0.0;  // received tensors' bytes: what a recomputed replica keeps (recompute.h)
-  std::size_t times = 0;     // where its replica_stage_time at each level starts in `times`
-};
-
-}  // namespace
-
-namespace {
-
 constexpr int kNone = 1 << 29;
 
-// The search sequential_replicated runs: the chunked order's prefix sums and segment figures
-// (shared by all probes), the device-count DP one probe of a target time T runs, the binary
-// search over T, and the choice among the stage counts of the last feasible probe.
+// The search sequential_replicated runs: over the chunked order's prefix sums and segment
+// figures (ChainUnits, shared by all probes), the device-count DP one probe of a target time T
+// runs, the binary search over T, and the choice among the stage counts of the last feasible probe.
 class ReplicatedChainSearch {
  public:
   explicit ReplicatedChainSearch(const Problem& p)
       : p_(p),
         table_(*p.replicas),
-        bounds_(chunk_bounds(p, budget(p))),
-        units_(static_cast<int>(bounds_.size()) - 1),
+        chain_(p, budget(p)),
+        units_(chain_.units()),
         K_(std::min(std::max(1, std::min(p.max_stages, static_cast<int>(p.num_nodes()))), units_)),
-        levels_(table_.num_levels()) {
-    prefix_sums();
-    segments();
+        levels_(chain_.levels()),
+        usable_(chain_.usable_levels()) {
     segment_times();
-    fraction_.resize(usable_);
-    for (int l = 0; l < usable_; ++l) fraction_[l] = table_.row_fraction(l);
     // Rows by unit, so that the inner loop over k reads and writes contiguous memory.
     dev_.assign(units_ + 1, std::vector<int>(K_ + 1, kNone));
     cut_ = lev_ = dev_;
@@ -170,70 +157,43 @@ class ReplicatedChainSearch {
   }
   int in_flight(int k) const { return static_cast<int>(std::min<std::int64_t>(k, p_.num_micro_batches)); }
 
-  // Compute and forward of units [0, u) at each level: a segment's is a difference. The forward
-  // is what a recomputed replica runs again (level 0 as evaluate() takes it: the problem's own).
-  void prefix_sums() {
-    prefix_.assign(levels_, std::vector<double>(units_ + 1, 0.0));
-    forward_ = prefix_;
-    for (int l = 0; l < levels_; ++l) {
-      for (int u = 0; u < units_; ++u) {
-        double c = 0.0, f = 0.0;
-        for (int i = bounds_[u]; i < bounds_[u + 1]; ++i) {
-          c += table_.compute(l, p_.order[i]);
-          f += l == 0 ? p_.forward[p_.order[i]] : table_.forward(l, p_.order[i]);
-        }
-        prefix_[l][u + 1] = prefix_[l][u] + c;
-        forward_[l][u + 1] = forward_[l][u] + f;
-      }
-    }
-  }
-
-  // seg_[j][e - j - 1] for segment j..e-1, grown until its static memory alone overflows.
-  void segments() {
-    while (usable_ < levels_ && table_.replicas(usable_) <= p_.device_budget) ++usable_;
-    seg_.resize(units_);
-    std::vector<int> stamps(p_.num_nodes(), -1);
-    for (int j = 0; j < units_; ++j) {
-      GroupStats g(p_, stamps, j);
-      for (int e = j + 1; e <= units_; ++e) {
-        for (int i = bounds_[e - 1]; i < bounds_[e]; ++i) g.add(p_.order[i]);
-        if (g.static_bytes > p_.memory_limit) break;
-        seg_[j].push_back({g.transfer, g.cross_bytes, g.params, g.static_bytes, g.act_bytes, g.input_bytes, count_});
-        count_ += static_cast<std::size_t>(usable_);
-      }
-    }
-  }
-
   double stage_time(int j, int e, int l) const {
-    const Segment& s = seg_[j][e - j - 1];
-    return replica_stage_time(p_, l, prefix_[l][e] - prefix_[l][j], s.transfer, s.cross_bytes, s.params);
+    const UnitSegment& s = chain_.segment(j, e);
+    return replica_stage_time(p_, l, chain_.compute(l, j, e), s.transfer, s.cross_bytes, s.params);
   }
 
   // Each segment's time at every level (replica_stage_time, an all-reduce estimate each), which
   // no probe's target changes: computed once here, when that takes at most 64 MB (it does unless
   // max_stages is far below the device count), so that the probes only compare.
   void segment_times() {
-    if (count_ > (std::size_t{8} << 20)) return;
-    times_.resize(count_);
+    const std::size_t count = chain_.segments() * static_cast<std::size_t>(usable_);
+    if (count > (std::size_t{8} << 20)) return;
+    times_.resize(count);
     for (int j = 0; j < units_; ++j) {
-      for (int e = j + 1; e <= j + static_cast<int>(seg_[j].size()); ++e) {
-        for (int l = 0; l < usable_; ++l) times_[seg_[j][e - j - 1].times + l] = stage_time(j, e, l);
+      for (int e = j + 1; e <= chain_.reach(j); ++e) {
+        for (int l = 0; l < usable_; ++l) times_[time_index(j, e, l)] = stage_time(j, e, l);
       }
     }
+  }
+
+  // Where segment j..e-1's time at level l lies in times_.
+  std::size_t time_index(int j, int e, int l) const {
+    return chain_.index(j, e) * static_cast<std::size_t>(usable_) + static_cast<std::size_t>(l);
   }
 
   // Whether segment j..e-1 at level l meets `target` and fits with `flight` micro-batches, its
   // replicas recomputed where the shared rule says (recompute.h: each holds its shard's
   // activations and received tensors, and runs its shard's forward once more). Monotone in flight.
   bool fits(int j, int e, int l, double target, int flight) const {
-    const Segment& s = seg_[j][e - j - 1];
+    const UnitSegment& s = chain_.segment(j, e);
+    const double fraction = chain_.row_fraction(l);
     // Most levels that fail, fail on memory: tell so before loading the segment's times.
-    if (stage_memory(s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l], flight, p_.memory_limit)
-            .bytes > p_.memory_limit) {
+    if (stage_memory(s.static_bytes, s.act_bytes * fraction, s.input_bytes * fraction, flight, p_.memory_limit).bytes >
+        p_.memory_limit) {
       return false;
     }
-    return stage_fits(times_.empty() ? stage_time(j, e, l) : times_[s.times + l], forward_[l][e] - forward_[l][j],
-                      s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l], flight, p_.memory_limit,
+    return stage_fits(times_.empty() ? stage_time(j, e, l) : times_[time_index(j, e, l)], chain_.forward(l, j, e),
+                      s.static_bytes, s.act_bytes * fraction, s.input_bytes * fraction, flight, p_.memory_limit,
                       target);
   }
 
@@ -255,10 +215,10 @@ class ReplicatedChainSearch {
     for (int j = units_ - 1; j >= 0; --j) {
       k_lo_[j] = K_ + 1;
       k_hi_[j] = 0;
-      const int reach = j + static_cast<int>(seg_[j].size());
+      const int reach = chain_.reach(j);
       for (int e = j + 1; e <= reach; ++e) {
         // The least compute the segment can reach only grows with e: past the target, stop.
-        if (prefix_[levels_ - 1][e] - prefix_[levels_ - 1][j] > target) break;
+        if (chain_.compute(levels_ - 1, j, e) > target) break;
         first_segment(j, e, target);
       }
     }
@@ -272,7 +232,7 @@ class ReplicatedChainSearch {
   void first_segment(int j, int e, double target) {
     int* here = dev_[j].data();
     const int* after = dev_[e].data();
-    const Segment& s = seg_[j][e - j - 1];
+    const UnitSegment& s = chain_.segment(j, e);
     int base = -1;  // least level at one micro-batch in flight: more in flight only need more
     // k = 1 only for the last segment (e == units), k >= 2 only before it.
     const int k_first = std::max(e == units_ ? 1 : 2, k_lo_[e] + 1);
@@ -287,8 +247,9 @@ class ReplicatedChainSearch {
       int l = base;
       // Level `base` met the target at one micro-batch in flight; at k it still does unless
       // it no longer fits or must recompute (one more forward): then scan again.
-      const StageMemory m = stage_memory(s.static_bytes, s.act_bytes * fraction_[l], s.input_bytes * fraction_[l],
-                                         in_flight(k), p_.memory_limit);
+      const double fraction = chain_.row_fraction(l);
+      const StageMemory m =
+          stage_memory(s.static_bytes, s.act_bytes * fraction, s.input_bytes * fraction, in_flight(k), p_.memory_limit);
       if (m.bytes > p_.memory_limit || m.recompute) {
         l = least_level(j, e, target, in_flight(k));
         if (l < 0) return;  // more micro-batches in flight for larger k: none fits either
@@ -308,11 +269,11 @@ class ReplicatedChainSearch {
   // compute spread over every device; then bisection to `tolerance`. Leaves dev_ the DP of the
   // least feasible T found; false when none is (T past 1e12 s).
   bool bisect(double tolerance) {
-    const Segment& all = seg_[0].size() == static_cast<std::size_t>(units_) ? seg_[0][units_ - 1] : Segment{};
-    double hi = prefix_[0][units_] + all.transfer + 1.0;
+    const UnitSegment all = chain_.reach(0) == units_ ? chain_.segment(0, units_) : UnitSegment{};
+    double hi = chain_.total_compute(0) + all.transfer + 1.0;
     for (int l = 0; l < levels_; ++l)
-      hi = std::max(hi, replica_stage_time(p_, l, prefix_[l][units_], all.transfer, all.cross_bytes, all.params));
-    double lo = prefix_[0][units_] / std::max(1, p_.device_budget);
+      hi = std::max(hi, replica_stage_time(p_, l, chain_.total_compute(l), all.transfer, all.cross_bytes, all.params));
+    double lo = chain_.total_compute(0) / std::max(1, p_.device_budget);
     while (!feasible(hi)) {
       hi *= 2.0;
       if (hi > 1e12) return false;
@@ -339,7 +300,7 @@ class ReplicatedChainSearch {
       int j = 0;
       for (int left = k; left >= 1; --left) {
         const int e = cut_[j][left];
-        for (int i = bounds_[j]; i < bounds_[e]; ++i) assignment[p_.order[i]] = k - left;
+        for (int i = chain_.bound(j); i < chain_.bound(e); ++i) assignment[p_.order[i]] = k - left;
         replicas.push_back(table_.replicas(lev_[j][left]));
         j = e;
       }
@@ -357,13 +318,10 @@ class ReplicatedChainSearch {
 
   const Problem& p_;
   const ReplicaTable& table_;
-  const std::vector<int> bounds_;
+  const ChainUnits chain_;  // the chunked order's prefix sums and segment figures
   const int units_, K_, levels_;
-  int usable_ = 0;  // the levels whose replica counts fit the device budget
-  std::vector<std::vector<double>> prefix_, forward_;
-  std::vector<std::vector<Segment>> seg_;
-  std::size_t count_ = 0;
-  std::vector<double> times_, fraction_;
+  const int usable_;           // the levels whose replica counts fit the device budget
+  std::vector<double> times_;  // by time_index, when segment_times() keeps them
   std::vector<std::vector<int>> dev_, cut_, lev_;
   std::vector<int> k_lo_, k_hi_;
 };
