@@ -20,8 +20,10 @@
 // the fewest devices that cover the order with stages of time <= T that fit in memory, each
 // segment taking its least replica count that does. T is feasible when that is at most the
 // device budget. Of the least feasible T's chains (one per stage count), the one with the least
-// predicted step (evaluate.h) is returned, with its replica counts. This DP does not consider
-// recomputation yet: a segment must fit with all its micro-batches' activations. The order is cut into at
+// predicted step (evaluate.h) is returned, with its replica counts. A segment that fits only
+// recomputed is recomputed, by the rule every DP shares (recompute.h). The sequential
+// partitioner plans with PipeDream's DP (pipedream.h) and falls back on this search only when
+// none of PipeDream's chains fits (sequential_partitioner.cpp says why). The order is cut into at
 // most U = sqrt(4e6 / stages) units (about 250 for 64 stages); cost O(U^2 x (stages + levels))
 // per probe, about log2(range / tolerance) probes.
 #pragma once
