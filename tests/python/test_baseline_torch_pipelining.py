@@ -18,13 +18,21 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "baselines" / "torch_pipelining.py"
 
 
+def _script_env() -> dict[str, str]:
+    """The script's environment: the baselines, and the graphpipe this test imported (the installed
+    one under CI, the source tree where PYTHONPATH names it), so the script never runs another copy."""
+    import graphpipe
+
+    package_root = Path(graphpipe.__file__).resolve().parents[1]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]), str(package_root)]))
+
+
 @pytest.mark.parametrize(
     ("spec", "world", "schedule"),
     [("mmt:branches=2,depth=1", 2, "1f1b"), ("dlrm", 3, "1f1b"), ("candle_uno", 2, "fill_drain")],
 )
 def test_chain_pipeline_matches_single_process(spec: str, world: int, schedule: str, tmp_path) -> None:
-    # The source tree's graphpipe (not an installed copy, which may predate it) and the baselines.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]), str(SCRIPT.parents[2])]))
+    env = _script_env()
     result = subprocess.run(
         [sys.executable, str(SCRIPT), spec, "--world", str(world), "--schedule", schedule],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env,
@@ -41,8 +49,7 @@ def test_emulated_stages_run_on_four_ranks(spec: str, schedule: str, tmp_path) -
     # next stage, built from the real examples, sends back None for those, and torch's stage
     # backward failed ("grad can be implicitly created only for scalar outputs"). These specs
     # have such relayed outputs at 4 stages (checked in test_grads_as_example_detaches_...).
-    # The source tree's graphpipe (not an installed copy, which may predate it) and the baselines.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]), str(SCRIPT.parents[2])]))
+    env = _script_env()
     result = subprocess.run(
         [sys.executable, str(SCRIPT), spec, "--world", "4", "--schedule", schedule, "--micro-batches", "4",
          "--steps", "2", "--emulate", "0.001"],
