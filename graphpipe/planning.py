@@ -45,8 +45,10 @@ def parse_bytes(value: float | int | str) -> float:
 def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: int | None = None) -> Any:
     """A device description for the cost model: ``count`` devices of ``kind``.
 
-    ``cpu`` describes CPU ranks (``measure=True`` calibrates throughput on this machine; the
-    default uses documented constants so that every rank computes the same plan), on one host
+    ``cpu`` describes CPU ranks (``measure=True`` calibrates throughput on this machine and the
+    runtime's per-instruction and per-step costs, ``instruction_overhead_seconds`` and
+    ``step_overhead_seconds``, in a few seconds: graphpipe.calibration; the default uses
+    documented constants so that every rank computes the same plan), on one host
     unless ``per_node`` groups them onto several (10 GbE between hosts); ``v100`` and ``h100``
     are documented GPU presets with fast links inside a node and slower ones across nodes
     (``per_node`` GPUs to a node; default 4 and 8). A JSON file path (``*.json``) loads a saved
@@ -65,7 +67,12 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: i
             raise InputError(f"{kind} describes {loaded.count} devices, {count} were asked for")
         return loaded
     if kind == "cpu":
-        return _C.Devices.cpu_rank(count, measure=measure, per_node=per_node or 0)
+        described = _C.Devices.cpu_rank(count, measure=measure, per_node=per_node or 0)
+        if measure:  # the runtime's dispatch and per-step costs too (graphpipe/calibration.py)
+            from graphpipe.calibration import apply_runtime_costs
+
+            apply_runtime_costs(described)
+        return described
     # The preset lookup raises PlanningError naming the presets for an unknown kind.
     return _C.Devices.preset(kind, count, per_node=per_node or 0)
 

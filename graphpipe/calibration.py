@@ -1,0 +1,224 @@
+"""Measured runtime costs: the figures of a device description that only a run can give.
+
+The cost model knows compute and transfers from profiles and link figures; two costs of
+graphpipe's own runtime it cannot know, and both planner and simulator charge them from the
+device description (``Devices.instruction_overhead_seconds``, ``Devices.step_overhead_seconds``):
+
+- the dispatch cost of one forward or backward instruction (the executor's bookkeeping, the call
+  into the stage module, autograd's graph), and
+- the fixed cost of one training step (binding the batch, splitting it into micro-batches, the
+  loss callbacks, the step's closing loss sum over the ranks).
+
+Both come from one-rank pipelines whose stage compute is emulated by zero-length waits, so only
+the runtime works: a step of M micro-batches runs 2M instructions, and its time is
+``step + 2M x instruction``; timing it at two values of M gives both (a straight-line fit of the
+medians). The step's closing collective over several ranks is then timed on its own (an
+all-reduce of one number over the measuring ranks) and added to the step's cost.
+
+Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
+would have (with more ranks than cores every rank's CPU work is slowed by the others), on
+freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
+measurement is short (a few seconds, most of it spawning the ranks) and bounded by ``timeout``.
+
+:func:`link` measures the point-to-point link (latency and bandwidth of a Gloo send/recv pair)
+the same way; benchmarks/calibrate.py prints all three.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link"]
+
+#: The model the dispatch is timed on: small, several operators per stage, zero-length compute.
+DISPATCH_SPEC = "candle_uno:batch=16"
+#: The two micro-batch counts of the straight-line fit (the batch of DISPATCH_SPEC divides by both).
+MICRO_BATCHES = (2, 8)
+SMALL, LARGE = 4, 4 << 20  # bytes, of the link's two ping-pong messages
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """graphpipe's runtime costs on this machine, with ``concurrency`` ranks working at once."""
+
+    instruction_overhead_seconds: float  # per forward or backward instruction
+    step_overhead_seconds: float  # per training step, on top of its instructions
+    concurrency: int
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _in_group(fn: Any, *args: Any) -> list[Any]:
+    """``fn(rank, world, *args)`` on every rank of the initialised default process group (a
+    ``torchrun`` launch); every rank's value, on every rank."""
+    import torch.distributed as dist
+
+    value = fn(dist.get_rank(), dist.get_world_size(), *args)
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any) -> list[Any]:
+    from graphpipe.testing import run_ranks
+
+    results = run_ranks(fn, concurrency, *args, timeout=timeout)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{what} calibration failed on rank {failed[0].rank}: {failed[0].error_type}: "
+                           f"{failed[0].message}")
+    return [r.value for r in results]
+
+
+def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ...], steps: int,
+                  device: str = "cpu") -> dict[str, Any]:
+    """On one rank: its own one-rank pipeline's zero-compute step times at each micro-batch
+    count (interleaved, so a burst of load hits every count alike), and the time of the
+    closing all-reduce of one number over all ``world`` ranks."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+    from graphpipe.testing.emulate import emulate_stage
+
+    groups = [dist.new_group([r]) for r in range(world)]  # collective: every rank creates every group
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    targets = model.example_targets(inputs[0].shape[0])
+    pipes = []
+    for m in micro_batches:
+        pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), group=groups[rank], micro_batches=m,
+                              partitioner="sequential")
+        emulate_stage(pipe, 0.0, 0.0)
+        pipe.step(inputs, targets)  # warm-up: the emulated stage learns its output shapes
+        pipes.append(pipe)
+    samples: dict[int, list[float]] = {m: [] for m in micro_batches}
+    for _ in range(steps):
+        for m, pipe in zip(micro_batches, pipes):
+            dist.barrier()  # every rank's pipelines run at the same time
+            start = time.perf_counter()
+            pipe.step(inputs, targets)
+            _sync(device)
+            samples[m].append(time.perf_counter() - start)
+    closing = []
+    one = torch.zeros(1, device=device)
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(one)
+        _sync(device)
+        closing.append(time.perf_counter() - start)
+    return {"steps": {m: statistics.median(s) for m, s in samples.items()},
+            "closing": statistics.median(closing) if world > 1 else 0.0}
+
+
+def _fit(steps: dict[int, float]) -> tuple[float, float]:
+    """(seconds per instruction, fixed seconds per step) from step times at two or more
+    micro-batch counts: a least-squares line in the instruction count 2M, clamped at 0."""
+    xs = [2.0 * m for m in steps]
+    ys = list(steps.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(slope, 0.0)
+    return slope, max(my - slope * mx, 0.0)
+
+
+def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
+    fits = [_fit(v["steps"]) for v in values]
+    instruction = statistics.median(f[0] for f in fits)
+    step = statistics.median(f[1] for f in fits) + statistics.median(v["closing"] for v in values)
+    return RuntimeCosts(instruction, step, concurrency)
+
+
+def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
+                  micro_batches: tuple[int, ...] = MICRO_BATCHES, timeout: float = 60.0,
+                  in_group: bool = False, device: str = "cpu") -> RuntimeCosts:
+    """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
+    working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
+    ranks of the current process group instead (every rank calls it, every rank gets the figures)."""
+    if concurrency < 1:
+        raise ValueError(f"runtime_costs: concurrency must be at least 1, got {concurrency}")
+    if len(set(micro_batches)) < 2:
+        raise ValueError(f"runtime_costs: needs two different micro-batch counts, got {micro_batches}")
+    if in_group:
+        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device)
+    else:
+        values = _spawned(_step_samples, concurrency, timeout, "runtime cost", spec, tuple(micro_batches), steps,
+                          device)
+    return _costs(values, len(values))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_runtime_costs(concurrency: int) -> RuntimeCosts:
+    return runtime_costs(concurrency)
+
+
+def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts | None = None) -> Any:
+    """Sets ``devices``' ``instruction_overhead_seconds`` and ``step_overhead_seconds`` to
+    ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
+    concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
+    costs = costs if costs is not None else _cached_runtime_costs(concurrency)
+    devices.instruction_overhead_seconds = costs.instruction_overhead_seconds
+    devices.step_overhead_seconds = costs.step_overhead_seconds
+    return devices
+
+
+def _pingpong(rank: int, world: int, repeats: int, device: str = "cpu", rounds: int = 5) -> dict[int, float]:
+    """Per message size, one-way seconds: the median ping-pong of each of ``rounds`` rounds of
+    ``repeats``, 50 ms apart, and of those the quietest round's. A shared machine's hiccups come
+    in bursts; one that lasts a whole round would otherwise set the planner's link latency (a
+    2-rank calibration once read 1.8 ms where 0.1 ms is usual, and the plans changed shape)."""
+    import torch.distributed as dist
+
+    # Ranks pair up (0-1, 2-3, ...) and ping-pong at the same time.
+    peer = rank ^ 1
+    if peer >= world:
+        for _ in range(2 * rounds * repeats):
+            dist.barrier()
+        return {}
+    out = {}
+    for size in (SMALL, LARGE):
+        buf = torch.zeros(size // 4, device=device)
+        medians = []
+        for _ in range(rounds):
+            samples = []
+            for _ in range(repeats):
+                dist.barrier()
+                _sync(device)
+                start = time.perf_counter()
+                if rank % 2 == 0:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+                _sync(device)
+                samples.append((time.perf_counter() - start) / 2)
+            medians.append(statistics.median(samples))
+            time.sleep(0.05)
+        out[size] = min(medians)
+    return out
+
+
+def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
+         timeout: float = 120.0) -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
+    with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs).
+    ``in_group``: measure on the ranks of the current process group instead of spawning."""
+    if in_group:
+        values = _in_group(_pingpong, repeats, device)
+    else:
+        values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device)
+    timed = [v for v in values if v]
+    latency = statistics.median(t[SMALL] for t in timed)
+    large = statistics.median(t[LARGE] for t in timed)
+    return latency, LARGE / max(large - latency, 1e-9)
