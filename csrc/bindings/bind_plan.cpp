@@ -41,7 +41,10 @@ void bind_stages(py::module_& m) {
       .def_readonly("modules", &Stage::modules,
                     "The top-level modules the stage's operators belong to, in order of first appearance.")
       .def("__repr__", [](const Stage& s) {
-        return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators>";
+        std::string devices;
+        for (std::size_t i = 0; i < s.devices.size(); ++i) devices += (i ? "," : "") + std::to_string(s.devices[i]);
+        return "<Stage " + std::to_string(s.id) + ": " + std::to_string(s.nodes.size()) + " operators on devices [" +
+               devices + "]>";
       });
 
   py::class_<StageEdge>(m, "StageEdge", "Operator edges from one stage to another.")
@@ -69,6 +72,13 @@ void bind_plan(py::module_& m) {
       .def_readwrite("micro_batch_size", &Plan::micro_batch_size)
       .def_readwrite("num_micro_batches", &Plan::num_micro_batches)
       .def_readwrite("num_devices", &Plan::num_devices)
+      .def_readwrite("device_nodes", &Plan::device_nodes,
+                     "The node of each device, as the device description had it when the plan was made "
+                     "(empty: not recorded).")
+      .def("stage_nodes", &Plan::stage_nodes, py::arg("stage"),
+           "The distinct nodes of a stage's devices, ascending (empty when device_nodes is).")
+      .def_property_readonly("num_device_nodes", &Plan::num_device_nodes,
+                             "How many nodes the plan's devices sit on (0: not recorded).")
       .def_readwrite("stages", &Plan::stages)
       .def_readwrite("edges", &Plan::edges)
       .def_readwrite("bottleneck_seconds_per_sample", &Plan::bottleneck_seconds_per_sample)
@@ -94,8 +104,11 @@ void bind_plan(py::module_& m) {
       .def_static("load", &plan::load_plan, py::arg("path"), py::arg("graph"))
       .def("__str__", [](const Plan& p) { return plan::to_string(p); })
       .def("__repr__", [](const Plan& p) {
-        return "<Plan " + p.partitioner + ": " + std::to_string(p.stages.size()) + " stages, depth " +
-               std::to_string(p.depth) + ", " + std::to_string(p.num_micro_batches) + " x " +
+        const int nodes = p.num_device_nodes();
+        return "<Plan " + p.partitioner + ": " + std::to_string(p.stages.size()) + " stages on " +
+               std::to_string(p.num_devices) + " devices" +
+               (nodes ? " (" + std::to_string(nodes) + (nodes == 1 ? " node)" : " nodes)") : std::string()) +
+               ", depth " + std::to_string(p.depth) + ", " + std::to_string(p.num_micro_batches) + " x " +
                std::to_string(p.micro_batch_size) + ">";
       });
 }

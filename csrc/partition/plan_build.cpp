@@ -63,6 +63,7 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
   plan.micro_batch_size = p.micro_batch_size;
   plan.num_micro_batches = p.num_micro_batches;
   plan.num_devices = p.model->devices().count;
+  for (int d = 0; d < plan.num_devices; ++d) plan.device_nodes.push_back(p.model->devices().node_of(d));
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
   plan.chain = p.chain;

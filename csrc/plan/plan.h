@@ -14,11 +14,13 @@
 //   - stage ids are 0..S-1 and stages are listed in a topological order of the stage graph;
 //   - stage edges join distinct stages, follow that order, and cover every crossing operator edge;
 //   - device sets are disjoint, non-empty and within the device count;
+//   - device_nodes is empty or names a node >= 0 for each of the num_devices devices;
 //   - micro_batch_size >= the devices of every stage (each replica gets at least one row);
 //   - micro_batch_size * num_micro_batches == batch_size.
 // Predicted figures are per micro-batch of micro_batch_size samples unless named otherwise.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -90,6 +92,11 @@ struct Plan {
   std::int64_t micro_batch_size = 0;
   std::int64_t num_micro_batches = 0;
   int num_devices = 0;
+  // The node (machine) of each device, device_nodes[d] for d < num_devices, as the device
+  // description placed it when the plan was made (cost::Devices::node_of): what the plan's table
+  // and repr name beside each stage's devices, so a reader sees which stages and replicas share a
+  // machine's fast links. Empty: not recorded (plans written before it was); nodes are then unknown.
+  std::vector<int> device_nodes;
   std::vector<Stage> stages;
   std::vector<StageEdge> edges;
   // slowest stage's (forward + backward + transfer) / micro_batch_size
@@ -109,6 +116,24 @@ struct Plan {
   // stage count and in-flight counts are chain positions. `edges` still lists only the stage
   // pairs that operator edges join.
   bool chain = false;
+
+  // The distinct nodes of a stage's devices, ascending; empty when device_nodes is.
+  std::vector<int> stage_nodes(const Stage& stage) const {
+    std::vector<int> out;
+    if (device_nodes.empty()) return out;
+    for (int d : stage.devices) {
+      if (d >= 0 && static_cast<std::size_t>(d) < device_nodes.size()) out.push_back(device_nodes[d]);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  // How many distinct nodes the devices sit on; 0 when device_nodes is empty.
+  int num_device_nodes() const {
+    std::vector<int> all = device_nodes;
+    std::sort(all.begin(), all.end());
+    return static_cast<int>(std::unique(all.begin(), all.end()) - all.begin());
+  }
 };
 
 }  // namespace graphpipe::plan

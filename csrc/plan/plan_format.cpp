@@ -34,15 +34,29 @@ std::string pad(std::string text, std::size_t width) {
   return text;
 }
 
-// "0,1,2,3", or "0-3" for a run of consecutive ranks (replicated stages get contiguous blocks).
-std::string device_list(const Stage& st) {
-  const auto& d = st.devices;
+// "0,1,2,3", or "0-3" for a run of consecutive numbers (replicated stages get contiguous blocks
+// of ranks; a stage spanning nodes, consecutive nodes).
+std::string number_list(const std::vector<int>& d) {
   bool run = d.size() > 2;
   for (std::size_t i = 1; run && i < d.size(); ++i) run = d[i] == d[i - 1] + 1;
   if (run) return std::to_string(d.front()) + "-" + std::to_string(d.back());
   std::string text;
   for (std::size_t i = 0; i < d.size(); ++i) text += (i ? "," : "") + std::to_string(d[i]);
   return text;
+}
+
+std::string device_list(const Stage& st) { return number_list(st.devices); }
+
+// The nodes of the stage's devices (Plan::stage_nodes); "?" when the plan did not record them.
+std::string node_list(const Plan& plan, const Stage& st) {
+  return plan.device_nodes.empty() ? "?" : number_list(plan.stage_nodes(st));
+}
+
+// " on 2 nodes" after the device count; nothing when the nodes are not recorded.
+std::string nodes_summary(const Plan& plan) {
+  const int n = plan.num_device_nodes();
+  if (n == 0) return "";
+  return n == 1 ? " on 1 node" : " on " + std::to_string(n) + " nodes";
 }
 
 // The stage's top-level modules (Stage::modules), at most four: "vision_model, text_model".
@@ -55,7 +69,7 @@ std::string module_list(const Stage& st) {
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
   out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices
-      << " devices, depth " << plan.depth << ", mini-batch " << plan.batch_size << " = " << plan.num_micro_batches
+      << " devices" << nodes_summary(plan) << ", depth " << plan.depth << ", mini-batch " << plan.batch_size << " = " << plan.num_micro_batches
       << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer << (plan.chain ? ", run as a chain" : "")
       << "\n";
   out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3) << " ms/sample, predicted step "
@@ -63,8 +77,12 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
       << bytes(plan.memory_limit_bytes) << "\n";
   // Device lists of replicated stages are longer than one rank: the column grows to fit.
   std::size_t dev_width = 5;
-  for (const Stage& st : plan.stages) dev_width = std::max(dev_width, device_list(st).size() + 1);
-  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("ops", 6) << pad("fwd ms", 10) << pad("bwd ms", 10)
+  std::size_t node_width = 5;
+  for (const Stage& st : plan.stages) {
+    dev_width = std::max(dev_width, device_list(st).size() + 1);
+    node_width = std::max(node_width, node_list(plan, st).size() + 1);
+  }
+  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("node", node_width) << pad("ops", 6) << pad("fwd ms", 10) << pad("bwd ms", 10)
       << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11) << pad("inflt", 6) << pad("memory", 11)
       << pad("allred ms", 10) << pad("next", 10);
   // Without the graph the operators' names are unknown; the modules (stored in the plan) are not.
@@ -80,7 +98,8 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
       next += std::to_string(e.dst);
     }
     if (next.empty()) next = "-";
-    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width) << pad(std::to_string(st.nodes.size()), 6)
+    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width)
+        << pad(node_list(plan, st), node_width) << pad(std::to_string(st.nodes.size()), 6)
         << pad(millis(st.forward_seconds), 10) << pad(millis(st.backward_seconds), 10)
         << pad(millis(st.transfer_seconds), 10) << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
         << pad(std::to_string(st.in_flight) + (st.recompute ? "r" : ""), 6) << pad(bytes(st.memory_bytes), 11)

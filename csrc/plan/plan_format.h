@@ -1,5 +1,6 @@
-// A Plan as a readable table: a header line (partitioner, stages, devices, depth, micro-batches,
-// bottleneck, predicted step), one row per stage (devices, operators with the first and last
+// A Plan as a readable table: a header line (partitioner, stages, devices and the nodes they sit
+// on, depth, micro-batches, bottleneck, predicted step), one row per stage (devices, their nodes
+// (Plan::device_nodes; "?" for a plan that did not record them), operators with the first and last
 // names and the top-level modules they belong to, forward / backward / transfer per micro-batch,
 // parameters, activations, in-flight, peak memory against the limit, successor stages), then the
 // stage edges with their bytes.

@@ -48,6 +48,7 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
           {"micro_batch_size", plan.micro_batch_size},
           {"num_micro_batches", plan.num_micro_batches},
           {"num_devices", plan.num_devices},
+          {"device_nodes", plan.device_nodes},
           {"depth", plan.depth},
           {"bottleneck_seconds_per_sample", plan.bottleneck_seconds_per_sample},
           {"predicted_iteration_seconds", plan.predicted_iteration_seconds},
@@ -81,6 +82,17 @@ Plan plan_header_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.micro_batch_size = jf::get<std::int64_t>(doc, "micro_batch_size", "$");
   plan.num_micro_batches = jf::get<std::int64_t>(doc, "num_micro_batches", "$");
   plan.num_devices = jf::get<int>(doc, "num_devices", "$");
+  // Optional: plans written before they recorded their devices' nodes leave them unknown.
+  if (doc.contains("device_nodes")) {
+    const auto& nodes = jf::array(doc["device_nodes"], "$.device_nodes");
+    for (std::size_t k = 0; k < nodes.size(); ++k) {
+      if (!nodes[k].is_number_integer()) {
+        throw FormatError("$.device_nodes[" + std::to_string(k) + "]: expected an integer, found " +
+                          nodes[k].type_name());
+      }
+      plan.device_nodes.push_back(nodes[k].get<int>());
+    }
+  }
   plan.depth = jf::get<int>(doc, "depth", "$");
   plan.bottleneck_seconds_per_sample = jf::non_negative<double>(doc, "bottleneck_seconds_per_sample", "$");
   plan.predicted_iteration_seconds = jf::non_negative<double>(doc, "predicted_iteration_seconds", "$");

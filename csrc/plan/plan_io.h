@@ -3,7 +3,8 @@
 //
 //   {"format": "graphpipe.plan", "schema_version": 1, "partitioner": "graphpipe",
 //    "graph_fingerprint": "...", "num_graph_nodes": 120, "batch_size": 64,
-//    "micro_batch_size": 8, "num_micro_batches": 8, "num_devices": 4, "depth": 3,
+//    "micro_batch_size": 8, "num_micro_batches": 8, "num_devices": 4,
+//    "device_nodes": [0, 0, 1, 1] (Plan::device_nodes; optional when reading: unknown), "depth": 3,
 //    "bottleneck_seconds_per_sample": ..., "predicted_iteration_seconds": ...,
 //    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
 //    "sync": {"kind": "all_reduce", ...} (cost/sync_method.h; optional when reading: all_reduce),

@@ -36,6 +36,16 @@ void check_plan_header(const Plan& plan, const graph::OpGraph& g) {
   if (plan.num_devices < 1) {
     throw PlanningError("the plan has " + std::to_string(plan.num_devices) + " devices");
   }
+  if (!plan.device_nodes.empty() && plan.device_nodes.size() != static_cast<std::size_t>(plan.num_devices)) {
+    throw PlanningError("the plan names the nodes of " + std::to_string(plan.device_nodes.size()) +
+                        " devices but has " + std::to_string(plan.num_devices));
+  }
+  for (std::size_t d = 0; d < plan.device_nodes.size(); ++d) {
+    if (plan.device_nodes[d] < 0) {
+      throw PlanningError("device " + std::to_string(d) + " is on node " + std::to_string(plan.device_nodes[d]) +
+                          ": nodes are numbered from 0");
+    }
+  }
   const int num_stages = static_cast<int>(plan.stages.size());
   if (num_stages < 1) throw PlanningError("the plan has no stage");
   if (num_stages > plan.num_devices) {
