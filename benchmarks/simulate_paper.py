@@ -99,7 +99,8 @@ def replicas_mode(args) -> None:
             ):
                 start = time.perf_counter()
                 try:
-                    plan = graphpipe.plan(graph, devices, **kwargs)
+                    # The planner simulates its candidates with the buckets the run will use.
+                    plan = graphpipe.plan(graph, devices, bucket_bytes=args.bucket_mib * 2**20, **kwargs)
                 except graphpipe.PlanningError as error:  # e.g. plain data parallelism out of memory
                     made[label] = (None, str(error), time.perf_counter() - start)
                     continue

@@ -106,6 +106,7 @@ def plan(
     stage_devices: Mapping[int, Sequence[int]] | None = None,
     schedule: str = "1f1b",
     sync: Any = None,
+    bucket_bytes: float | None = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -140,6 +141,13 @@ def plan(
             (local SGD's averaging amortised over its period; top-k's and PowerSGD's smaller
             collectives and their compression compute), so a cheaper method makes more replicas
             worth their devices. The plan records it (``plan.sync``).
+        bucket_bytes: the gradient bucket size replicated stages will run with (as given to
+            ``wrap``; default the runtime's): the planner simulates its candidates with it.
+
+    Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
+    judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
+    simulated step is returned, and its ``predicted_iteration_seconds`` is that simulation, what
+    ``graphpipe.simulate(plan, devices, schedule, bucket_bytes=...)`` reports.
 
     Returns:
         A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
@@ -157,12 +165,13 @@ def plan(
     # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
-               "zero_bubble": _zero_bubble(schedule), "sync": sync_method(sync)}
+               "schedule": _C.parse_schedule_kind(schedule), "sync": sync_method(sync),
+               "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
     def partition(replicated: bool) -> Any:
-        return _C.partition(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
-                            micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                            optimizer=optimizer, seed=seed, replicate=replicated, **options)
+        return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
+                                     micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
+                                     optimizer=optimizer, seed=seed, replicate=replicated, **options).plan
 
     return _choose_replication(partition, graph.num_nodes, described.count, replicate, partitioner)
 
@@ -206,7 +215,8 @@ def _choose_replication(partition: Any, num_nodes: int, device_count: int, repli
     """The plan ``plan(replicate=...)`` returns, ``partition(replicated)`` making each candidate.
 
     The default replicates only where one device per stage leaves devices idle; which plan is
-    faster is the core's prediction (each plan's predicted step), not a rule made here.
+    faster is the core's prediction (each plan's predicted step, its simulation), not a rule
+    made here.
     """
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
@@ -242,9 +252,3 @@ def sync_method(sync: Any) -> Any:
         raise InputError(f"{type(sync).__name__}.cost_method() returned {type(method).__name__}, "
                          "not a graphpipe._C.SyncMethod")
     raise InputError(f"sync must be a graphpipe.sync method, a graphpipe._C.SyncMethod or 'allreduce', got {sync!r}")
-
-
-def _zero_bubble(schedule: str) -> bool:
-    """Whether the plan is for the zero-bubble schedule; an unknown name raises the core's
-    PlanningError (the generator's parser lists the names)."""
-    return _C.parse_schedule_kind(schedule) == "zb_graph"

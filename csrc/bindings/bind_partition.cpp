@@ -1,5 +1,5 @@
-// Python view of csrc/partition: partition() and the partitioners' names (the Plan it returns
-// is bind_plan.cpp's).
+// Python view of csrc/partition and csrc/planner: partition(), plan_by_simulation() and the
+// partitioners' names (the Plan they return is bind_plan.cpp's).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +9,7 @@
 #include "bindings/bindings.h"
 #include "partition/partitioner.h"
 #include "plan/plan.h"
+#include "planner/planner.h"
 
 namespace py = pybind11;
 
@@ -16,8 +17,8 @@ namespace graphpipe::bindings {
 
 namespace {
 
-// partition() with the Python signature's optional arguments turned into Options.
-plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices, const std::string& partitioner,
+// The Python signature's optional arguments turned into Options.
+partition::Options make_options(const std::string& partitioner,
                            std::int64_t batch_size, std::optional<std::int64_t> micro_batch_size,
                            std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
                            const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
@@ -40,8 +41,43 @@ plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices
   o.refine = refine;
   o.replicate = replicate;
   if (stage_devices) o.stage_devices = *stage_devices;
+  return o;
+}
+
+plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices, const std::string& partitioner,
+                           std::int64_t batch_size, std::optional<std::int64_t> micro_batch_size,
+                           std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
+                           const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
+                           double tolerance, int seed, bool refine, bool replicate,
+                           std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble,
+                           const cost::SyncMethod& sync) {
+  partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
+                                      optimizer, manual, max_stages, tolerance, seed, refine, replicate, stage_devices,
+                                      zero_bubble, sync);
   py::gil_scoped_release release;
   return partition::partition(g, devices, o);
+}
+
+// plan_by_simulation(): the same arguments, plus the schedule and the simulator's options.
+planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devices& devices,
+                                      const std::string& partitioner, std::int64_t batch_size,
+                                      std::optional<std::int64_t> micro_batch_size,
+                                      std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
+                                      const std::string& optimizer, std::optional<partition::ManualMapping> manual,
+                                      int max_stages, double tolerance, int seed, bool refine, bool replicate,
+                                      std::optional<std::map<int, std::vector<int>>> stage_devices,
+                                      const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
+                                      bool overlap, double task_overhead_seconds) {
+  planner::PlannerOptions p;
+  p.policy = schedule::parse_policy(schedule);
+  partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
+                                      optimizer, manual, max_stages, tolerance, seed, refine, replicate, stage_devices,
+                                      p.policy == schedule::Policy::zb_graph, sync);
+  p.sim.bucket_bytes = bucket_bytes;
+  p.sim.overlap = overlap;
+  p.sim.task_overhead_seconds = task_overhead_seconds;
+  py::gil_scoped_release release;
+  return planner::plan_by_simulation(g, devices, o, p);
 }
 
 }  // namespace
@@ -57,6 +93,24 @@ void bind_partition(py::module_& m) {
         "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
         "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");
   m.def("partitioner_names", &partition::partitioner_names);
+  py::class_<planner::PlannerResult>(m, "PlannerResult",
+                                     "plan_by_simulation's answer: the plan (predicted step = its simulation), "
+                                     "the closed form's step of the same plan, and how many candidates fit and "
+                                     "were simulated")
+      .def_readonly("plan", &planner::PlannerResult::plan)
+      .def_readonly("closed_form_seconds", &planner::PlannerResult::closed_form)
+      .def_readonly("candidates", &planner::PlannerResult::candidates)
+      .def_readonly("simulated", &planner::PlannerResult::simulated);
+  m.def("plan_by_simulation", &plan_simulated, py::arg("graph"), py::arg("devices"),
+        py::arg("partitioner") = "graphpipe", py::arg("batch_size") = 0, py::arg("micro_batch_size") = py::none(),
+        py::arg("num_micro_batches") = py::none(), py::arg("memory_limit") = py::none(),
+        py::arg("optimizer") = "adam", py::arg("manual") = py::none(), py::arg("max_stages") = 0,
+        py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true, py::arg("replicate") = false,
+        py::arg("stage_devices") = py::none(), py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
+        py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
+        py::arg("task_overhead_seconds") = -1.0,
+        "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h); the least "
+        "simulated step's plan, whose predicted_iteration_seconds is that simulation.");
 }
 
 }  // namespace graphpipe::bindings

@@ -43,6 +43,12 @@ struct Options {
   // For "manual": the ranks of some stages (stage -> device ids); a stage not named gets one
   // device, the lowest one no stage names. Implies replicated stages for the stages named.
   std::map<int, std::vector<int>> stage_devices;
+  // Every candidate, not only those that can win on the closed form: with replication, the
+  // partitioners also list each greedy replica allocation's intermediate states and plain data
+  // parallelism at every replica count (partition_candidates, partitioner.h). The planner that
+  // ranks candidates by simulation (planner/planner.h) asks for it, so that its list for a
+  // budget holds every plan of its list for a smaller one, whatever the simulator says of them.
+  bool every_candidate = false;
 };
 
 }  // namespace graphpipe::partition

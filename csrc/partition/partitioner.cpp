@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "common/error.h"
@@ -162,31 +163,52 @@ std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<
   return kept;
 }
 
-}  // namespace
+// The driver's resolved inputs, after the checks partition() makes in this order.
+struct Resolved {
+  std::int64_t batch = 0;
+  std::vector<std::int64_t> micro_batch_sizes;
+  double limit = 0.0;
+  int max_stages = 1;
+};
 
-plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+Resolved resolve(const graph::OpGraph& g, const cost::Devices& devices, const Options& o,
+                 const cost::CostModel& model) {
+  Resolved r;
+  r.batch = resolve_batch(g, o);
+  r.micro_batch_sizes = micro_batch_candidates(r.batch, resolve_micro_batch(r.batch, o));
+  r.micro_batch_sizes = sizes_for_stage_devices(o, std::move(r.micro_batch_sizes));
+  if (o.memory_limit < 0.0) throw PlanningError("memory_limit must not be negative");
+  r.limit = o.memory_limit > 0.0 ? o.memory_limit : devices.memory_bytes;
+  r.max_stages = std::min(o.max_stages > 0 ? std::min(o.max_stages, devices.count) : devices.count,
+                          static_cast<int>(g.num_nodes()));
+  check_memory_bounds(model, r.limit, r.max_stages);
+  return r;
+}
+
+std::unique_ptr<Partitioner> checked_partitioner(const graph::OpGraph& g, const cost::Devices& devices,
+                                                 const Options& o) {
   check_graph_and_devices(g, devices, o.replicate || !o.stage_devices.empty());
   std::unique_ptr<Partitioner> partitioner = make_partitioner(o.partitioner);  // unknown name: PlanningError
   check_search_options(o);
   o.sync.validate();
-  cost::CostModel model(g, devices, o.optimizer);
-  const std::int64_t batch = resolve_batch(g, o);
-  std::vector<std::int64_t> micro_batch_sizes = micro_batch_candidates(batch, resolve_micro_batch(batch, o));
-  micro_batch_sizes = sizes_for_stage_devices(o, std::move(micro_batch_sizes));
-  if (o.memory_limit < 0.0) throw PlanningError("memory_limit must not be negative");
-  const double limit = o.memory_limit > 0.0 ? o.memory_limit : devices.memory_bytes;
-  const int max_stages = std::min(o.max_stages > 0 ? std::min(o.max_stages, devices.count) : devices.count,
-                                  static_cast<int>(g.num_nodes()));
-  check_memory_bounds(model, limit, max_stages);
+  return partitioner;
+}
 
+}  // namespace
+
+plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+  std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
+  cost::CostModel model(g, devices, o.optimizer);
+  Resolved r = resolve(g, devices, o, model);
+  const double limit = r.limit;
   const PartitionRequest request{.graph = g,
                                  .devices = devices,
                                  .options = o,
                                  .model = model,
-                                 .batch_size = batch,
-                                 .micro_batch_sizes = std::move(micro_batch_sizes),
+                                 .batch_size = r.batch,
+                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
                                  .memory_limit = limit,
-                                 .max_stages = max_stages,
+                                 .max_stages = r.max_stages,
                                  .chain = partitioner->plans_chains()};
   partitioner->prepare(request);
 
@@ -220,6 +242,64 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
   plan.sync = o.sync;
   log::info(best.partitioner + ": " + std::to_string(plan.stages.size()) + " stages, depth " +
             std::to_string(plan.depth) + ", micro-batch " + std::to_string(plan.micro_batch_size));
+  return plan;
+}
+
+namespace {
+
+double compute_bound(const Problem& problem, const Evaluation& ev, const cost::Devices& devices) {
+  double slowest = 0.0;
+  for (const StageFigures& f : ev.stages) {
+    // A split backward runs as its two halves (each dispatched): the lesser of the two sums.
+    const double backward = std::min(f.backward, f.backward_input + f.backward_weight);
+    slowest = std::max(slowest, f.forward + backward + f.dispatch);
+  }
+  return static_cast<double>(problem.num_micro_batches) * slowest + devices.step_overhead_seconds;
+}
+
+}  // namespace
+
+CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o)
+    : graph_(g), devices_(devices), options_(o) {
+  std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, options_);
+  model_ = std::make_unique<cost::CostModel>(g, devices, options_.optimizer);
+  Resolved r = resolve(g, devices, options_, *model_);
+  request_ = std::make_unique<PartitionRequest>(PartitionRequest{.graph = g,
+                                                                 .devices = devices,
+                                                                 .options = options_,
+                                                                 .model = *model_,
+                                                                 .batch_size = r.batch,
+                                                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
+                                                                 .memory_limit = r.limit,
+                                                                 .max_stages = r.max_stages,
+                                                                 .chain = partitioner->plans_chains()});
+  partitioner->prepare(*request_);
+  for (std::int64_t mb : request_->micro_batch_sizes) {
+    const Problem& problem = problems_.emplace(mb, request_->problem(mb)).first->second;
+    std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
+    for (CandidatePlan& c : partitioner->candidates(*request_, problem)) {
+      if (c.assignment.empty()) continue;
+      if (!seen.emplace(c.assignment, c.replicas).second) continue;
+      Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
+      if (!ev.acyclic || !ev.fits()) continue;
+      candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck,
+                             compute_bound(problem, ev, devices)});
+    }
+  }
+  // partition()'s preference: predicted step, then slowest stage (predicted_faster), then the
+  // earlier micro-batch size and candidate, which the stable sort keeps.
+  std::stable_sort(candidates_.begin(), candidates_.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
+    return predicted_faster(a.predicted_step, a.bottleneck, b.predicted_step, b.bottleneck);
+  });
+}
+
+CandidateSet::~CandidateSet() = default;
+
+plan::Plan CandidateSet::build(std::size_t i) const {
+  const RankedCandidate& c = candidates_.at(i);
+  Plan plan = build_plan(problems_.at(c.micro_batch_size), c.layout.assignment, c.layout.partitioner,
+                         c.layout.replicas, c.layout.devices);
+  plan.sync = options_.sync;
   return plan;
 }
 

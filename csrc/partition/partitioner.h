@@ -32,19 +32,68 @@
 // (one operator, or all of them on all devices); the partitioner's own input errors (a bad
 // manual mapping); a plan whose stages feed each other in a cycle; a model that does not fit at
 // any micro-batch size, with the stage, its need, the limit and the excess.
+//
+// partition_candidates(): the same driver, but every candidate of every micro-batch size that
+// fits in memory, with its closed-form figures and a bound no schedule beats, for a caller that
+// ranks them by other means (planner/planner.h simulates them).
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cost/cost_model.h"
 #include "cost/devices.h"
 #include "graph/op_graph.h"
 #include "partition/options.h"
+#include "partition/partitioner_interface.h"
 #include "plan/plan.h"
 
 namespace graphpipe::partition {
 
 plan::Plan partition(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+
+// One candidate that fits, as partition_candidates found it.
+struct RankedCandidate {
+  std::int64_t micro_batch_size = 0;
+  CandidatePlan layout;
+  double predicted_step = 0.0;  // the closed form (Evaluation::iteration_seconds)
+  double bottleneck = 0.0;
+  // No schedule runs the plan faster: every rank runs each of the M micro-batches' forward and
+  // backward (and their dispatch), so M x the slowest stage's compute + dispatch per
+  // micro-batch, plus the step's fixed cost, is a lower bound of any simulated step.
+  double compute_bound = 0.0;
+};
+
+// Every distinct candidate of the partitioner (Partitioner::candidates, with
+// Options::every_candidate as given) at every candidate micro-batch size, after the same checks
+// as partition() (same errors). Candidates that do not fit in memory or whose stages feed each
+// other in a cycle are left out; the rest are ordered as partition() prefers them (predicted
+// step, then slowest stage, then smaller micro-batch, then the partitioner's order), so
+// candidates()[0] is partition()'s plan when the list is not empty. The graph and devices must
+// outlive the set.
+class CandidateSet {
+ public:
+  CandidateSet(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+  ~CandidateSet();
+  CandidateSet(const CandidateSet&) = delete;
+  CandidateSet& operator=(const CandidateSet&) = delete;
+
+  const std::vector<RankedCandidate>& candidates() const { return candidates_; }
+  // The Plan of candidates()[i], built as partition() builds its plan.
+  plan::Plan build(std::size_t i) const;
+
+ private:
+  const graph::OpGraph& graph_;
+  const cost::Devices& devices_;
+  Options options_;
+  std::unique_ptr<cost::CostModel> model_;
+  std::unique_ptr<PartitionRequest> request_;
+  std::map<std::int64_t, Problem> problems_;
+  std::vector<RankedCandidate> candidates_;
+};
 
 // The names accepted in Options::partitioner: the registry's (registry.h), in its order.
 std::vector<std::string> partitioner_names();

@@ -78,6 +78,13 @@ class Partitioner {
 
   // The candidate at one micro-batch size; `problem` is request.problem(that size).
   virtual CandidatePlan plan(const PartitionRequest& request, const Problem& problem) = 0;
+
+  // Every candidate this partitioner weighs at one micro-batch size, the one plan() returns
+  // among them (partition_candidates, partitioner.h, ranks them by other means than the closed
+  // form). Default: plan()'s alone.
+  virtual std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) {
+    return {plan(request, problem)};
+  }
 };
 
 }  // namespace graphpipe::partition

@@ -45,7 +45,8 @@ Score score(const Problem& p, const Evaluation& ev) {
 
 }  // namespace
 
-std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& assignment, std::vector<int> replicas) {
+std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& assignment, std::vector<int> replicas,
+                                   std::vector<std::vector<int>>* trail) {
   const int k = assignment.empty() ? 0 : *std::max_element(assignment.begin(), assignment.end()) + 1;
   if (replicas.empty()) replicas.assign(k, 1);
   if (!p.replicated()) return replicas;
@@ -98,6 +99,7 @@ std::vector<int> allocate_replicas(const Problem& p, const std::vector<int>& ass
                    : then.overflow < now.overflow;
       if (!better) continue;
       used += next - replicas[label];
+      if (trail) trail->push_back(replicas);
       replicas = std::move(trial);
       ev = std::move(tried);
       now = then;
@@ -126,6 +128,15 @@ std::pair<std::vector<int>, std::vector<int>> data_parallel_plan(const Problem& 
     }
   }
   return {assignment, best};
+}
+
+std::vector<std::vector<int>> data_parallel_counts(const Problem& p) {
+  std::vector<std::vector<int>> counts{{1}};
+  if (!p.replicated()) return counts;
+  const ReplicaTable& table = *p.replicas;
+  for (int level = 1; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level)
+    counts.push_back({table.replicas(level)});
+  return counts;
 }
 
 std::size_t fastest_candidate(const Problem& p, const std::vector<CandidatePlan>& candidates) {

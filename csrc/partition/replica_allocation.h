@@ -41,13 +41,19 @@ double sync_estimate(const Problem& problem, int d, double params);
 
 // Replica counts by label for `assignment`, starting from `replicas` (empty: one each), adding
 // devices greedily as above within problem.device_budget. Returns `replicas` unchanged (or ones)
-// when the problem is not replicated.
+// when the problem is not replicated. `trail`, when given, receives every state the greedy
+// allocation passes through before the last (the start first): with fewer devices the
+// allocation stops at one of them, so a list that holds them holds the smaller budgets' results.
 std::vector<int> allocate_replicas(const Problem& problem, const std::vector<int>& assignment,
-                                   std::vector<int> replicas = {});
+                                   std::vector<int> replicas = {}, std::vector<std::vector<int>>* trail = nullptr);
 
 // Plain data parallelism: every operator in one stage, on the replica count (at most the device
 // budget and the micro-batch's rows) with the least predicted step. Returns (assignment, replicas).
 std::pair<std::vector<int>, std::vector<int>> data_parallel_plan(const Problem& problem);
+
+// Plain data parallelism at every replica count the table distinguishes (its levels) within
+// the budget, as replica vectors of the one stage, fewest devices first.
+std::vector<std::vector<int>> data_parallel_counts(const Problem& problem);
 
 // The index of the candidate (with its replicas) that fits with the least predicted step (the
 // least overflow when none fits; ties to the earlier), as the graphpipe portfolio judges.

@@ -131,7 +131,7 @@ def test_every_list_of_names_comes_from_the_core() -> None:
     assert graphpipe.SCHEDULES == tuple(_C.schedule_kinds())
     assert graphpipe.DEVICE_KINDS == tuple(_C.device_presets())
     assert graphpipe.OPTIMIZERS == tuple(_C.optimizer_names())
-    assert set(graphpipe.PARTITIONERS) == {"graphpipe", "metis", "sequential", "manual"}
+    assert set(graphpipe.PARTITIONERS) == {"graphpipe", "metis", "sequential", "manual", "piper"}
     # Every listed name is accepted where it is used, and the errors list them all.
     for kind in graphpipe.SCHEDULES:
         assert graphpipe.Schedule.generate(graphpipe.plan(*_tiny_graph_and_devices(), "sequential"), kind)
@@ -271,18 +271,24 @@ def test_manual_stage_devices(uno) -> None:
 
 
 def test_planning_for_the_zero_bubble_schedule_prices_its_split_backward() -> None:
-    """plan(schedule="zb_graph") prices the fill and drain as ZB-H1's with the slowest stage's own
-    I and W: M (F + I + W + T) + (depth - 1) max(0, F + T + I - W) plus the same optimizer tail;
-    an unknown schedule is the core's PlanningError listing the kinds."""
+    """The closed form for the zero-bubble schedule (the partitioners' ranking, _C.partition with
+    zero_bubble) prices the fill and drain as ZB-H1's with the slowest stage's own I and W:
+    M (F + I + W + T) + (depth - 1) max(0, F + T + I - W) plus the same optimizer tail;
+    plan(schedule="zb_graph") predicts the zero-bubble schedule's simulated step; an unknown
+    schedule is the core's PlanningError listing the kinds."""
     import graphpipe
+    from graphpipe._ext import _C
     from graphpipe.models import build_model
 
     model, example = build_model("mmt:size=paper,device=meta")
     graph = graphpipe.trace(model, example)
     devices = graphpipe.devices(8, "v100", per_node=8)
-    fixed = {"batch_size": 256, "micro_batches": 16}
-    one = graphpipe.plan(graph, devices, "sequential", **fixed)
-    zb = graphpipe.plan(graph, devices, "sequential", schedule="zb_graph", **fixed)
+    fixed = {"batch_size": 256, "num_micro_batches": 16}
+    one = _C.partition(graph, devices, "sequential", **fixed)
+    zb = _C.partition(graph, devices, "sequential", zero_bubble=True, **fixed)
+    planned = graphpipe.plan(graph, devices, "sequential", schedule="zb_graph", batch_size=256, micro_batches=16)
+    assert planned.predicted_iteration_seconds == pytest.approx(
+        graphpipe.simulate(planned, devices, "zb_graph").iteration_seconds, rel=1e-12)
     assert [list(s.nodes) for s in one.stages] == [list(s.nodes) for s in zb.stages]
     # The first stage receives nothing; a later one that continues a branch receives its
     # activations: I runs there, and W starts where the parameters join I's path, computing no

@@ -29,6 +29,7 @@ class SequentialPartitioner final : public Partitioner {
 
   bool plans_chains() const override { return true; }
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
+  std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) override;
 };
 
 }  // namespace graphpipe::partition

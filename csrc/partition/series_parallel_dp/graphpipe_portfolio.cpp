@@ -93,9 +93,22 @@ void pipedream_along(Problem p, std::vector<graph::NodeId> order, std::vector<Ca
 // With replication, every candidate's leftover devices go to its slowest stages (replica
 // allocation is greedy for the layouts no DP chose replicas for, and tops up those that did),
 // and plain data parallelism joins the candidates.
-void finish_replicas(const Problem& problem, std::vector<CandidatePlan>& candidates) {
+// With `every` (Options::every_candidate), each allocation's intermediate states and data
+// parallelism at every replica count are candidates too.
+void finish_replicas(const Problem& problem, std::vector<CandidatePlan>& candidates, bool every) {
   if (!problem.replicated()) return;
-  for (CandidatePlan& c : candidates) c.replicas = allocate_replicas(problem, c.assignment, std::move(c.replicas));
+  std::vector<CandidatePlan> states;
+  for (CandidatePlan& c : candidates) {
+    std::vector<std::vector<int>> trail;
+    c.replicas = allocate_replicas(problem, c.assignment, std::move(c.replicas), every ? &trail : nullptr);
+    for (std::vector<int>& r : trail) states.push_back({c.assignment, c.partitioner, std::move(r), {}});
+  }
+  for (CandidatePlan& c : states) candidates.push_back(std::move(c));
+  if (every) {
+    for (std::vector<int>& counts : data_parallel_counts(problem))
+      candidates.push_back({std::vector<int>(problem.num_nodes(), 0), "graphpipe(data-parallel)", std::move(counts), {}});
+    return;
+  }
   auto [single, counts] = data_parallel_plan(problem);
   candidates.push_back({std::move(single), "graphpipe(data-parallel)", std::move(counts), {}});
 }
@@ -226,7 +239,7 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
       if (!seen) all.push_back(std::move(c));
     }
   }
-  finish_replicas(problem, all);
+  finish_replicas(problem, all, request.options.every_candidate);
   pipedream_along(problem, problem.order, all);
   if (sp_->is_series_parallel) {
     for (int order = 1; order < 3; ++order) pipedream_along(problem, branch_order(problem, sp_->tree, order == 2), all);

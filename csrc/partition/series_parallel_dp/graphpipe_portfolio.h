@@ -75,7 +75,7 @@ class GraphpipePortfolio final : public Partitioner {
   // Every candidate the portfolio weighs at this micro-batch size, labelled, in the order above
   // (the fallback's list when the graph is not series-parallel or no DP layout fits).
   // prepare() must have run.
-  std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem);
+  std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) override;
 
  private:
   // The layouts of one search budget (problem.device_budget), before replica allocation.

@@ -1,0 +1,59 @@
+// planner: the plan whose simulated step is least, among every candidate the partitioners make.
+//
+// The closed form that partition() ranks candidates by, (M + depth - 1) x slowest stage +
+// optimizer tail, cannot match the simulator everywhere: it ignores how stage DAGs overlap,
+// transfers that queue on a link, and the bucketed all-reduce as the runtime overlaps it with
+// the last backward. This layer sits above sim (common <- graph <- cost <- plan <- partition <-
+// schedule <- sim <- planner) so that it can judge candidates by the same simulation the user
+// runs: it asks partition for every candidate of every micro-batch size that fits in memory
+// (partition::CandidateSet, with Options::every_candidate), generates each one's schedule under
+// the policy the plan will run with, simulates it (sim::simulate, with the given options) and
+// returns the least simulated step. The returned Plan's predicted_iteration_seconds is that
+// simulation, so planner and simulator agree by construction.
+//
+// Cost: a candidate's compute bound (RankedCandidate::compute_bound: M x its slowest stage's
+// compute, which no schedule beats) orders the simulations, and the search stops at the first
+// candidate whose bound is not below the best simulated step so far: the result is the least
+// simulated step over all candidates (branch and bound), usually after a few simulations.
+//
+// Never worse with more devices: the candidate list for a device budget holds every candidate
+// of the list for a smaller one (the partitioners' lists only grow with the budget, greedy
+// replica allocations' intermediate states included), and a candidate's simulated step depends
+// only on the devices it uses; so the least simulated step never grows with the budget.
+//
+// Ties (equal simulated steps within a relative 1e-12) go to the candidate partition() prefers
+// (CandidateSet's order). When nothing fits, partition()'s error is raised.
+#pragma once
+
+#include <cstddef>
+
+#include "cost/devices.h"
+#include "graph/op_graph.h"
+#include "partition/options.h"
+#include "plan/plan.h"
+#include "schedule/generate.h"
+#include "sim/simulate.h"
+
+namespace graphpipe::planner {
+
+struct PlannerOptions {
+  schedule::Policy policy = schedule::Policy::one_f_one_b;  // the schedule the plan will run under
+  sim::SimOptions sim;                                       // as graphpipe.simulate will be called
+};
+
+struct PlannerResult {
+  plan::Plan plan;              // predicted_iteration_seconds: its simulated step
+  double closed_form = 0.0;     // the closed-form predicted step of the same plan
+  std::size_t candidates = 0;   // candidates that fit, over every micro-batch size
+  std::size_t simulated = 0;    // of which were simulated before the bound stopped the search
+};
+
+// The least simulated step's plan (see above). `options.every_candidate` is set here.
+PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
+                                 const partition::Options& options, const PlannerOptions& planner = {});
+
+// The step a plan's simulation gives under `planner` (the schedule generated for its policy):
+// the figure plan_by_simulation ranks by.
+double simulated_step(const plan::Plan& plan, const cost::Devices& devices, const PlannerOptions& planner);
+
+}  // namespace graphpipe::planner

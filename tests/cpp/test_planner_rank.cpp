@@ -1,0 +1,116 @@
+// The planner that ranks candidates by simulation (planner/planner.h): its plan's predicted step
+// is what the simulator says of that plan; it is the least simulated step over every candidate
+// (the compute bound prunes only what cannot win); it is never slower, simulated, than the
+// closed form's choice; and more devices never give a longer step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+#include "cost/presets.h"
+#include "plan/plan_io.h"
+#include "partition/partitioner.h"
+#include "planner/planner.h"
+#include "schedule/generate.h"
+#include "sim/simulate.h"
+#include "test_partition_graphs.h"
+
+namespace graph = graphpipe::graph;
+namespace cost = graphpipe::cost;
+namespace pt = graphpipe::partition;
+namespace pl = graphpipe::planner;
+namespace sched = graphpipe::schedule;
+namespace sim = graphpipe::sim;
+namespace tst = graphpipe::testing;
+
+namespace {
+
+pt::Options options(const std::string& partitioner, bool replicate) {
+  pt::Options o;
+  o.partitioner = partitioner;
+  o.replicate = replicate;
+  return o;
+}
+
+double simulate_step(const graphpipe::plan::Plan& plan, const cost::Devices& devices, sched::Policy policy) {
+  return sim::simulate(plan, sched::generate(plan, policy), devices).iteration_seconds;
+}
+
+}  // namespace
+
+TEST(PlannerRank, PredictedStepIsTheSimulation) {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(40 + seed, 20);
+    g.trace_batch_size = 32;
+    for (const char* name : {"graphpipe", "sequential", "metis"}) {
+      for (bool replicate : {false, true}) {
+        for (sched::Policy policy : {sched::Policy::one_f_one_b, sched::Policy::zb_graph}) {
+          const cost::Devices devices = cost::v100(6, 4);
+          pt::Options o = options(name, replicate);
+          o.zero_bubble = policy == sched::Policy::zb_graph;
+          const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o, {.policy = policy});
+          EXPECT_NO_THROW(graphpipe::plan::validate_plan(r.plan, g));
+          EXPECT_DOUBLE_EQ(r.plan.predicted_iteration_seconds, simulate_step(r.plan, devices, policy))
+              << name << " seed " << seed << " replicate " << replicate;
+          EXPECT_GE(r.simulated, 1u);
+          EXPECT_LE(r.simulated, r.candidates);
+        }
+      }
+    }
+  }
+}
+
+TEST(PlannerRank, LeastSimulatedStepOverEveryCandidate) {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(60 + seed, 18);
+    g.trace_batch_size = 16;
+    for (const char* name : {"graphpipe", "sequential"}) {
+      const cost::Devices devices = cost::v100(8, 4);
+      pt::Options o = options(name, true);
+      const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o);
+      o.every_candidate = true;
+      const pt::CandidateSet set(g, devices, o);
+      ASSERT_EQ(set.candidates().size(), r.candidates);
+      double least = std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < set.candidates().size(); ++i) {
+        const double step = simulate_step(set.build(i), devices, sched::Policy::one_f_one_b);
+        // The bound the search prunes by is a bound of the simulation.
+        EXPECT_GE(step, set.candidates()[i].compute_bound * (1.0 - 1e-12)) << name << " candidate " << i;
+        least = std::min(least, step);
+      }
+      EXPECT_DOUBLE_EQ(r.plan.predicted_iteration_seconds, least) << name << " seed " << seed;
+      // partition()'s plan is the set's first, so never faster, simulated, than the planner's.
+      const auto closed = pt::partition(g, devices, options(name, true));
+      EXPECT_LE(r.plan.predicted_iteration_seconds,
+                simulate_step(closed, devices, sched::Policy::one_f_one_b) * (1.0 + 1e-12));
+      EXPECT_DOUBLE_EQ(set.candidates().front().predicted_step, closed.predicted_iteration_seconds);
+    }
+  }
+}
+
+TEST(PlannerRank, NeverSlowerWithMoreDevices) {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(100 + seed, 24);
+    g.trace_batch_size = 32;
+    for (const char* name : {"sequential", "graphpipe"}) {
+      double best = 0.0;
+      for (int n = 1; n <= 12; ++n) {
+        const cost::Devices devices = cost::v100(n, 4);
+        const pl::PlannerResult r = pl::plan_by_simulation(g, devices, options(name, true));
+        const double step = r.plan.predicted_iteration_seconds;
+        if (n > 1) EXPECT_LE(step, best * (1.0 + 1e-12)) << name << " seed " << seed << ": " << n << " devices";
+        best = n == 1 ? step : std::min(best, step);
+      }
+    }
+  }
+}
+
+TEST(PlannerRank, NothingFitsRaisesThePartitionersError) {
+  graph::OpGraph g = tst::random_chain(5, 8);
+  g.trace_batch_size = 8;
+  pt::Options o = options("graphpipe", false);
+  o.memory_limit = 1.0;  // one byte: nothing fits
+  EXPECT_THROW(pl::plan_by_simulation(g, cost::v100(2, 4), o), graphpipe::PlanningError);
+}
