@@ -198,20 +198,22 @@ def _with_wait(step: Any, seconds: float) -> Any:
 
 def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, model: Any, inputs: Any,
                        emulate: float | None, device: torch.device) -> Any:
+    # skip_nonfinite=False: the optimizer steps as soon as this rank's part is done, before the
+    # closing loss sum (which waits for the other ranks), as the simulator assumes.
     pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), plan=run.plan_json, schedule=run.schedule,
-                          device=device)
-    if emulate is not None:
-        from graphpipe.testing.emulate import emulate_stage
-
-        emulate_stage(pipe, scale=emulate)
+                          device=device, skip_nonfinite=False)
     params = list(pipe.parameters())
     optimizer = torch.optim.SGD(params, lr=LR) if params else None
-    # optimizer= steps it as soon as this rank's part is done (before the loss broadcast)
-    step = lambda x, y: float(pipe.step(x, y, optimizer=optimizer))  # noqa: E731
     stage = next((s.id for s in pipe.plan.stages if rank in s.devices), None)
-    if emulate is None or stage is None:
-        return step
-    return _with_wait(step, run.optimizer_seconds[stage] if stage < len(run.optimizer_seconds) else 0.0)
+    if emulate is not None and stage is not None:
+        from graphpipe.testing.emulate import EmulatedOptimizer, emulate_stage
+
+        emulate_stage(pipe, scale=emulate)
+        # The optimizer step is a wait of the simulated one, where the runtime steps it.
+        params = list(pipe.parameters())
+        optimizer = EmulatedOptimizer(params, run.optimizer_seconds[stage] if stage < len(run.optimizer_seconds)
+                                      else 0.0)
+    return lambda x, y: float(pipe.step(x, y, optimizer=optimizer))
 
 
 def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micro_batches: int, model: Any,
@@ -382,9 +384,11 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     if calibration is not None:
         latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
         devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
-        # The runtime's measured dispatch cost goes into the description: the planner charges it
-        # as the simulator does (cost::Devices::instruction_overhead_seconds).
-        devices.instruction_overhead_seconds = calibration["task_overhead_seconds"]
+        # The runtime's measured costs go into the description: the planner charges them as the
+        # simulator does (cost::Devices). They are this machine's CPU work, not the devices'
+        # compute, so the slowdown leaves them alone.
+        devices.instruction_overhead_seconds = calibration["instruction_overhead_seconds"]
+        devices.step_overhead_seconds = calibration["step_overhead_seconds"]
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
@@ -443,7 +447,13 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs)
     variants += data_parallel_variants(graph, model, one, job.world, shard_batch, ddp, limit)
 
-    info = simulate_plans(plans, graph, devices, calibration["task_overhead_seconds"])
+    info = simulate_plans(plans, graph, devices)
+    if job.world > 1:
+        # What the cost model prices one gradient bucket's all-reduce over every rank at (from
+        # the links), beside the measured one: the replicas' sync rests on it.
+        info["bucket_all_reduce"] = {
+            "measured_seconds": calibration["bucket_all_reduce_seconds"],
+            "priced_seconds": graphpipe.all_reduce_cost(devices, list(range(job.world)), 1 << 20).seconds}
     for v in variants:
         if isinstance(v.run, GraphpipeRun):
             key = v.run.plan_key + (" zb" if v.run.schedule == "zb_graph" else "")
@@ -541,13 +551,13 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     return out
 
 
-def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any, overhead: float) -> dict[str, dict]:
+def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str, dict]:
     """Per plan (and "graphpipe zb": the graph plan under zb_graph): its shape, the simulated
-    iteration, the simulated optimizer step per stage, and the simulated runtime alone."""
+    iteration (with the devices' measured runtime costs) and optimizer step per stage."""
     info: dict[str, dict] = {}
     for name, p in plans.items():
         for kind in ("1f1b", "zb_graph") if name == "graphpipe" else ("1f1b",):
-            result = graphpipe.simulate(p, devices, kind, task_overhead_seconds=overhead)
+            result = graphpipe.simulate(p, devices, kind)
             info[name + (" zb" if kind == "zb_graph" else "")] = {
                 "stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,
                 "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
@@ -555,8 +565,6 @@ def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any, overhead: fl
                 "predicted_iteration_seconds": p.predicted_iteration_seconds,
                 "simulated_iteration_seconds": result.iteration_seconds,
                 "optimizer_seconds": optimizer_seconds(result, p.num_stages),
-                "simulated_zero_compute_seconds": graphpipe.simulate(
-                    zero_compute(p, graph), devices, kind, task_overhead_seconds=overhead).iteration_seconds,
                 "memory_bytes": [s.memory_bytes for s in p.stages]}
     return info
 
@@ -568,16 +576,6 @@ def optimizer_seconds(result: Any, num_stages: int) -> list[float]:
         if task.kind == "optimizer":
             out[task.stage] = task.end - task.start
     return out
-
-
-def zero_compute(plan: Any, graph: Any) -> Any:
-    """The same plan with every stage's forward and backward time set to zero: what the
-    simulator predicts of the runtime alone (dispatch, transfers)."""
-    text = json.loads(plan.to_json(graph))
-    for stage in text["stages"]:
-        stage["forward_seconds"] = stage["backward_seconds"] = 0.0
-        stage["backward_input_seconds"] = stage["backward_weight_seconds"] = 0.0
-    return graphpipe.Plan.from_json(json.dumps(text), graph)
 
 
 @dataclass
@@ -654,19 +652,23 @@ def _launched_by_torchrun() -> bool:
 
 
 def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
-    """The simulator's link and dispatch figures, measured with as many ranks at once as each run."""
-    from calibrate import dispatch_overhead, link
+    """The device description's measured figures (graphpipe.calibration), each measured with as
+    many ranks at once as the runs it describes: the link, the runtime's per-instruction and
+    per-step costs, and (reported only) one gradient bucket's all-reduce."""
+    from graphpipe.calibration import link, runtime_costs
 
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
-        overhead = dispatch_overhead(concurrency=world, in_group=launch.torchrun, device=launch.device)
+        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                              "task_overhead_seconds": overhead}
+                              "instruction_overhead_seconds": costs.instruction_overhead_seconds,
+                              "step_overhead_seconds": costs.step_overhead_seconds,
+                              "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds}
         if launch.rank == 0:
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
-                  f"{bandwidth / 1e9:.2f} GB/s, runtime dispatch {overhead * 1e6:.0f} us per forward/backward",
-                  file=sys.stderr)
+                  f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
+                  f"instruction and {costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
     return calibration
 
 
@@ -689,34 +691,23 @@ def run_job(job: Job, args: argparse.Namespace, launch: Launch, calibration: dic
         dist.broadcast_object_list(shared, src=0)
     variants, plans, limit, reference = shared[0]
     runnable = [v for v in variants if not v.unavailable]
-    graphpipe_runs = [v for v in runnable if v.runtime == "graphpipe"]
-    bar.total += len(runnable) * len(rounds) + (len(graphpipe_runs) if args.emulate else 0)
+    bar.total += len(runnable) * len(rounds)
     label = f"{job.model} x{job.world} {'limit' if limit else 'no limit'}"
     results: dict[str, dict] = {v.name: {} for v in variants}
-    zero: dict[str, dict] = {}
-    if args.emulate:
-        # Calibration runs, apart from the measured ones: each graphpipe plan emulated with
-        # no compute at all measures the runtime's own cost of that schedule (dispatch,
-        # transfers, the step's set-up and loss broadcast, the barriers that time it), which
-        # the simulator models only in part; the difference is added to the prediction.
-        for variant in graphpipe_runs:
-            bar.set_postfix_str(f"{label} {variant.name} (zero-compute calibration)")
-            zero[variant.name] = {}
-            # (zero-compute steps take milliseconds: at least 10 for a steady median)
-            run_variant(job.spec, job.world, variant, launch, [max(10, rounds[0])], args.warmup, 0.0, 0,
-                        zero[variant.name])
-            bar.update(1)
     for round_index in range(len(rounds)):  # A B C, A B C, ...: drifts hit every variant alike
         for variant in runnable:
             bar.set_postfix_str(f"{label} {variant.name} (round {round_index + 1})")
             run_variant(job.spec, job.world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
                         round_index, results[variant.name])
             bar.update(1)
-    return [report_row(job, v, results[v.name], zero.get(v.name, {}), results, plans, limit, reference, batch, mode,
-                       args) for v in variants]
+    rows = [report_row(job, v, results[v.name], results, plans, limit, reference, batch, mode, args) for v in variants]
+    if "bucket_all_reduce" in plans:
+        for row in rows:
+            row["bucket_all_reduce"] = plans["bucket_all_reduce"]
+    return rows
 
 
-def report_row(job: Job, variant: Variant, r: dict, zero: dict, results: dict[str, dict], plans: dict,
+def report_row(job: Job, variant: Variant, r: dict, results: dict[str, dict], plans: dict,
                limit: float | None, reference: float, batch: int, mode: str, args: argparse.Namespace) -> dict:
     row = {"model": job.model, "spec": job.spec, "world": job.world, "variant": variant.name, "mode": mode,
            "emulated": bool(args.emulate), "device": args.device, "batch": batch, "regime": regime(limit),
@@ -742,12 +733,8 @@ def report_row(job: Job, variant: Variant, r: dict, zero: dict, results: dict[st
         # The plan itself (stage times included), so the simulator's figures can be
         # recomputed from the report alone, e.g. with another machine model.
         plan = row["plan"] = dict(plans[variant.run.plan_key], json=json.loads(variant.run.plan_json))
-        if "median_seconds" in zero:
-            plan["zero_compute_seconds"] = zero["median_seconds"]
-            plan["simulated_calibrated_seconds"] = (plan["simulated_iteration_seconds"] + zero["median_seconds"]
-                                                    - plan["simulated_zero_compute_seconds"])
-            if "median_seconds" in r:
-                plan["simulator_error"] = r["median_seconds"] / plan["simulated_calibrated_seconds"] - 1.0
+        if "median_seconds" in r:
+            plan["simulator_error"] = r["median_seconds"] / plan["simulated_iteration_seconds"] - 1.0
     return row
 
 
@@ -956,26 +943,27 @@ def _print_plan_notes(rows: list[dict], mode: str) -> None:
             print(f"- {model} x{world}, {limit}: the graph plan is shallower than the sequential one (depth "
                   f"{graph['depth']} against {seq['depth']})")
     short = mode.split(",")[0]
-    raw, calibrated = [], []
+    errors = []
+    print(f"\n#### the simulator (with the measured runtime costs) vs {short}\n")
+    print(f"| model | ranks | memory | variant | plan | {short} ms | simulated ms | simulated off by |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "plan" in r and "median_seconds" in r:
             p = r["plan"]
-            error = r["median_seconds"] / p["simulated_iteration_seconds"] - 1.0
-            raw.append(error)
-            line = (f"- {r['model']} x{r['world']} {r['variant']}: {p['partitioner']}, {p['stages']} stages "
-                    f"(replicas {p.get('replicas', '-')}), depth {p['depth']}, {p['micro_batches']} x "
-                    f"{p['micro_batch_size']}; simulated {1e3 * p['simulated_iteration_seconds']:.1f} ms vs {short} "
-                    f"{1e3 * r['median_seconds']:.1f} ms ({100 * error:+.1f}%)")
-            if "simulator_error" in p:
-                calibrated.append(p["simulator_error"])
-                line += (f"; with the runtime's zero-compute cost ({1e3 * p['zero_compute_seconds']:.1f} ms measured, "
-                         f"{1e3 * p['simulated_zero_compute_seconds']:.1f} ms simulated) the simulator predicts "
-                         f"{1e3 * p['simulated_calibrated_seconds']:.1f} ms ({100 * p['simulator_error']:+.1f}%)")
-            print(line)
-    for label, errors in (("simulator", raw), ("simulator + zero-compute calibration", calibrated)):
-        if errors:
-            print(f"- {label} vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} "
-                  f"runs, within 20% in {sum(abs(e) <= 0.20 for e in errors)}, worst {100 * max(errors, key=abs):+.1f}%")
+            error = p["simulated_iteration_seconds"] / r["median_seconds"] - 1.0
+            errors.append(error)
+            print(f"| {r['model']} | {r['world']} | {r.get('regime', '-')} | {r['variant']} | {p['partitioner']}, "
+                  f"{p['stages']} stages, replicas {p.get('replicas', '-')}, depth {p['depth']}, "
+                  f"{p['micro_batches']} x {p['micro_batch_size']} | {1e3 * r['median_seconds']:.1f} | "
+                  f"{1e3 * p['simulated_iteration_seconds']:.1f} | {100 * error:+.1f}% |")
+    if errors:
+        print(f"- simulator vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} runs, "
+              f"within 20% in {sum(abs(e) <= 0.20 for e in errors)}, worst {100 * max(errors, key=abs):+.1f}%")
+    buckets = {(r["world"], json.dumps(r["bucket_all_reduce"])) for r in rows if "bucket_all_reduce" in r}
+    for world, text in sorted(buckets):
+        b = json.loads(text)
+        print(f"- one 1 MiB gradient bucket's all-reduce over {world} ranks: measured {1e3 * b['measured_seconds']:.1f} "
+              f"ms, priced by the cost model (from the point-to-point links) at {1e3 * b['priced_seconds']:.1f} ms")
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -1002,6 +990,11 @@ def verdict(rows: list[dict]) -> list[str]:
             rival = max(others, key=lambda r: r["samples_per_second"])
             line += (f"; graphpipe/graph+dp {ours['samples_per_second'] / rival['samples_per_second']:.2f}x the best "
                      f"non-graphpipe variant ({rival['variant']})")
+        if ours:
+            # The replicated planner's pick (with its schedule) against the fastest measured.
+            off = best["samples_per_second"] / ours["samples_per_second"] - 1.0
+            line += (f"; the planner's pick (graphpipe/graph+dp) is {'within' if off <= 0.05 else 'NOT within'} 5% "
+                     f"of the fastest ({100 * off:.1f}% slower)")
         unfit = [r["variant"] for r in group if r.get("unavailable", "").startswith("does not fit")]
         if unfit:
             line += f"; does not fit: {', '.join(unfit)}"
@@ -1036,8 +1029,7 @@ def write_png(rows: list[dict], path: Path, mode: str) -> None:
             ax.text(ratio, y, f" {ratio:.2f}", va="center", fontsize=8)
             plan = r.get("plan", {})
             ref_plan = (ref or {}).get("plan", {})
-            key = "simulated_calibrated_seconds" if "simulated_calibrated_seconds" in plan else \
-                "simulated_iteration_seconds"
+            key = "simulated_iteration_seconds"
             if plan.get(key) and ref_plan.get(key):
                 ax.plot(ref_plan[key] / plan[key], y, "kd", markersize=5)
         ax.axvline(1.0, color="black", linewidth=1, linestyle="--")

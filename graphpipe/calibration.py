@@ -13,7 +13,8 @@ Both come from one-rank pipelines whose stage compute is emulated by zero-length
 the runtime works: a step of M micro-batches runs 2M instructions, and its time is
 ``step + 2M x instruction``; timing it at two values of M gives both (a straight-line fit of the
 medians). The step's closing collective over several ranks is then timed on its own (an
-all-reduce of one number over the measuring ranks) and added to the step's cost.
+all-reduce of one number over the measuring ranks) and added to the step's cost. (So is an
+all-reduce of one gradient bucket, reported beside the cost model's price of it.)
 
 Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
@@ -41,6 +42,8 @@ DISPATCH_SPEC = "candle_uno:batch=16"
 #: The two micro-batch counts of the straight-line fit (the batch of DISPATCH_SPEC divides by both).
 MICRO_BATCHES = (2, 8)
 SMALL, LARGE = 4, 4 << 20  # bytes, of the link's two ping-pong messages
+#: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
+BUCKET_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class RuntimeCosts:
     instruction_overhead_seconds: float  # per forward or backward instruction
     step_overhead_seconds: float  # per training step, on top of its instructions
     concurrency: int
+    # Measured for reports, not part of the description: one all-reduce of a gradient bucket
+    # (BUCKET_BYTES) over the ``concurrency`` ranks (0 for one rank), to set beside what the
+    # cost model prices it at from the links.
+    bucket_all_reduce_seconds: float = 0.0
 
 
 def _sync(device: str) -> None:
@@ -109,16 +116,24 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
             pipe.step(inputs, targets)
             _sync(device)
             samples[m].append(time.perf_counter() - start)
-    closing = []
-    one = torch.zeros(1, device=device)
-    for _ in range(steps):
+    return {"steps": {m: statistics.median(s) for m, s in samples.items()},
+            "closing": _timed_all_reduce(1, steps, device) if world > 1 else 0.0,
+            "bucket": _timed_all_reduce(BUCKET_BYTES // 4, steps, device) if world > 1 else 0.0}
+
+
+def _timed_all_reduce(numel: int, repeats: int, device: str) -> float:
+    """Median seconds of an all-reduce of ``numel`` float32 over the default group."""
+    import torch.distributed as dist
+
+    buf = torch.zeros(numel, device=device)
+    samples = []
+    for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()
-        dist.all_reduce(one)
+        dist.all_reduce(buf)
         _sync(device)
-        closing.append(time.perf_counter() - start)
-    return {"steps": {m: statistics.median(s) for m, s in samples.items()},
-            "closing": statistics.median(closing) if world > 1 else 0.0}
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
 
 
 def _fit(steps: dict[int, float]) -> tuple[float, float]:
@@ -136,7 +151,7 @@ def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
     fits = [_fit(v["steps"]) for v in values]
     instruction = statistics.median(f[0] for f in fits)
     step = statistics.median(f[1] for f in fits) + statistics.median(v["closing"] for v in values)
-    return RuntimeCosts(instruction, step, concurrency)
+    return RuntimeCosts(instruction, step, concurrency, statistics.median(v["bucket"] for v in values))
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
@@ -157,7 +172,7 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     return _costs(values, len(values))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_runtime_costs(concurrency: int) -> RuntimeCosts:
     return runtime_costs(concurrency)
 

@@ -9,6 +9,15 @@ real ones. Sleeping ranks use no CPU, so 4 to 16 ranks fit on 2 cores, and the m
 iteration time shows the runtime's scheduling efficiency against the simulator's prediction.
 Losses and gradients are meaningless in this mode; every report of it says "emulated".
 
+On a replicated stage the emulated backward also hands zero gradients to the real parameters,
+group by group (in the runtime's bucket order: reverse registration, about a bucket's bytes to a
+group) at an even pace over the backward's wait, so that the runtime's gradient buckets start
+their all-reduces during the backward, as they do on real compute and as the simulator assumes.
+Without them every bucket would start after the backward, and the all-reduce that a real run
+overlaps would be timed in series. :class:`EmulatedOptimizer` stands in for the optimizer: its
+step is a wait of the simulated step (the zero gradients would make a real one meaningless, and
+on large stages not free).
+
 A plain ``time.sleep(d)`` returns 0.1-0.2 ms late on Linux (the default 50 us timer slack and
 wake-up latency), which over the tens of tasks on a pipeline's critical path is a few percent
 the simulator does not know of; :func:`wait` therefore asks for a 1 us timer slack (Linux
@@ -17,6 +26,7 @@ the simulator does not know of; :func:`wait` therefore asks for a 1 us timer sla
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -26,12 +36,17 @@ from torch.utils import _pytree as pytree
 
 from graphpipe._ext import _C
 
-__all__ = ["EmulatedStage", "emulate_stage", "wait"]
+__all__ = ["EmulatedOptimizer", "EmulatedStage", "emulate_stage", "wait"]
 
 #: How long before the deadline the coarse sleep ends; the rest is spun. Covers the usual
 #: oversleep of time.sleep (with a 1 us timer slack) while costing little CPU per wait: with
 #: more ranks than cores, spinning ranks take the cores from ranks with real work.
 SPIN_SECONDS = 100e-6
+#: Bytes of parameters per group whose gradients a replicated stage's emulated backward hands
+#: over at once: the runtime's default gradient bucket (cost/gradient_buckets.h).
+GROUP_BYTES = 1 << 20
+#: At most this many groups (each one more wait, whose spin costs CPU the other ranks need).
+MAX_GROUPS = 16
 
 _PR_SET_TIMERSLACK = 29
 _slack_set = False
@@ -51,17 +66,33 @@ def _tight_timer_slack() -> None:
         pass
 
 
+#: How late (seconds) this process's sleeps have been returning: a moving average of the
+#: lateness past each sleep's target. On a loaded machine a sleeping rank wakes when a core is
+#: free, easily 0.3-0.5 ms late with 8 ranks on 2 busy cores, once per wait, which the simulator
+#: would otherwise see as a per-instruction cost of the runtime. Sleeps end this much earlier.
+_lateness = 0.0
+#: Weight of the newest sample in the moving average, and the most it may anticipate.
+_LATENESS_WEIGHT = 0.2
+_MAX_LATENESS = 2e-3
+
+
 def wait(seconds: float) -> None:
-    """Returns ``seconds`` after the call, within a few microseconds (sleeps, then spins)."""
+    """Returns ``seconds`` after the call, within a few microseconds on an idle core: sleeps
+    until shortly before the deadline (earlier by the usual lateness of this process's
+    sleeps), then spins the rest, yielding the core to other runnable ranks while it spins."""
+    global _lateness
     if seconds <= 0.0:
         return
     _tight_timer_slack()
-    deadline = time.perf_counter() + seconds
-    coarse = seconds - SPIN_SECONDS
+    now = time.perf_counter()
+    deadline = now + seconds
+    coarse = seconds - SPIN_SECONDS - _lateness
     if coarse > 0.0:
         time.sleep(coarse)
+        late = time.perf_counter() - (now + coarse)
+        _lateness = min(_MAX_LATENESS, max(0.0, (1.0 - _LATENESS_WEIGHT) * _lateness + _LATENESS_WEIGHT * late))
     while time.perf_counter() < deadline:
-        pass
+        os.sched_yield()
 
 
 class _WaitInputs(torch.autograd.Function):
@@ -101,6 +132,71 @@ class _WaitWeights(torch.autograd.Function):
         return None, torch.zeros(())
 
 
+class _WaitGroup(torch.autograd.Function):
+    """One piece of a chain of waits: its backward waits ``seconds``, then hands zeros to the
+    next piece (``after``) and zero gradients to ``params`` (whose accumulator hooks start the
+    runtime's gradient buckets). Forward: a scalar zero."""
+
+    @staticmethod
+    def forward(ctx: Any, seconds: float, after: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.seconds = seconds
+        ctx.param_specs = [(p.shape, p.dtype) for p in params]
+        return torch.zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        wait(ctx.seconds)
+        return (None, torch.zeros(()), *[torch.zeros(s, dtype=d) for s, d in ctx.param_specs])
+
+
+class _ZerosOf(torch.autograd.Function):
+    """Zeros of the given shapes that depend on ``link`` (the chains' joint head): free in
+    both directions."""
+
+    @staticmethod
+    def forward(ctx: Any, specs: list, link: torch.Tensor) -> Any:
+        outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
+        for t in outs:
+            if not t.is_floating_point():
+                ctx.mark_non_differentiable(t)
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        return None, torch.zeros(())
+
+
+def parameter_groups(params: list[nn.Parameter], group_bytes: float = GROUP_BYTES,
+                     max_groups: int = MAX_GROUPS) -> list[list[nn.Parameter]]:
+    """``params`` in the runtime's bucket order (reverse registration) cut into consecutive
+    groups of about ``group_bytes`` each (at most ``max_groups``, whole parameters)."""
+    ordered = list(reversed(params))
+    total = sum(p.numel() * p.element_size() for p in ordered)
+    size = max(float(group_bytes), total / max_groups)
+    groups: list[list[nn.Parameter]] = [[]]
+    filled = 0.0
+    for p in ordered:
+        if groups[-1] and filled >= size:
+            groups.append([])
+            filled = 0.0
+        groups[-1].append(p)
+        filled += p.numel() * p.element_size()
+    return groups if groups[0] else []
+
+
+class EmulatedOptimizer(torch.optim.Optimizer):
+    """An optimizer whose step is a wait of ``seconds`` (the simulated step); ``zero_grad``
+    drops the gradients as torch's does."""
+
+    def __init__(self, params: Any, seconds: float) -> None:
+        super().__init__(params, {})
+        self.seconds = float(seconds)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # closure: torch.optim.Optimizer.step's signature
+        wait(self.seconds)
+
+
 class EmulatedStage(nn.Module):
     """Wraps a stage module: the first call runs it for real (to learn its outputs' shapes),
     later calls wait ``forward_seconds`` and return zeros of those shapes. Its backward waits
@@ -109,9 +205,12 @@ class EmulatedStage(nn.Module):
     (zero-bubble schedules: I, then W) waits each half where the runtime runs it."""
 
     def __init__(self, real: nn.Module, forward_seconds: float, backward_seconds: float,
-                 input_seconds: float | None = None) -> None:
+                 input_seconds: float | None = None, replicated: bool = False) -> None:
         super().__init__()
         self.real = real
+        # Replicated: the backward hands the real parameters zero gradients, group by group,
+        # interleaved with the input half (see the module's docstring); else one wait per half.
+        self._groups = parameter_groups([p for p in real.parameters() if p.requires_grad]) if replicated else []
         self.forward_seconds = float(forward_seconds)
         self.backward_seconds = float(backward_seconds)
         self.input_seconds = float(backward_seconds / 2 if input_seconds is None else input_seconds)
@@ -137,14 +236,37 @@ class EmulatedStage(nn.Module):
         # its whole backward is the parameters' (as in the runtime's split, where I is empty).
         has_inputs = any(a.requires_grad for a in floats)
         input_part = self.input_seconds if has_inputs else 0.0
-        weight = _WaitWeights.apply(self.backward_seconds - input_part, self.anchor)
-        outs = [t + weight if t.is_floating_point() else t
-                for t in _WaitInputs.apply(input_part, self._tensor_specs, *floats)]
+        if self._groups:
+            outs = list(self._chained_outputs(floats, input_part))
+        else:
+            weight = _WaitWeights.apply(self.backward_seconds - input_part, self.anchor)
+            outs = [t + weight if t.is_floating_point() else t
+                    for t in _WaitInputs.apply(input_part, self._tensor_specs, *floats)]
         if self._one_tensor:
             return outs[0]
         it = iter(outs)
         leaves = [next(it) if isinstance(leaf, tuple) else leaf for leaf in self._leaves]
         return pytree.tree_unflatten(leaves, self._spec)
+
+
+    def _chained_outputs(self, floats: list[torch.Tensor], input_part: float) -> tuple:
+        """Outputs whose backward runs two chains of waits, interleaved: the input half's
+        (ending in the inputs' gradients) and the weight half's (each piece handing one
+        parameter group its gradients). Autograd's engine runs the ready node created last
+        first, so the pieces are created deepest first, alternating, the weight chain's head
+        last: the backward then alternates weight piece, input piece, and the groups' gradients
+        become final at an even pace over the whole backward, the first group first."""
+        n = len(self._groups)
+        weight_total = sum(p.numel() for g in self._groups for p in g) or 1
+        weight_seconds = self.backward_seconds - input_part
+        inputs_head = _WaitInputs.apply(input_part / n, [((), torch.float32)], *floats)[0]
+        weights_head = self.anchor
+        for k in reversed(range(n)):
+            if k < n - 1:
+                inputs_head = _WaitGroup.apply(input_part / n, inputs_head)
+            share = sum(p.numel() for p in self._groups[k]) / weight_total
+            weights_head = _WaitGroup.apply(weight_seconds * share, weights_head, *self._groups[k])
+        return _ZerosOf.apply(self._tensor_specs, weights_head + inputs_head)
 
 
 def _float_tensors(args: tuple) -> list[torch.Tensor]:
@@ -182,7 +304,9 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     # W walks again, which the simulator's W includes, are not emulated).
     split_input = _C.backward_split(figures)[0]
     share = min(1.0, split_input / figures.backward_seconds) if figures.backward_seconds > 0 else 0.5
-    # Through Pipeline's public seam; a split backward's W computes the gradient of the emulated
-    # stage's one parameter (its waits hang on it).
-    pipe.swap_stage_module(lambda real: EmulatedStage(real, fwd * scale, bwd * scale, bwd * scale * share),
-                           weights=lambda emulated: [emulated.anchor])
+    replicated = len(figures.devices) > 1
+    # A split backward's W computes the gradient of the emulated stage's one parameter (its
+    # waits hang on it), and on a replicated stage those of the real parameters too.
+    pipe.swap_stage_module(
+        lambda real: EmulatedStage(real, fwd * scale, bwd * scale, bwd * scale * share, replicated=replicated),
+        weights=lambda emulated: [emulated.anchor] + [p for g in emulated._groups for p in g])
