@@ -67,7 +67,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       int max_stages, double tolerance, int seed, bool refine, bool replicate,
                                       std::optional<std::map<int, std::vector<int>>> stage_devices,
                                       const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
-                                      bool overlap, double task_overhead_seconds) {
+                                      bool overlap, double task_overhead_seconds, int min_devices) {
   planner::PlannerOptions p;
   p.policy = schedule::parse_policy(schedule);
   partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
@@ -76,6 +76,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
   p.sim.task_overhead_seconds = task_overhead_seconds;
+  p.min_devices = min_devices;
   py::gil_scoped_release release;
   return planner::plan_by_simulation(g, devices, o, p);
 }
@@ -108,9 +109,10 @@ void bind_partition(py::module_& m) {
         py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true, py::arg("replicate") = false,
         py::arg("stage_devices") = py::none(), py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
-        py::arg("task_overhead_seconds") = -1.0,
+        py::arg("task_overhead_seconds") = -1.0, py::arg("min_devices") = 0,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h); the least "
-        "simulated step's plan, whose predicted_iteration_seconds is that simulation.");
+        "simulated step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps "
+        "only candidates that use at least that many devices.");
 }
 
 }  // namespace graphpipe::bindings

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/log.h"
 #include "partition/partitioner.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::planner {
+
+using partition::CandidatePlan;
 
 double simulated_step(const plan::Plan& plan, const cost::Devices& devices, const PlannerOptions& planner) {
   const schedule::Schedule schedule = schedule::generate(plan, planner.policy);
@@ -27,8 +30,18 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
 
   // Simulations in order of the bound; a stable sort keeps partition()'s preference among equal
   // bounds, and the tie rule below keeps it among equal steps.
-  std::vector<std::size_t> order(candidates.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const CandidatePlan& c = candidates[i].layout;
+    const int k = c.assignment.empty() ? 0 : *std::max_element(c.assignment.begin(), c.assignment.end()) + 1;
+    const int used = c.replicas.empty() ? k : std::accumulate(c.replicas.begin(), c.replicas.end(), 0);
+    if (used >= planner.min_devices) order.push_back(i);
+  }
+  if (order.empty()) {
+    throw PlanningError("no " + options.partitioner + " plan that fits in memory uses at least " +
+                        std::to_string(planner.min_devices) + " devices (of " + std::to_string(devices.count) +
+                        "); plan with fewer devices or replicate=True");
+  }
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return candidates[a].compute_bound < candidates[b].compute_bound;
   });

@@ -22,7 +22,8 @@
 // only on the devices it uses; so the least simulated step never grows with the budget.
 //
 // Ties (equal simulated steps within a relative 1e-12) go to the candidate partition() prefers
-// (CandidateSet's order). When nothing fits, partition()'s error is raised.
+// (CandidateSet's order). When nothing fits, partition()'s error is raised; when nothing fits
+// with PlannerOptions::min_devices, a PlanningError says so.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,9 @@ namespace graphpipe::planner {
 struct PlannerOptions {
   schedule::Policy policy = schedule::Policy::one_f_one_b;  // the schedule the plan will run under
   sim::SimOptions sim;                                       // as graphpipe.simulate will be called
+  // Only candidates whose stages use at least this many devices together (0: all). For a user
+  // who must occupy the devices, and to measure what using them would cost.
+  int min_devices = 0;
 };
 
 struct PlannerResult {

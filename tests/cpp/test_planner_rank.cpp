@@ -114,3 +114,22 @@ TEST(PlannerRank, NothingFitsRaisesThePartitionersError) {
   o.memory_limit = 1.0;  // one byte: nothing fits
   EXPECT_THROW(pl::plan_by_simulation(g, cost::v100(2, 4), o), graphpipe::PlanningError);
 }
+
+TEST(PlannerRank, MinDevicesKeepsOnlyPlansThatUseThem) {
+  graph::OpGraph g = tst::random_sp_graph(77, 20);
+  g.trace_batch_size = 16;
+  const cost::Devices devices = cost::v100(8, 4);
+  const pl::PlannerResult free = pl::plan_by_simulation(g, devices, options("graphpipe", true));
+  for (int least : {4, 8}) {
+    pl::PlannerOptions p;
+    p.min_devices = least;
+    const pl::PlannerResult r = pl::plan_by_simulation(g, devices, options("graphpipe", true), p);
+    int used = 0;
+    for (const auto& s : r.plan.stages) used += static_cast<int>(s.devices.size());
+    EXPECT_GE(used, least);
+    EXPECT_GE(r.plan.predicted_iteration_seconds, free.plan.predicted_iteration_seconds * (1.0 - 1e-12));
+  }
+  pl::PlannerOptions too_many;
+  too_many.min_devices = 9;
+  EXPECT_THROW(pl::plan_by_simulation(g, devices, options("graphpipe", true), too_many), graphpipe::PlanningError);
+}
