@@ -8,6 +8,7 @@
 #include "partition/manual/manual_partitioner.h"
 #include "partition/metis/metis.h"
 #include "partition/partitioner.h"
+#include "partition/piper/piper_partitioner.h"
 #include "partition/sequential/sequential_partitioner.h"
 #include "partition/series_parallel_dp/graphpipe_portfolio.h"
 
@@ -34,6 +35,7 @@ constexpr Entry kRegistry[] = {
     {MetisPartitioner::kName, &make<MetisPartitioner>},
     {SequentialPartitioner::kName, &make<SequentialPartitioner>},
     {ManualPartitioner::kName, &make<ManualPartitioner>},
+    {PiperPartitioner::kName, &make<PiperPartitioner>},
 };
 
 }  // namespace

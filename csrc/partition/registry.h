@@ -5,6 +5,7 @@
 //   "metis"       metis/metis.h
 //   "sequential"  sequential/sequential_partitioner.h
 //   "manual"      manual/manual_partitioner.h
+//   "piper"       piper/piper_partitioner.h (Piper's planner, a replicated baseline)
 // Adding a partitioner: implement Partitioner (partitioner_interface.h) in its own folder and add
 // one line to the table in registry.cpp.
 #pragma once

@@ -1,0 +1,31 @@
+#include "partition/piper/piper_partitioner.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "partition/piper/piper.h"
+#include "partition/replica_allocation.h"
+
+namespace graphpipe::partition {
+
+void PiperPartitioner::prepare(const PartitionRequest& request) {
+  // The pieces balance compute at the smallest micro-batch size; the layer graph's shape (which
+  // units exist) is what the DP needs, and it is the same at every size.
+  layers_ = piper::build_layer_graph(request.problem(request.micro_batch_sizes.front()));
+  log::info("piper: " + std::to_string(layers_.units.size()) + " layers (" + std::to_string(layers_.chains) +
+            " chains of operators grouped by module depth " + std::to_string(layers_.module_depth) + ", at most " + std::to_string(layers_.pieces_per_chain) + " pieces each), " +
+            std::to_string(layers_.downsets.size()) + " down-sets");
+}
+
+CandidatePlan PiperPartitioner::plan(const PartitionRequest& /*request*/, const Problem& problem) {
+  std::vector<CandidatePlan> candidates;
+  for (ChainPlan& chain : piper_plans(problem, layers_)) {
+    candidates.push_back({std::move(chain.assignment), std::string(kName), std::move(chain.replicas), {}});
+  }
+  if (candidates.empty()) return {{}, std::string(kName), {}, {}};
+  return std::move(candidates[fastest_candidate(problem, candidates)]);
+}
+
+}  // namespace graphpipe::partition

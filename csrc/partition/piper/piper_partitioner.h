@@ -1,0 +1,31 @@
+// The "piper" partitioner: Piper's planner (piper.h), the second replicated baseline beside
+// PipeDream's ("sequential" with replicate=True).
+//
+// prepare() builds the layer graph and its down-sets once (layer_graph.h; a graph too wide for
+// the budget is a PlanningError naming the limit, raised before any micro-batch size is tried);
+// plan() runs Piper's DP at each micro-batch size and keeps, of its chains for every device
+// count up to the budget, the one with the least predicted step (evaluate.h): more devices never
+// give a slower plan. Without replication every stage gets one device (the DP's only level).
+// Plans run as chains (plans_chains()), Piper's linear pipeline.
+#pragma once
+
+#include <string_view>
+
+#include "partition/partitioner_interface.h"
+#include "partition/piper/layer_graph.h"
+
+namespace graphpipe::partition {
+
+class PiperPartitioner final : public Partitioner {
+ public:
+  static constexpr std::string_view kName = "piper";
+
+  bool plans_chains() const override { return true; }
+  void prepare(const PartitionRequest& request) override;
+  CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
+
+ private:
+  piper::LayerGraph layers_;
+};
+
+}  // namespace graphpipe::partition
