@@ -1,6 +1,5 @@
 // ChainUnits: the figures of a topological order cut into units (chunk_bounds, sequential.h) that
-// the replicated chain searches read, PipeDream's planner (pipedream.h) and sequential_replicated
-// (sequential.h): one rule for both, so that they price a segment alike.
+// PipeDream's planner (pipedream.h) reads, priced as the evaluation prices a chain's stage.
 //
 //   - per replica level (replicas.h), the prefix sums of compute and forward (what a recomputed
 //     replica runs again) over the units, so that a segment's is a difference; level 0 is the
@@ -8,7 +7,10 @@
 //     model at the same rows, so the two agree);
 //   - for every segment units[j..e), its GroupStats figures (group_stats.h), grown from each j
 //     until the segment's static memory alone overflows the memory limit: static memory only
-//     grows with e, so no longer segment from j fits either;
+//     grows with e, so no longer segment from j fits either; on a chain (Problem::chain), with
+//     the tensors it relays (produced before j, consumed at e or later) added as the evaluation
+//     charges them: received and sent on (two crossings each) and held as activations and as
+//     received bytes (what recomputation keeps);
 //   - the levels whose replica counts fit the device budget, and each one's row fraction (what a
 //     replica's activations and received bytes scale by).
 // Building it is O(levels x V + U x (V + E)) for U units.
@@ -55,7 +57,13 @@ class ChainUnits {
   std::size_t segments() const { return first_[units_]; }
 
  private:
+  struct Relay {
+    double bytes = 0.0;
+    int edges = 0;
+  };
   void prefix_sums(const Problem& p);
+  // [j][e]: the operator edges a chain relays through a segment units[j..e) (none off a chain).
+  std::vector<std::vector<Relay>> relays(const Problem& p) const;
   void grow_segments(const Problem& p);
 
   std::vector<int> bounds_;

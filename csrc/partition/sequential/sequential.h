@@ -22,8 +22,9 @@
 // device budget. Of the least feasible T's chains (one per stage count), the one with the least
 // predicted step (evaluate.h) is returned, with its replica counts. A segment that fits only
 // recomputed is recomputed, by the rule every DP shares (recompute.h). The sequential
-// partitioner plans with PipeDream's DP (pipedream.h) and falls back on this search only when
-// none of PipeDream's chains fits (sequential_partitioner.cpp says why). The order is cut into at
+// partitioner plans with PipeDream's DP (pipedream.h), which charges a chain's relays itself;
+// this search is kept as the reference that times stages exactly as the tree DP does
+// (replica_stage_time, with no per-target caches), against which the tests check the tree DP. The order is cut into at
 // most U = sqrt(4e6 / stages) units (about 250 for 64 stages); cost O(U^2 x (stages + levels))
 // per probe, about log2(range / tolerance) probes.
 #pragma once

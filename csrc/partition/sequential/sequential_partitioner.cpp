@@ -1,6 +1,5 @@
 #include "partition/sequential/sequential_partitioner.h"
 
-#include "partition/evaluate.h"
 #include "partition/replica_allocation.h"
 #include "partition/sequential/pipedream.h"
 #include "partition/sequential/sequential.h"
@@ -24,16 +23,6 @@ std::vector<CandidatePlan> SequentialPartitioner::candidates(const PartitionRequ
   } else {
     auto [single, counts] = data_parallel_plan(problem);
     candidates.push_back({std::move(single), std::string(kName), std::move(counts), {}});
-  }
-  // PipeDream's DP prices a stage's memory from its own operators, not the skip tensors the
-  // chain relays through it (the evaluation charges those), so under a tight limit its chains
-  // can all overflow by a relay's bytes. Then the replicated chain search, which grows each
-  // stage's replicas and recomputation until the evaluated stage fits (sequential.h), joins them.
-  // Only then: with a chain that fits, the list stays the one that never slows with more devices.
-  const CandidatePlan& chosen = candidates[fastest_candidate(problem, candidates)];
-  if (!evaluate(problem, chosen.assignment, chosen.replicas, chosen.devices).fits()) {
-    auto [chain, replicas] = sequential_replicated(problem, request.options.tolerance);
-    if (!chain.empty()) candidates.push_back({std::move(chain), std::string(kName), std::move(replicas), {}});
   }
   return candidates;
 }
