@@ -16,7 +16,8 @@ graph+dp (``graphpipe`` with ``replicate=True``), sequential+dp (``sequential`` 
 a manual plan). Each plan is simulated (graph-aware 1F1B; the simulator models the replicas'
 re-sharded transfers and their bucketed gradient all-reduce, here with ``--bucket-mib`` 25 MiB
 buckets, DDP's default, as a GPU run would use: ``wrap(..., bucket_bytes=)``), and the
-planner's own predicted step is printed beside it. A second table gives graph+dp's simulated
+planner's own predicted step is printed beside it (the planner ranks its candidates by
+simulating them with the same buckets, docs/design.md §4.10, so the two agree). A second table gives graph+dp's simulated
 speedup over the other two per row, each planner's predicted / simulated step, and the GraphPipe
 paper's 1.25-1.61x (over PipeDream and Piper, 32 GPUs) beside the 32-GPU rows. Writes
 results/simulate_paper_replicas.json.

@@ -6,14 +6,14 @@
 
 namespace graphpipe::partition {
 
-ChainUnits::ChainUnits(const Problem& p, int max_units)
+ChainUnits::ChainUnits(const Problem& p, int max_units, bool relays)
     : bounds_(chunk_bounds(p, max_units)), units_(static_cast<int>(bounds_.size()) - 1) {
   const ReplicaTable& table = *p.replicas;
   while (usable_ < table.num_levels() && table.replicas(usable_) <= p.device_budget) ++usable_;
   fraction_.resize(usable_);
   for (int l = 0; l < usable_; ++l) fraction_[l] = table.row_fraction(l);
   prefix_sums(p);
-  grow_segments(p);
+  grow_segments(p, relays);
 }
 
 void ChainUnits::prefix_sums(const Problem& p) {
@@ -65,11 +65,12 @@ std::vector<std::vector<ChainUnits::Relay>> ChainUnits::relays(const Problem& p)
   return through;
 }
 
-void ChainUnits::grow_segments(const Problem& p) {
+void ChainUnits::grow_segments(const Problem& p, bool relays) {
   seg_.resize(units_);
   first_.assign(units_ + 1, 0);
   std::vector<int> stamps(p.num_nodes(), -1);
-  const std::vector<std::vector<Relay>> through = relays(p);
+  const std::vector<std::vector<Relay>> through =
+      relays ? this->relays(p) : std::vector<std::vector<Relay>>(units_ + 1, std::vector<Relay>(units_ + 1));
   for (int j = 0; j < units_; ++j) {
     GroupStats g(p, stamps, j);
     for (int e = j + 1; e <= units_; ++e) {

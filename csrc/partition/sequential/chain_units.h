@@ -32,8 +32,10 @@ struct UnitSegment {
 
 class ChainUnits {
  public:
-  // problem.order cut into at most `max_units` units; needs problem.replicated().
-  ChainUnits(const Problem& problem, int max_units);
+  // problem.order cut into at most `max_units` units; needs problem.replicated(). `relays`
+  // false leaves a chain's relays out of the segments (PipeDream's own pricing, which knows no
+  // skip tensors).
+  ChainUnits(const Problem& problem, int max_units, bool relays = true);
 
   int units() const { return units_; }
   // The order position where unit u starts, u = 0..units() (the last: the order's length).
@@ -64,7 +66,7 @@ class ChainUnits {
   void prefix_sums(const Problem& p);
   // [j][e]: the operator edges a chain relays through a segment units[j..e) (none off a chain).
   std::vector<std::vector<Relay>> relays(const Problem& p) const;
-  void grow_segments(const Problem& p);
+  void grow_segments(const Problem& p, bool relays);
 
   std::vector<int> bounds_;
   int units_ = 0, usable_ = 0;

@@ -19,6 +19,11 @@
 // A segment must fit in memory with the micro-batches a 1F1B chain stage may hold: at most
 // 1 + the devices left for the rest (each later stage takes one at least), and at most M.
 //
+// On a chain (Problem::chain) a segment is also charged the tensors the chain relays through it
+// (chain_units.h), as the evaluation charges them, so its chains fit as evaluated; the chains of
+// PipeDream's own pricing, which knows no relays, are returned after them (the caller evaluates
+// every candidate: those that overflow by a relay drop out, those that fit may simulate faster).
+//
 // Every distinct chain A(0, m) for m = 1..budget is returned (with its replica counts): the set
 // for a larger budget contains the set for a smaller one, so that choosing among them by the
 // predicted step (evaluate.h, which depends only on the devices a plan uses) never gets worse
@@ -40,5 +45,9 @@ struct ChainPlan {
 
 // Needs problem.replicated(). Empty when no chain fits in memory.
 std::vector<ChainPlan> pipedream_plans(const Problem& problem);
+
+// One search's chains: with the relays charged on a chain (`relays`), or priced as PipeDream
+// prices them.
+std::vector<ChainPlan> pipedream_chains(const Problem& problem, bool relays);
 
 }  // namespace graphpipe::partition
