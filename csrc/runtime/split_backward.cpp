@@ -21,36 +21,68 @@ using torch::autograd::Node;
 using NodePtr = c10::intrusive_ptr<Node>;
 
 // The graph below some roots, children before parents (an iterative depth-first post-order: a
-// deep stage's graph would overflow a recursive one). Holding the nodes keeps them alive while
-// the split runs.
+// deep stage's graph would overflow a recursive one), with every node's children by position in
+// that order (one hash lookup per node, when it is first met; the passes after the walk read
+// positions only). Holding the nodes keeps them alive while the split runs.
 struct Walk {
   std::vector<NodePtr> nodes;
-  std::unordered_map<Node*, int> index;
+  // Where a node lies in `nodes` (roots' lookups).
+  int at(Node* n) const { return position[met_at.at(n)]; }
+  std::unordered_map<Node*, int> met_at;  // the order in which the walk met the nodes
+  std::vector<int> position;              // met order -> position in `nodes`
+  // Node i's edges, as positions in `nodes` (-1: an edge to no node), edges i's of
+  // child_begin[i] .. child_begin[i + 1] of `children`, in next_edges() order.
+  std::vector<int> child_begin;
+  std::vector<int> children;
+  int child(std::size_t i, std::size_t k) const { return children[child_begin[i] + k]; }
 };
 
 Walk walk(const edge_list& roots) {
   Walk g;
-  std::vector<std::pair<NodePtr, std::size_t>> stack;
-  auto enter = [&](const NodePtr& n) {
-    if (!n || g.index.count(n.get())) return;
-    g.index.emplace(n.get(), -1);
-    stack.emplace_back(n, 0);
+  // Nodes are numbered when first met (pre-order); `order` keeps the post-order, renumbered at
+  // the end.
+  std::vector<NodePtr> met;
+  std::vector<int> order;
+  std::vector<std::vector<int>> kids;
+  g.met_at.reserve(512);
+  std::vector<std::pair<int, std::size_t>> stack;
+  auto enter = [&](const NodePtr& n) -> int {
+    if (!n) return -1;
+    auto [it, fresh] = g.met_at.try_emplace(n.get(), static_cast<int>(met.size()));
+    if (!fresh) return it->second;
+    met.push_back(n);
+    kids.emplace_back();
+    kids.back().reserve(n->num_outputs());
+    stack.emplace_back(it->second, 0);
+    return it->second;
   };
   for (const auto& root : roots) {
     enter(root.function);
     while (!stack.empty()) {
-      Node* n = stack.back().first.get();
+      const int id = stack.back().first;
       const std::size_t k = stack.back().second;
+      Node* n = met[id].get();
       if (k < n->num_outputs()) {
         ++stack.back().second;
-        enter(n->next_edge(k).function);  // may reallocate `stack`: nothing of it is held
+        const int c = enter(n->next_edge(k).function);  // may reallocate `stack`: nothing of it is held
+        kids[id].push_back(c);
       } else {
-        g.index[n] = static_cast<int>(g.nodes.size());
-        g.nodes.push_back(std::move(stack.back().first));
+        order.push_back(id);
         stack.pop_back();
       }
     }
   }
+  std::vector<int>& position = g.position;
+  position.resize(met.size());
+  for (std::size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
+  g.nodes.reserve(order.size());
+  g.child_begin.reserve(order.size() + 1);
+  for (int id : order) {
+    g.child_begin.push_back(static_cast<int>(g.children.size()));
+    for (int c : kids[id]) g.children.push_back(c < 0 ? -1 : position[c]);
+    g.nodes.push_back(std::move(met[id]));
+  }
+  g.child_begin.push_back(static_cast<int>(g.children.size()));
   return g;
 }
 
@@ -105,9 +137,9 @@ Marks mark(const Walk& g, const std::unordered_set<Node*>& input_nodes, const st
   for (std::size_t i = 0; i < n; ++i) {  // children first
     Node* node = g.nodes[i].get();
     bool leads_in = false, leads_to_param = param_nodes.count(node) > 0, leaves_path = false;
-    for (const auto& e : node->next_edges()) {
-      if (!e.function) continue;
-      const int c = g.index.at(e.function.get());
+    for (std::size_t k = 0; k < node->num_outputs(); ++k) {
+      const int c = g.child(i, k);
+      if (c < 0) continue;
       ++m.consumers[c];
       leads_in = leads_in || m.on_path[c];
       leads_to_param = leads_to_param || m.to_param[c];
@@ -130,11 +162,13 @@ Marks mark(const Walk& g, const std::unordered_set<Node*>& input_nodes, const st
 // to a parameter's accumulator that nothing else in the graph feeds and that has no tensor hooks:
 // I captures the gradient at the accumulator (running its tensor hooks), and W feeds it to the
 // accumulator, which would run them again.
-bool fuse_join(const Node& node, const Walk& g, const Marks& m, const std::unordered_set<Node*>& param_nodes) {
+bool fuse_join(std::size_t i, const Walk& g, const Marks& m, const std::unordered_set<Node*>& param_nodes) {
+  const Node& node = *g.nodes[i];
   if (node.name().find("NormBackward") == std::string::npos) return false;
-  for (const auto& e : node.next_edges()) {
-    if (!e.function) continue;
-    const int c = g.index.at(e.function.get());
+  for (std::size_t k = 0; k < node.num_outputs(); ++k) {
+    const int c = g.child(i, k);
+    if (c < 0) continue;
+    const Edge& e = node.next_edge(k);
     if (m.on_path[c] || !m.to_param[c]) continue;
     if (!param_nodes.count(e.function.get()) || m.consumers[c] != 1 || !e.function->tensor_pre_hooks().empty() ||
         !e.function->retains_grad_hooks().empty()) {
@@ -180,10 +214,13 @@ struct WeightStart {
 // they are cut, so that W computes only the parameter-side ones. (set_next_edge would assert on a
 // node that has a parent; an edge made invalid only lowers what the node's topological number
 // could be, which autograd reads as a bound.)
-void start_at_join(const Walk& g, const Marks& m, const NodePtr& node, std::vector<at::Tensor>& arrived,
+void start_at_join(const Walk& g, const Marks& m, std::size_t i, std::vector<at::Tensor>& arrived,
                    WeightStart& start) {
-  for (auto& e : node->next_edges()) {
-    if (e.function && m.on_path[g.index.at(e.function.get())]) e = Edge();
+  const NodePtr& node = g.nodes[i];
+  auto& edges = node->next_edges();
+  for (std::size_t k = 0; k < edges.size(); ++k) {
+    const int c = g.child(i, k);
+    if (c >= 0 && m.on_path[c]) edges[k] = Edge();
   }
   for (std::size_t k = 0; k < arrived.size(); ++k) {
     if (!arrived[k].defined()) continue;
@@ -216,7 +253,7 @@ WeightStart split(const std::vector<at::Tensor>& roots, const std::vector<at::Te
   edge_list accumulators;
   for (std::size_t i = 0; i < n; ++i) {
     if (!m.join[i]) continue;
-    if (!fuse_join(*g.nodes[i], g, m, param_nodes)) {
+    if (!fuse_join(i, g, m, param_nodes)) {
       joins.push_back(i);
       continue;
     }
@@ -231,7 +268,7 @@ WeightStart split(const std::vector<at::Tensor>& roots, const std::vector<at::Te
   for (std::size_t k = 0; k < roots.size(); ++k) {
     Node* node = root_edges[k].function.get();
     if (!node) continue;
-    const int i = g.index.at(node);
+    const int i = g.at(node);
     if (!m.on_path[i] && m.to_param[i]) off_path_roots.push_back(k);
   }
   // W needs the graph only to run the joins and the roots off the input path again.
@@ -251,7 +288,7 @@ WeightStart split(const std::vector<at::Tensor>& roots, const std::vector<at::Te
     start.roots.push_back(accumulators[k]);
     start.grads.push_back(std::move(grad));
   }
-  for (std::size_t j = 0; j < joins.size(); ++j) start_at_join(g, m, g.nodes[joins[j]], arrived[j], start);
+  for (std::size_t j = 0; j < joins.size(); ++j) start_at_join(g, m, joins[j], arrived[j], start);
   for (std::size_t k : off_path_roots) {
     start.roots.push_back(root_edges[k]);
     start.grads.push_back(grads[k]);
