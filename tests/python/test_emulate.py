@@ -78,3 +78,108 @@ def test_emulate_stage_uses_the_pipelines_seam() -> None:
         assert r.value["emulated"] and r.value["wraps_real"] and r.value["anchor_grad"], r.value
         # The emulated output stage returns zeros of the real shape: the loss is that of zeros.
         assert r.value["loss"] == pytest.approx(r.value["zeros_loss"], rel=1e-6)
+
+
+class _Tower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        # ~1.1 MiB of parameters per layer: one gradient group (GROUP_BYTES) each.
+        self.layers = nn.ModuleList(nn.Linear(540, 540) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_replicated_stage_hands_its_gradients_over_the_backward() -> None:
+    # A replicated stage's emulated backward gives every real parameter a zero gradient, the
+    # runtime's buckets' order first (the last layer's), at an even pace over the backward, the
+    # inputs' gradient at its end: the accumulator hooks that start the buckets fire during it.
+    stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.08, input_seconds=0.04, replicated=True)
+    params = list(stage.real.parameters())
+    assert len(stage._groups) == 4  # one per layer, in reverse registration order
+    assert stage._groups[0][0] is params[-1]
+    x = torch.randn(2, 540, requires_grad=True)
+    stage(x)
+    arrived: dict[int, float] = {}
+    def noting(i: int) -> object:
+        def hook(_: torch.Tensor) -> None:
+            arrived.setdefault(i, time.perf_counter())
+        return hook
+
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(noting(i))
+    out = stage(x)
+    start = time.perf_counter()
+    out.sum().backward()
+    elapsed = time.perf_counter() - start
+    assert elapsed >= 0.08
+    assert sorted(arrived) == list(range(len(params)))
+    assert all(p.grad is not None and not p.grad.any() for p in params)
+    assert x.grad is not None and not x.grad.any()
+    layer_times = [arrived[2 * k] - start for k in range(4)]  # each layer's weight
+    assert layer_times == sorted(layer_times, reverse=True)  # the last layer's first
+    # Each group's wait (its share of the weight half) after the input half's piece before it:
+    # the first group is final after 1/4 of the backward, not after the input half.
+    assert layer_times[3] < 0.5 * elapsed
+    assert layer_times[0] >= 0.08 - 0.01 - 1e-3
+
+
+def test_unreplicated_stage_leaves_the_real_parameters_alone() -> None:
+    stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.002)
+    x = torch.randn(2, 540, requires_grad=True)
+    stage(x)
+    stage(x).sum().backward()
+    assert all(p.grad is None for p in stage.real.parameters()) and stage.anchor.grad is not None
+
+
+def test_emulated_optimizer_waits_and_drops_gradients() -> None:
+    from graphpipe.testing.emulate import EmulatedOptimizer
+
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = EmulatedOptimizer([p], 0.003)
+    start = time.perf_counter()
+    opt.step()
+    assert time.perf_counter() - start >= 0.003
+    opt.zero_grad()
+    assert p.grad is None and torch.equal(p.detach(), torch.ones(3))
+
+
+def _replicated_overlap(rank: int, world: int) -> dict:
+    """Both ranks hold one replicated stage, emulated: the bucket all-reduces start during the
+    backward (the recorded all_reduce instruction ends later than it starts, and the time from
+    the backward's end to the all-reduce's end is shorter than the all-reduce alone)."""
+    import graphpipe
+    from graphpipe.runtime.plan import manual_plan
+    from graphpipe.testing.emulate import emulate_stage
+    from graphpipe.trace import trace_module
+
+    torch.manual_seed(0)
+    model = _Tower()
+    x, y = torch.randn(8, 540), torch.randn(8, 540)
+    plan = manual_plan(trace_module(model, (x,)).graph, {"layers": 0}, 1, stage_devices={0: [0, 1]})
+    with graphpipe.wrap(model, (x,), nn.functional.mse_loss, plan=plan, timeout=60) as pipe:
+        emulate_stage(pipe, 0.001, 0.2)
+        pipe.step((x,), y)
+        pipe.step((x,), y, record=True)
+        tasks = pipe.measured_tasks(gather=False)
+        grads = all(p.grad is not None for p in pipe.module.real.parameters())
+    backward = next(t for t in tasks if t["kind"] == "backward")
+    reduce = next(t for t in tasks if t["kind"] == "all_reduce")
+    return {"backward": (backward["start"], backward["end"]), "grads": grads,
+            "reduce": (reduce["start"], reduce["end"])}
+
+
+def test_emulated_replicas_overlap_their_all_reduce_with_the_backward() -> None:
+    from graphpipe.testing import run_ranks
+
+    for r in run_ranks(_replicated_overlap, 2, timeout=120):
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        assert r.value["grads"]
+        (b0, b1), (r0, r1) = r.value["backward"], r.value["reduce"]
+        # 4 buckets of ~1.1 MiB, each final after its group's wait: the first bucket's sum (the
+        # recorded all-reduce's start) begins in the backward's first half, not after its end.
+        assert b1 - b0 >= 0.2
+        assert r0 < b0 + 0.5 * (b1 - b0) and r1 >= b1, r.value
