@@ -14,17 +14,23 @@ Entry Planner::inside(int branch, int k, int n, int d) {
   if (n < 1) return {};
   const auto memo_key = key(kInside, branch, k, n, d);
   if (const Entry* hit = memo_.find(memo_key)) return *hit;
+  int low, high;
+  if (bound(memo_key, &Depths::main, low, high)) {
+    memo_.insert(memo_key, {low, Nothing{}});
+    return {low, Nothing{}};
+  }
   const int par = parent_[branch];
   const int q = slot_[par];
   const int m = static_cast<int>(tree_.nodes[parent_[par]].children.size());
   const int length = static_cast<int>(items_[branch].size());
   Entry best;
+  if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   inside_open(branch, k, n, d, best);
   if (q + 1 < m && n >= 2) {
-    if (k < length) inside_join(branch, branch, k, n, d, best);
-    inside_join(branch, other_lead(branch), k, n, d, best);
+    if (k < length && best.depth > low) inside_join(branch, branch, k, n, d, best);
+    if (best.depth > low) inside_join(branch, other_lead(branch), k, n, d, best);
   }
-  if (q + 1 < m) inside_close(branch, k, n, d, best);
+  if (q + 1 < m && best.depth > low) inside_close(branch, k, n, d, best);
   memo_.insert(memo_key, best);
   return best;
 }
@@ -148,23 +154,29 @@ Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
   if (n < 1) return {};
   const std::pair<std::uint64_t, std::uint64_t> k{key(kToJoin, branch, i, n, d), static_cast<std::uint64_t>(e)};
   if (const Entry* hit = join_memo_.find(k)) return *hit;
+  int low, high;
+  if (bound(k, &Depths::join, low, high)) {
+    join_memo_.insert(k, {low, Nothing{}});
+    return {low, Nothing{}};
+  }
   const int q = slot_[parent_[branch]];
   const auto& items = items_[branch];
   const int length = static_cast<int>(items.size());
   Entry best;
+  if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& tails = join_row(branch, i);
   if (e - q - 1 < static_cast<int>(tails.size())) {
     if (const int r = replicas_to_fit(tails[e - q - 1], in_flight(d + 1), n); r > 0) best = {1, JoinStage{r}};
   }
-  if (best.depth > 1 && n >= 2 && i + 1 < length) {
+  if (best.depth > 1 && best.depth > low && n >= 2 && i + 1 < length) {
     const auto& stats = row(branch, i, items);
-    for (int g = 0; g < static_cast<int>(stats.size()) && i + g + 1 < length; ++g) {
+    for (int g = 0; g < static_cast<int>(stats.size()) && i + g + 1 < length && best.depth > low; ++g) {
       const Stats& s = stats[g];
       if (too_big(s)) break;
       auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return branch_to_join(branch, i + g + 1, x, d, e).depth; });
       if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Group{i + g, r}};
     }
-    if (!is_leaf(items[i])) {
+    if (!is_leaf(items[i]) && best.depth > low) {
       levels(
           1, n - 2, [&](int x) { return branch_to_join(branch, i + 1, x, d, e).depth; },
           [&](int x, int rest) {

@@ -45,6 +45,12 @@ class Memo {
     }
   }
   std::size_t size() const { return size_; }
+  // Calls f(key, value) for every live entry.
+  template <class F>
+  void for_each(F f) const {
+    for (const Slot& s : slots_)
+      if (s.generation == generation_) f(s.key, s.value);
+  }
 
  private:
   struct Slot {

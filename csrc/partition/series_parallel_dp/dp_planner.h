@@ -73,13 +73,42 @@ class Planner {
   using Rows = std::unordered_map<std::uint64_t, Row>;
 
   // ---- search over targets (graphpipe_dp.cpp) ----
-  // The least depth at `target` (kInf: infeasible), solving and rebuilding it the first time.
+  // The least depth at `target` (kInf: infeasible), solving it the first time (rebuilding its
+  // plan there only when the search is exact; run() rebuilds the picks of a bounded search).
   int probe(double target);
   // The least feasible target within the tolerance; nullopt when nothing fits at any target.
   std::optional<double> least_target(double tolerance);
   // `least` then, for each shallower depth that can pay off, the least target reaching it.
   std::vector<double> shallower_targets(double least, double tolerance);
-  bool feasible(double target);
+  // Solves `target` from a fresh memo. With `exact` false, fragments whose least depth the
+  // probes on either side already pin down are not searched again (bound()); their memo entries
+  // then hold no first move, so such a memo cannot be rebuilt.
+  bool feasible(double target, bool exact);
+  // The least depths of every fragment solved at the probed targets (the memo of each probe
+  // without its moves).
+  struct Depths {
+    Memo<std::uint64_t, int> main;
+    Memo<std::pair<std::uint64_t, std::uint64_t>, int> join;
+  };
+  // Depth never grows with the target, so a fragment's depth at the target being solved lies
+  // between its depths at the nearest probed targets above it (lower_: lower bounds) and below
+  // it (upper_: upper bounds): sets `low` and `high` to those (1 and kInf where unknown), and
+  // returns whether they pin the depth down (equal, or the larger target has no plan either).
+  // A search for the fragment may then start from high + 1 as its best so far and stop at a
+  // move reaching low: the least depth, and its first move, are the same.
+  template <class Key, class Table>
+  bool bound(const Key& key, Table Depths::*table, int& low, int& high) const {
+    low = 1;  // every fragment memoised has at least one stage
+    high = kInf;
+    if (lower_ != nullptr) {
+      if (const int* d = (lower_->*table).find(key)) low = std::max(low, *d);
+    }
+    if (low >= kInf) return true;
+    if (upper_ != nullptr) {
+      if (const int* d = (upper_->*table).find(key)) high = *d;
+    }
+    return low == high;
+  }
 
   // ---- rows (dp_rows.cpp) ----
   Stats group(const std::vector<graph::NodeId>& nodes);
@@ -228,12 +257,20 @@ class Planner {
   Memo<std::uint64_t, Entry> memo_;
   Memo<std::pair<std::uint64_t, std::uint64_t>, Entry> join_memo_;
   // The search (probe()): the least depth at each probed target (kInf: infeasible; depth never
-  // grows with the target), and the plan and replica counts of each feasible one, rebuilt while
-  // its memo is live: the plans returned are those of probed targets, and solving a target again
-  // only to rebuild its plan would cost a whole probe per plan.
+  // grows with the target), and the plan and replica counts of the targets rebuilt: every
+  // feasible one when the search is exact (while its memo is live), else the picks (run()).
   std::map<double, int> seen_;
   std::map<double, std::vector<int>> plan_at_, replicas_at_;
   int probes_ = 0;
+  // The depths of every fragment at each probed target (feasible() with exact false), and those
+  // bounding the target being solved (bound()): lower_ at the nearest larger target, upper_ at
+  // the nearest smaller one; null when there is none or the search is exact.
+  std::map<double, Depths> depths_;
+  const Depths* lower_ = nullptr;
+  const Depths* upper_ = nullptr;
+  // Whether probes take their bounds from the neighbouring probes (run() turns it off and
+  // searches again should an exact solve ever disagree with a bounded one).
+  bool bounded_ = true;
 };
 
 }  // namespace graphpipe::partition::series_parallel_dp

@@ -11,6 +11,10 @@ Entry Planner::solve(int t, int n, int d) {
   if (n < 1) return {};
   auto k = key(kSolve, t, 0, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
+  if (int low, high; bound(k, &Depths::main, low, high)) {
+    memo_.insert(k, {low, Nothing{}});
+    return {low, Nothing{}};
+  }
   Entry e;
   const graph::SPNode& node = tree_.nodes[t];
   if (const int r = replicas_to_fit(whole_[t], in_flight(d + 1), n); r > 0) {
@@ -32,11 +36,17 @@ Entry Planner::series(int t, int i, int n, int d) {
   if (n < 1) return {};
   auto k = key(kSeries, t, i, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
+  int low, high;
+  if (bound(k, &Depths::main, low, high)) {
+    memo_.insert(k, {low, Nothing{}});
+    return {low, Nothing{}};
+  }
   Entry best;
+  if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& stats = row(t, i, children);
   series_groups(t, i, n, d, stats, best);
-  if (!is_leaf(children[i])) series_split(t, i, n, d, best);
-  series_forks(t, i, n, d, stats, best);
+  if (best.depth > low && !is_leaf(children[i])) series_split(t, i, n, d, best);
+  if (best.depth > low) series_forks(t, i, n, d, stats, best);
   memo_.insert(k, best);
   return best;
 }
@@ -97,9 +107,15 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   if (n < 1) return {};
   auto k = key(kParallel, t, j, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
+  int low, high;
+  if (bound(k, &Depths::main, low, high)) {
+    memo_.insert(k, {low, Nothing{}});
+    return {low, Nothing{}};
+  }
   Entry best;
+  if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& stats = row(t, j, branches);
-  for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
+  for (int q = 0; q < static_cast<int>(stats.size()) && best.depth > low; ++q) {
     const Stats& s = stats[q];
     if (too_big(s)) break;
     const int r = replicas_to_fit(s, in_flight(d + 1), n);
@@ -108,10 +124,12 @@ Entry Planner::parallel(int t, int j, int n, int d) {
     const int h = std::max(1, rest);
     if (rest < kInf && h < best.depth) best = {h, Run{j + q, r}};
   }
-  auto [h, n1] = balance(
-      2, n, [&](int x) { return solve(branches[j], x, d).depth; },
-      [&](int x) { return parallel(t, j + 1, n - x, d).depth; });
-  if (h < best.depth) best = {h, Split{n1}};
+  if (best.depth > low) {
+    auto [h, n1] = balance(
+        2, n, [&](int x) { return solve(branches[j], x, d).depth; },
+        [&](int x) { return parallel(t, j + 1, n - x, d).depth; });
+    if (h < best.depth) best = {h, Split{n1}};
+  }
   memo_.insert(k, best);
   return best;
 }
@@ -124,6 +142,10 @@ int Planner::others(int branch, int n, int d) {
   if (n < 1) return kInf;
   auto k = key(kOthers, par, 0, n, d);
   if (const Entry* hit = memo_.find(k)) return hit->depth;
+  if (int low, high; bound(k, &Depths::main, low, high)) {
+    memo_.insert(k, {low, Nothing{}});
+    return low;
+  }
   const int spare = sorted_[par].size() == 2 ? 0 : 1;
   auto [h, n1] = balance(
       1, n - spare, [&](int x) { return solve(sorted_[par][0], x, d).depth; },

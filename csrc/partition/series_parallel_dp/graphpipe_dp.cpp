@@ -3,6 +3,7 @@
 #include "partition/series_parallel_dp/graphpipe_dp.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "common/log.h"
@@ -57,10 +58,39 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree) : p_(p), tree_(tre
 }
 
 std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
-  const std::optional<double> least = least_target(tolerance);
-  if (!least) return {};
-  const int main_probes = probes_;
-  const std::vector<double> picks = shallower_targets(*least, tolerance);
+  std::optional<double> least;
+  std::vector<double> picks;
+  int main_probes = 0;
+  for (;;) {
+    least = least_target(tolerance);
+    if (!least) return {};
+    main_probes = probes_;
+    picks = shallower_targets(*least, tolerance);
+    // The bounded probes kept no moves: the plans returned are solved again exactly (the few
+    // picks, against every probe of the search). Should an exact solve ever find another depth
+    // than the bounded probe did, the bounds were wrong somewhere, and the whole search runs
+    // again without them, so that the plans are those of the exact search in any case.
+    bool agree = true;
+    for (double target : picks) {
+      if (plan_at_.count(target) != 0) continue;
+      const int depth = feasible(target, true) ? solve(tree_.root, devices_, 0).depth : kInf;
+      if (depth != seen_.at(target)) {
+        agree = false;
+        break;
+      }
+      plan_at_.emplace(target, rebuild());
+      replicas_at_.emplace(target, rebuilt_replicas_);
+    }
+    if (agree) break;
+    log::warn("graphpipe: a bounded probe disagreed with the exact solve at its target; searching again exactly");
+    bounded_ = false;
+    seen_.clear();
+    plan_at_.clear();
+    replicas_at_.clear();
+    depths_.clear();
+    probes_ = 0;
+  }
+  depths_.clear();
   log::debug("graphpipe: target " + std::to_string(*least) + " s per micro-batch after " + std::to_string(main_probes) +
              " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
              std::to_string(probes_ - main_probes) + " more");
@@ -76,8 +106,9 @@ int Planner::probe(double target) {
   auto [it, fresh] = seen_.try_emplace(target, 0);
   if (fresh) {
     ++probes_;
-    it->second = feasible(target) ? solve(tree_.root, devices_, 0).depth : kInf;
-    if (it->second < kInf) {
+    it->second = feasible(target, !bounded_) ? solve(tree_.root, devices_, 0).depth : kInf;
+    // A bounded probe's memo has no moves to rebuild from: run() solves its picks again.
+    if (!bounded_ && it->second < kInf) {
       plan_at_.emplace(target, rebuild());
       replicas_at_.emplace(target, rebuilt_replicas_);
     }
@@ -161,12 +192,26 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   return picks;
 }
 
-bool Planner::feasible(double target) {
+bool Planner::feasible(double target, bool exact) {
   target_ = target;
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
   join_memo_.clear();
-  return solve(tree_.root, devices_, 0).depth < kInf;
+  lower_ = upper_ = nullptr;
+  if (!exact) {
+    const auto above = depths_.upper_bound(target);
+    if (above != depths_.end()) lower_ = &above->second;
+    if (above != depths_.begin() && std::prev(above)->first < target) upper_ = &std::prev(above)->second;
+  }
+  const bool ok = solve(tree_.root, devices_, 0).depth < kInf;
+  lower_ = upper_ = nullptr;
+  if (!exact) {
+    Depths& depths = depths_[target];
+    memo_.for_each([&](std::uint64_t k, const Entry& e) { depths.main.insert(k, e.depth); });
+    join_memo_.for_each(
+        [&](const std::pair<std::uint64_t, std::uint64_t>& k, const Entry& e) { depths.join.insert(k, e.depth); });
+  }
+  return ok;
 }
 
 }  // namespace series_parallel_dp
