@@ -247,14 +247,26 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
 
 namespace {
 
-double compute_bound(const Problem& problem, const Evaluation& ev, const cost::Devices& devices) {
+// (compute_bound, pipeline_bound) of an evaluated candidate (RankedCandidate says why they hold).
+std::pair<double, double> bounds(const Problem& problem, const Evaluation& ev, const cost::Devices& devices) {
+  const auto M = static_cast<double>(problem.num_micro_batches);
+  const int k = ev.num_stages;
+  std::vector<double> work(k), before(k, 0.0), after(k, 0.0);
   double slowest = 0.0;
-  for (const StageFigures& f : ev.stages) {
+  for (int s = 0; s < k; ++s) {
+    const StageFigures& f = ev.stages[s];
     // A split backward runs as its two halves (each dispatched): the lesser of the two sums.
-    const double backward = std::min(f.backward, f.backward_input + f.backward_weight);
-    slowest = std::max(slowest, f.forward + backward + f.dispatch);
+    work[s] = f.forward + std::min(f.backward, f.backward_input + f.backward_weight) + f.dispatch;
+    slowest = std::max(slowest, work[s]);
   }
-  return static_cast<double>(problem.num_micro_batches) * slowest + devices.step_overhead_seconds;
+  // Stages are numbered topologically and stage_edges sorted by source: the longest forward
+  // path into each stage, and (with a chain's hops, which its edges hold) the longest backward
+  // path from each back to a source, which is the same path walked the other way.
+  for (const auto& [a, b] : ev.stage_edges) before[b] = std::max(before[b], before[a] + ev.stages[a].forward);
+  for (const auto& [a, b] : ev.stage_edges) after[b] = std::max(after[b], after[a] + ev.stages[a].backward);
+  double pipeline = 0.0;
+  for (int s = 0; s < k; ++s) pipeline = std::max(pipeline, before[s] + M * work[s] + after[s]);
+  return {M * slowest + devices.step_overhead_seconds, pipeline + devices.step_overhead_seconds};
 }
 
 }  // namespace
@@ -282,8 +294,8 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
       if (!seen.emplace(c.assignment, c.replicas).second) continue;
       Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
       if (!ev.acyclic || !ev.fits()) continue;
-      candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck,
-                             compute_bound(problem, ev, devices)});
+      const auto [compute, pipeline] = bounds(problem, ev, devices);
+      candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck, compute, pipeline});
     }
   }
   // partition()'s preference: predicted step, then slowest stage (predicted_faster), then the

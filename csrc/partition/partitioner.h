@@ -65,6 +65,13 @@ struct RankedCandidate {
   // backward (and their dispatch), so M x the slowest stage's compute + dispatch per
   // micro-batch, plus the step's fixed cost, is a lower bound of any simulated step.
   double compute_bound = 0.0;
+  // A tighter bound where every backward runs whole (1F1B, fill-drain; not a split backward,
+  // whose weight halves may run last): a stage's first forward waits for one micro-batch's
+  // forwards along the longest path of stages into it, and after its last backward that
+  // micro-batch's backwards run on every stage along the longest path back to a source; so the
+  // max over stages of (that path's forwards + M x the stage's compute + dispatch + the path's
+  // backwards), plus the step's fixed cost. At least compute_bound.
+  double pipeline_bound = 0.0;
 };
 
 // Every distinct candidate of the partitioner (Partitioner::candidates, with

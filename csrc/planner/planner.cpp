@@ -42,14 +42,15 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
                         std::to_string(planner.min_devices) + " devices (of " + std::to_string(devices.count) +
                         "); plan with fewer devices or replicate=True");
   }
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return candidates[a].compute_bound < candidates[b].compute_bound;
-  });
+  // A split backward's weight halves may run after everything else: only the compute bound.
+  const bool split = planner.policy == schedule::Policy::zb_graph;
+  auto bound = [&](std::size_t i) { return split ? candidates[i].compute_bound : candidates[i].pipeline_bound; };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bound(a) < bound(b); });
   std::optional<plan::Plan> best;
   std::size_t best_index = 0, simulated = 0;
   double best_step = 0.0;
   for (std::size_t i : order) {
-    if (best && candidates[i].compute_bound > best_step * (1.0 + 1e-12)) break;
+    if (best && bound(i) > best_step * (1.0 + 1e-12)) break;
     plan::Plan plan = set.build(i);
     const double step = simulated_step(plan, devices, planner);
     ++simulated;

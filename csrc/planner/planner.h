@@ -11,10 +11,11 @@
 // returns the least simulated step. The returned Plan's predicted_iteration_seconds is that
 // simulation, so planner and simulator agree by construction.
 //
-// Cost: a candidate's compute bound (RankedCandidate::compute_bound: M x its slowest stage's
-// compute, which no schedule beats) orders the simulations, and the search stops at the first
-// candidate whose bound is not below the best simulated step so far: the result is the least
-// simulated step over all candidates (branch and bound), usually after a few simulations.
+// Cost: a candidate's lower bound (RankedCandidate::pipeline_bound: one micro-batch's forwards
+// into a stage, M x the stage's compute, its backwards back out; compute_bound, M x the slowest
+// stage's compute, under a split backward) orders the simulations, and the search stops at the
+// first candidate whose bound is not below the best simulated step so far: the result is the
+// least simulated step over all candidates (branch and bound), after a few simulations.
 //
 // Never worse with more devices: the candidate list for a device budget holds every candidate
 // of the list for a smaller one (the partitioners' lists only grow with the budget, greedy
