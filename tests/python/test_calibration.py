@@ -3,6 +3,8 @@ description carries them through JSON, and that planner and simulator both charg
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import graphpipe
@@ -44,8 +46,11 @@ def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
 
 
 def test_measurement_is_bounded_by_its_timeout() -> None:
-    with pytest.raises(RuntimeError, match="runtime cost calibration failed on rank 0: TimeoutError"):
+    # Half a second is too short to start a rank: its process is killed and the error says so.
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="runtime cost calibration failed on rank 0: .*gave no result"):
         runtime_costs(1, timeout=0.5)
+    assert time.monotonic() - start < 30
 
 
 def test_planner_and_simulator_charge_the_runtime_costs() -> None:
