@@ -90,16 +90,18 @@ def test_piper_plan_matches_single_process(world: int, name: str) -> None:
 
 
 class _Wide(nn.Module):
-    """Twelve independent branches between one input and one sum, each its own top-level module:
-    more than 2^12 down-sets however the operators are grouped."""
+    """40 independent one-layer branches between one input and one sum, each its own top-level
+    module (a ModuleList would group them into one layer): more than 2^16
+    down-sets however the operators are grouped (by module, or as 16 or more chunks of a
+    topological order, each then holding independent branches)."""
 
     def __init__(self) -> None:
         super().__init__()
-        for k in range(12):
+        for k in range(40):
             setattr(self, f"b{k}", nn.Linear(8, 8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([torch.relu(getattr(self, f"b{k}")(x)) for k in range(12)]).sum(0)
+        return torch.stack([getattr(self, f"b{k}")(x) for k in range(40)]).sum(0)
 
 
 def test_too_wide_a_graph_names_the_limit() -> None:

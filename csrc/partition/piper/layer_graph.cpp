@@ -5,10 +5,17 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition::piper {
 
 namespace {
+
+std::vector<graph::NodeId> distinct(std::vector<graph::NodeId> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
 
 // The operators grouped by their owning module's first `depth` path components (depth 0, or an
 // operator of the root module: one group per operator): the DAG the chains are found in.
@@ -35,7 +42,17 @@ Quotient quotient(const Problem& p, int depth) {
   Quotient q;
   q.group_of.assign(p.num_nodes(), -1);
   std::unordered_map<std::string, int> by_key;
+  // A model input, or an operator without arithmetic or parameters that feeds one operator (an
+  // indexing or a view), is no layer: it joins the group of its (first) consumer, so that a
+  // model's many inputs and their slices do not multiply the down-sets.
+  auto joins_consumer = [&](graph::NodeId v) {
+    const graph::Node& node = g.node(v);
+    if (g.out_edges(v).empty()) return false;
+    if (node.is_input) return true;
+    return node.forward_flops == 0.0 && node.param_bytes == 0 && distinct(g.successors(v)).size() == 1;
+  };
   for (graph::NodeId v : p.order) {
+    if (joins_consumer(v)) continue;
     const std::string& module = g.node(v).module;
     int id = -1;
     if (depth > 0 && !module.empty()) {
@@ -48,6 +65,17 @@ Quotient quotient(const Problem& p, int depth) {
     }
     q.group_of[v] = id;
     q.members[id].push_back(v);
+  }
+  // From the back, so that a consumer that joins its own consumer has its group already.
+  for (auto it = p.order.rbegin(); it != p.order.rend(); ++it) {
+    const graph::NodeId v = *it;
+    if (!joins_consumer(v)) continue;
+    graph::NodeId first = -1;
+    for (graph::NodeId w : g.successors(v)) {
+      if (first < 0 || p.position[w] < p.position[first]) first = w;
+    }
+    q.group_of[v] = q.group_of[first];
+    q.members[q.group_of[v]].push_back(v);
   }
   const std::size_t n = q.members.size();
   q.succ.assign(n, {});
@@ -168,6 +196,28 @@ double largest_unit(const Problem& p, const LayerGraph& lg) {
   return most;
 }
 
+// The topological order cut into at most `units` chunks of about equal compute (chunk_bounds,
+// PipeDream's units), each a layer: contiguous chunks of a topological order are convex and
+// every prefix of chunks is a down-set, so Piper's search on it holds every chain of PipeDream's.
+LayerGraph order_chunks(const Problem& p, int units) {
+  LayerGraph lg;
+  lg.module_depth = -1;
+  const std::vector<int> bounds = chunk_bounds(p, units);
+  lg.unit_of.assign(p.num_nodes(), -1);
+  for (std::size_t k = 0; k + 1 < bounds.size(); ++k) {
+    lg.units.emplace_back(p.order.begin() + bounds[k], p.order.begin() + bounds[k + 1]);
+    for (graph::NodeId v : lg.units.back()) lg.unit_of[v] = static_cast<int>(k);
+  }
+  lg.chains = 1;
+  lg.pieces_per_chain = static_cast<int>(lg.units.size());
+  lg.preds.assign(lg.units.size(), 0);
+  for (const graph::Edge& e : p.graph->edges()) {
+    const int a = lg.unit_of[e.src], b = lg.unit_of[e.dst];
+    if (a != b) lg.preds[b] |= Set{1} << a;
+  }
+  return lg;
+}
+
 }  // namespace
 
 std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
@@ -187,13 +237,11 @@ std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
   return sets;
 }
 
-LayerGraph build_layer_graph(const Problem& p, int max_downsets) {
+std::vector<LayerGraph> build_layer_graphs(const Problem& p, int max_downsets) {
   // Operators (depth 0), then module groups from the deepest to the top level; at each, every
-  // count of pieces per chain within the limits. The layer graph whose largest unit has the least
-  // compute wins (no stage can be faster than its largest unit); ties: the most down-sets (the
-  // widest search), then the earlier.
-  LayerGraph best;
-  double best_coarsest = 0.0;
+  // count of pieces per chain within the limits, of which the one whose largest unit has the
+  // least compute is kept (no stage is faster than its largest unit; ties: the most down-sets).
+  std::vector<std::pair<double, LayerGraph>> kept;
   bool over_units = true;
   std::vector<int> depths{0};
   for (int depth = module_depth(*p.graph); depth >= 1; --depth) depths.push_back(depth);
@@ -203,6 +251,7 @@ LayerGraph build_layer_graph(const Problem& p, int max_downsets) {
     const auto chains = maximal_chains(qt);
     std::size_t longest = 1;
     for (const auto& chain : chains) longest = std::max(longest, chain.size());
+    std::pair<double, LayerGraph> best{0.0, {}};
     for (int q = 1; q <= kMaxUnits && static_cast<std::size_t>(q) <= longest; ++q) {
       LayerGraph lg = units_of(p, qt, chains, q);
       lg.module_depth = depth;
@@ -211,14 +260,27 @@ LayerGraph build_layer_graph(const Problem& p, int max_downsets) {
       lg.downsets = enumerate_downsets(lg.preds, max_downsets);
       if (lg.downsets.empty()) break;
       const double coarsest = largest_unit(p, lg);
-      if (best.downsets.empty() || coarsest < best_coarsest ||
-          (coarsest == best_coarsest && lg.downsets.size() > best.downsets.size())) {
-        best_coarsest = coarsest;
-        best = std::move(lg);
+      if (best.second.downsets.empty() || coarsest < best.first ||
+          (coarsest == best.first && lg.downsets.size() > best.second.downsets.size())) {
+        best = {coarsest, std::move(lg)};
       }
     }
+    if (best.second.downsets.empty()) continue;
+    const bool seen = std::any_of(kept.begin(), kept.end(),
+                                  [&](const auto& k) { return k.second.unit_of == best.second.unit_of; });
+    if (!seen) kept.push_back(std::move(best));
   }
-  if (best.downsets.empty()) {
+  // PipeDream's units too: 64 chunks, fewer while their down-sets overflow the budget, but not
+  // below kMinChunks (coarser chains say little; a graph that wide is refused below).
+  for (int units = kMaxUnits; units >= kMinChunks; units /= 2) {
+    LayerGraph lg = order_chunks(p, units);
+    lg.downsets = enumerate_downsets(lg.preds, max_downsets);
+    if (lg.downsets.empty()) continue;
+    const bool seen = std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return k.second.unit_of == lg.unit_of; });
+    if (!seen) kept.emplace_back(largest_unit(p, lg), std::move(lg));
+    break;
+  }
+  if (kept.empty()) {
     throw PlanningError("piper: the graph is too wide for Piper's down-set DP: even with its operators grouped by "
                         "module and each chain of groups as one layer, it has " +
                         (over_units ? "more than " + std::to_string(kMaxUnits) + " layers"
@@ -226,7 +288,16 @@ LayerGraph build_layer_graph(const Problem& p, int max_downsets) {
                         " (the limits: " + std::to_string(kMaxUnits) + " layers, " + std::to_string(max_downsets) +
                         " down-sets); use the graphpipe or sequential partitioner");
   }
-  return best;
+  std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first || (a.first == b.first && a.second.downsets.size() > b.second.downsets.size());
+  });
+  std::vector<LayerGraph> out;
+  for (auto& k : kept) out.push_back(std::move(k.second));
+  return out;
+}
+
+LayerGraph build_layer_graph(const Problem& p, int max_downsets) {
+  return std::move(build_layer_graphs(p, max_downsets).front());
 }
 
 }  // namespace graphpipe::partition::piper

@@ -7,18 +7,27 @@
 // grouped into units first, the layers Piper sees:
 //   - operators are grouped by their owning module's path cut to a depth (depth 0: each operator
 //     alone; an operator of the root module is always alone), as a model's modules are its
-//     layers; a depth whose groups would feed each other in a cycle is skipped;
+//     layers; a depth whose groups would feed each other in a cycle is skipped; a model input,
+//     and an operator without arithmetic or parameters that feeds one operator (an indexing, a
+//     view), joins the group of its first consumer: they are no layers;
 //   - maximal chains of the group DAG (a -> b where a's only successor is b and b's only
 //     predecessor is a) are found; a branch of a multi-branch model is one chain;
 //   - each chain is cut into at most q pieces of about equal compute (contiguous in the chain);
 //   - the units are the pieces; the unit graph (operator edges between pieces) is a DAG.
-// For each depth (operators first, then the deepest module level up to the top), q is the largest
-// of 1..64 whose unit graph has at most 64 units and at most `max_downsets` down-sets (the count
-// only grows with q); of all these, the layer graph whose largest unit has the least compute (no
-// stage is faster than its largest unit) is kept, ties to the one with more down-sets. A stage is then a difference of two unit down-sets, so a stage never
-// splits a unit: the granularity is what keeps the DP within its budget. When no depth fits
-// even with whole chains (q = 1), the graph is too wide for Piper and build_layer_graph throws a
+// For each depth (operators first, then the deepest module level up to the top), every q of
+// 1..64 whose unit graph has at most 64 units and at most `max_downsets` down-sets (the count only
+// grows with q) is tried, and the one whose largest unit has the least compute is kept (no stage
+// is faster than its largest unit; ties: more down-sets). Which granularity plans best is not
+// known before the DP runs, so the partitioner runs Piper's DP on the layer graph of every depth
+// and keeps the best plan. A stage is a difference of two unit down-sets, so a stage never splits
+// a unit: the granularity is what keeps the DP within its budget. When no depth fits even with
+// whole chains (q = 1), nor the order's chunks below, the graph is too wide for Piper: a
 // PlanningError naming the limits.
+// One more layer graph joins them: the topological order cut into at most 64 chunks of about
+// equal compute (PipeDream's units, sequential.h), halved while its down-sets overflow the
+// budget, down to kMinChunks (interleaved branches make chunks independent of each other).
+// Every prefix of chunks is a down-set, so Piper's search holds every chain PipeDream's planner
+// (sequential/pipedream.h) weighs, as Piper's does at full resolution; its module_depth is -1.
 // Building it is O(depths x q x (V + E + D x units)) for D down-sets.
 #pragma once
 
@@ -32,12 +41,14 @@ namespace graphpipe::partition::piper {
 using Set = std::uint64_t;  // bit u: unit u (at most 64 units)
 
 inline constexpr int kMaxUnits = 64;
+inline constexpr int kMinChunks = 16;
 // The default budget of down-sets: the DP's work grows with the pairs of nested down-sets
 // (up to D^2 / 2) times replica levels times devices.
 inline constexpr int kDefaultMaxDownsets = 2048;
 
 struct LayerGraph {
-  int module_depth = 0;                     // the module path depth operators are grouped by (0: none)
+  int module_depth = 0;                     // the module path depth operators are grouped by (0: none;
+                                            // -1: chunks of the topological order)
   int pieces_per_chain = 1;                 // q
   int chains = 0;                           // maximal chains of the operator DAG
   std::vector<int> unit_of;                 // operator -> unit
@@ -51,8 +62,11 @@ struct LayerGraph {
 // are more than `budget`.
 std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget);
 
-// The finest layer graph within the budget, as above; problem gives the graph and the compute
-// that pieces balance. Throws PlanningError when the graph is too wide for `max_downsets`.
+// One layer graph per module depth that fits the budget (distinct ones), as above, the one with
+// the least largest unit first; problem gives the graph and the compute that pieces balance.
+// Throws PlanningError when the graph is too wide for `max_downsets` at every depth.
+std::vector<LayerGraph> build_layer_graphs(const Problem& problem, int max_downsets = kDefaultMaxDownsets);
+// The first of build_layer_graphs.
 LayerGraph build_layer_graph(const Problem& problem, int max_downsets = kDefaultMaxDownsets);
 
 }  // namespace graphpipe::partition::piper

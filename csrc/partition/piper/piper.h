@@ -34,8 +34,11 @@
 // Plans run as chains (Plan::chain: 1F1B by chain position, skip tensors relayed and charged by
 // the evaluation, as for every chain baseline).
 // Which paper-size models it handles (V100s, 8 per node, batch 256, default budget of 2048
-// down-sets): MMT, DLRM and CANDLE-Uno all plan, on layer graphs of a few pieces per chain
-// (the figures and plan times are in the piper partitioner's report; piper_partitioner.h).
+// down-sets): MMT, DLRM and CANDLE-Uno all plan, but only on coarse layer graphs: MMT's four
+// branches of 8 Transformer layers as about 5 pieces each, CANDLE-Uno's branches whole, and
+// DLRM (7 dense and 7 embedding branches side by side: 2^14 down-sets at any finer grouping)
+// only with its top-level modules as layers, the dense towers together as one. Wider graphs
+// are refused (layer_graph.h).
 // Cost O(P x levels x budget) for P nested down-set pairs, plus O(P x unit edges) for their
 // figures.
 #pragma once

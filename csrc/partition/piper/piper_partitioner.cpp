@@ -13,16 +13,21 @@ namespace graphpipe::partition {
 void PiperPartitioner::prepare(const PartitionRequest& request) {
   // The pieces balance compute at the smallest micro-batch size; the layer graph's shape (which
   // units exist) is what the DP needs, and it is the same at every size.
-  layers_ = piper::build_layer_graph(request.problem(request.micro_batch_sizes.front()));
-  log::info("piper: " + std::to_string(layers_.units.size()) + " layers (" + std::to_string(layers_.chains) +
-            " chains of operators grouped by module depth " + std::to_string(layers_.module_depth) + ", at most " + std::to_string(layers_.pieces_per_chain) + " pieces each), " +
-            std::to_string(layers_.downsets.size()) + " down-sets");
+  layers_ = piper::build_layer_graphs(request.problem(request.micro_batch_sizes.front()));
+  for (const piper::LayerGraph& lg : layers_) {
+    log::info("piper: " + std::to_string(lg.units.size()) + " layers (" + std::to_string(lg.chains) +
+              " chains of operators grouped by module depth " + std::to_string(lg.module_depth) + ", at most " +
+              std::to_string(lg.pieces_per_chain) + " pieces each), " + std::to_string(lg.downsets.size()) +
+              " down-sets");
+  }
 }
 
 CandidatePlan PiperPartitioner::plan(const PartitionRequest& /*request*/, const Problem& problem) {
   std::vector<CandidatePlan> candidates;
-  for (ChainPlan& chain : piper_plans(problem, layers_)) {
-    candidates.push_back({std::move(chain.assignment), std::string(kName), std::move(chain.replicas), {}});
+  for (const piper::LayerGraph& lg : layers_) {
+    for (ChainPlan& chain : piper_plans(problem, lg)) {
+      candidates.push_back({std::move(chain.assignment), std::string(kName), std::move(chain.replicas), {}});
+    }
   }
   if (candidates.empty()) return {{}, std::string(kName), {}, {}};
   return std::move(candidates[fastest_candidate(problem, candidates)]);

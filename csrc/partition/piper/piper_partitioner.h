@@ -1,15 +1,16 @@
 // The "piper" partitioner: Piper's planner (piper.h), the second replicated baseline beside
 // PipeDream's ("sequential" with replicate=True).
 //
-// prepare() builds the layer graph and its down-sets once (layer_graph.h; a graph too wide for
-// the budget is a PlanningError naming the limit, raised before any micro-batch size is tried);
-// plan() runs Piper's DP at each micro-batch size and keeps, of its chains for every device
-// count up to the budget, the one with the least predicted step (evaluate.h): more devices never
-// give a slower plan. Without replication every stage gets one device (the DP's only level).
+// prepare() builds the layer graphs (one per module depth) and their down-sets once
+// (layer_graph.h; a graph too wide for the budget is a PlanningError naming the limit, raised
+// before any micro-batch size is tried); plan() runs Piper's DP on each at each micro-batch size
+// and keeps, of their chains for every device count up to the budget, the one with the least
+// predicted step (evaluate.h): more devices never give a slower plan. Without replication every stage gets one device (the DP's only level).
 // Plans run as chains (plans_chains()), Piper's linear pipeline.
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "partition/partitioner_interface.h"
 #include "partition/piper/layer_graph.h"
@@ -25,7 +26,7 @@ class PiperPartitioner final : public Partitioner {
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
 
  private:
-  piper::LayerGraph layers_;
+  std::vector<piper::LayerGraph> layers_;
 };
 
 }  // namespace graphpipe::partition
