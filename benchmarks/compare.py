@@ -37,7 +37,11 @@ samples/s (median and min-max spread), the cost model's memory per rank and the 
 (resident memory on CPU, allocated on GPU), ratios to the baselines, a verdict line per job
 (the fastest variant, graph+dp over the best non-graphpipe variant), and check every variant's
 first-step loss against single-process training. Output: a markdown table on stdout, JSON
-(machine, torch, commit, every figure) and a PNG chart.
+(machine, torch, commit, every figure) and a PNG chart. Beside it, for every graphpipe row, the
+simulator's prediction of the same plan with the device description the planner used (links and
+the runtime's per-instruction and per-step costs measured by graphpipe.calibration with as many
+ranks at once as the run), its error, one gradient bucket's all-reduce measured against the cost
+model's price, and per job whether the planner's pick (graph+dp) is within 5% of the fastest.
 
 ``--emulate`` (the default on CPU; ``--no-emulate`` measures real compute) replaces each stage's
 compute by a wait of its profiled duration (transfers and collectives stay real), so that 4 to
