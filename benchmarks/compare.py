@@ -398,6 +398,18 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     return devices
 
 
+def _collective_price(devices: Any, world: int, calibration: dict) -> float:
+    """One 1 MiB all-reduce over every rank priced by the cost model on links with the
+    collective link's figures (every rank sending at once) instead of the pairs' ones: what a
+    description with collective figures of its own would charge (the cost model has none yet)."""
+    ring = graphpipe.Devices.from_json(devices.to_json())
+    ring.set_node_links(world, calibration["collective_link_bandwidth_bytes_per_second"],
+                        calibration["collective_link_latency_seconds"],
+                        calibration["collective_link_bandwidth_bytes_per_second"],
+                        calibration["collective_link_latency_seconds"])
+    return graphpipe.all_reduce_cost(ring, list(range(world)), 1 << 20).seconds
+
+
 def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
     # A variant is replicated only where it says so: plan()'s default would replicate pipelines
     # that leave ranks idle, and the table compares the two kinds side by side.
@@ -457,7 +469,8 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
         # the links), beside the measured one: the replicas' sync rests on it.
         info["bucket_all_reduce"] = {
             "measured_seconds": calibration["bucket_all_reduce_seconds"],
-            "priced_seconds": graphpipe.all_reduce_cost(devices, list(range(job.world)), 1 << 20).seconds}
+            "priced_seconds": graphpipe.all_reduce_cost(devices, list(range(job.world)), 1 << 20).seconds,
+            "priced_with_collective_link_seconds": _collective_price(devices, job.world, calibration)}
     for v in variants:
         if isinstance(v.run, GraphpipeRun):
             key = v.run.plan_key + (" zb" if v.run.schedule == "zb_graph" else "")
@@ -659,16 +672,20 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
     """The device description's measured figures (graphpipe.calibration), each measured with as
     many ranks at once as the runs it describes: the link, the runtime's per-instruction and
     per-step costs, and (reported only) one gradient bucket's all-reduce."""
-    from graphpipe.calibration import link, runtime_costs
+    from graphpipe.calibration import collective_link, link, runtime_costs
 
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
         costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device)
+        ring_latency, ring_bandwidth = collective_link(concurrency=world, in_group=launch.torchrun,
+                                                       device=launch.device)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                               "step_overhead_seconds": costs.step_overhead_seconds,
-                              "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds}
+                              "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds,
+                              "collective_link_latency_seconds": ring_latency,
+                              "collective_link_bandwidth_bytes_per_second": ring_bandwidth}
         if launch.rank == 0:
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
                   f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
@@ -967,7 +984,9 @@ def _print_plan_notes(rows: list[dict], mode: str) -> None:
     for world, text in sorted(buckets):
         b = json.loads(text)
         print(f"- one 1 MiB gradient bucket's all-reduce over {world} ranks: measured {1e3 * b['measured_seconds']:.1f} "
-              f"ms, priced by the cost model (from the point-to-point links) at {1e3 * b['priced_seconds']:.1f} ms")
+              f"ms, priced by the cost model (from the point-to-point links) at {1e3 * b['priced_seconds']:.1f} ms, "
+              f"from the collective link (every rank sending at once) at "
+              f"{1e3 * b['priced_with_collective_link_seconds']:.1f} ms")
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:

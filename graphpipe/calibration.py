@@ -21,9 +21,9 @@ would have (with more ranks than cores every rank's CPU work is slowed by the ot
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
 measurement is short (a few seconds, most of it spawning the ranks) and bounded by ``timeout``.
 
-:func:`link` measures the point-to-point link (latency and bandwidth of Gloo sends and
-receives, every rank sending to the next at once) the same way; benchmarks/calibrate.py prints
-all three.
+:func:`link` measures the point-to-point link (latency and bandwidth of a Gloo send/recv pair,
+pairs of ranks at once) the same way, and :func:`collective_link` the link as a ring all-reduce
+sees it (every rank sending to the next at once); benchmarks/calibrate.py prints them.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link"]
+__all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "collective_link"]
 
 #: The model the dispatch is timed on: small, several operators per stage, zero-length compute.
 DISPATCH_SPEC = "candle_uno:batch=16"
 #: The two micro-batch counts of the straight-line fit (the batch of DISPATCH_SPEC divides by both).
 MICRO_BATCHES = (2, 8)
-SMALL, LARGE = 4, 512 << 10  # bytes, of the link's two messages (a ring chunk of a few MiB)
+SMALL, LARGE = 4, 512 << 10  # bytes, of the ring exchange's two messages (a ring chunk of a few MiB)
+PAIR_LARGE = 4 << 20  # bytes, of the ping-pong's large message
 #: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
 BUCKET_BYTES = 1 << 20
 
@@ -188,6 +189,43 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     return devices
 
 
+def _pingpong(rank: int, world: int, repeats: int, device: str = "cpu", rounds: int = 5) -> dict[int, float]:
+    """Per message size, one-way seconds: the median ping-pong of each of ``rounds`` rounds of
+    ``repeats``, 50 ms apart, and of those the quietest round's. A shared machine's hiccups come
+    in bursts; one that lasts a whole round would otherwise set the planner's link latency (a
+    2-rank calibration once read 1.8 ms where 0.1 ms is usual, and the plans changed shape)."""
+    import torch.distributed as dist
+
+    # Ranks pair up (0-1, 2-3, ...) and ping-pong at the same time.
+    peer = rank ^ 1
+    if peer >= world:
+        for _ in range(2 * rounds * repeats):
+            dist.barrier()
+        return {}
+    out = {}
+    for size in (SMALL, PAIR_LARGE):
+        buf = torch.zeros(size // 4, device=device)
+        medians = []
+        for _ in range(rounds):
+            samples = []
+            for _ in range(repeats):
+                dist.barrier()
+                _sync(device)
+                start = time.perf_counter()
+                if rank % 2 == 0:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+                _sync(device)
+                samples.append((time.perf_counter() - start) / 2)
+            medians.append(statistics.median(samples))
+            time.sleep(0.05)
+        out[size] = min(medians)
+    return out
+
+
 def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rounds: int = 5) -> dict[int, float]:
     """Per message size, the seconds of one step in which every rank sends a message to its
     successor and receives one from its predecessor, all at once (an all-reduce's ring step,
@@ -199,8 +237,10 @@ def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rou
     All ranks at once, not pairs taking turns: on one host the ranks' links share its cores,
     and with more ranks than cores a step waits for every rank to be scheduled. On 8 ranks and
     2 busy cores a ping-pong between pairs read 0.2 ms and 0.8 GB/s, from which the cost model
-    priced a 1 MiB all-reduce at 5 ms where Gloo took 21 ms; the ring step's figures (1.0 ms,
-    0.5 GB/s) price it at 18 ms, as measured."""
+    priced a 1 MiB all-reduce at 5 ms where Gloo took 15-21 ms; the ring step's figures (0.8 ms,
+    0.6 GB/s) price it at 14-15 ms. But a pipeline's transfers, between ranks that mostly sleep,
+    are priced too high by them (an 8-stage chain simulated 46% slow): collectives and
+    point-to-point transfers need figures of their own (:func:`collective_link`, :func:`link`)."""
     import torch.distributed as dist
 
     out = {}
@@ -227,14 +267,29 @@ def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rou
 
 def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
          timeout: float = 120.0) -> tuple[float, float]:
-    """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks
-    while ``concurrency`` ranks all transfer at once in a ring (medians over the ranks; see
-    _ring_exchange). ``in_group``: measure on the ranks of the current process group instead
-    of spawning."""
+    """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
+    with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs): what a
+    pipeline's transfers see. ``in_group``: measure on the ranks of the current process group
+    instead of spawning."""
+    if in_group:
+        values = _in_group(_pingpong, repeats, device)
+    else:
+        values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device)
+    timed = [v for v in values if v]
+    latency = statistics.median(t[SMALL] for t in timed)
+    large = statistics.median(t[PAIR_LARGE] for t in timed)
+    return latency, PAIR_LARGE / max(large - latency, 1e-9)
+
+
+def collective_link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
+                    timeout: float = 120.0) -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) of one link of a ring step, with ``concurrency``
+    ranks all sending to their successor at once (_ring_exchange; medians over the ranks):
+    what a ring all-reduce over those ranks sees."""
     if in_group:
         values = _in_group(_ring_exchange, repeats, device)
     else:
-        values = _spawned(_ring_exchange, max(2, concurrency), timeout, "link", repeats, device)
+        values = _spawned(_ring_exchange, max(2, concurrency), timeout, "collective link", repeats, device)
     latency = statistics.median(t[SMALL] for t in values)
     large = statistics.median(t[LARGE] for t in values)
     return latency, LARGE / max(large - latency, 1e-9)
