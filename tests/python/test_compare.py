@@ -221,9 +221,11 @@ def test_verdict_and_chart_per_model_and_memory_limit(tmp_path: Path) -> None:
     lines = compare.verdict(rows)
     assert lines == [
         "**verdict, mmt x4, fits (no limit)**: fastest that fits: torch/ddp (141.0 samples/s); graphpipe/graph+dp "
-        "0.99x the best non-graphpipe variant (torch/ddp)",
+        "0.99x the best non-graphpipe variant (torch/ddp); the planner's pick (graphpipe/graph+dp) is within 5% of "
+        "the fastest (0.7% slower)",
         "**verdict, mmt x4, memory-bound, 30 MiB/rank**: fastest that fits: torch/fsdp2 (125.0 samples/s); "
-        "graphpipe/graph+dp 0.80x the best non-graphpipe variant (torch/fsdp2); does not fit: torch/ddp"]
+        "graphpipe/graph+dp 0.80x the best non-graphpipe variant (torch/fsdp2); the planner's pick "
+        "(graphpipe/graph+dp) is NOT within 5% of the fastest (25.0% slower); does not fit: torch/ddp"]
     png = tmp_path / "c.png"
     compare.write_png(rows, png, "emulated")
     assert png.stat().st_size > 10_000
