@@ -22,6 +22,14 @@ widest stage, predicted step). The budget is 10 s per model and partitioner.
 All tables are printed; everything is written to results/plan_bench.json.
 
     python3 benchmarks/plan_bench.py [--quick] [--replicated-only] [--out results/plan_bench.json]
+
+``--speed`` times only the two planning-speed goals, each ``--repeats`` times (median and every
+run reported), and writes results/plan_speed.json: replicated planning (``graphpipe``,
+``replicate=True``) of the paper-size MMT, mini-batch 256, onto 64 V100-class devices with 8 per
+node (goal 2 s), and the 10,000-operator series-parallel graph of part 1 onto 64 stages (goal
+1 s; onto 4 stages beside it, no goal).
+
+    python3 benchmarks/plan_bench.py --speed [--repeats 3] [--out results/plan_speed.json]
 """
 
 from __future__ import annotations
@@ -288,13 +296,59 @@ def replicated_table(batch: int, count: int = 64) -> list[dict]:
     return rows
 
 
+def speed_table(repeats: int) -> list[dict]:
+    """The two planning-speed goals, timed `repeats` times each (plan and time of every run)."""
+    import statistics
+
+    from graphpipe.models import build_model
+    from graphpipe.trace import trace
+
+    m, x = build_model("mmt:size=paper,device=meta,batch=256")
+    cases = [
+        ("mmt paper, replicated, 64 V100 (8 per node), batch 256", trace(m, x), _C.Devices.v100(64, per_node=8),
+         {"batch_size": 256, "replicate": True}, 2.0),
+    ]
+    sp = series_parallel_graph(10000, seed=10000)
+    for stages, goal in ((64, 1.0), (4, None)):
+        # 1 TB per device, as in part 1: planning speed only.
+        cases.append((f"series-parallel 10000 ops -> {stages} stages", sp, _C.Devices.v100(stages),
+                      {"batch_size": 64, "memory_limit": 1e12}, goal))
+    rows = []
+    for label, g, devices, kwargs, goal in cases:
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            plan = _C.partition(g, devices, partitioner="graphpipe", **kwargs)
+            seconds.append(time.perf_counter() - start)
+        median = statistics.median(seconds)
+        rows.append({"case": label, "operators": g.num_nodes, "devices": devices.count, "goal_seconds": goal,
+                     "plan_seconds_median": median, "plan_seconds": seconds,
+                     "meets_goal": None if goal is None else median <= goal,
+                     "result": plan.partitioner, "stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
+                     "predicted_iteration_seconds": plan.predicted_iteration_seconds})
+        verdict = "" if goal is None else f"  goal {goal:.1f} s: {'yes' if median <= goal else 'NO'}"
+        print(f"{label:58s} median {median:7.3f} s  runs {' '.join(f'{t:.3f}' for t in seconds)}  "
+              f"{plan.partitioner} {plan.num_stages} stages mb {plan.micro_batch_size}{verdict}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-operator graphs")
     parser.add_argument("--batch", type=int, default=128, help="mini-batch of the model table")
     parser.add_argument("--replicated-only", action="store_true", help="only part 3 (replicate=True)")
     parser.add_argument("--out", default="results/plan_bench.json")
+    parser.add_argument("--speed", action="store_true", help="only the two planning-speed goals (results/plan_speed.json)")
+    parser.add_argument("--repeats", type=int, default=3, help="--speed: runs per case")
     args = parser.parse_args()
+    if args.speed:
+        out = args.out if args.out != "results/plan_bench.json" else "results/plan_speed.json"
+        rows = speed_table(args.repeats)
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"benchmark": "plan_speed", "rows": rows}, f, indent=2)
+        print(f"wrote {out}")
+        return
     timing, models, verdicts = [], [], []
     if not args.replicated_only:
         print("Planning time on synthetic graphs (V100-class devices, mini-batch 64)")

@@ -175,6 +175,7 @@ std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionR
     starts = metis_starts_;
   } else {
     // One METIS start per budget of the ladder, made at the first micro-batch size that asks.
+    const std::lock_guard<std::mutex> lock(metis_mutex_);
     auto [it, fresh] = metis_by_budget_.try_emplace(problem.device_budget);
     if (fresh) it->second = metis_assignment(problem, problem.max_stages, request.options.seed);
     starts.push_back(it->second);
@@ -231,8 +232,16 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
   // candidate for fewer devices is then matched by one at least as fast here.
   std::vector<CandidatePlan> all;
   const std::vector<int> ladder = budget_ladder(problem.device_budget);
+  // The budgets' searches only read the request, the problem and the tree (the METIS starts are
+  // made under a lock): each runs on its own thread, and their candidates are merged in the
+  // ladder's order, so the list is the same as searched one after the other.
+  std::vector<std::future<std::vector<CandidatePlan>>> runs;
   for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) {
-    for (CandidatePlan& c : layouts(request, with_budget(problem, *b))) {
+    runs.push_back(
+        std::async(std::launch::async, [this, &request, at = with_budget(problem, *b)] { return layouts(request, at); }));
+  }
+  for (auto& run : runs) {
+    for (CandidatePlan& c : run.get()) {
       const bool seen = std::any_of(all.begin(), all.end(), [&](const CandidatePlan& o) {
         return o.assignment == c.assignment && o.replicas == c.replicas;
       });

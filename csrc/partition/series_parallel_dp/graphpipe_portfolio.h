@@ -47,6 +47,7 @@
 
 #include <cstddef>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -89,6 +90,7 @@ class GraphpipePortfolio final : public Partitioner {
   // With replication: METIS's start at each budget of the ladder, made at the first micro-batch
   // size that asks for it.
   std::map<int, std::vector<int>> metis_by_budget_;
+  std::mutex metis_mutex_;  // guards metis_by_budget_: candidates() runs the budgets on threads
 };
 
 }  // namespace graphpipe::partition
