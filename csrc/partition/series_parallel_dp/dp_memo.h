@@ -45,6 +45,16 @@ class Memo {
     }
   }
   std::size_t size() const { return size_; }
+  // Room for `count` entries without growing (an empty memo only).
+  void reserve(std::size_t count) {
+    std::size_t slots = 1024;
+    while (slots < 2 * count + 2) slots *= 2;
+    if (size_ == 0 && slots > slots_.size()) {
+      slots_.assign(slots, Slot{});
+      mask_ = slots - 1;
+      generation_ = 1;
+    }
+  }
   // Calls f(key, value) for every live entry.
   template <class F>
   void for_each(F f) const {

@@ -207,6 +207,8 @@ bool Planner::feasible(double target, bool exact) {
   lower_ = upper_ = nullptr;
   if (!exact) {
     Depths& depths = depths_[target];
+    depths.main.reserve(memo_.size());
+    depths.join.reserve(join_memo_.size());
     memo_.for_each([&](std::uint64_t k, const Entry& e) { depths.main.insert(k, e.depth); });
     join_memo_.for_each(
         [&](const std::pair<std::uint64_t, std::uint64_t>& k, const Entry& e) { depths.join.insert(k, e.depth); });
