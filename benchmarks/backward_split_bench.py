@@ -83,6 +83,9 @@ def measure_stage(stage: Any, env: dict[str, Any], repeats: int, clock: Any = ti
         grads = [torch.ones_like(t) for t in outs]
         start = clock()
         torch.autograd.backward(outs, grads)
+        # The executor's backward drops the roots, and with them the graph, before it returns (as
+        # I drops them below and W frees what I kept): freeing the graph is part of every half.
+        del outs
         whole.append(clock() - start)
         outs, leaves = forward()
         start = clock()
