@@ -14,12 +14,21 @@ Two tables, both from ``graphpipe.simulate`` (nothing here is measured):
 Prints both tables and writes results/zero_bubble_bench.json.
 
     python benchmarks/zero_bubble_bench.py [--devices 8 32] [--batch 256]
+
+``--measure`` instead runs the graph plan for real on CPU ranks (Gloo, real compute, one thread per
+rank) under graph 1F1B and under ``zb_graph``, rounds interleaved (1F1B, zb, 1F1B, zb, ...: a drift
+of the machine's load hits both alike), and prints the measured zb / 1F1B ratio of the median
+iterations beside the one the simulator predicts for the same plan on the same calibrated devices
+(compare.py's profile, calibration and rank harness), then writes results/zero_bubble_measured.json:
+
+    python benchmarks/zero_bubble_bench.py --measure [--models transformer mmt] [--world 2] [--steps 12] [--rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -62,12 +71,75 @@ def figures(result: Any, plan: Any) -> dict[str, float]:
     }
 
 
+def measured(args: argparse.Namespace) -> None:
+    """Graph 1F1B against zb_graph on the same plan, measured on CPU ranks and simulated."""
+    import compare
+
+    launch = compare.start(argparse.Namespace(device="cpu", timeout=args.timeout))
+    calibration = compare.calibrate([args.world], launch)[args.world]
+    rounds = compare.split_steps(args.steps, args.rounds)
+    rows = []
+    print(f"### Measured on {args.world} CPU ranks (real compute), {len(rounds)} interleaved rounds\n")
+    print("| model | stages | M | 1f1b ms | zb_graph ms | measured zb / 1f1b | simulated 1f1b ms | simulated zb ms | "
+          "simulated zb / 1f1b | simulated / measured ratio |")
+    print("|" + "---|" * 10)
+    for name in args.models:
+        spec = compare.BENCH_SPECS.get(name, name)
+        model, inputs = build_model(spec)
+        graph = graphpipe.trace(model, inputs)
+        batch = graph.trace_batch_size
+        graphpipe.profile(graph, model, inputs, batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= batch),
+                          repeats=3, warmup=1)
+        devices = compare._device_model(args.world, "cpu", "h100", 1.0, calibration)
+        plan = graphpipe.plan(graph, devices, "graphpipe", replicate=False)
+        info = compare.simulate_plans({"graphpipe": plan}, graph, devices)
+        variants = {}
+        for schedule, key in (("1f1b", "graphpipe"), ("zb_graph", "graphpipe zb")):
+            run = compare.GraphpipeRun(plan.to_json(graph), schedule, key, info[key]["optimizer_seconds"])
+            variants[schedule] = compare.Variant(f"graph {schedule}", "graphpipe", run, plan.num_micro_batches,
+                                                 plan.depth)
+        pooled: dict[str, dict] = {k: {} for k in variants}
+        for index in range(len(rounds)):
+            for schedule, variant in variants.items():
+                compare.run_variant(spec, args.world, variant, launch, rounds, args.warmup, None, index,
+                                    pooled[schedule])
+        errors = {k: v["error"] for k, v in pooled.items() if "error" in v}
+        if errors:
+            raise RuntimeError(f"{name}: {errors}")
+        one, zb = (pooled[k]["median_seconds"] for k in ("1f1b", "zb_graph"))
+        sim_one, sim_zb = (info[k]["simulated_iteration_seconds"] for k in ("graphpipe", "graphpipe zb"))
+        row = {"model": name, "spec": spec, "world": args.world, "stages": plan.num_stages,
+               "micro_batches": plan.num_micro_batches, "measured": {k: pooled[k] for k in pooled},
+               "measured_ratio": zb / one, "simulated": {"1f1b": sim_one, "zb_graph": sim_zb},
+               "simulated_ratio": sim_zb / sim_one, "calibration": calibration}
+        rows.append(row)
+        print(f"| {name} | {plan.num_stages} | {plan.num_micro_batches} | {1e3 * one:.2f} | {1e3 * zb:.2f} | "
+              f"{zb / one:.3f} | {1e3 * sim_one:.2f} | {1e3 * sim_zb:.2f} | {sim_zb / sim_one:.3f} | "
+              f"{(sim_zb / sim_one) / (zb / one):.3f} |", flush=True)
+    out = Path(args.out or "results/zero_bubble_measured.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "rounds": rounds, "warmup": args.warmup, "load": os.getloadavg()},
+                              indent=1))
+    print(f"\nload average {os.getloadavg()}; wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--out", default="results/zero_bubble_bench.json")
+    parser.add_argument("--measure", action="store_true", help="measure graph 1F1B against zb_graph on CPU ranks")
+    parser.add_argument("--models", nargs="+", default=["transformer", "mmt"], help="--measure: compare.py's names")
+    parser.add_argument("--world", type=int, default=2, help="--measure: CPU ranks")
+    parser.add_argument("--steps", type=int, default=12, help="--measure: measured iterations per schedule")
+    parser.add_argument("--rounds", type=int, default=4, help="--measure: interleaved rounds per schedule")
+    parser.add_argument("--warmup", type=int, default=2, help="--measure: warm-up iterations per round")
+    parser.add_argument("--timeout", type=float, default=600.0, help="--measure: seconds per run")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.measure:
+        measured(args)
+        return
+    args.out = args.out or "results/zero_bubble_bench.json"
 
     chains = []
     print("### Chains, F = I = W = 1, free links (simulated)\n")
