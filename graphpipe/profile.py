@@ -169,6 +169,26 @@ def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[t
     return (middle - start if inputs else 0.0), time.perf_counter() - middle
 
 
+def _timed_unsplit(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                   sync: Callable[[], None]) -> float | None:
+    """Seconds of the whole backward from ``output``, through the same C++ entry as
+    ``_timed_split`` with nothing split off. Timing it through ``torch.autograd.backward`` instead
+    charged B a few microseconds of Python the split's halves do not pay, and scaled by the one
+    shared factor that priced I + W below B on small operators. None when no output needs a
+    gradient."""
+    roots = _backward_roots(output)
+    if roots is None:
+        return None
+    outs, grads = roots
+    sync()
+    start = time.perf_counter()
+    _, pending = _C.backward_input(outs, grads, [], list(inputs) + list(params))
+    if not pending.empty:
+        pending.run()
+    sync()
+    return time.perf_counter() - start
+
+
 def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any], sync: Callable[[], None],
                        warmup: int, repeats: int) -> tuple[float, float, float]:
     """Median seconds of ``node``'s backward timed alone, whole and split into I and W (a fresh
@@ -182,7 +202,7 @@ def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any
     whole: list[float] = []
     split: list[tuple[float, float]] = []
     for i in range(warmup + repeats):
-        alone = _timed_backward(forward()[0], sync)
+        alone = _timed_unsplit(*forward(), sync)
         halves = _timed_split(*forward(), sync)
         if i >= warmup and alone is not None and halves is not None:
             whole.append(alone)
