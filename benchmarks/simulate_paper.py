@@ -12,13 +12,14 @@ table and writes JSON.
 ``--replicas`` compares, for MMT, DLRM and CANDLE-Uno on 8, 16, 32 and 64 V100-class GPUs with 8
 per node, three ways of using the devices when stages may be replicated (docs/design.md §4.8):
 graph+dp (``graphpipe`` with ``replicate=True``), sequential+dp (``sequential`` with
-``replicate=True``, PipeDream-style) and plain data parallelism (one stage on every device, via
+``replicate=True``, PipeDream's planner), piper+dp (``piper`` with ``replicate=True``, Piper's
+planner without tensor parallelism) and plain data parallelism (one stage on every device, via
 a manual plan). Each plan is simulated (graph-aware 1F1B; the simulator models the replicas'
 re-sharded transfers and their bucketed gradient all-reduce, here with ``--bucket-mib`` 25 MiB
 buckets, DDP's default, as a GPU run would use: ``wrap(..., bucket_bytes=)``), and the
 planner's own predicted step is printed beside it (the planner ranks its candidates by
 simulating them with the same buckets, docs/design.md §4.10, so the two agree). A second table gives graph+dp's simulated
-speedup over the other two per row, each planner's predicted / simulated step, and the GraphPipe
+speedup over the other three per row, each planner's predicted / simulated step, and the GraphPipe
 paper's 1.25-1.61x (over PipeDream and Piper, 32 GPUs) beside the 32-GPU rows. Writes
 results/simulate_paper_replicas.json.
 
@@ -60,12 +61,13 @@ def print_ratios(rows: list[dict]) -> None:
     """graph+dp's simulated speedup over sequential+dp and over data parallelism per row, and how
     far each planner's predicted step is from the simulated one; the paper's range beside 32 GPUs."""
     print()
-    print("| model | GPUs | graph+dp vs sequential+dp | graph+dp vs data parallel | paper (32 GPUs) | "
-          "planner / simulated: graph+dp, sequential+dp, data parallel |")
-    print("|" + "---|" * 6)
+    print("| model | GPUs | graph+dp vs sequential+dp | graph+dp vs piper+dp | graph+dp vs data parallel | "
+          "paper (32 GPUs) | planner / simulated: graph+dp, sequential+dp, piper+dp, data parallel |")
+    print("|" + "---|" * 7)
     keyed = {(r["model"], r["gpus"], r["plan"]): r for r in rows if "simulated_iteration_seconds" in r}
     for model, gpus in dict.fromkeys((r["model"], r["gpus"]) for r in rows):
-        graph, seq, dp = (keyed.get((model, gpus, label)) for label in ("graph+dp", "sequential+dp", "data parallel"))
+        graph, seq, piper, dp = (keyed.get((model, gpus, label))
+                                 for label in ("graph+dp", "sequential+dp", "piper+dp", "data parallel"))
 
         def ratio(other, graph=graph):
             if graph is None or other is None:
@@ -73,8 +75,9 @@ def print_ratios(rows: list[dict]) -> None:
             return f"{other['simulated_iteration_seconds'] / graph['simulated_iteration_seconds']:.2f}x"
 
         agreement = ", ".join(f"{r['predicted_iteration_seconds'] / r['simulated_iteration_seconds']:.2f}" if r else "-"
-                              for r in (graph, seq, dp))
-        print(f"| {model} | {gpus} | {ratio(seq)} | {ratio(dp)} | {PAPER_32_GPUS if gpus == 32 else ''} | {agreement} |")
+                              for r in (graph, seq, piper, dp))
+        print(f"| {model} | {gpus} | {ratio(seq)} | {ratio(piper)} | {ratio(dp)} | {PAPER_32_GPUS if gpus == 32 else ''} "
+              f"| {agreement} |")
 
 
 def replicas_mode(args) -> None:
@@ -95,6 +98,7 @@ def replicas_mode(args) -> None:
             for label, kwargs in (
                 ("graph+dp", {"partitioner": "graphpipe", "replicate": True}),
                 ("sequential+dp", {"partitioner": "sequential", "replicate": True}),
+                ("piper+dp", {"partitioner": "piper", "replicate": True}),
                 ("data parallel", {"partitioner": "manual", "manual": {"": 0},
                                    "stage_devices": {0: list(range(count))}}),
             ):

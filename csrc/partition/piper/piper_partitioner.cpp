@@ -22,15 +22,20 @@ void PiperPartitioner::prepare(const PartitionRequest& request) {
   }
 }
 
-CandidatePlan PiperPartitioner::plan(const PartitionRequest& /*request*/, const Problem& problem) {
+std::vector<CandidatePlan> PiperPartitioner::candidates(const PartitionRequest& /*request*/, const Problem& problem) {
   std::vector<CandidatePlan> candidates;
   for (const piper::LayerGraph& lg : layers_) {
     for (ChainPlan& chain : piper_plans(problem, lg)) {
       candidates.push_back({std::move(chain.assignment), std::string(kName), std::move(chain.replicas), {}});
     }
   }
-  if (candidates.empty()) return {{}, std::string(kName), {}, {}};
-  return std::move(candidates[fastest_candidate(problem, candidates)]);
+  return candidates;
+}
+
+CandidatePlan PiperPartitioner::plan(const PartitionRequest& request, const Problem& problem) {
+  std::vector<CandidatePlan> all = candidates(request, problem);
+  if (all.empty()) return {{}, std::string(kName), {}, {}};
+  return std::move(all[fastest_candidate(problem, all)]);
 }
 
 }  // namespace graphpipe::partition

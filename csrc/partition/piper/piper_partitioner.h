@@ -24,6 +24,9 @@ class PiperPartitioner final : public Partitioner {
   bool plans_chains() const override { return true; }
   void prepare(const PartitionRequest& request) override;
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
+  // Every chain of every layer graph, for every device count up to the budget: the planner
+  // (csrc/planner) simulates them, where the DP priced every transfer at the slowest link.
+  std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) override;
 
  private:
   std::vector<piper::LayerGraph> layers_;
