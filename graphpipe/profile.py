@@ -147,26 +147,36 @@ def _timed_backward(output: Any, sync: Callable[[], None]) -> float | None:
     return time.perf_counter() - start
 
 
-def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
-                 sync: Callable[[], None]) -> tuple[float, float] | None:
-    """Seconds of the backward from ``output`` split as the runtime splits it: I, the gradients of
-    ``inputs`` alone keeping the graph, then W, those of ``params`` alone (0 without any; I is 0
-    without inputs). None when no output needs a gradient."""
+def _timed_halves(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                  sync: Callable[[], None]) -> tuple[float, float] | None:
+    """Seconds of the runtime's own split backward from ``output`` (runtime/split_backward.h):
+    its first pass, the gradients of ``inputs`` keeping the graph, then its second, those of
+    ``params`` from the gradients the first recorded. None when no output needs a gradient."""
     roots = _backward_roots(output)
     if roots is None:
         return None
     outs, grads = roots
     sync()
     start = time.perf_counter()
-    # The runtime's own split (runtime/split_backward.h): W starts from the gradients I recorded.
     _, pending = _C.backward_input(outs, grads, list(inputs), list(params))
     sync()
     middle = time.perf_counter()
     if pending.empty:
-        return (middle - start if inputs else 0.0), 0.0
+        return middle - start, 0.0
     pending.run()
     sync()
-    return (middle - start if inputs else 0.0), time.perf_counter() - middle
+    return middle - start, time.perf_counter() - middle
+
+
+def _timed_split(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                 sync: Callable[[], None]) -> tuple[float, float] | None:
+    """Seconds of the backward from ``output`` split as the runtime splits it: I, the gradients of
+    ``inputs`` alone keeping the graph, then W, those of ``params`` alone (0 without any; I is 0
+    without inputs). None when no output needs a gradient."""
+    halves = _timed_halves(output, inputs, params, sync)
+    if halves is None:
+        return None
+    return (halves[0] if inputs else 0.0), halves[1]
 
 
 def _timed_unsplit(output: Any, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
@@ -176,17 +186,8 @@ def _timed_unsplit(output: Any, inputs: Sequence[torch.Tensor], params: Sequence
     charged B a few microseconds of Python the split's halves do not pay, and scaled by the one
     shared factor that priced I + W below B on small operators. None when no output needs a
     gradient."""
-    roots = _backward_roots(output)
-    if roots is None:
-        return None
-    outs, grads = roots
-    sync()
-    start = time.perf_counter()
-    _, pending = _C.backward_input(outs, grads, [], list(inputs) + list(params))
-    if not pending.empty:
-        pending.run()
-    sync()
-    return time.perf_counter() - start
+    halves = _timed_halves(output, [], list(inputs) + list(params), sync)
+    return None if halves is None else halves[0] + halves[1]
 
 
 def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any], sync: Callable[[], None],

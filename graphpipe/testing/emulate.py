@@ -95,6 +95,16 @@ def wait(seconds: float) -> None:
         os.sched_yield()
 
 
+def _zero_outputs(ctx: Any, specs: list) -> tuple[torch.Tensor, ...]:
+    """Zero tensors of ``specs``' shapes and dtypes, the non-floating ones marked
+    non-differentiable (autograd would otherwise expect gradients for them)."""
+    outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
+    for t in outs:
+        if not t.is_floating_point():
+            ctx.mark_non_differentiable(t)
+    return outs
+
+
 class _WaitInputs(torch.autograd.Function):
     """Outputs zeros shaped like the real outputs; its backward (the input-gradient half) waits,
     then returns zeros for the inputs."""
@@ -103,11 +113,7 @@ class _WaitInputs(torch.autograd.Function):
     def forward(ctx: Any, seconds: float, specs: list, *inputs: torch.Tensor) -> Any:
         ctx.seconds = seconds
         ctx.input_specs = [(t.shape, t.dtype) for t in inputs]
-        outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
-        for t in outs:
-            if not t.is_floating_point():
-                ctx.mark_non_differentiable(t)
-        return outs
+        return _zero_outputs(ctx, specs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
@@ -155,11 +161,7 @@ class _ZerosOf(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, specs: list, link: torch.Tensor) -> Any:
-        outs = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
-        for t in outs:
-            if not t.is_floating_point():
-                ctx.mark_non_differentiable(t)
-        return outs
+        return _zero_outputs(ctx, specs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:

@@ -15,6 +15,7 @@ namespace {
 
 using downset::bit;
 using downset::components;
+using downset::enumerate_downsets;
 using downset::Figures;
 using downset::figures_of;
 using downset::group_parts;
@@ -22,26 +23,6 @@ using downset::Grouping;
 using downset::kInf;
 using downset::lowest;
 using downset::Set;
-
-// The down-sets in breadth-first order from the empty set: each is one operator more than one
-// before it, so sizes never decrease along the list and a strict superset always comes later.
-// Empty when there are more than `budget`.
-std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
-  const int n = static_cast<int>(preds.size());
-  std::vector<Set> sets{0};
-  std::unordered_map<Set, int> seen{{0, 0}};
-  for (std::size_t i = 0; i < sets.size(); ++i) {
-    const Set from = sets[i];
-    for (int v = 0; v < n; ++v) {
-      if ((from & bit(v)) || (preds[v] & ~from)) continue;
-      const Set to = from | bit(v);
-      if (!seen.emplace(to, static_cast<int>(sets.size())).second) continue;
-      sets.push_back(to);
-      if (static_cast<int>(sets.size()) > budget) return {};
-    }
-  }
-  return sets;
-}
 
 // One layer J \ I of a chain of down-sets: its components are parts[first .. first + count).
 struct Layer {

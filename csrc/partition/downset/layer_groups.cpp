@@ -2,10 +2,28 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 #include "partition/downset/downset.h"
 
 namespace graphpipe::partition::downset {
+
+std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
+  const int n = static_cast<int>(preds.size());
+  std::vector<Set> sets{0};
+  std::unordered_map<Set, int> seen{{0, 0}};
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    const Set from = sets[i];
+    for (int v = 0; v < n; ++v) {
+      if ((from & bit(v)) || (preds[v] & ~from)) continue;
+      const Set to = from | bit(v);
+      if (!seen.emplace(to, static_cast<int>(sets.size())).second) continue;
+      sets.push_back(to);
+      if (static_cast<int>(sets.size()) > budget) return {};
+    }
+  }
+  return sets;
+}
 
 Figures figures_of(const Problem& p, Set stage) {
   const graph::OpGraph& g = *p.graph;

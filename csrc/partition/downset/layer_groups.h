@@ -16,6 +16,12 @@ namespace graphpipe::partition::downset {
 using Set = std::uint64_t;  // bit v: operator v (graphs of at most 64 operators)
 
 inline Set bit(int v) { return Set{1} << v; }
+
+// The down-sets of a DAG of preds.size() <= 64 nodes (preds[v]: the nodes with an edge into v),
+// breadth-first from the empty set: each is one node more than one before it, so sizes never
+// decrease along the list and a strict superset always comes later. Empty when there are more
+// than `budget`. The exact down-set DP and Piper's planner (piper/layer_graph.h) both walk them.
+std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget);
 inline int lowest(Set s) { return __builtin_ctzll(s); }
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "partition/downset/layer_groups.h"
 #include "partition/sequential/sequential.h"
 
 namespace graphpipe::partition::piper {
@@ -138,9 +139,9 @@ std::vector<int> piece_bounds(const Problem& p, const Quotient& qt, const std::v
   const bool by_count = !(prefix[n] > 0.0);
   std::vector<int> bounds{0};
   for (int k = 1; k < q; ++k) {
-    int at = by_count ? k * n / q
-                      : static_cast<int>(std::lower_bound(prefix.begin(), prefix.end(), prefix[n] * k / q) -
-                                         prefix.begin());
+    int at = by_count
+                 ? k * n / q
+                 : static_cast<int>(std::lower_bound(prefix.begin(), prefix.end(), prefix[n] * k / q) - prefix.begin());
     at = std::clamp(at, bounds.back() + 1, n - (q - k));
     bounds.push_back(at);
   }
@@ -161,7 +162,8 @@ LayerGraph units_of(const Problem& p, const Quotient& qt, const std::vector<std:
       for (int i = bounds[k]; i < bounds[k + 1]; ++i) {
         unit.insert(unit.end(), qt.members[chain[i]].begin(), qt.members[chain[i]].end());
       }
-      std::sort(unit.begin(), unit.end(), [&](graph::NodeId a, graph::NodeId b) { return p.position[a] < p.position[b]; });
+      std::sort(unit.begin(), unit.end(),
+                [&](graph::NodeId a, graph::NodeId b) { return p.position[a] < p.position[b]; });
       for (graph::NodeId v : unit) lg.unit_of[v] = static_cast<int>(lg.units.size());
       lg.units.push_back(std::move(unit));
     }
@@ -220,23 +222,6 @@ LayerGraph order_chunks(const Problem& p, int units) {
 
 }  // namespace
 
-std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget) {
-  const int n = static_cast<int>(preds.size());
-  std::vector<Set> sets{0};
-  std::unordered_map<Set, int> seen{{0, 0}};
-  for (std::size_t i = 0; i < sets.size(); ++i) {
-    const Set from = sets[i];
-    for (int v = 0; v < n; ++v) {
-      const Set bit = Set{1} << v;
-      if ((from & bit) || (preds[v] & ~from)) continue;
-      if (!seen.emplace(from | bit, static_cast<int>(sets.size())).second) continue;
-      sets.push_back(from | bit);
-      if (static_cast<int>(sets.size()) > budget) return {};
-    }
-  }
-  return sets;
-}
-
 std::vector<LayerGraph> build_layer_graphs(const Problem& p, int max_downsets) {
   // Operators (depth 0), then module groups from the deepest to the top level; at each, every
   // count of pieces per chain within the limits, of which the one whose largest unit has the
@@ -257,7 +242,7 @@ std::vector<LayerGraph> build_layer_graphs(const Problem& p, int max_downsets) {
       lg.module_depth = depth;
       if (lg.units.size() > static_cast<std::size_t>(kMaxUnits)) break;
       over_units = false;
-      lg.downsets = enumerate_downsets(lg.preds, max_downsets);
+      lg.downsets = downset::enumerate_downsets(lg.preds, max_downsets);
       if (lg.downsets.empty()) break;
       const double coarsest = largest_unit(p, lg);
       if (best.second.downsets.empty() || coarsest < best.first ||
@@ -266,27 +251,29 @@ std::vector<LayerGraph> build_layer_graphs(const Problem& p, int max_downsets) {
       }
     }
     if (best.second.downsets.empty()) continue;
-    const bool seen = std::any_of(kept.begin(), kept.end(),
-                                  [&](const auto& k) { return k.second.unit_of == best.second.unit_of; });
+    const bool seen =
+        std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return k.second.unit_of == best.second.unit_of; });
     if (!seen) kept.push_back(std::move(best));
   }
   // PipeDream's units too: 64 chunks, fewer while their down-sets overflow the budget, but not
   // below kMinChunks (coarser chains say little; a graph that wide is refused below).
   for (int units = kMaxUnits; units >= kMinChunks; units /= 2) {
     LayerGraph lg = order_chunks(p, units);
-    lg.downsets = enumerate_downsets(lg.preds, max_downsets);
+    lg.downsets = downset::enumerate_downsets(lg.preds, max_downsets);
     if (lg.downsets.empty()) continue;
-    const bool seen = std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return k.second.unit_of == lg.unit_of; });
+    const bool seen =
+        std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return k.second.unit_of == lg.unit_of; });
     if (!seen) kept.emplace_back(largest_unit(p, lg), std::move(lg));
     break;
   }
   if (kept.empty()) {
-    throw PlanningError("piper: the graph is too wide for Piper's down-set DP: even with its operators grouped by "
-                        "module and each chain of groups as one layer, it has " +
-                        (over_units ? "more than " + std::to_string(kMaxUnits) + " layers"
-                                    : "more than " + std::to_string(max_downsets) + " down-sets") +
-                        " (the limits: " + std::to_string(kMaxUnits) + " layers, " + std::to_string(max_downsets) +
-                        " down-sets); use the graphpipe or sequential partitioner");
+    throw PlanningError(
+        "piper: the graph is too wide for Piper's down-set DP: even with its operators grouped by "
+        "module and each chain of groups as one layer, it has " +
+        (over_units ? "more than " + std::to_string(kMaxUnits) + " layers"
+                    : "more than " + std::to_string(max_downsets) + " down-sets") +
+        " (the limits: " + std::to_string(kMaxUnits) + " layers, " + std::to_string(max_downsets) +
+        " down-sets); use the graphpipe or sequential partitioner");
   }
   std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
     return a.first < b.first || (a.first == b.first && a.second.downsets.size() > b.second.downsets.size());

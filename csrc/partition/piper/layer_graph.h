@@ -47,20 +47,15 @@ inline constexpr int kMinChunks = 16;
 inline constexpr int kDefaultMaxDownsets = 2048;
 
 struct LayerGraph {
-  int module_depth = 0;                     // the module path depth operators are grouped by (0: none;
-                                            // -1: chunks of the topological order)
-  int pieces_per_chain = 1;                 // q
-  int chains = 0;                           // maximal chains of the operator DAG
-  std::vector<int> unit_of;                 // operator -> unit
+  int module_depth = 0;                           // the module path depth operators are grouped by (0: none;
+                                                  // -1: chunks of the topological order)
+  int pieces_per_chain = 1;                       // q
+  int chains = 0;                                 // maximal chains of the operator DAG
+  std::vector<int> unit_of;                       // operator -> unit
   std::vector<std::vector<graph::NodeId>> units;  // unit -> its operators, in topological order
-  std::vector<Set> preds;                   // unit -> units with an edge into it
-  std::vector<Set> downsets;                // breadth-first from the empty set; the last is all units
+  std::vector<Set> preds;                         // unit -> units with an edge into it
+  std::vector<Set> downsets;                      // breadth-first from the empty set; the last is all units
 };
-
-// The down-sets of a DAG of preds.size() <= 64 units, breadth-first from the empty set (each is
-// one unit more than one before it, so a strict superset always comes later). Empty when there
-// are more than `budget`.
-std::vector<Set> enumerate_downsets(const std::vector<Set>& preds, int budget);
 
 // One layer graph per module depth that fits the budget (distinct ones), as above, the one with
 // the least largest unit first; problem gives the graph and the compute that pieces balance.
