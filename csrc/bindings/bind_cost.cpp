@@ -31,6 +31,10 @@ void bind_devices(py::module_& m) {
       .def_readwrite("instruction_overhead_seconds", &Devices::instruction_overhead_seconds)
       .def_readwrite("step_overhead_seconds", &Devices::step_overhead_seconds)
       .def_readwrite("relative_speed", &Devices::relative_speed)
+      .def_readwrite("collective_latency_seconds", &Devices::collective_latency_seconds,
+                     "Latency of one collective ring step (0: collectives priced from the links).")
+      .def_readwrite("collective_bandwidth_bytes_per_second", &Devices::collective_bandwidth_bytes_per_second,
+                     "Bandwidth of one collective ring step's link (0: collectives priced from the links).")
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
       .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")

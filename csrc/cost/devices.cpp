@@ -58,6 +58,16 @@ void Devices::validate() const {
     throw PlanningError("devices.instruction_overhead_seconds and step_overhead_seconds must not be negative, found " +
                         number(instruction_overhead_seconds) + " and " + number(step_overhead_seconds));
   }
+  if (!(collective_latency_seconds >= 0.0) || !std::isfinite(collective_latency_seconds) ||
+      !(collective_bandwidth_bytes_per_second >= 0.0) || !std::isfinite(collective_bandwidth_bytes_per_second)) {
+    throw PlanningError("devices.collective_latency_seconds and collective_bandwidth_bytes_per_second must be "
+                        "non-negative numbers (0: not given), found " + number(collective_latency_seconds) + " and " +
+                        number(collective_bandwidth_bytes_per_second));
+  }
+  if (collective_latency_seconds > 0.0 && !has_collective_link()) {
+    throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +
+                        " but collective_bandwidth_bytes_per_second is not given: a collective ring step needs both");
+  }
   if (!(op_overhead_seconds >= 0.0)) {
     throw PlanningError("devices.op_overhead_seconds must not be negative, found " + number(op_overhead_seconds));
   }

@@ -8,8 +8,9 @@
 //
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0; latencies and the overhead >= 0;
-// relative_speed > 0; `node` is empty (all devices on one node) or has one non-negative entry
-// per device. transfer_seconds is O(1).
+// relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth; `node` is
+// empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
+// O(1).
 //
 // Presets (documented constants, or a cheap measurement for the CPU rank) are in
 // cost/presets.h; the JSON form is in cost/devices_json.h.
@@ -36,6 +37,21 @@ struct Devices {
   // How much faster these devices are than the machine that measured the profiles: a measured
   // time is divided by it (2.0 halves every profiled time). Analytic times ignore it.
   double relative_speed = 1.0;
+  // The link as a collective sees it (0: not given): every ring step of every collective
+  // (cost/rings.h ring_step_seconds: all-reduce, all-gather, the gradient buckets' and the
+  // replicas' sync, in the planner and the simulator alike) then costs
+  // collective_latency_seconds + chunk / collective_bandwidth_bytes_per_second instead of its
+  // slowest point-to-point link's transfer. Why a figure of its own: one link figure cannot
+  // price both a pipeline's transfers and a collective. On CPU ranks over Gloo every rank of a
+  // ring sends and receives at once, sharing the host's cores, and a 1 MiB all-reduce over 4
+  // ranks took 4.5 ms where the point-to-point links priced it at 1.5 ms (8 ranks: 18 vs 3.5
+  // ms), so every replicated plan simulated too fast; on GPUs NCCL's all-reduce bus bandwidth
+  // differs from its point-to-point bandwidth too. graphpipe/calibration.py measures them by
+  // timing real all-reduces at two sizes. They describe one ring of the calibrated ranks and
+  // apply to every ring alike (intra- and inter-node), so leave them 0 for a multi-node
+  // description whose hierarchy should be priced from its links.
+  double collective_latency_seconds = 0.0;
+  double collective_bandwidth_bytes_per_second = 0.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
   std::vector<int> node;                            // node of each device; empty: one node
@@ -48,6 +64,9 @@ struct Devices {
     if (src == dst || bytes <= 0.0) return 0.0;
     return link_latency[src][dst] + bytes / link_bandwidth[src][dst];
   }
+
+  // Whether the collective figures are given (a positive bandwidth).
+  bool has_collective_link() const { return collective_bandwidth_bytes_per_second > 0.0; }
 
   // The slowest link between two distinct devices (smallest bandwidth; largest latency), the
   // one a placement-independent estimate assumes. A single device has no link: both are 0.

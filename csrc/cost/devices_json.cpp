@@ -22,6 +22,10 @@ nlohmann::json to_json(const Devices& d) {
                      {"link_bandwidth", d.link_bandwidth},
                      {"link_latency", d.link_latency}};
   if (!d.node.empty()) doc["node"] = d.node;
+  if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
+    doc["collective_latency_seconds"] = d.collective_latency_seconds;
+    doc["collective_bandwidth_bytes_per_second"] = d.collective_bandwidth_bytes_per_second;
+  }
   return doc;
 }
 
@@ -74,9 +78,13 @@ Devices devices_from_json(const nlohmann::json& doc) {
   d.flops_per_second = positive(doc, "flops_per_second");
   d.memory_bandwidth = positive(doc, "memory_bandwidth");
   d.op_overhead_seconds = jf::non_negative<double>(doc, "op_overhead_seconds", "$");
-  // Optional: files written before the runtime costs were measured read as unmeasured (0).
+  // Optional: files written before the runtime costs (or the collective link) were measured
+  // read as unmeasured (0).
   for (auto [key, field] : {std::pair{"instruction_overhead_seconds", &d.instruction_overhead_seconds},
-                            std::pair{"step_overhead_seconds", &d.step_overhead_seconds}}) {
+                            std::pair{"step_overhead_seconds", &d.step_overhead_seconds},
+                            std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
+                            std::pair{"collective_bandwidth_bytes_per_second",
+                                      &d.collective_bandwidth_bytes_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
   }
   d.relative_speed = positive(doc, "relative_speed");

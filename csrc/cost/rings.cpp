@@ -29,6 +29,11 @@ std::vector<int> ring_order(const Devices& devices, std::vector<int> group) {
 }
 
 double ring_step_seconds(const Devices& devices, const std::vector<int>& ring, double chunk) {
+  if (ring.size() < 2 || chunk <= 0.0) return 0.0;
+  // Measured figures of a collective's ring step, where given, price it (cost/devices.h says why).
+  if (devices.has_collective_link()) {
+    return devices.collective_latency_seconds + chunk / devices.collective_bandwidth_bytes_per_second;
+  }
   double slowest = 0.0;
   for (std::size_t i = 0; i < ring.size(); ++i) {
     slowest = std::max(slowest, devices.transfer_seconds(ring[i], ring[(i + 1) % ring.size()], chunk));
