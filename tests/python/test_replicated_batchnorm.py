@@ -60,6 +60,7 @@ def _plan(model: nn.Module, example: tuple, placement: list[list[int]]) -> dict[
     for stage, ranks in zip(doc["stages"], placement):
         stage["devices"] = ranks
     doc["num_devices"] = sum(len(r) for r in placement)
+    doc.pop("device_nodes", None)  # placed by hand on other devices: their nodes are unknown
     return doc
 
 

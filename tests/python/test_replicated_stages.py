@@ -76,6 +76,7 @@ def replicated_plan(model: torch.nn.Module, example: tuple, placement: list[list
     for stage, ranks in zip(doc["stages"], placement):
         stage["devices"] = ranks
     doc["num_devices"] = sum(len(r) for r in placement)
+    doc.pop("device_nodes", None)  # placed by hand on other devices: their nodes are unknown
     return doc
 
 
