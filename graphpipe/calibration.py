@@ -13,8 +13,15 @@ Both come from one-rank pipelines whose stage compute is emulated by zero-length
 the runtime works: a step of M micro-batches runs 2M instructions, and its time is
 ``step + 2M x instruction``; timing it at two values of M gives both (a straight-line fit of the
 medians). The step's closing collective over several ranks is then timed on its own (an
-all-reduce of one number over the measuring ranks) and added to the step's cost. (So is an
-all-reduce of one gradient bucket, reported beside the cost model's price of it.)
+all-reduce of one number over the measuring ranks) and added to the step's cost.
+
+A third pair of figures prices collectives (``Devices.collective_latency_seconds``,
+``Devices.collective_bandwidth_bytes_per_second``; cost/devices.h says why the point-to-point
+links cannot): real all-reduces over the measuring ranks are timed at two sizes
+(COLLECTIVE_SIZES), and the ring formula the cost model prices them by (2 (n - 1) steps of
+size / n, each latency + bytes / bandwidth) is inverted, so that the priced all-reduce equals
+the measured one at both sizes. (One gradient bucket's all-reduce is timed with them, for the
+reports.)
 
 Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
@@ -22,8 +29,8 @@ freshly spawned ranks, or on the ranks of the current process group (``in_group=
 measurement is short (a few seconds, most of it spawning the ranks) and bounded by ``timeout``.
 
 :func:`link` measures the point-to-point link (latency and bandwidth of a Gloo send/recv pair,
-pairs of ranks at once) the same way, and :func:`collective_link` the link as a ring all-reduce
-sees it (every rank sending to the next at once); benchmarks/calibrate.py prints them.
+pairs of ranks at once) the same way, and :func:`collective_link` the link of one ring exchange
+(every rank sending to the next at once, no reduction); benchmarks/calibrate.py prints them.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "collective_link"]
+__all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "collective_link", "ring_link",
+           "timed_all_reduces"]
 
 #: The model the dispatch is timed on: small, several operators per stage, zero-length compute.
 DISPATCH_SPEC = "candle_uno:batch=16"
@@ -46,6 +54,12 @@ SMALL, LARGE = 4, 512 << 10  # bytes, of the ring exchange's two messages (a rin
 PAIR_LARGE = 4 << 20  # bytes, of the ping-pong's large message
 #: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
 BUCKET_BYTES = 1 << 20
+#: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
+#: latency dominates, large enough that bandwidth does (a few buckets).
+COLLECTIVE_SIZES = (64 << 10, 4 << 20)
+#: All-reduces timed per size (at least): a median of 8 under 4 ranks on 2 busy cores moved the
+#: fitted 1 MiB price by 20% from run to run.
+ALL_REDUCE_REPEATS = 24
 
 
 @dataclass(frozen=True)
@@ -57,8 +71,12 @@ class RuntimeCosts:
     concurrency: int
     # Measured for reports, not part of the description: one all-reduce of a gradient bucket
     # (BUCKET_BYTES) over the ``concurrency`` ranks (0 for one rank), to set beside what the
-    # cost model prices it at from the links.
+    # cost model prices it at.
     bucket_all_reduce_seconds: float = 0.0
+    # The link a ring all-reduce over the ``concurrency`` ranks sees (0 for one rank): what
+    # ``Devices.collective_latency_seconds`` and ``collective_bandwidth_bytes_per_second`` take.
+    collective_latency_seconds: float = 0.0
+    collective_bandwidth_bytes_per_second: float = 0.0
 
 
 def _sync(device: str) -> None:
@@ -118,24 +136,46 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
             pipe.step(inputs, targets)
             _sync(device)
             samples[m].append(time.perf_counter() - start)
-    return {"steps": {m: statistics.median(s) for m, s in samples.items()},
-            "closing": _timed_all_reduce(1, steps, device) if world > 1 else 0.0,
-            "bucket": _timed_all_reduce(BUCKET_BYTES // 4, steps, device) if world > 1 else 0.0}
+    sizes = (4, BUCKET_BYTES, *COLLECTIVE_SIZES)  # 4 bytes: the step's closing sum of one number
+    reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
+               else dict.fromkeys(sizes, 0.0))
+    return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
+            "all_reduce": reduces}
 
 
-def _timed_all_reduce(numel: int, repeats: int, device: str) -> float:
-    """Median seconds of an all-reduce of ``numel`` float32 over the default group."""
+def timed_all_reduces(sizes: tuple[int, ...], repeats: int, device: str = "cpu") -> dict[int, float]:
+    """Per size in bytes, the median seconds of an all-reduce of that many bytes of float32 over
+    the default group (every rank calls it), the sizes interleaved round by round so that a burst
+    of load hits every size alike. The one timing of real all-reduces the calibration and the
+    benchmarks share."""
     import torch.distributed as dist
 
-    buf = torch.zeros(numel, device=device)
-    samples = []
+    bufs = {size: torch.zeros(max(1, size // 4), device=device) for size in sizes}
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buf)
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for size, buf in bufs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            _sync(device)
+            samples[size].append(time.perf_counter() - start)
+    return {size: statistics.median(s) for size, s in samples.items()}
+
+
+def ring_link(world: int, seconds: dict[int, float]) -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s) of one ring step such that the cost model's ring
+    all-reduce over ``world`` ranks (2 (world - 1) steps of size / world, each latency + bytes /
+    bandwidth; cost/all_reduce.h) takes ``seconds[size]`` at both of its two sizes: the inverse
+    of that formula. A measured time that does not grow with the size gives an unbounded
+    bandwidth's stand-in (1 PB/s), a negative intercept a zero latency."""
+    if world < 2 or len(seconds) != 2:
+        raise ValueError(f"ring_link: needs two ranks or more and two sizes, got {world} ranks, sizes {list(seconds)}")
+    (small, t_small), (large, t_large) = sorted(seconds.items())
+    steps = 2.0 * (world - 1)
+    per_byte = (t_large - t_small) / steps / ((large - small) / world)
+    bandwidth = 1.0 / per_byte if per_byte > 1e-15 else 1e15
+    latency = max(t_small / steps - (small / world) / bandwidth, 0.0)
+    return latency, bandwidth
 
 
 def _fit(steps: dict[int, float]) -> tuple[float, float]:
@@ -153,7 +193,10 @@ def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
     fits = [_fit(v["steps"]) for v in values]
     instruction = statistics.median(f[0] for f in fits)
     step = statistics.median(f[1] for f in fits) + statistics.median(v["closing"] for v in values)
-    return RuntimeCosts(instruction, step, concurrency, statistics.median(v["bucket"] for v in values))
+    reduce = {size: statistics.median(v["all_reduce"][size] for v in values) for size in values[0]["all_reduce"]}
+    latency, bandwidth = (ring_link(concurrency, {s: reduce[s] for s in COLLECTIVE_SIZES}) if concurrency > 1
+                          else (0.0, 0.0))
+    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
@@ -180,12 +223,16 @@ def _cached_runtime_costs(concurrency: int) -> RuntimeCosts:
 
 
 def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts | None = None) -> Any:
-    """Sets ``devices``' ``instruction_overhead_seconds`` and ``step_overhead_seconds`` to
-    ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
+    """Sets ``devices``' ``instruction_overhead_seconds``, ``step_overhead_seconds`` and
+    collective link figures (``collective_latency_seconds``,
+    ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links)
+    to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
     costs = costs if costs is not None else _cached_runtime_costs(concurrency)
     devices.instruction_overhead_seconds = costs.instruction_overhead_seconds
     devices.step_overhead_seconds = costs.step_overhead_seconds
+    devices.collective_latency_seconds = costs.collective_latency_seconds
+    devices.collective_bandwidth_bytes_per_second = costs.collective_bandwidth_bytes_per_second
     return devices
 
 

@@ -47,7 +47,9 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: i
 
     ``cpu`` describes CPU ranks (``measure=True`` calibrates throughput on this machine and the
     runtime's per-instruction and per-step costs, ``instruction_overhead_seconds`` and
-    ``step_overhead_seconds``, in a few seconds: graphpipe.calibration; the default uses
+    ``step_overhead_seconds``, and the link a collective sees, ``collective_latency_seconds`` and
+    ``collective_bandwidth_bytes_per_second``, with ``count`` ranks at once, in a few seconds:
+    graphpipe.calibration; the default uses
     documented constants so that every rank computes the same plan), on one host
     unless ``per_node`` groups them onto several (10 GbE between hosts); ``v100`` and ``h100``
     are documented GPU presets with fast links inside a node and slower ones across nodes
@@ -68,10 +70,16 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: i
         return loaded
     if kind == "cpu":
         described = _C.Devices.cpu_rank(count, measure=measure, per_node=per_node or 0)
-        if measure:  # the runtime's dispatch and per-step costs too (graphpipe/calibration.py)
+        if measure:  # the runtime's dispatch and per-step costs, and the collective link, measured
+            # with ``count`` ranks at once (graphpipe/calibration.py)
             from graphpipe.calibration import apply_runtime_costs
 
-            apply_runtime_costs(described)
+            apply_runtime_costs(described, concurrency=count)
+            if per_node is not None and per_node < count:
+                # Measured on this one host, the collective link knows nothing of the links
+                # between hosts: the hierarchy is priced from the described links instead.
+                described.collective_latency_seconds = 0.0
+                described.collective_bandwidth_bytes_per_second = 0.0
         return described
     # The preset lookup raises PlanningError naming the presets for an unknown kind.
     return _C.Devices.preset(kind, count, per_node=per_node or 0)

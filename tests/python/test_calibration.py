@@ -1,14 +1,17 @@
 """Measured runtime costs (graphpipe.calibration): what they measure, that the device
-description carries them through JSON, and that planner and simulator both charge them."""
+description carries them through JSON, and that planner and simulator both charge them; the
+same for the collective link figures fitted to real all-reduces."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
+from torch import nn
 
 import graphpipe
-from graphpipe.calibration import RuntimeCosts, _fit, apply_runtime_costs, runtime_costs
+from graphpipe.calibration import COLLECTIVE_SIZES, RuntimeCosts, _fit, apply_runtime_costs, ring_link, runtime_costs
 from graphpipe.models import build_model
 
 SPEC = "candle_uno:size=small"
@@ -36,6 +39,10 @@ def test_measured_devices_carry_runtime_costs_through_json(tmp_path) -> None:
     assert loaded.step_overhead_seconds == devices.step_overhead_seconds
     again = graphpipe.Devices.from_json(devices.to_json())
     assert again.step_overhead_seconds == devices.step_overhead_seconds
+    # Two ranks at once: the collective link fitted to their real all-reduces comes along.
+    assert devices.collective_bandwidth_bytes_per_second > 0.0 and devices.collective_latency_seconds >= 0.0
+    assert loaded.collective_bandwidth_bytes_per_second == devices.collective_bandwidth_bytes_per_second
+    assert loaded.collective_latency_seconds == devices.collective_latency_seconds
 
 
 def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
@@ -43,6 +50,7 @@ def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
     assert costs.concurrency == 2
     assert costs.instruction_overhead_seconds > 0.0 and costs.step_overhead_seconds > 0.0
     assert costs.bucket_all_reduce_seconds > 0.0  # measured for the reports
+    assert costs.collective_bandwidth_bytes_per_second > 0.0 and costs.collective_latency_seconds >= 0.0
 
 
 def test_measurement_is_bounded_by_its_timeout() -> None:
@@ -78,3 +86,73 @@ def test_planner_and_simulator_charge_the_runtime_costs() -> None:
     # The step's fixed cost comes once.
     assert simulated2 - simulated0 == pytest.approx(s, rel=1e-6)
     assert planned2 - planned0 == pytest.approx(s, rel=1e-6)
+
+
+def test_ring_link_inverts_the_cost_models_all_reduce() -> None:
+    # Whatever two all-reduce times were measured, the fitted figures make the cost model (C++)
+    # price the all-reduce at exactly those times, at both sizes.
+    small, large = COLLECTIVE_SIZES
+    for world, measured in ((4, {small: 0.9e-3, large: 20e-3}), (8, {small: 3e-3, large: 70e-3}),
+                            (2, {small: 0.2e-3, large: 5e-3})):
+        latency, bandwidth = ring_link(world, measured)
+        devices = graphpipe.devices(world, "cpu")
+        devices.collective_latency_seconds, devices.collective_bandwidth_bytes_per_second = latency, bandwidth
+        for size, seconds in measured.items():
+            assert graphpipe.all_reduce_cost(devices, list(range(world)), size).seconds == pytest.approx(seconds)
+    # A time that does not grow with the size: no negative or infinite figure.
+    latency, bandwidth = ring_link(4, {small: 2e-3, large: 1e-3})
+    assert latency >= 0.0 and 0.0 < bandwidth < float("inf")
+    with pytest.raises(ValueError, match="two ranks or more"):
+        ring_link(1, {small: 1e-3, large: 2e-3})
+
+
+def test_collective_link_round_trips_and_is_checked() -> None:
+    devices = graphpipe.devices(4, "cpu")
+    assert devices.collective_latency_seconds == 0.0 and devices.collective_bandwidth_bytes_per_second == 0.0
+    assert "collective_bandwidth" not in devices.to_json()  # not given: files stay as they were
+    devices.collective_latency_seconds, devices.collective_bandwidth_bytes_per_second = 150e-6, 0.6e9
+    back = graphpipe.Devices.from_json(devices.to_json())
+    assert (back.collective_latency_seconds, back.collective_bandwidth_bytes_per_second) == (150e-6, 0.6e9)
+    devices.collective_bandwidth_bytes_per_second = 0.0  # a latency alone prices nothing
+    with pytest.raises(graphpipe.PlanningError, match="collective_bandwidth_bytes_per_second"):
+        devices.validate()
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(256, 512)
+        self.fc2 = nn.Linear(512, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_planner_and_simulator_price_a_replicated_stages_all_reduce_from_the_collective_link() -> None:
+    model = _Mlp()
+    graph = graphpipe.trace(model, torch.randn(64, 256))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    one_bucket = 1 << 30  # every gradient in one bucket: one all-reduce of `params` bytes
+    group = [0, 1, 2, 3]
+
+    def priced(latency: float, bandwidth: float) -> tuple[float, float, float]:
+        devices = graphpipe.devices(4, "cpu")
+        devices.collective_latency_seconds, devices.collective_bandwidth_bytes_per_second = latency, bandwidth
+        p = graphpipe.plan(graph, devices, "manual", manual={"": 0}, stage_devices={0: group},
+                           micro_batches=2, bucket_bytes=one_bucket)
+        (stage,) = p.stages
+        result = graphpipe.simulate(p, devices, bucket_bytes=one_bucket)
+        reduces = [t for t in result.tasks if t.kind == "all_reduce" and t.rank == 0]
+        return stage.all_reduce_seconds, sum(t.end - t.start for t in reduces), p.predicted_iteration_seconds
+
+    links = graphpipe.devices(4, "cpu")
+    from_links = 2 * 3 * (links.link_latency[0][1] + params / 4 / links.link_bandwidth[0][1])
+    planned0, simulated0, step0 = priced(0.0, 0.0)  # not given: priced from the links, as before
+    assert planned0 == pytest.approx(from_links) and simulated0 == pytest.approx(from_links)
+    latency, bandwidth = 400e-6, 0.3e9
+    planned1, simulated1, step1 = priced(latency, bandwidth)
+    # The ring formula on the collective figures: 2 (n - 1) steps of params / n.
+    expected = 2 * 3 * (latency + params / 4 / bandwidth)
+    assert planned1 == pytest.approx(expected) and simulated1 == pytest.approx(expected)
+    # The all-reduce ends the step (nothing to overlap with on one stage): the step grows by it.
+    assert step1 - step0 == pytest.approx(expected - from_links, rel=1e-3)
