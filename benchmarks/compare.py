@@ -38,9 +38,9 @@ samples/s (median and min-max spread), the cost model's memory per rank and the 
 (the fastest variant, graph+dp over the best non-graphpipe variant), and check every variant's
 first-step loss against single-process training. Output: a markdown table on stdout, JSON
 (machine, torch, commit, every figure) and a PNG chart. Beside it, for every graphpipe row, the
-simulator's prediction of the same plan with the device description the planner used (links and
-the runtime's per-instruction and per-step costs measured by graphpipe.calibration with as many
-ranks at once as the run), its error, one gradient bucket's all-reduce measured against the cost
+simulator's prediction of the same plan with the device description the planner used (links, the
+link collectives see (fitted to real all-reduces) and the runtime's per-instruction and per-step
+costs, measured by graphpipe.calibration with as many ranks at once as the run), its error, one gradient bucket's all-reduce measured against the cost
 model's price, and per job whether the planner's pick (graph+dp) is within 5% of the fastest.
 
 ``--emulate`` (the default on CPU; ``--no-emulate`` measures real compute) replaces each stage's
@@ -393,21 +393,23 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
         # compute, so the slowdown leaves them alone.
         devices.instruction_overhead_seconds = calibration["instruction_overhead_seconds"]
         devices.step_overhead_seconds = calibration["step_overhead_seconds"]
+        # Collectives (the replicas' gradient all-reduces) are priced from the link a real
+        # all-reduce over these ranks showed, not from the point-to-point one (cost/devices.h).
+        devices.collective_latency_seconds = calibration["collective_latency_seconds"]
+        devices.collective_bandwidth_bytes_per_second = calibration["collective_bandwidth_bytes_per_second"]
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
 
 
-def _collective_price(devices: Any, world: int, calibration: dict) -> float:
-    """One 1 MiB all-reduce over every rank priced by the cost model on links with the
-    collective link's figures (every rank sending at once) instead of the pairs' ones: what a
-    description with collective figures of its own would charge (the cost model has none yet)."""
-    ring = graphpipe.Devices.from_json(devices.to_json())
-    ring.set_node_links(world, calibration["collective_link_bandwidth_bytes_per_second"],
-                        calibration["collective_link_latency_seconds"],
-                        calibration["collective_link_bandwidth_bytes_per_second"],
-                        calibration["collective_link_latency_seconds"])
-    return graphpipe.all_reduce_cost(ring, list(range(world)), 1 << 20).seconds
+def _links_only_price(devices: Any, world: int) -> float:
+    """One 1 MiB all-reduce over every rank priced from the point-to-point links alone (the
+    description without its collective link figures): what the cost model charged before it
+    had them."""
+    links = graphpipe.Devices.from_json(devices.to_json())
+    links.collective_latency_seconds = 0.0
+    links.collective_bandwidth_bytes_per_second = 0.0
+    return graphpipe.all_reduce_cost(links, list(range(world)), 1 << 20).seconds
 
 
 def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
@@ -466,11 +468,12 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     info = simulate_plans(plans, graph, devices)
     if job.world > 1:
         # What the cost model prices one gradient bucket's all-reduce over every rank at (from
-        # the links), beside the measured one: the replicas' sync rests on it.
+        # the description's collective link, as planner and simulator do), beside the measured
+        # one and the links-only price: the replicas' sync rests on it.
         info["bucket_all_reduce"] = {
             "measured_seconds": calibration["bucket_all_reduce_seconds"],
             "priced_seconds": graphpipe.all_reduce_cost(devices, list(range(job.world)), 1 << 20).seconds,
-            "priced_with_collective_link_seconds": _collective_price(devices, job.world, calibration)}
+            "priced_from_links_seconds": _links_only_price(devices, job.world)}
     for v in variants:
         if isinstance(v.run, GraphpipeRun):
             key = v.run.plan_key + (" zb" if v.run.schedule == "zb_graph" else "")
@@ -671,21 +674,20 @@ def _launched_by_torchrun() -> bool:
 def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
     """The device description's measured figures (graphpipe.calibration), each measured with as
     many ranks at once as the runs it describes: the link, the runtime's per-instruction and
-    per-step costs, and (reported only) one gradient bucket's all-reduce."""
-    from graphpipe.calibration import collective_link, link, runtime_costs
+    per-step costs, the collective link (fitted to real all-reduces), and (reported only) one
+    gradient bucket's all-reduce."""
+    from graphpipe.calibration import link, runtime_costs
 
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
         costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device)
-        ring_latency, ring_bandwidth = collective_link(concurrency=world, in_group=launch.torchrun,
-                                                       device=launch.device)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                               "step_overhead_seconds": costs.step_overhead_seconds,
                               "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds,
-                              "collective_link_latency_seconds": ring_latency,
-                              "collective_link_bandwidth_bytes_per_second": ring_bandwidth}
+                              "collective_latency_seconds": costs.collective_latency_seconds,
+                              "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second}
         if launch.rank == 0:
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
                   f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
@@ -984,9 +986,9 @@ def _print_plan_notes(rows: list[dict], mode: str) -> None:
     for world, text in sorted(buckets):
         b = json.loads(text)
         print(f"- one 1 MiB gradient bucket's all-reduce over {world} ranks: measured {1e3 * b['measured_seconds']:.1f} "
-              f"ms, priced by the cost model (from the point-to-point links) at {1e3 * b['priced_seconds']:.1f} ms, "
-              f"from the collective link (every rank sending at once) at "
-              f"{1e3 * b['priced_with_collective_link_seconds']:.1f} ms")
+              f"ms, priced by the cost model (from the collective link fitted to real all-reduces) at "
+              f"{1e3 * b['priced_seconds']:.1f} ms, from the point-to-point links alone at "
+              f"{1e3 * b.get('priced_from_links_seconds', float('nan')):.1f} ms")
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:

@@ -135,6 +135,14 @@ def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
     calibration = report["calibration"]["2"]
     assert calibration["instruction_overhead_seconds"] > 0 and calibration["step_overhead_seconds"] > 0
     assert calibration["bucket_all_reduce_seconds"] > 0
+    # Planner and simulator price collectives from the link fitted to real all-reduces: the
+    # bucket line's price is the ring formula on it (2 (n - 1) steps of 1 MiB / n), not the links'.
+    assert calibration["collective_bandwidth_bytes_per_second"] > 0
+    bucket = bound["graphpipe/graph+dp"]["bucket_all_reduce"]
+    assert bucket["priced_seconds"] == pytest.approx(
+        2 * (calibration["collective_latency_seconds"] + (1 << 20) / 2 / calibration["collective_bandwidth_bytes_per_second"]))
+    assert bucket["priced_from_links_seconds"] > 0
+    assert "from the point-to-point links alone at" in result.stdout
     assert "the planner's pick (graphpipe/graph+dp) is" in report["verdict"][0]
     assert len(report["verdict"]) == 1 and "does not fit: torch/ddp" in report["verdict"][0]
     assert (tmp_path / "c.png").stat().st_size > 0
