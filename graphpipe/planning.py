@@ -123,7 +123,8 @@ def plan(
         devices: a device count (described by ``device_kind``) or a ``Devices`` description.
         partitioner: a name from ``PARTITIONERS``: ``graphpipe`` (the paper's series-parallel
             DP), ``metis`` (METIS + acyclic repair + refinement), ``sequential`` (the chain
-            baseline) or ``manual``; an unknown name raises the registry's PlanningError.
+            baseline; with replicas PipeDream's planner), ``piper`` (Piper's planner) or
+            ``manual``; an unknown name raises the registry's PlanningError.
         batch_size: mini-batch size (default: the traced batch size).
         micro_batches / micro_batch_size: fix the micro-batching; by default the partitioner
             chooses the micro-batch size (powers of two dividing the batch) with the stages.
@@ -131,13 +132,10 @@ def plan(
         optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
         replicate: let a stage run on several devices as data-parallel replicas (each takes a
-            shard of every micro-batch and the replicas all-reduce their gradients once per
-            iteration); the partitioner chooses the replica counts with the cut, and plain data
-            parallelism (one stage on every device) is one of its candidates. ``False``: one
-            device per stage. Default (``None``): one device per stage while that uses every
-            device; when the plan without replicas leaves devices idle (more devices than
-            useful stages, or than operators), the replicated plan is made too and the one of
-            shorter predicted step is returned (a tie keeps the plan without replicas).
+            shard of every micro-batch; gradients are all-reduced once per iteration), replica
+            counts chosen with the cut, plain data parallelism among the candidates. ``False``:
+            one device per stage. ``None`` (default): also the replicated plan where the plan
+            without replicas leaves devices idle, the faster one returned (a tie: no replicas).
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
@@ -147,8 +145,7 @@ def plan(
             ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
             of every gradient. Each replicated stage is charged that method's cost per step
             (local SGD's averaging amortised over its period; top-k's and PowerSGD's smaller
-            collectives and their compression compute), so a cheaper method makes more replicas
-            worth their devices. The plan records it (``plan.sync``).
+            collectives and their compression compute). The plan records it (``plan.sync``).
         bucket_bytes: the gradient bucket size replicated stages will run with (as given to
             ``wrap``; default the runtime's): the planner simulates its candidates with it.
 
@@ -158,15 +155,12 @@ def plan(
     ``graphpipe.simulate(plan, devices, schedule, bucket_bytes=...)`` reports.
 
     Returns:
-        A ``Plan``: stages (operators, device, predicted times and memory), stage edges, the
-        micro-batching, the pipeline depth and the predicted bottleneck. ``print(plan)`` shows a
-        table; ``plan.save(graph, path)`` writes JSON.
+        A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
+        predicted step); ``print(plan)`` shows a table, ``plan.save(graph, path)`` writes JSON.
 
     Raises:
-        PlanningError: zero devices, more devices than operators (with ``replicate=False``), a
-            model that does not fit in memory (with the shortfall), a bad manual mapping or
-            ``stage_devices`` (an unknown stage, an empty list, overlapping or out-of-range
-            devices).
+        PlanningError: zero devices, more devices than operators (``replicate=False``), a model
+            that does not fit (with the shortfall), a bad manual mapping or ``stage_devices``.
     """
     graph = _graph_of(model_or_graph, example_inputs)
     described = _devices_of(devices, device_kind)

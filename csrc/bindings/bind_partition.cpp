@@ -18,13 +18,13 @@ namespace graphpipe::bindings {
 namespace {
 
 // The Python signature's optional arguments turned into Options.
-partition::Options make_options(const std::string& partitioner,
-                           std::int64_t batch_size, std::optional<std::int64_t> micro_batch_size,
-                           std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
-                           const std::string& optimizer, std::optional<partition::ManualMapping> manual, int max_stages,
-                           double tolerance, int seed, bool refine, bool replicate,
-                           std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble,
-                           const cost::SyncMethod& sync) {
+partition::Options make_options(const std::string& partitioner, std::int64_t batch_size,
+                                std::optional<std::int64_t> micro_batch_size,
+                                std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
+                                const std::string& optimizer, std::optional<partition::ManualMapping> manual,
+                                int max_stages, double tolerance, int seed, bool refine, bool replicate,
+                                std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble,
+                                const cost::SyncMethod& sync) {
   partition::Options o;
   o.sync = sync;
   o.zero_bubble = zero_bubble;
@@ -51,9 +51,9 @@ plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices
                            double tolerance, int seed, bool refine, bool replicate,
                            std::optional<std::map<int, std::vector<int>>> stage_devices, bool zero_bubble,
                            const cost::SyncMethod& sync) {
-  partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
-                                      optimizer, manual, max_stages, tolerance, seed, refine, replicate, stage_devices,
-                                      zero_bubble, sync);
+  partition::Options o =
+      make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit, optimizer, manual,
+                   max_stages, tolerance, seed, refine, replicate, stage_devices, zero_bubble, sync);
   py::gil_scoped_release release;
   return partition::partition(g, devices, o);
 }
@@ -104,10 +104,10 @@ void bind_partition(py::module_& m) {
       .def_readonly("simulated", &planner::PlannerResult::simulated);
   m.def("plan_by_simulation", &plan_simulated, py::arg("graph"), py::arg("devices"),
         py::arg("partitioner") = "graphpipe", py::arg("batch_size") = 0, py::arg("micro_batch_size") = py::none(),
-        py::arg("num_micro_batches") = py::none(), py::arg("memory_limit") = py::none(),
-        py::arg("optimizer") = "adam", py::arg("manual") = py::none(), py::arg("max_stages") = 0,
-        py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true, py::arg("replicate") = false,
-        py::arg("stage_devices") = py::none(), py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
+        py::arg("num_micro_batches") = py::none(), py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam",
+        py::arg("manual") = py::none(), py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0,
+        py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
+        py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
         py::arg("task_overhead_seconds") = -1.0, py::arg("min_devices") = 0,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h); the least "

@@ -60,9 +60,10 @@ void Devices::validate() const {
   }
   if (!(collective_latency_seconds >= 0.0) || !std::isfinite(collective_latency_seconds) ||
       !(collective_bandwidth_bytes_per_second >= 0.0) || !std::isfinite(collective_bandwidth_bytes_per_second)) {
-    throw PlanningError("devices.collective_latency_seconds and collective_bandwidth_bytes_per_second must be "
-                        "non-negative numbers (0: not given), found " + number(collective_latency_seconds) + " and " +
-                        number(collective_bandwidth_bytes_per_second));
+    throw PlanningError(
+        "devices.collective_latency_seconds and collective_bandwidth_bytes_per_second must be "
+        "non-negative numbers (0: not given), found " +
+        number(collective_latency_seconds) + " and " + number(collective_bandwidth_bytes_per_second));
   }
   if (collective_latency_seconds > 0.0 && !has_collective_link()) {
     throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +

@@ -80,11 +80,11 @@ Devices devices_from_json(const nlohmann::json& doc) {
   d.op_overhead_seconds = jf::non_negative<double>(doc, "op_overhead_seconds", "$");
   // Optional: files written before the runtime costs (or the collective link) were measured
   // read as unmeasured (0).
-  for (auto [key, field] : {std::pair{"instruction_overhead_seconds", &d.instruction_overhead_seconds},
-                            std::pair{"step_overhead_seconds", &d.step_overhead_seconds},
-                            std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
-                            std::pair{"collective_bandwidth_bytes_per_second",
-                                      &d.collective_bandwidth_bytes_per_second}}) {
+  for (auto [key, field] :
+       {std::pair{"instruction_overhead_seconds", &d.instruction_overhead_seconds},
+        std::pair{"step_overhead_seconds", &d.step_overhead_seconds},
+        std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
+        std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
   }
   d.relative_speed = positive(doc, "relative_speed");

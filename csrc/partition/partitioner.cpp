@@ -309,8 +309,8 @@ CandidateSet::~CandidateSet() = default;
 
 plan::Plan CandidateSet::build(std::size_t i) const {
   const RankedCandidate& c = candidates_.at(i);
-  Plan plan = build_plan(problems_.at(c.micro_batch_size), c.layout.assignment, c.layout.partitioner,
-                         c.layout.replicas, c.layout.devices);
+  Plan plan = build_plan(problems_.at(c.micro_batch_size), c.layout.assignment, c.layout.partitioner, c.layout.replicas,
+                         c.layout.devices);
   plan.sync = options_.sync;
   return plan;
 }

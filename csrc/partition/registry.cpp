@@ -31,10 +31,8 @@ std::unique_ptr<Partitioner> make() {
 // registering itself from a static initialiser would silently vanish from the registry.
 // The order is the order users read in partitioner_names() and in the error message.
 constexpr Entry kRegistry[] = {
-    {GraphpipePortfolio::kName, &make<GraphpipePortfolio>},
-    {MetisPartitioner::kName, &make<MetisPartitioner>},
-    {SequentialPartitioner::kName, &make<SequentialPartitioner>},
-    {ManualPartitioner::kName, &make<ManualPartitioner>},
+    {GraphpipePortfolio::kName, &make<GraphpipePortfolio>},       {MetisPartitioner::kName, &make<MetisPartitioner>},
+    {SequentialPartitioner::kName, &make<SequentialPartitioner>}, {ManualPartitioner::kName, &make<ManualPartitioner>},
     {PiperPartitioner::kName, &make<PiperPartitioner>},
 };
 

@@ -68,10 +68,10 @@ std::string module_list(const Stage& st) {
 
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
-  out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices
-      << " devices" << nodes_summary(plan) << ", depth " << plan.depth << ", mini-batch " << plan.batch_size << " = " << plan.num_micro_batches
-      << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer << (plan.chain ? ", run as a chain" : "")
-      << "\n";
+  out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices << " devices"
+      << nodes_summary(plan) << ", depth " << plan.depth << ", mini-batch " << plan.batch_size << " = "
+      << plan.num_micro_batches << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer
+      << (plan.chain ? ", run as a chain" : "") << "\n";
   out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3) << " ms/sample, predicted step "
       << format("%.4g", plan.predicted_iteration_seconds * 1e3) << " ms, memory limit "
       << bytes(plan.memory_limit_bytes) << "\n";
@@ -82,9 +82,9 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
     dev_width = std::max(dev_width, device_list(st).size() + 1);
     node_width = std::max(node_width, node_list(plan, st).size() + 1);
   }
-  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("node", node_width) << pad("ops", 6) << pad("fwd ms", 10) << pad("bwd ms", 10)
-      << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11) << pad("inflt", 6) << pad("memory", 11)
-      << pad("allred ms", 10) << pad("next", 10);
+  out << "  " << pad("stage", 6) << pad("dev", dev_width) << pad("node", node_width) << pad("ops", 6)
+      << pad("fwd ms", 10) << pad("bwd ms", 10) << pad("xfer ms", 10) << pad("params", 11) << pad("act/mb", 11)
+      << pad("inflt", 6) << pad("memory", 11) << pad("allred ms", 10) << pad("next", 10);
   // Without the graph the operators' names are unknown; the modules (stored in the plan) are not.
   const bool any_modules =
       std::any_of(plan.stages.begin(), plan.stages.end(), [](const Stage& st) { return !st.modules.empty(); });
@@ -98,10 +98,10 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
       next += std::to_string(e.dst);
     }
     if (next.empty()) next = "-";
-    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width)
-        << pad(node_list(plan, st), node_width) << pad(std::to_string(st.nodes.size()), 6)
-        << pad(millis(st.forward_seconds), 10) << pad(millis(st.backward_seconds), 10)
-        << pad(millis(st.transfer_seconds), 10) << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
+    out << "  " << pad(std::to_string(st.id), 6) << pad(devices, dev_width) << pad(node_list(plan, st), node_width)
+        << pad(std::to_string(st.nodes.size()), 6) << pad(millis(st.forward_seconds), 10)
+        << pad(millis(st.backward_seconds), 10) << pad(millis(st.transfer_seconds), 10)
+        << pad(bytes(st.param_bytes), 11) << pad(bytes(st.activation_bytes), 11)
         << pad(std::to_string(st.in_flight) + (st.recompute ? "r" : ""), 6) << pad(bytes(st.memory_bytes), 11)
         << pad(millis(st.all_reduce_seconds), 10) << pad(next, 10);
     if (g && !st.nodes.empty()) {

@@ -40,17 +40,17 @@ namespace graphpipe::planner {
 
 struct PlannerOptions {
   schedule::Policy policy = schedule::Policy::one_f_one_b;  // the schedule the plan will run under
-  sim::SimOptions sim;                                       // as graphpipe.simulate will be called
+  sim::SimOptions sim;                                      // as graphpipe.simulate will be called
   // Only candidates whose stages use at least this many devices together (0: all). For a user
   // who must occupy the devices, and to measure what using them would cost.
   int min_devices = 0;
 };
 
 struct PlannerResult {
-  plan::Plan plan;              // predicted_iteration_seconds: its simulated step
-  double closed_form = 0.0;     // the closed-form predicted step of the same plan
-  std::size_t candidates = 0;   // candidates that fit, over every micro-batch size
-  std::size_t simulated = 0;    // of which were simulated before the bound stopped the search
+  plan::Plan plan;             // predicted_iteration_seconds: its simulated step
+  double closed_form = 0.0;    // the closed-form predicted step of the same plan
+  std::size_t candidates = 0;  // candidates that fit, over every micro-batch size
+  std::size_t simulated = 0;   // of which were simulated before the bound stopped the search
 };
 
 // The least simulated step's plan (see above). `options.every_candidate` is set here.

@@ -214,8 +214,7 @@ struct WeightStart {
 // they are cut, so that W computes only the parameter-side ones. (set_next_edge would assert on a
 // node that has a parent; an edge made invalid only lowers what the node's topological number
 // could be, which autograd reads as a bound.)
-void start_at_join(const Walk& g, const Marks& m, std::size_t i, std::vector<at::Tensor>& arrived,
-                   WeightStart& start) {
+void start_at_join(const Walk& g, const Marks& m, std::size_t i, std::vector<at::Tensor>& arrived, WeightStart& start) {
   const NodePtr& node = g.nodes[i];
   auto& edges = node->next_edges();
   for (std::size_t k = 0; k < edges.size(); ++k) {

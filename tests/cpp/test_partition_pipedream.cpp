@@ -72,8 +72,7 @@ TEST(PartitionPipeDream, EveryChainFitsWithTheTensorsItRelays) {
           const pt::Evaluation ev = pt::evaluate(p, chain.assignment, chain.replicas);
           ASSERT_TRUE(ev.acyclic);
           EXPECT_TRUE(ev.fits()) << "seed " << seed << " micro-batch " << mb << " limit " << limit_gib
-                                 << " GiB: over by " << ev.max_overflow << " bytes on stage "
-                                 << ev.worst_memory_stage;
+                                 << " GiB: over by " << ev.max_overflow << " bytes on stage " << ev.worst_memory_stage;
           // A stage strictly between the skip's ends relays it; count the plans where one does
           // and memory is within a relayed tensor's bytes of the limit.
           const int first = ev.stage_of[0], last = ev.stage_of[g.num_nodes() - 1];

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "cost/presets.h"
+#include "graph_builders.h"
 #include "partition/group_stats.h"
 #include "partition/partitioner.h"
 #include "partition/partitioner_interface.h"
@@ -18,7 +19,6 @@
 #include "partition/piper/piper.h"
 #include "partition/recompute.h"
 #include "partition/replica_allocation.h"
-#include "graph_builders.h"
 #include "test_partition_graphs.h"
 
 namespace gp = graphpipe;
@@ -36,7 +36,10 @@ struct Case {
   gp::cost::CostModel model;
   pt::Problem problem;
   Case(gp::graph::OpGraph graph, int count, std::int64_t micro_batch, double limit)
-      : g(std::move(graph)), devices(gp::cost::v100(count, 2)), options(opts()), model(g, devices, options.optimizer),
+      : g(std::move(graph)),
+        devices(gp::cost::v100(count, 2)),
+        options(opts()),
+        model(g, devices, options.optimizer),
         problem(make(micro_batch, limit)) {}
   static pt::Options opts() {
     pt::Options o;
@@ -72,7 +75,8 @@ double stage_price(const pt::Problem& p, const std::vector<gp::graph::NodeId>& o
   }
   if (gs.static_bytes > p.memory_limit) return kInf;
   const double f = p.replicas->row_fraction(level);
-  const pt::StageMemory m = pt::stage_memory(gs.static_bytes, gs.act_bytes * f, gs.input_bytes * f, flight, p.memory_limit);
+  const pt::StageMemory m =
+      pt::stage_memory(gs.static_bytes, gs.act_bytes * f, gs.input_bytes * f, flight, p.memory_limit);
   if (m.bytes > p.memory_limit) return kInf;
   return pt::replica_stage_time(p, level, compute, gs.transfer, gs.cross_bytes, gs.params) + m.extra_seconds(forward);
 }
@@ -298,7 +302,8 @@ TEST(PartitionPiper, PartitionerPlansValidChains) {
 // layers: they join their consumer's unit, so DLRM-like models' many inputs and slices do not
 // multiply the down-sets.
 TEST(PartitionPiper, InputsAndSlicesJoinTheirConsumer) {
-  gp::graph::OpGraph g = tst::graph_of({{"in", "get0"}, {"in", "get1"}, {"get0", "a"}, {"get1", "b"}, {"a", "c"}, {"b", "c"}});
+  gp::graph::OpGraph g =
+      tst::graph_of({{"in", "get0"}, {"in", "get1"}, {"get0", "a"}, {"get1", "b"}, {"a", "c"}, {"b", "c"}});
   g.mutable_node(*g.find("in")).is_input = true;
   for (const char* name : {"in", "get0", "get1"}) g.mutable_node(*g.find(name)).forward_flops = 0.0;
   Case c(std::move(g), 2, 4, gp::cost::v100(1).memory_bytes);

@@ -10,8 +10,8 @@
 
 #include "common/error.h"
 #include "cost/presets.h"
-#include "plan/plan_io.h"
 #include "partition/partitioner.h"
+#include "plan/plan_io.h"
 #include "planner/planner.h"
 #include "schedule/generate.h"
 #include "sim/simulate.h"

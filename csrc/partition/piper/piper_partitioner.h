@@ -5,8 +5,8 @@
 // (layer_graph.h; a graph too wide for the budget is a PlanningError naming the limit, raised
 // before any micro-batch size is tried); plan() runs Piper's DP on each at each micro-batch size
 // and keeps, of their chains for every device count up to the budget, the one with the least
-// predicted step (evaluate.h): more devices never give a slower plan. Without replication every stage gets one device (the DP's only level).
-// Plans run as chains (plans_chains()), Piper's linear pipeline.
+// predicted step (evaluate.h): more devices never give a slower plan. Without replication every stage gets one device
+// (the DP's only level). Plans run as chains (plans_chains()), Piper's linear pipeline.
 #pragma once
 
 #include <string_view>

@@ -6,8 +6,7 @@
 
 namespace graphpipe::partition {
 
-std::vector<CandidatePlan> SequentialPartitioner::candidates(const PartitionRequest& request,
-                                                             const Problem& problem) {
+std::vector<CandidatePlan> SequentialPartitioner::candidates(const PartitionRequest& request, const Problem& problem) {
   if (!problem.replicated()) return {{sequential_assignment(problem), std::string(kName), {}, {}}};
   // PipeDream's planner (pipedream.h): its chain for every device count up to the budget, and
   // plain data parallelism at every replica count. Each list only grows with the budget and

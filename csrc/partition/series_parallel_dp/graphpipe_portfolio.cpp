@@ -106,7 +106,8 @@ void finish_replicas(const Problem& problem, std::vector<CandidatePlan>& candida
   for (CandidatePlan& c : states) candidates.push_back(std::move(c));
   if (every) {
     for (std::vector<int>& counts : data_parallel_counts(problem))
-      candidates.push_back({std::vector<int>(problem.num_nodes(), 0), "graphpipe(data-parallel)", std::move(counts), {}});
+      candidates.push_back(
+          {std::vector<int>(problem.num_nodes(), 0), "graphpipe(data-parallel)", std::move(counts), {}});
     return;
   }
   auto [single, counts] = data_parallel_plan(problem);
@@ -237,8 +238,8 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
   // ladder's order, so the list is the same as searched one after the other.
   std::vector<std::future<std::vector<CandidatePlan>>> runs;
   for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) {
-    runs.push_back(
-        std::async(std::launch::async, [this, &request, at = with_budget(problem, *b)] { return layouts(request, at); }));
+    runs.push_back(std::async(std::launch::async,
+                              [this, &request, at = with_budget(problem, *b)] { return layouts(request, at); }));
   }
   for (auto& run : runs) {
     for (CandidatePlan& c : run.get()) {
