@@ -412,12 +412,13 @@ def _links_only_price(devices: Any, world: int) -> float:
     return graphpipe.all_reduce_cost(links, list(range(world)), 1 << 20).seconds
 
 
-def _plan_or_reason(graph: Any, devices: Any, partitioner: str, **kwargs: Any) -> tuple[Any, str]:
+def _plan_or_reason(graph: Any, devices: Any, partitioner: str, schedule_choice: str = "1f1b",
+                    **kwargs: Any) -> tuple[Any, str]:
     # A variant is replicated only where it says so: plan()'s default would replicate pipelines
     # that leave ranks idle, and the table compares the two kinds side by side.
     kwargs.setdefault("replicate", False)
     try:
-        return graphpipe.plan(graph, devices, partitioner, **kwargs), ""
+        return graphpipe.plan(graph, devices, partitioner, schedule=schedule_choice, **kwargs), ""
     except Exception as exc:  # the planner's refusal is the row's content
         return None, f"no plan: {type(exc).__name__}: {str(exc)[:120]}"
 
@@ -445,7 +446,9 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     plans: dict[str, Any] = {}
     variants: list[Variant] = []
 
-    def graphpipe_variant(name: str, key: str, partitioner: str, schedule: str = "1f1b", **kwargs: Any) -> None:
+    def graphpipe_variant(name: str, key: str, partitioner: str, schedule: str | None = None, **kwargs: Any) -> None:
+        """A graphpipe row: the plan under ``key`` (made here once), run under ``schedule`` or
+        (None) the schedule the plan was made for."""
         if key not in plans:
             plans[key], reason = _plan_or_reason(graph, devices, partitioner, memory_limit=limit, **kwargs)
             if plans[key] is None:
@@ -453,10 +456,11 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
                 variants.append(Variant(name, "graphpipe", unavailable=reason))
                 return
         p = plans[key]
-        variants.append(Variant(name, "graphpipe", GraphpipeRun(p.to_json(graph), schedule, key),
+        variants.append(Variant(name, "graphpipe", GraphpipeRun(p.to_json(graph), schedule or p.schedule, key),
                                 p.num_micro_batches, p.depth, peak_stage_memory(p)))
 
-    graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=True)
+    # The planner's pick: replicas allowed, and the schedule chosen with the plan.
+    graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=True, schedule_choice="auto")
     graphpipe_variant("graphpipe/sequential+dp", "sequential+dp", "sequential", replicate=True)
     if every:
         graphpipe_variant("graphpipe/graph", "graphpipe", "graphpipe")
@@ -572,11 +576,12 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
 
 
 def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str, dict]:
-    """Per plan (and "graphpipe zb": the graph plan under zb_graph): its shape, the simulated
+    """Per plan under the schedule it was made for (and "graphpipe zb": the graph plan under
+    zb_graph too; a plan made for zb_graph is keyed "<name> zb"): its shape, the simulated
     iteration (with the devices' measured runtime costs) and optimizer step per stage."""
     info: dict[str, dict] = {}
     for name, p in plans.items():
-        for kind in ("1f1b", "zb_graph") if name == "graphpipe" else ("1f1b",):
+        for kind in sorted({p.schedule} | ({"zb_graph"} if name == "graphpipe" else set())):
             result = graphpipe.simulate(p, devices, kind)
             info[name + (" zb" if kind == "zb_graph" else "")] = {
                 "stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,

@@ -133,14 +133,17 @@ def plan(
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
         replicate: let a stage run on several devices as data-parallel replicas (each takes a
             shard of every micro-batch; gradients are all-reduced once per iteration), replica
-            counts chosen with the cut, plain data parallelism among the candidates. ``False``:
-            one device per stage. ``None`` (default): also the replicated plan where the plan
-            without replicas leaves devices idle, the faster one returned (a tie: no replicas).
+            counts chosen with the cut, plain data parallelism and the plans without replicas
+            among the candidates (a tie: no replicas). ``False``: one device per stage. ``None``
+            (default): ``True`` where the plan without replicas leaves devices idle.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
             ``zb_graph`` makes the predicted step the zero-bubble schedule's (shorter fill and
-            drain), so the choice of cut and micro-batching weighs depth accordingly.
+            drain), so the choice of cut and micro-batching weighs depth accordingly. ``"auto"``:
+            the planner picks graph 1F1B or ``zb_graph`` with the plan, whichever simulates
+            faster. The plan records it (``plan.schedule``), and ``graphpipe.simulate`` and
+            ``graphpipe.wrap`` run it unless told otherwise.
         sync: how replicated stages will synchronise (see :func:`sync_method`): a
             ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
             of every gradient. Each replicated stage is charged that method's cost per step
@@ -150,7 +153,7 @@ def plan(
             ``wrap``; default the runtime's): the planner simulates its candidates with it.
 
     Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
-    judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
+    judged by simulating it under ``schedule`` (or both, ``"auto"``; csrc/planner/planner.h): the plan of least
     simulated step is returned, and its ``predicted_iteration_seconds`` is that simulation, what
     ``graphpipe.simulate(plan, devices, schedule, bucket_bytes=...)`` reports.
 
@@ -167,7 +170,7 @@ def plan(
     # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
-               "schedule": _C.parse_schedule_kind(schedule), "sync": sync_method(sync),
+               "schedule": _schedule_name(schedule), "sync": sync_method(sync),
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
     def partition(replicated: bool) -> Any:
@@ -212,13 +215,19 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
 
 
+def _schedule_name(schedule: str) -> str:
+    """``plan(schedule=...)`` as the core takes it: ``"auto"`` or a canonical schedule name
+    (the C++ parser's PlanningError names the kinds for an unknown one)."""
+    return "auto" if schedule == "auto" else _C.parse_schedule_kind(schedule)
+
+
 def _choose_replication(partition: Any, num_nodes: int, device_count: int, replicate: bool | None,
                         partitioner: str) -> Any:
     """The plan ``plan(replicate=...)`` returns, ``partition(replicated)`` making each candidate.
 
-    The default replicates only where one device per stage leaves devices idle; which plan is
-    faster is the core's prediction (each plan's predicted step, its simulation), not a rule
-    made here.
+    The default replicates only where one device per stage leaves devices idle. A replicated
+    planning weighs the plans without replicas too (csrc/planner/planner.h), so which is faster
+    is the core's simulation, not a rule made here.
     """
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
@@ -228,9 +237,7 @@ def _choose_replication(partition: Any, num_nodes: int, device_count: int, repli
     single = partition(False)
     if sum(len(stage.devices) for stage in single.stages) >= device_count:
         return single
-    replicated = partition(True)
-    faster = replicated.predicted_iteration_seconds < single.predicted_iteration_seconds
-    return replicated if faster else single
+    return partition(True)
 
 
 def sync_method(sync: Any) -> Any:

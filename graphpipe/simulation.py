@@ -25,7 +25,7 @@ def schedule(plan: Any, kind: str = "1f1b") -> Any:
 def simulate(
     plan: Any,
     devices: Any = None,
-    schedule_kind: str = "1f1b",
+    schedule_kind: str | None = None,
     *,
     overlap: bool = True,
     device_kind: str = "cpu",
@@ -40,7 +40,8 @@ def simulate(
         plan: a ``Plan`` from :func:`graphpipe.plan`.
         devices: the ``Devices`` the plan was made for (default: ``plan.num_devices`` devices of
             ``device_kind``). Stage times come from the plan; transfers from the devices' links.
-        schedule_kind: ``1f1b``, ``fill_drain`` or ``1f1b_greedy``; or pass a ``Schedule``.
+        schedule_kind: a name from ``SCHEDULES`` or a ``Schedule``; default: the schedule the
+            plan was made for (``plan.schedule``).
         overlap: whether transfers overlap computation (own streams) or block the rank.
         task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated);
             default: the devices' ``instruction_overhead_seconds`` (0 unless measured).
@@ -58,7 +59,8 @@ def simulate(
     """
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
-    sched = schedule_kind if isinstance(schedule_kind, _C.Schedule) else schedule(plan, schedule_kind)
+    kind = plan.schedule if schedule_kind is None else schedule_kind
+    sched = kind if isinstance(kind, _C.Schedule) else schedule(plan, kind)
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
     method = sync_method(sync) if sync is not None else None
     overhead = -1.0 if task_overhead_seconds is None else float(task_overhead_seconds)

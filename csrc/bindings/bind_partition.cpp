@@ -5,6 +5,7 @@
 
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "partition/partitioner.h"
@@ -69,10 +70,14 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
                                       bool overlap, double task_overhead_seconds, int min_devices) {
   planner::PlannerOptions p;
-  p.policy = schedule::parse_policy(schedule);
+  // "auto": the planner picks the schedule too, among graph 1F1B and zero-bubble.
+  p.policies = schedule == "auto"
+                   ? std::vector<schedule::Policy>{schedule::Policy::one_f_one_b, schedule::Policy::zb_graph}
+                   : std::vector<schedule::Policy>{schedule::parse_policy(schedule)};
+  // zero_bubble is set per policy by the planner.
   partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
                                       optimizer, manual, max_stages, tolerance, seed, refine, replicate, stage_devices,
-                                      p.policy == schedule::Policy::zb_graph, sync);
+                                      false, sync);
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
   p.sim.task_overhead_seconds = task_overhead_seconds;
@@ -110,9 +115,10 @@ void bind_partition(py::module_& m) {
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
         py::arg("task_overhead_seconds") = -1.0, py::arg("min_devices") = 0,
-        "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h); the least "
-        "simulated step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps "
-        "only candidates that use at least that many devices.");
+        "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
+        "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
+        "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
+        "candidates that use at least that many devices.");
 }
 
 }  // namespace graphpipe::bindings

@@ -87,6 +87,7 @@ void bind_plan(py::module_& m) {
       .def_readwrite("memory_limit_bytes", &Plan::memory_limit_bytes)
       .def_readwrite("optimizer", &Plan::optimizer)
       .def_readwrite("chain", &Plan::chain)
+      .def_readwrite("schedule", &Plan::schedule)
       .def_readwrite("sync", &Plan::sync, "The sync method the plan was priced for (SyncMethod).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
       .def(

@@ -67,6 +67,7 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
   plan.chain = p.chain;
+  plan.schedule = p.zero_bubble ? "zb_graph" : "1f1b";
   plan.sync = p.sync;
   plan.stages.resize(ev.num_stages);
   for (int s = 0; s < ev.num_stages; ++s) {

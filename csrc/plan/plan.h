@@ -111,6 +111,10 @@ struct Plan {
   // How replicated stages synchronise (cost/sync_method.h): what all_reduce_seconds prices and
   // what the simulator runs by default.
   cost::SyncMethod sync;
+  // The schedule the plan was made for, a policy name of schedule/generate.h ("1f1b",
+  // "zb_graph", ...): the one its predicted step simulated, and what graphpipe.simulate and
+  // graphpipe.wrap run by default. The planner picks it where asked to (PlannerOptions::policies).
+  std::string schedule = "1f1b";
   // The stages run as a chain in list order (the sequential baseline): stage i waits for stage
   // i - 1 even where no operator edge joins them (skip tensors are forwarded), so depth is the
   // stage count and in-flight counts are chain positions. `edges` still lists only the stage

@@ -55,6 +55,7 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
           {"memory_limit_bytes", plan.memory_limit_bytes},
           {"optimizer", plan.optimizer},
           {"chain", plan.chain},
+          {"schedule", plan.schedule},
           {"sync", cost::to_json(plan.sync)},
           {"stages", stages},
           {"edges", edges}};
@@ -99,6 +100,8 @@ Plan plan_header_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.memory_limit_bytes = jf::non_negative<double>(doc, "memory_limit_bytes", "$");
   plan.optimizer = jf::get<std::string>(doc, "optimizer", "$");
   plan.chain = jf::get<bool>(doc, "chain", "$");
+  // Optional: plans written before they recorded their schedule were made for 1F1B.
+  if (doc.contains("schedule")) plan.schedule = jf::get<std::string>(doc, "schedule", "$");
   // Optional: plans written before sync methods existed were made for the all-reduce.
   if (doc.contains("sync")) {
     try {

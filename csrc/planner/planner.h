@@ -22,12 +22,26 @@
 // replica allocations' intermediate states included), and a candidate's simulated step depends
 // only on the devices it uses; so the least simulated step never grows with the budget.
 //
-// Ties (equal simulated steps within a relative 1e-12) go to the candidate partition() prefers
+// Which schedule: PlannerOptions::policies lists the schedules a plan may run under; each
+// candidate is simulated under each (from the candidates the partitioner makes for that
+// schedule), and the plan records the one of least step (Plan::schedule). With one policy, the
+// plan is that policy's.
+//
+// Replicas allowed means replicas optional: with Options::replicate the one-device-per-stage
+// candidates join the list (for every partitioner but manual), made at every power-of-two device
+// budget up to the device count (the plain searches are not monotone in the budget; this ladder
+// only grows). So allowing replicas never returns a plan that simulates slower than the plan
+// without them on a power-of-two count of devices up to the device count.
+//
+// Ties (equal simulated steps within a relative 1e-12) go to the candidate listed first: the
+// policies in their order, for each the plain candidates then the replicated ones (a tie leaves
+// devices idle rather than replicate for nothing), each in the order partition() prefers
 // (CandidateSet's order). When nothing fits, partition()'s error is raised; when nothing fits
 // with PlannerOptions::min_devices, a PlanningError says so.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "cost/devices.h"
 #include "graph/op_graph.h"
@@ -39,7 +53,9 @@
 namespace graphpipe::planner {
 
 struct PlannerOptions {
-  schedule::Policy policy = schedule::Policy::one_f_one_b;  // the schedule the plan will run under
+  // The schedules the plan may run under (one: the schedule it will run under); the planner
+  // keeps the candidate and schedule of least simulated step.
+  std::vector<schedule::Policy> policies = {schedule::Policy::one_f_one_b};
   sim::SimOptions sim;                                      // as graphpipe.simulate will be called
   // Only candidates whose stages use at least this many devices together (0: all). For a user
   // who must occupy the devices, and to measure what using them would cost.
@@ -50,15 +66,17 @@ struct PlannerResult {
   plan::Plan plan;             // predicted_iteration_seconds: its simulated step
   double closed_form = 0.0;    // the closed-form predicted step of the same plan
   std::size_t candidates = 0;  // candidates that fit, over every micro-batch size
-  std::size_t simulated = 0;   // of which were simulated before the bound stopped the search
+  std::size_t simulated = 0;   // (candidate, schedule) pairs simulated before the bound stopped the search
 };
 
-// The least simulated step's plan (see above). `options.every_candidate` is set here.
+// The least simulated step's plan (see above). `options.every_candidate` is set here, and
+// `options.zero_bubble` per policy (true for zb_graph).
 PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
                                  const partition::Options& options, const PlannerOptions& planner = {});
 
-// The step a plan's simulation gives under `planner` (the schedule generated for its policy):
-// the figure plan_by_simulation ranks by.
-double simulated_step(const plan::Plan& plan, const cost::Devices& devices, const PlannerOptions& planner);
+// The step a plan's simulation gives under `policy` with the simulator's `options`: the figure
+// plan_by_simulation ranks by.
+double simulated_step(const plan::Plan& plan, const cost::Devices& devices, schedule::Policy policy,
+                      const sim::SimOptions& options);
 
 }  // namespace graphpipe::planner

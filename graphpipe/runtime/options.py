@@ -28,7 +28,9 @@ class WrapOptions:
         group: the process group whose ranks run the pipeline (default: the default group).
         partitioner: a name from ``graphpipe.PARTITIONERS`` (rank 0 plans with
             :func:`graphpipe.plan`).
-        schedule: a name from ``graphpipe.SCHEDULES``.
+        schedule: a name from ``graphpipe.SCHEDULES``, or ``"auto"``: the planner picks graph
+            1F1B or ``zb_graph`` with the plan. Default (``None``): the schedule the plan was made
+            for (``plan.schedule``; a plan made here is made for ``1f1b``).
         micro_batches: number of micro-batches per step (default: the partitioner's choice).
         plan: a Plan (graphpipe.plan, graphpipe.runtime.manual_plan), plan JSON text or file, or
             the JSON form as a dict; read and validated by the C++ loader (Plan.from_json) on
@@ -61,7 +63,7 @@ class WrapOptions:
 
     group: Any = None
     partitioner: str = "graphpipe"
-    schedule: str = "1f1b"
+    schedule: str | None = None
     micro_batches: int | None = None
     plan: Any = None
     timeout: float = DEFAULT_TIMEOUT
@@ -95,6 +97,11 @@ class WrapOptions:
             raise InputError(f"graphpipe.wrap: bucket_bytes must be positive, got {self.bucket_bytes!r}")
         return size
 
+    def schedule_for(self, plan: Any) -> str:
+        """The schedule the pipeline runs: the one asked for, or the one ``plan`` was made for
+        (``schedule`` None or ``"auto"``)."""
+        return plan.schedule if self.schedule in (None, "auto") else self.schedule
+
     def check_every(self) -> int | None:
         """``check_replicas_every``, checked: a positive int or None."""
         every = self.check_replicas_every
@@ -107,7 +114,7 @@ class WrapOptions:
         plans for the schedule that will run (zb_graph's shorter bubbles) and for the sync
         method its replicated stages will use (the default needs no say)."""
         options = dict(self.plan_options, partitioner=self.partitioner, devices=self.devices,
-                       micro_batches=self.micro_batches, schedule=self.schedule)
+                       micro_batches=self.micro_batches, schedule=self.schedule or "1f1b")
         if sync_method != AllReduce():
             options["sync"] = sync_method
         return options

@@ -104,9 +104,10 @@ class Pipeline:
         """Cuts the traced model into the plan's stages and keeps this rank's."""
         traced = agreed.traced
         self.num_micro_batches = int(self.plan.num_micro_batches)
-        self.schedule_kind = self.options.schedule
+        # The schedule asked for, or (None, "auto") the one the plan was made for.
+        self.schedule_kind = self.options.schedule_for(self.plan)
         # The very call graphpipe.simulate makes: the executor runs the schedule it predicts.
-        self.schedule = generate_schedule(self.plan, self.options.schedule)
+        self.schedule = generate_schedule(self.plan, self.schedule_kind)
         cut = build_stages(traced.module, self.plan, traced.graph)
         self._stage: StageModule | None = keep_local_stage(cut, model, self.rank)
         self.module: nn.Module = local_module(self._stage)

@@ -50,8 +50,9 @@ TEST(PlannerRank, PredictedStepIsTheSimulation) {
           const cost::Devices devices = cost::v100(6, 4);
           pt::Options o = options(name, replicate);
           o.zero_bubble = policy == sched::Policy::zb_graph;
-          const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o, {.policy = policy});
+          const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o, {.policies = {policy}});
           EXPECT_NO_THROW(graphpipe::plan::validate_plan(r.plan, g));
+          EXPECT_EQ(r.plan.schedule, std::string(sched::policy_name(policy)));
           EXPECT_DOUBLE_EQ(r.plan.predicted_iteration_seconds, simulate_step(r.plan, devices, policy))
               << name << " seed " << seed << " replicate " << replicate;
           EXPECT_GE(r.simulated, 1u);
@@ -71,22 +72,32 @@ TEST(PlannerRank, LeastSimulatedStepOverEveryCandidate) {
       pt::Options o = options(name, true);
       const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o);
       o.every_candidate = true;
-      const pt::CandidateSet set(g, devices, o);
-      ASSERT_EQ(set.candidates().size(), r.candidates);
+      // Replicas allowed: the replicated candidates and the one-device-per-stage ones on 1, 2,
+      // 4 and 8 devices.
+      std::size_t listed = 0;
       double least = std::numeric_limits<double>::infinity();
-      for (std::size_t i = 0; i < set.candidates().size(); ++i) {
-        const double step = simulate_step(set.build(i), devices, sched::Policy::one_f_one_b);
-        // The bound the search prunes by is a bound of the simulation.
-        EXPECT_GE(step, set.candidates()[i].pipeline_bound * (1.0 - 1e-12)) << name << " candidate " << i;
-        EXPECT_GE(set.candidates()[i].pipeline_bound, set.candidates()[i].compute_bound * (1.0 - 1e-12));
-        least = std::min(least, step);
+      for (int budget : {0, 1, 2, 4, 8}) {
+        const bool replicate = budget == 0;
+        o.replicate = replicate;
+        o.max_stages = budget;
+        const pt::CandidateSet set(g, devices, o);
+        listed += set.candidates().size();
+        for (std::size_t i = 0; i < set.candidates().size(); ++i) {
+          const double step = simulate_step(set.build(i), devices, sched::Policy::one_f_one_b);
+          // The bound the search prunes by is a bound of the simulation.
+          EXPECT_GE(step, set.candidates()[i].pipeline_bound * (1.0 - 1e-12)) << name << " candidate " << i;
+          EXPECT_GE(set.candidates()[i].pipeline_bound, set.candidates()[i].compute_bound * (1.0 - 1e-12));
+          least = std::min(least, step);
+        }
+        if (!replicate) continue;
+        // partition()'s plan is the set's first, so never faster, simulated, than the planner's.
+        const auto closed = pt::partition(g, devices, options(name, true));
+        EXPECT_LE(r.plan.predicted_iteration_seconds,
+                  simulate_step(closed, devices, sched::Policy::one_f_one_b) * (1.0 + 1e-12));
+        EXPECT_DOUBLE_EQ(set.candidates().front().predicted_step, closed.predicted_iteration_seconds);
       }
+      ASSERT_EQ(listed, r.candidates);
       EXPECT_DOUBLE_EQ(r.plan.predicted_iteration_seconds, least) << name << " seed " << seed;
-      // partition()'s plan is the set's first, so never faster, simulated, than the planner's.
-      const auto closed = pt::partition(g, devices, options(name, true));
-      EXPECT_LE(r.plan.predicted_iteration_seconds,
-                simulate_step(closed, devices, sched::Policy::one_f_one_b) * (1.0 + 1e-12));
-      EXPECT_DOUBLE_EQ(set.candidates().front().predicted_step, closed.predicted_iteration_seconds);
     }
   }
 }
@@ -103,6 +114,52 @@ TEST(PlannerRank, NeverSlowerWithMoreDevices) {
         const double step = r.plan.predicted_iteration_seconds;
         if (n > 1) EXPECT_LE(step, best * (1.0 + 1e-12)) << name << " seed " << seed << ": " << n << " devices";
         best = n == 1 ? step : std::min(best, step);
+      }
+    }
+  }
+}
+
+TEST(PlannerRank, ReplicasAllowedIsNeverSlowerThanWithout) {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(200 + seed, 20);
+    g.trace_batch_size = 32;
+    for (const char* name : {"graphpipe", "sequential", "metis", "piper"}) {
+      for (int n : {3, 6, 8}) {
+        const cost::Devices devices = cost::v100(n, 4);
+        const double replicated =
+            pl::plan_by_simulation(g, devices, options(name, true)).plan.predicted_iteration_seconds;
+        // Against the plain plans on every power-of-two budget up to n (n itself where it is one).
+        for (int budget = 1; budget <= n; budget *= 2) {
+          pt::Options plain = options(name, false);
+          plain.max_stages = budget;
+          const double step = pl::plan_by_simulation(g, devices, plain).plan.predicted_iteration_seconds;
+          EXPECT_LE(replicated, step * (1.0 + 1e-12)) << name << " seed " << seed << ", " << budget << " of " << n;
+        }
+      }
+    }
+  }
+}
+
+TEST(PlannerRank, PicksTheScheduleOfLeastSimulatedStep) {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(300 + seed, 20);
+    g.trace_batch_size = 32;
+    for (const char* name : {"graphpipe", "sequential"}) {
+      for (bool replicate : {false, true}) {
+        const cost::Devices devices = cost::v100(6, 4);
+        const pt::Options o = options(name, replicate);
+        const pl::PlannerResult one = pl::plan_by_simulation(g, devices, o, {.policies = {sched::Policy::one_f_one_b}});
+        const pl::PlannerResult zb = pl::plan_by_simulation(g, devices, o, {.policies = {sched::Policy::zb_graph}});
+        const pl::PlannerResult both = pl::plan_by_simulation(
+            g, devices, o, {.policies = {sched::Policy::one_f_one_b, sched::Policy::zb_graph}});
+        const double least = std::min(one.plan.predicted_iteration_seconds, zb.plan.predicted_iteration_seconds);
+        EXPECT_DOUBLE_EQ(both.plan.predicted_iteration_seconds, least) << name << " seed " << seed;
+        const sched::Policy picked = sched::parse_policy(both.plan.schedule);
+        EXPECT_DOUBLE_EQ(simulate_step(both.plan, devices, picked), least) << name << " seed " << seed;
+        // A tie goes to the policy listed first.
+        if (one.plan.predicted_iteration_seconds <= zb.plan.predicted_iteration_seconds) {
+          EXPECT_EQ(both.plan.schedule, "1f1b");
+        }
       }
     }
   }
