@@ -23,7 +23,7 @@ speedup over the other three per row, each planner's predicted / simulated step,
 paper's 1.25-1.61x (over PipeDream and Piper, 32 GPUs) beside the 32-GPU rows. Writes
 results/simulate_paper_replicas.json.
 
-    python benchmarks/simulate_paper.py --replicas [--devices 8 16 32 64] [--batch 256]
+    python benchmarks/simulate_paper.py --replicas [--devices 8 16 32 64] [--batch 256 | --batch-per-gpu 256]
 """
 
 from __future__ import annotations
@@ -89,10 +89,15 @@ def replicas_mode(args) -> None:
           "simulated ms | planner ms | samples/s | vs data parallel | plan s |")
     print("|" + "---|" * 13)
     rows = []
+    graphs: dict[tuple[str, int], object] = {}
     for name in models:
-        model, inputs = build_model(f"{MODELS[name]},batch={args.batch}")
-        graph = graphpipe.trace(model, inputs)
         for count in counts:
+            # The paper's weak scaling (--batch-per-gpu): the mini-batch grows with the GPUs.
+            batch = args.batch_per_gpu * count if args.batch_per_gpu else args.batch
+            if (name, batch) not in graphs:
+                model, inputs = build_model(f"{MODELS[name]},batch={batch}")
+                graphs[name, batch] = graphpipe.trace(model, inputs)
+            graph = graphs[name, batch]
             devices = graphpipe.devices(count, args.device_kind, per_node=8)
             made = {}
             for label, kwargs in (
@@ -121,13 +126,13 @@ def replicas_mode(args) -> None:
                 step = simulated[label]
                 widths = [len(s.devices) for s in plan.stages]
                 row = {
-                    "model": name, "gpus": count, "plan": label, "partitioner": plan.partitioner,
+                    "model": name, "gpus": count, "batch": batch, "plan": label, "partitioner": plan.partitioner,
                     "stages": len(plan.stages), "devices_used": sum(widths), "widest_stage": max(widths),
                     "depth": plan.depth, "micro_batches": plan.num_micro_batches,
                     "micro_batch_size": plan.micro_batch_size,
                     "simulated_iteration_seconds": step,
                     "predicted_iteration_seconds": plan.predicted_iteration_seconds,
-                    "simulated_samples_per_second": args.batch / step,
+                    "simulated_samples_per_second": batch / step,
                     "speedup_vs_data_parallel": (base / step) if base else None,
                     "all_reduce_seconds": [s.all_reduce_seconds for s in plan.stages],
                     "plan_seconds": seconds,
@@ -136,14 +141,15 @@ def replicas_mode(args) -> None:
                 ratio = f"{row['speedup_vs_data_parallel']:.2f}x" if base else "-"
                 print(f"| {name} | {count} | {label} | {plan.partitioner} | {row['stages']} | {row['devices_used']} | "
                       f"{row['widest_stage']} | {plan.num_micro_batches} x {plan.micro_batch_size} | {step * 1e3:.2f} | "
-                      f"{plan.predicted_iteration_seconds * 1e3:.2f} | {args.batch / step:.0f} | {ratio} | {seconds:.2f} |",
+                      f"{plan.predicted_iteration_seconds * 1e3:.2f} | {batch / step:.0f} | {ratio} | {seconds:.2f} |",
                       flush=True)
     print_ratios(rows)
     out = args.out if args.out != "results/simulate_paper.json" else "results/simulate_paper_replicas.json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump({"benchmark": "simulate_paper_replicas", "device_kind": args.device_kind, "per_node": 8,
-                   "batch": args.batch, "simulated": True, "bucket_mib": args.bucket_mib, "figure": "graphpipe.simulate(plan, devices).iteration_seconds",
+                   "batch": args.batch, "batch_per_gpu": args.batch_per_gpu, "simulated": True,
+                   "bucket_mib": args.bucket_mib, "figure": "graphpipe.simulate(plan, devices).iteration_seconds",
                    "rows": rows}, f, indent=1)
     print(f"wrote {out}")
 
@@ -152,6 +158,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--batch", type=int, default=256, help="mini-batch size (samples per step)")
+    parser.add_argument("--batch-per-gpu", type=int, default=0,
+                        help="--replicas: the mini-batch is this many samples per GPU at every GPU count (the "
+                             "GraphPipe paper's weak scaling: its mini-batch grows with the GPUs); 0: --batch")
     parser.add_argument("--device-kind", default="v100")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--out", default="results/simulate_paper.json")

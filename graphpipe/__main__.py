@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulate.add_argument("plan", help="plan JSON written by `plan --out`")
     simulate.add_argument("--graph", help="its graph JSON (default: beside the plan)")
     simulate.add_argument("--device-kind", default="cpu", help="devices the plan was made for")
-    simulate.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    simulate.add_argument("--schedule", default=None, choices=SCHEDULES,
+                          help="default: the schedule the plan was made for")
     simulate.add_argument("--no-overlap", action="store_true", help="transfers block compute")
     simulate.add_argument("--png", metavar="PATH", help="Gantt chart of ranks over time")
     simulate.add_argument("--dag", metavar="PATH", help="drawing of the stage DAG")

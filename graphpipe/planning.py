@@ -134,8 +134,9 @@ def plan(
         replicate: let a stage run on several devices as data-parallel replicas (each takes a
             shard of every micro-batch; gradients are all-reduced once per iteration), replica
             counts chosen with the cut, plain data parallelism and the plans without replicas
-            among the candidates (a tie: no replicas). ``False``: one device per stage. ``None``
-            (default): ``True`` where the plan without replicas leaves devices idle.
+            (on 1, 2, 4 and 8 devices) among the candidates (a tie: no replicas). ``False``: one
+            device per stage. ``None`` (default): ``True`` where the plan without replicas leaves
+            devices idle.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under, a name from ``SCHEDULES``:

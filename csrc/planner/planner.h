@@ -29,9 +29,10 @@
 //
 // Replicas allowed means replicas optional: with Options::replicate the one-device-per-stage
 // candidates join the list (for every partitioner but manual), made at every power-of-two device
-// budget up to the device count (the plain searches are not monotone in the budget; this ladder
-// only grows). So allowing replicas never returns a plan that simulates slower than the plan
-// without them on a power-of-two count of devices up to the device count.
+// budget up to the device count and at most 8 (the plain searches are not monotone in the
+// budget, and this ladder only grows; past 8 the plain DP costs seconds and the replicated search
+// covers those budgets). So allowing replicas never returns a plan that simulates slower than the
+// plan without them on 1, 2, 4 or 8 devices, as far as there are.
 //
 // Ties (equal simulated steps within a relative 1e-12) go to the candidate listed first: the
 // policies in their order, for each the plain candidates then the replicated ones (a tie leaves
