@@ -760,7 +760,8 @@ def report_row(job: Job, variant: Variant, r: dict, results: dict[str, dict], pl
     if isinstance(variant.run, GraphpipeRun):
         # The plan itself (stage times included), so the simulator's figures can be
         # recomputed from the report alone, e.g. with another machine model.
-        plan = row["plan"] = dict(plans[variant.run.plan_key], json=json.loads(variant.run.plan_json))
+        plan = row["plan"] = dict(plans[variant.run.plan_key], json=json.loads(variant.run.plan_json),
+                                  schedule=variant.run.schedule)
         if "median_seconds" in r:
             plan["simulator_error"] = r["median_seconds"] / plan["simulated_iteration_seconds"] - 1.0
     return row
@@ -982,7 +983,8 @@ def _print_plan_notes(rows: list[dict], mode: str) -> None:
             errors.append(error)
             print(f"| {r['model']} | {r['world']} | {r.get('regime', '-')} | {r['variant']} | {p['partitioner']}, "
                   f"{p['stages']} stages, replicas {p.get('replicas', '-')}, depth {p['depth']}, "
-                  f"{p['micro_batches']} x {p['micro_batch_size']} | {1e3 * r['median_seconds']:.1f} | "
+                  f"{p['micro_batches']} x {p['micro_batch_size']}, {p.get('schedule', '1f1b')} | "
+                  f"{1e3 * r['median_seconds']:.1f} | "
                   f"{1e3 * p['simulated_iteration_seconds']:.1f} | {100 * error:+.1f}% |")
     if errors:
         print(f"- simulator vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} runs, "
