@@ -270,8 +270,8 @@ def test_simulator_table_and_whether_the_planners_pick_is_within_5_percent(capsy
     faster = _row("graphpipe/sequential+dp", 2, 4, 0.080, samples_per_second=10.6, median_seconds=0.094)
     compare.print_table([pick, faster], "emulated")
     out = capsys.readouterr().out
-    assert "| m | 4 | - | graphpipe/graph+dp | x, 1 stages, replicas -, depth 1, 1 x 1 | 100.0 | 105.0 | +5.0% |" in out
-    assert "| graphpipe/sequential+dp | x, 2 stages, replicas -, depth 2, 4 x 1 | 94.0 | 80.0 | -14.9% |" in out
+    assert "| m | 4 | - | graphpipe/graph+dp | x, 1 stages, replicas -, depth 1, 1 x 1, 1f1b | 100.0 | 105.0 | +5.0% |" in out
+    assert "| graphpipe/sequential+dp | x, 2 stages, replicas -, depth 2, 4 x 1, 1f1b | 94.0 | 80.0 | -14.9% |" in out
     assert "simulator vs emulated: within 10% in 1 of 2 runs, within 20% in 2, worst -14.9%" in out
     assert "the planner's pick (graphpipe/graph+dp) is NOT within 5% of the fastest (6.0% slower)" in out
     close = _row("graphpipe/sequential+dp", 2, 4, 0.080, samples_per_second=10.4)
