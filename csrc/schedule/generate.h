@@ -28,6 +28,9 @@
 //                (known once every stage downstream has started that I): then it waits for the
 //                I. So the W's fill the bubbles that the forward and input-gradient waves
 //                leave, on every branch of the DAG, without delaying the critical path. On a
+//                stage with no stage upstream nothing waits for its I, and its W's waiting only
+//                lets forwards through sooner: the order where they do not wait is made too,
+//                and the one whose timeline ends first is kept (list_scheduler.cpp). On a
 //                chain with equal F, I and W times and memory for the W's, the iteration is
 //                ZB-H1's (Qi et al., ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: the
 //                stage's own I and W (backward_split()).

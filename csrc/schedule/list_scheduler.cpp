@@ -67,8 +67,13 @@ struct Produced {
 
 class ListScheduler {
  public:
-  ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of);
+  // source_weights_wait (zb_graph): whether the W's of a stage with no stage upstream wait for
+  // the next I as every other stage's do (weight_waits).
+  ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of,
+                bool source_weights_wait = true);
   Schedule run();
+  // The timeline's end (stage costs from the plan, transfers instantaneous), once run() returned.
+  double finish_time() const { return finish_time_; }
 
  private:
   std::size_t at(int s, int m) const { return static_cast<std::size_t>(s) * M_ + m; }
@@ -86,6 +91,8 @@ class ListScheduler {
   const Plan& plan_;
   const int S_, M_;
   const bool greedy_, split_;
+  const bool source_weights_wait_;
+  double finish_time_ = 0.0;
   std::vector<int> rank_of_;  // each stage's lead: the programs are made for the leads
   std::vector<int> limit_;
   Schedule schedule_;
@@ -108,12 +115,14 @@ class ListScheduler {
   std::vector<char> producer_;
 };
 
-ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of)
+ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of,
+                             bool source_weights_wait)
     : plan_(plan),
       S_(static_cast<int>(plan.stages.size())),
       M_(static_cast<int>(plan.num_micro_batches)),
       greedy_(policy == Policy::one_f_one_b_greedy || policy == Policy::zb_graph),
       split_(policy == Policy::zb_graph),
+      source_weights_wait_(source_weights_wait),
       limit_(in_flight_limits(plan, policy)),
       in_edges_(S_),
       out_edges_(S_),
@@ -223,6 +232,7 @@ void ListScheduler::dispatch_greedy(int s, double t) {
 bool ListScheduler::weight_waits(int s, double t) const {
   const int k = backwards_[s];
   if (k >= M_ || k >= forwards_[s]) return false;
+  if (!source_weights_wait_ && in_edges_[s].empty()) return false;
   double arrival = t;
   for (int e : out_edges_[s]) {
     const int d = plan_.edges[e].dst;
@@ -308,7 +318,10 @@ void ListScheduler::check_finished() const {
 
 Schedule ListScheduler::run() {
   for (int s = 0; s < S_; ++s) dispatch(s, 0.0);
-  while (!events_.empty()) round(events_.top().time);
+  while (!events_.empty()) {
+    finish_time_ = events_.top().time;
+    round(finish_time_);
+  }
   check_finished();
   return std::move(schedule_);
 }
@@ -316,7 +329,17 @@ Schedule ListScheduler::run() {
 }  // namespace
 
 Schedule list_schedule(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of) {
-  return ListScheduler(plan, policy, ranks_of).run();
+  ListScheduler scheduler(plan, policy, ranks_of);
+  Schedule schedule = scheduler.run();
+  if (policy != Policy::zb_graph) return schedule;
+  // On a stage with no stage upstream, an I's gradients go nowhere: its W waits for the next I
+  // only so that the forward that I unlocks starts sooner. Whether that pays depends on the
+  // stage times (a first stage whose whole backward is W, e.g. a Transformer's embedding and
+  // first layers, piles every W up at the end and drains slower than 1F1B), so both orders are
+  // list-scheduled and the shorter timeline kept; a tie keeps the W's waiting.
+  ListScheduler eager(plan, policy, ranks_of, /*source_weights_wait=*/false);
+  Schedule other = eager.run();
+  return eager.finish_time() < scheduler.finish_time() * (1.0 - 1e-12) ? std::move(other) : std::move(schedule);
 }
 
 }  // namespace graphpipe::schedule
