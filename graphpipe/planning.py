@@ -139,12 +139,9 @@ def plan(
             devices idle.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
-        schedule: the schedule the plan will run under, a name from ``SCHEDULES``:
-            ``zb_graph`` makes the predicted step the zero-bubble schedule's (shorter fill and
-            drain), so the choice of cut and micro-batching weighs depth accordingly. ``"auto"``:
-            the planner picks graph 1F1B or ``zb_graph`` with the plan, whichever simulates
-            faster. The plan records it (``plan.schedule``), and ``graphpipe.simulate`` and
-            ``graphpipe.wrap`` run it unless told otherwise.
+        schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
+            depth against its shorter fill and drain), or ``"auto"``: 1F1B or ``zb_graph``,
+            whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
         sync: how replicated stages will synchronise (see :func:`sync_method`): a
             ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
             of every gradient. Each replicated stage is charged that method's cost per step
@@ -154,9 +151,8 @@ def plan(
             ``wrap``; default the runtime's): the planner simulates its candidates with it.
 
     Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
-    judged by simulating it under ``schedule`` (or both, ``"auto"``; csrc/planner/planner.h): the plan of least
-    simulated step is returned, and its ``predicted_iteration_seconds`` is that simulation, what
-    ``graphpipe.simulate(plan, devices, schedule, bucket_bytes=...)`` reports.
+    judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
+    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation.
 
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,

@@ -75,9 +75,9 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                    ? std::vector<schedule::Policy>{schedule::Policy::one_f_one_b, schedule::Policy::zb_graph}
                    : std::vector<schedule::Policy>{schedule::parse_policy(schedule)};
   // zero_bubble is set per policy by the planner.
-  partition::Options o = make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit,
-                                      optimizer, manual, max_stages, tolerance, seed, refine, replicate, stage_devices,
-                                      false, sync);
+  partition::Options o =
+      make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit, optimizer, manual,
+                   max_stages, tolerance, seed, refine, replicate, stage_devices, false, sync);
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
   p.sim.task_overhead_seconds = task_overhead_seconds;

@@ -70,8 +70,8 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
   out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices << " devices"
       << nodes_summary(plan) << ", depth " << plan.depth << ", mini-batch " << plan.batch_size << " = "
-      << plan.num_micro_batches << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer
-      << ", schedule " << plan.schedule << (plan.chain ? ", run as a chain" : "") << "\n";
+      << plan.num_micro_batches << " x " << plan.micro_batch_size << ", optimizer " << plan.optimizer << ", schedule "
+      << plan.schedule << (plan.chain ? ", run as a chain" : "") << "\n";
   out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3) << " ms/sample, predicted step "
       << format("%.4g", plan.predicted_iteration_seconds * 1e3) << " ms, memory limit "
       << bytes(plan.memory_limit_bytes) << "\n";

@@ -143,10 +143,9 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   const auto& chosen = pools[best_entry->pool].set->candidates()[best_entry->index];
   PlannerResult result{std::move(*best), chosen.predicted_step, fitting, simulated};
   result.plan.predicted_iteration_seconds = best_step;
-  log::info("planner: simulated " + std::to_string(simulated) + " of " + std::to_string(fitting) +
-            " candidates; " + result.plan.partitioner + ", " + std::to_string(result.plan.stages.size()) +
-            " stages, micro-batch " + std::to_string(result.plan.micro_batch_size) + ", schedule " +
-            result.plan.schedule);
+  log::info("planner: simulated " + std::to_string(simulated) + " of " + std::to_string(fitting) + " candidates; " +
+            result.plan.partitioner + ", " + std::to_string(result.plan.stages.size()) + " stages, micro-batch " +
+            std::to_string(result.plan.micro_batch_size) + ", schedule " + result.plan.schedule);
   return result;
 }
 

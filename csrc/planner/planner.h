@@ -57,7 +57,7 @@ struct PlannerOptions {
   // The schedules the plan may run under (one: the schedule it will run under); the planner
   // keeps the candidate and schedule of least simulated step.
   std::vector<schedule::Policy> policies = {schedule::Policy::one_f_one_b};
-  sim::SimOptions sim;                                      // as graphpipe.simulate will be called
+  sim::SimOptions sim;  // as graphpipe.simulate will be called
   // Only candidates whose stages use at least this many devices together (0: all). For a user
   // who must occupy the devices, and to measure what using them would cost.
   int min_devices = 0;

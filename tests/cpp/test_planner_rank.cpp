@@ -150,8 +150,8 @@ TEST(PlannerRank, PicksTheScheduleOfLeastSimulatedStep) {
         const pt::Options o = options(name, replicate);
         const pl::PlannerResult one = pl::plan_by_simulation(g, devices, o, {.policies = {sched::Policy::one_f_one_b}});
         const pl::PlannerResult zb = pl::plan_by_simulation(g, devices, o, {.policies = {sched::Policy::zb_graph}});
-        const pl::PlannerResult both = pl::plan_by_simulation(
-            g, devices, o, {.policies = {sched::Policy::one_f_one_b, sched::Policy::zb_graph}});
+        const pl::PlannerResult both =
+            pl::plan_by_simulation(g, devices, o, {.policies = {sched::Policy::one_f_one_b, sched::Policy::zb_graph}});
         const double least = std::min(one.plan.predicted_iteration_seconds, zb.plan.predicted_iteration_seconds);
         EXPECT_DOUBLE_EQ(both.plan.predicted_iteration_seconds, least) << name << " seed " << seed;
         const sched::Policy picked = sched::parse_policy(both.plan.schedule);
