@@ -279,6 +279,7 @@ std::vector<LayerGraph> build_layer_graphs(const Problem& p, int max_downsets) {
     return a.first < b.first || (a.first == b.first && a.second.downsets.size() > b.second.downsets.size());
   });
   std::vector<LayerGraph> out;
+  out.reserve(kept.size());
   for (auto& k : kept) out.push_back(std::move(k.second));
   return out;
 }
