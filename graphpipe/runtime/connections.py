@@ -8,6 +8,7 @@ on it) without touching the user's groups. Every collective on them has the dead
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,24 @@ from graphpipe.runtime.sync_batchnorm import bind_sync_batchnorm
 from graphpipe.sync import SyncMethod
 
 __all__ = ["Connections", "GroupMaker", "check_backend"]
+
+# The process groups of the last cleanly closed pipeline, kept until the next clean close or the
+# interpreter's exit. Why: a collective's completion callback (torch's PowerSGD hook, the
+# hierarchical hook's next phase) runs on a Gloo worker thread of the group and may still be
+# unwinding, holding a reference to the group, when step() has returned and close() drops the
+# pipeline's own. Were that reference the last, ~ProcessGroupGloo would run on its own worker
+# thread and join it: std::terminate, "Resource deadlock avoided" (one CI run of test_sync).
+_parked: list[Any] = []
+_exit_registered = False
+
+
+def _park(groups: list[Any]) -> None:
+    """Keeps ``groups`` alive, releasing (on this, the main thread) those parked before."""
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_parked.clear)  # before interpreter shutdown, which must not hold one
+        _exit_registered = True
+    _parked[:] = groups
 
 
 def check_backend(device: torch.device, has_stage: bool, backend: str) -> None:
@@ -154,8 +173,12 @@ class Connections:
                 mine[level] = g
         return (mine[0], mine[1]) if rank in st.ranks else None
 
-    def close(self) -> None:
-        """Releases the executor and destroys the pipeline's groups. Idempotent."""
+    def close(self, failing: bool = False) -> None:
+        """Releases the executor and destroys the pipeline's groups. Idempotent.
+
+        ``failing``: the handles go at once, so that Gloo closes this rank's connections and the
+        peers blocked on them wake (failure.py). Otherwise they are parked until the next clean
+        close or the interpreter's exit (see ``_parked``)."""
         self.executor = None
         self.shared = None
         self.buckets = None
@@ -167,11 +190,16 @@ class Connections:
                     dist.destroy_process_group(sub)
                 except Exception:
                     pass
-        self.replica_groups = []
+        groups, self.replica_groups = [g for g in self.replica_groups if g is not None], []
         if self.pg is not None:
             pg, self.pg = self.pg, None
             try:
                 dist.destroy_process_group(pg)
             except Exception:
                 pass
+            groups.append(pg)
+        if failing:
+            del groups
             gc.collect()  # the group closes its connections when its last handle goes
+        else:
+            _park(groups)

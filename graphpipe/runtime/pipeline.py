@@ -85,7 +85,7 @@ class Pipeline:
         # polling the store in the exchanges, raise naming it instead of waiting.
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
         self._conn = Connections()  # nothing to release until connected
-        self._failures = Failures(self._board, self.timeout, self.close)
+        self._failures = Failures(self._board, self.timeout, lambda: self._conn.close(failing=True))
         #: Training steps this pipeline completed (restored by :meth:`load`).
         self.step_count = 0
         self.last_timings: list[Any] = []

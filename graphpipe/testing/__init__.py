@@ -52,7 +52,11 @@ def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., An
            backend: str) -> None:
     torch.set_num_threads(1)
     _thread_lock_for_tqdm()
+    import faulthandler
+
     import torch.distributed as dist
+
+    faulthandler.enable(all_threads=True)  # a rank that aborts in C++ still prints its Python stacks
 
     start = time.monotonic()
     try:
