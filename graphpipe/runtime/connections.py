@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,16 +39,25 @@ __all__ = ["Connections", "GroupMaker", "check_backend"]
 # pipeline's own. Were that reference the last, ~ProcessGroupGloo would run on its own worker
 # thread and join it: std::terminate, "Resource deadlock avoided" (one CI run of test_sync).
 _parked: list[Any] = []
-_exit_registered = False
 
 
 def _park(groups: list[Any]) -> None:
     """Keeps ``groups`` alive, releasing (on this, the main thread) those parked before."""
-    global _exit_registered
-    if not _exit_registered:
-        atexit.register(_parked.clear)  # before interpreter shutdown, which must not hold one
-        _exit_registered = True
     _parked[:] = groups
+
+
+#: The connections not closed yet, by id: a pipeline its user never closed still has its groups.
+_live: weakref.WeakValueDictionary[int, Connections] = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """At the interpreter's exit, before its shutdown (a group whose handle outlives that can
+    abort the process; graphpipe is imported after torch, so this runs before torch's own exit
+    hooks): closes the pipelines never closed and releases the parked groups."""
+    for conn in list(_live.values()):
+        conn.close()
+    _parked.clear()
 
 
 def check_backend(device: torch.device, has_stage: bool, backend: str) -> None:
@@ -94,6 +104,7 @@ class Connections:
         """Makes the groups, the executor and the replicas' sync for this rank's ``stage``."""
         rank = maker.board.rank
         self = cls()
+        _live[id(self)] = self
         self.pg = maker.board.guard(lambda: maker.make(list(range(world_size)), "the pipeline"))
         maker.board.guard(lambda: self._wire(maker, rank, schedule, cut, stage, module, method, bucket_bytes,
                                              device))
@@ -179,6 +190,7 @@ class Connections:
         ``failing``: the handles go at once, so that Gloo closes this rank's connections and the
         peers blocked on them wake (failure.py). Otherwise they are parked until the next clean
         close or the interpreter's exit (see ``_parked``)."""
+        _live.pop(id(self), None)
         self.executor = None
         self.shared = None
         self.buckets = None

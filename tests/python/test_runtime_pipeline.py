@@ -188,6 +188,40 @@ def test_pipeline_api() -> None:
         assert "closed" in v["step_after_close"]
 
 
+def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
+    """Two pipelines: the first closed (its groups parked), the second left open until the exit
+    hook, which closes it and releases every parked group."""
+    import graphpipe
+    from graphpipe.models import default_loss
+    from graphpipe.runtime import connections
+
+    model, example, batches = make_model("candle_uno")
+    pipes = [graphpipe.wrap(copy.deepcopy(model), example, default_loss("candle_uno"),
+                            plan=hand_plan(model, example, world), timeout=60) for _ in range(2)]
+    for pipe in pipes:
+        pipe.step(*batches[0])
+    first, second = pipes
+    first.close()
+    out = {"parked": [type(g).__name__ for g in connections._parked],
+           "live_after_close": sorted(id(c) == id(first._conn) for c in connections._live.values())}
+    connections._release_at_exit()
+    out["second_closed"] = second.closed
+    out["parked_after_exit"] = len(connections._parked)
+    out["live_after_exit"] = len(connections._live)
+    return out
+
+
+def test_close_parks_groups_and_the_exit_hook_closes_open_pipelines() -> None:
+    """close() keeps its groups' handles off the Gloo worker threads (destroyed, parked until
+    the next clean close or exit); a pipeline never closed is closed by the exit hook."""
+    for r in run_ranks(_lifetime_worker, 3, timeout=180):
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        v = r.value
+        assert v["parked"] and set(v["parked"]) == {"ProcessGroup"}, v["parked"]
+        assert v["live_after_close"] == [False], v  # only the second pipeline is still open
+        assert v["second_closed"] and v["parked_after_exit"] == 0 and v["live_after_exit"] == 0
+
+
 def _bad_plan_worker(rank: int, world: int) -> dict[str, Any]:
     import graphpipe
     from graphpipe.models import default_loss
