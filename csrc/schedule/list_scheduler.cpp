@@ -4,6 +4,7 @@
 #include <cmath>
 #include <queue>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
@@ -68,15 +69,18 @@ struct Produced {
 class ListScheduler {
  public:
   // source_weights_wait (zb_graph): whether the W's of a stage with no stage upstream wait for
-  // the next I as every other stage's do (weight_waits).
+  // the next I as every other stage's do (weight_waits). unsplit (zb_graph): per stage, whether
+  // it runs whole backwards (B) instead of I and W; empty: every stage splits.
   ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of,
-                bool source_weights_wait = true);
+                bool source_weights_wait = true, std::vector<char> unsplit = {});
   Schedule run();
   // The timeline's end (stage costs from the plan, transfers instantaneous), once run() returned.
   double finish_time() const { return finish_time_; }
 
  private:
   std::size_t at(int s, int m) const { return static_cast<std::size_t>(s) * M_ + m; }
+  // Whether stage s splits its backwards into I and W.
+  bool split(int s) const { return split_ && (unsplit_.empty() || !unsplit_[s]); }
   void emit(int stage, const Instruction& i) { schedule_.ranks[rank_of_[stage]].push_back(i); }
   bool ready(const Instruction& i) const;
   void start(int s, const Instruction& i, double t);
@@ -92,6 +96,7 @@ class ListScheduler {
   const int S_, M_;
   const bool greedy_, split_;
   const bool source_weights_wait_;
+  const std::vector<char> unsplit_;
   double finish_time_ = 0.0;
   std::vector<int> rank_of_;  // each stage's lead: the programs are made for the leads
   std::vector<int> limit_;
@@ -116,13 +121,14 @@ class ListScheduler {
 };
 
 ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of,
-                             bool source_weights_wait)
+                             bool source_weights_wait, std::vector<char> unsplit)
     : plan_(plan),
       S_(static_cast<int>(plan.stages.size())),
       M_(static_cast<int>(plan.num_micro_batches)),
       greedy_(policy == Policy::one_f_one_b_greedy || policy == Policy::zb_graph),
       split_(policy == Policy::zb_graph),
       source_weights_wait_(source_weights_wait),
+      unsplit_(std::move(unsplit)),
       limit_(in_flight_limits(plan, policy)),
       in_edges_(S_),
       out_edges_(S_),
@@ -180,7 +186,8 @@ void ListScheduler::start(int s, const Instruction& i, double t) {
     events_.push({t + stage.forward_seconds, seq_++, kFinishForward, s, i.micro_batch});
   } else if (i.kind == OpKind::backward) {
     ++backwards_[s];
-    events_.push({t + stage.backward_seconds, seq_++, kFinishBackward, s, i.micro_batch});
+    input_finish_[s] = t + stage.backward_seconds;  // its input gradients: what weight_waits() reads
+    events_.push({input_finish_[s], seq_++, kFinishBackward, s, i.micro_batch});
   } else if (i.kind == OpKind::backward_input) {
     ++backwards_[s];
     input_finish_[s] = t + backward_split(stage).first;
@@ -196,7 +203,7 @@ void ListScheduler::start(int s, const Instruction& i, double t) {
 // Starts stage s's next compute at time t when its rank is idle and the policy allows one.
 void ListScheduler::dispatch(int s, double t) {
   if (busy_[s]) return;
-  if ((split_ ? weights_done_ : backwards_done_)[s] == M_) {
+  if ((split(s) ? weights_done_ : backwards_done_)[s] == M_) {
     if (!optimizer_done_[s]) {
       optimizer_done_[s] = 1;
       start(s, {OpKind::optimizer_step, s, -1, -1}, t);
@@ -212,18 +219,18 @@ void ListScheduler::dispatch(int s, double t) {
 
 // 1f1b_greedy and zb_graph: I (or B) before F before W (generate.h).
 void ListScheduler::dispatch_greedy(int s, double t) {
-  Instruction b{split_ ? OpKind::backward_input : OpKind::backward, s, backwards_[s], -1};
+  Instruction b{split(s) ? OpKind::backward_input : OpKind::backward, s, backwards_[s], -1};
   if (backwards_[s] < M_ && backwards_[s] < forwards_[s] && ready(b)) {
     start(s, b, t);
     return;
   }
   Instruction f{OpKind::forward, s, forwards_[s], -1};
   if (forwards_[s] < M_ && forwards_[s] - backwards_[s] < limit_[s] &&
-      (!split_ || forwards_[s] - weights_[s] < held_limit_[s]) && ready(f)) {
+      (!split(s) || forwards_[s] - weights_[s] < held_limit_[s]) && ready(f)) {
     start(s, f, t);
     return;
   }
-  if (!split_ || weights_[s] >= backwards_done_[s] || weight_waits(s, t)) return;
+  if (!split(s) || weights_[s] >= backwards_done_[s] || weight_waits(s, t)) return;
   start(s, {OpKind::backward_weight, s, weights_[s], -1}, t);
 }
 
@@ -337,9 +344,41 @@ Schedule list_schedule(const Plan& plan, Policy policy, const std::vector<std::v
   // stage times (a first stage whose whole backward is W, e.g. a Transformer's embedding and
   // first layers, piles every W up at the end and drains slower than 1F1B), so both orders are
   // list-scheduled and the shorter timeline kept; a tie keeps the W's waiting.
-  ListScheduler eager(plan, policy, ranks_of, /*source_weights_wait=*/false);
-  Schedule other = eager.run();
-  return eager.finish_time() < scheduler.finish_time() * (1.0 - 1e-12) ? std::move(other) : std::move(schedule);
+  double best = scheduler.finish_time();
+  bool wait = true;
+  std::vector<char> unsplit(plan.stages.size(), 0);
+  auto try_order = [&](bool waits, const std::vector<char>& whole) {
+    ListScheduler other(plan, policy, ranks_of, waits, whole);
+    Schedule made = other.run();
+    if (other.finish_time() >= best * (1.0 - 1e-12)) return false;
+    best = other.finish_time();
+    schedule = std::move(made);
+    return true;
+  };
+  if (try_order(false, unsplit)) wait = false;
+  // A split backward may cost more than the whole one (I + W > B: the profiled halves of a
+  // stage of small operators, where the second autograd pass is not free). Splitting such a
+  // stage pays only where its earlier I shortens the critical path by more: each such stage,
+  // dearest split first, runs whole backwards (B) if that shortens the timeline, in either order
+  // of the source stages' W's.
+  std::vector<int> dear;
+  for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
+    const auto [input, weight] = backward_split(plan.stages[s]);
+    if (input + weight > plan.stages[s].backward_seconds * (1.0 + 1e-9)) dear.push_back(s);
+  }
+  auto extra = [&](int s) {
+    const auto [input, weight] = backward_split(plan.stages[s]);
+    return input + weight - plan.stages[s].backward_seconds;
+  };
+  std::stable_sort(dear.begin(), dear.end(), [&](int a, int b) { return extra(a) > extra(b); });
+  for (int s : dear) {
+    unsplit[s] = 1;
+    const bool kept_wait = try_order(wait, unsplit);
+    const bool kept_other = try_order(!wait, unsplit);
+    if (kept_other) wait = !wait;
+    if (!kept_wait && !kept_other) unsplit[s] = 0;
+  }
+  return schedule;
 }
 
 }  // namespace graphpipe::schedule

@@ -55,6 +55,68 @@ TEST(ZeroBubble, AFirstStageWhoseBackwardIsAllWeightsDoesNotDrainSlowerThan1F1B)
   }
 }
 
+TEST(ZeroBubble, AStageWhoseSplitDoesNotPayRunsWholeBackwards) {
+  // The 2-stage Transformer's shape, its second stage's split 30% dearer than its backward (I +
+  // W = 1.3 B): from 4 micro-batches on, splitting it delays the bottleneck stage by more than
+  // the earlier I saves, so zb_graph runs it whole (B); never slower than 1F1B; the first stage,
+  // whose split is free, still splits.
+  for (int M : {2, 4, 8}) {
+    auto plan = chain_plan(2, M, 1.0, 2.0);
+    plan.stages[0].forward_seconds = 12.6;
+    plan.stages[0].backward_seconds = 42.0;
+    plan.stages[0].backward_input_seconds = 0.0;
+    plan.stages[0].backward_weight_seconds = 42.0;
+    plan.stages[1].forward_seconds = 12.4;
+    plan.stages[1].backward_seconds = 46.0;
+    plan.stages[1].backward_input_seconds = 0.65 * 46.0;
+    plan.stages[1].backward_weight_seconds = 0.65 * 46.0;
+    const auto s = gs::generate(plan, gs::Policy::zb_graph);
+    ASSERT_TRUE(gs::check(s).ok) << gs::check(s).to_string();
+    int whole = 0, split = 0;
+    for (const auto& i : s.ranks[s.lead_rank(1)]) {
+      whole += i.kind == gs::OpKind::backward;
+      split += i.kind == gs::OpKind::backward_input || i.kind == gs::OpKind::backward_weight;
+    }
+    if (M >= 4) {  // at 2 micro-batches the earlier I still pays on the timeline
+      EXPECT_EQ(whole, M) << M << " micro-batches";
+      EXPECT_EQ(split, 0) << M << " micro-batches";
+    }
+    int weights = 0;
+    for (const auto& i : s.ranks[s.lead_rank(0)]) weights += i.kind == gs::OpKind::backward_weight;
+    EXPECT_EQ(weights, M) << M << " micro-batches";
+    const auto zb = simulate(plan, s, devices(2));
+    const auto ofob = simulate(plan, gs::generate(plan, gs::Policy::one_f_one_b), devices(2));
+    EXPECT_LE(zb.iteration_seconds, ofob.iteration_seconds * (1.0 + 1e-12)) << M << " micro-batches";
+  }
+}
+
+TEST(ZeroBubble, ASplitThatCostsALittleMoreStillSplitsWhereItPays) {
+  // Four equal stages of a chain, each split 2% dearer than its backward: the earlier I's still
+  // shorten the pipeline's fill and drain by more than they cost, so most stages keep I and W
+  // (each stage runs all its backwards one way), and the iteration stays below 1F1B's.
+  auto plan = chain_plan(4, 8, 1.0, 2.0);
+  for (auto& st : plan.stages) {
+    st.backward_input_seconds = 1.02;
+    st.backward_weight_seconds = 1.02;
+  }
+  const auto s = gs::generate(plan, gs::Policy::zb_graph);
+  ASSERT_TRUE(gs::check(s).ok) << gs::check(s).to_string();
+  int splitting = 0;
+  for (int st = 0; st < s.num_stages(); ++st) {
+    int whole = 0, weights = 0;
+    for (const auto& i : s.ranks[s.lead_rank(st)]) {
+      whole += i.kind == gs::OpKind::backward;
+      weights += i.kind == gs::OpKind::backward_weight;
+    }
+    EXPECT_TRUE((whole == 8 && weights == 0) || (whole == 0 && weights == 8)) << "stage " << st;
+    splitting += weights == 8;
+  }
+  EXPECT_GE(splitting, 2);
+  const auto zb = simulate(plan, s, devices(4));
+  const auto ofob = simulate(plan, gs::generate(plan, gs::Policy::one_f_one_b), devices(4));
+  EXPECT_LT(zb.iteration_seconds, ofob.iteration_seconds);
+}
+
 TEST(ZeroBubble, EveryMicroBatchIsSplitAndTheScheduleCannotHang) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
@@ -135,7 +197,8 @@ TEST(ZeroBubble, BackwardSplitUsesTheStagesOwnHalves) {
 }
 
 TEST(ZeroBubble, SimulatedHalvesTakeEachStagesFigures) {
-  // A chain of 3 stages with different I and W each (I + W above the backward on stage 1).
+  // A chain of 3 stages with different I and W each; on stage 1 I + W (2.5) is above its
+  // backward (2), and that split does not pay: stage 1 runs whole backwards of 2.
   auto plan = chain_plan(3, 6);
   const std::vector<std::pair<double, double>> halves = {{0.0, 2.0}, {0.75, 1.75}, {1.5, 0.5}};
   for (int s = 0; s < 3; ++s) {
@@ -143,7 +206,7 @@ TEST(ZeroBubble, SimulatedHalvesTakeEachStagesFigures) {
     plan.stages[s].backward_weight_seconds = halves[s].second;
   }
   const auto r = simulate(plan, gs::generate(plan, gs::Policy::zb_graph), devices(3));
-  int inputs = 0, weights = 0;
+  int inputs = 0, weights = 0, whole = 0;
   for (const auto& task : r.tasks) {
     if (task.kind == TaskKind::backward_input) {
       ++inputs;
@@ -151,11 +214,17 @@ TEST(ZeroBubble, SimulatedHalvesTakeEachStagesFigures) {
     } else if (task.kind == TaskKind::backward_weight) {
       ++weights;
       EXPECT_DOUBLE_EQ(task.end - task.start, halves[task.stage].second) << task_name(task);
+    } else if (task.kind == TaskKind::backward) {
+      ++whole;
+      EXPECT_EQ(task.stage, 1) << task_name(task);
+      EXPECT_DOUBLE_EQ(task.end - task.start, 2.0) << task_name(task);
     }
   }
-  EXPECT_EQ(inputs, 3 * 6);
-  EXPECT_EQ(weights, 3 * 6);
-  // Every rank computes M (F + I + W): stage 1's I + W = 2.5 exceeds its backward of 2.
-  EXPECT_NEAR(r.ranks[1].busy_seconds, 6 * (1.0 + 2.5), 1e-9);
-  EXPECT_GE(r.iteration_seconds, 6 * 3.5);
+  EXPECT_EQ(inputs, 2 * 6);
+  EXPECT_EQ(weights, 2 * 6);
+  EXPECT_EQ(whole, 6);
+  // Every rank computes M (F + its backward): stage 1's whole backward of 2, not I + W = 2.5.
+  EXPECT_NEAR(r.ranks[1].busy_seconds, 6 * (1.0 + 2.0), 1e-9);
+  EXPECT_NEAR(r.ranks[2].busy_seconds, 6 * (1.0 + 2.0), 1e-9);
+  EXPECT_GE(r.iteration_seconds, 6 * 3.0);
 }
