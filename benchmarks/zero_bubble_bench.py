@@ -71,6 +71,13 @@ def figures(result: Any, plan: Any) -> dict[str, float]:
     }
 
 
+def unsplit_stages(schedule: Any) -> list[int]:
+    """The stages a zb_graph schedule runs whole backwards (B) on: those whose split costs more
+    than it saves (docs/design.md, zero-bubble)."""
+    return sorted({i.stage for r in range(schedule.num_ranks) for i in schedule.instructions(r)
+                   if i.kind.name == "backward"})
+
+
 def measured(args: argparse.Namespace) -> None:
     """Graph 1F1B against zb_graph on the same plan, measured on CPU ranks and simulated."""
     import compare
@@ -80,9 +87,9 @@ def measured(args: argparse.Namespace) -> None:
     rounds = compare.split_steps(args.steps, args.rounds)
     rows = []
     print(f"### Measured on {args.world} CPU ranks (real compute), {len(rounds)} interleaved rounds\n")
-    print("| model | stages | M | 1f1b ms | zb_graph ms | measured zb / 1f1b | simulated 1f1b ms | simulated zb ms | "
-          "simulated zb / 1f1b | simulated / measured ratio |")
-    print("|" + "---|" * 10)
+    print("| model | stages | M | stages run whole (B) under zb | 1f1b ms | zb_graph ms | measured zb / 1f1b | "
+          "simulated 1f1b ms | simulated zb ms | simulated zb / 1f1b | simulated / measured ratio |")
+    print("|" + "---|" * 11)
     for name in args.models:
         spec = compare.BENCH_SPECS.get(name, name)
         model, inputs = build_model(spec)
@@ -93,6 +100,7 @@ def measured(args: argparse.Namespace) -> None:
         devices = compare._device_model(args.world, "cpu", "h100", 1.0, calibration)
         plan = graphpipe.plan(graph, devices, "graphpipe", replicate=False)
         info = compare.simulate_plans({"graphpipe": plan}, graph, devices)
+        whole = unsplit_stages(graphpipe.schedule(plan, "zb_graph"))
         variants = {}
         for schedule, key in (("1f1b", "graphpipe"), ("zb_graph", "graphpipe zb")):
             run = compare.GraphpipeRun(plan.to_json(graph), schedule, key, info[key]["optimizer_seconds"])
@@ -111,9 +119,10 @@ def measured(args: argparse.Namespace) -> None:
         row = {"model": name, "spec": spec, "world": args.world, "stages": plan.num_stages,
                "micro_batches": plan.num_micro_batches, "measured": {k: pooled[k] for k in pooled},
                "measured_ratio": zb / one, "simulated": {"1f1b": sim_one, "zb_graph": sim_zb},
-               "simulated_ratio": sim_zb / sim_one, "calibration": calibration}
+               "simulated_ratio": sim_zb / sim_one, "unsplit_stages": whole, "calibration": calibration}
         rows.append(row)
-        print(f"| {name} | {plan.num_stages} | {plan.num_micro_batches} | {1e3 * one:.2f} | {1e3 * zb:.2f} | "
+        print(f"| {name} | {plan.num_stages} | {plan.num_micro_batches} | {whole or 'none'} | {1e3 * one:.2f} | "
+              f"{1e3 * zb:.2f} | "
               f"{zb / one:.3f} | {1e3 * sim_one:.2f} | {1e3 * sim_zb:.2f} | {sim_zb / sim_one:.3f} | "
               f"{(sim_zb / sim_one) / (zb / one):.3f} |", flush=True)
     out = Path(args.out or "results/zero_bubble_measured.json")
