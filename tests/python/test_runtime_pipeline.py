@@ -191,6 +191,11 @@ def test_pipeline_api() -> None:
 def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
     """Two pipelines: the first closed (its groups parked), the second left open until the exit
     hook, which closes it and releases every parked group."""
+    import gc
+    import time
+
+    import torch.distributed as dist
+
     import graphpipe
     from graphpipe.models import default_loss
     from graphpipe.runtime import connections
@@ -201,7 +206,19 @@ def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
     for pipe in pipes:
         pipe.step(*batches[0])
     first, second = pipes
+    # A collective's completion callback that still holds the group when close() runs, as
+    # torch's PowerSGD hook holds its state's: released on the group's own Gloo worker thread,
+    # the last handle would destroy the group there and abort the process ("Resource deadlock
+    # avoided"); parked, it is not the last.
+    group = first._conn.pg
+    slow = dist.all_reduce(torch.ones(1), group=group, async_op=True).get_future().then(
+        lambda done, group=group: (time.sleep(0.3), done.value())[1])
+    del group
     first.close()
+    gc.collect()
+    slow.wait()
+    del slow
+    time.sleep(0.3)  # the callback's closure is released on the worker thread meanwhile
     out = {"parked": [type(g).__name__ for g in connections._parked],
            "live_after_close": sorted(id(c) == id(first._conn) for c in connections._live.values())}
     connections._release_at_exit()
