@@ -167,7 +167,7 @@ def plan(
     # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
-               "schedule": _schedule_name(schedule), "sync": sync_method(sync),
+               "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
     def partition(replicated: bool) -> Any:
@@ -210,12 +210,6 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     if not isinstance(stage_devices, Mapping):
         raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
-
-
-def _schedule_name(schedule: str) -> str:
-    """``plan(schedule=...)`` as the core takes it: ``"auto"`` or a canonical schedule name
-    (the C++ parser's PlanningError names the kinds for an unknown one)."""
-    return "auto" if schedule == "auto" else _C.parse_schedule_kind(schedule)
 
 
 def _choose_replication(partition: Any, num_nodes: int, device_count: int, replicate: bool | None,
