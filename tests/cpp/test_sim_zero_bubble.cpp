@@ -32,6 +32,26 @@ TEST(ZeroBubble, ChainWithEqualFIWMatchesZbH1) {
   }
 }
 
+namespace {
+
+// The Transformer's 2-stage plan as profiled (ms) at M micro-batches: the first stage's I is
+// empty (nothing upstream) and its W its whole backward of 42; the second's backward of 46 splits
+// into `input` + `weight`.
+graphpipe::plan::Plan transformer_two_stages(int M, double input, double weight) {
+  auto plan = chain_plan(2, M, 1.0, 2.0);
+  plan.stages[0].forward_seconds = 12.6;
+  plan.stages[0].backward_seconds = 42.0;
+  plan.stages[0].backward_input_seconds = 0.0;
+  plan.stages[0].backward_weight_seconds = 42.0;
+  plan.stages[1].forward_seconds = 12.4;
+  plan.stages[1].backward_seconds = 46.0;
+  plan.stages[1].backward_input_seconds = input;
+  plan.stages[1].backward_weight_seconds = weight;
+  return plan;
+}
+
+}  // namespace
+
 TEST(ZeroBubble, AFirstStageWhoseBackwardIsAllWeightsDoesNotDrainSlowerThan1F1B) {
   // The Transformer's 2-stage plan as profiled (ms): the first stage's I is empty (nothing
   // upstream), its W is its whole backward; the second's backward splits 28 + 18. Had the first
@@ -39,15 +59,7 @@ TEST(ZeroBubble, AFirstStageWhoseBackwardIsAllWeightsDoesNotDrainSlowerThan1F1B)
   // zero-bubble iteration would be 8% longer than 1F1B's (the order kept before); with both
   // orders list-scheduled, it is no longer.
   for (int M : {2, 4, 8}) {
-    auto plan = chain_plan(2, M, 1.0, 2.0);
-    plan.stages[0].forward_seconds = 12.6;
-    plan.stages[0].backward_seconds = 42.0;
-    plan.stages[0].backward_input_seconds = 0.0;
-    plan.stages[0].backward_weight_seconds = 42.0;
-    plan.stages[1].forward_seconds = 12.4;
-    plan.stages[1].backward_seconds = 46.0;
-    plan.stages[1].backward_input_seconds = 28.0;
-    plan.stages[1].backward_weight_seconds = 18.0;
+    auto plan = transformer_two_stages(M, 28.0, 18.0);
     const auto zb = simulate(plan, gs::generate(plan, gs::Policy::zb_graph), devices(2));
     const auto ofob = simulate(plan, gs::generate(plan, gs::Policy::one_f_one_b), devices(2));
     EXPECT_LE(zb.iteration_seconds, ofob.iteration_seconds * (1.0 + 1e-12)) << M << " micro-batches";
@@ -61,15 +73,7 @@ TEST(ZeroBubble, AStageWhoseSplitDoesNotPayRunsWholeBackwards) {
   // the earlier I saves, so zb_graph runs it whole (B); never slower than 1F1B; the first stage,
   // whose split is free, still splits.
   for (int M : {2, 4, 8}) {
-    auto plan = chain_plan(2, M, 1.0, 2.0);
-    plan.stages[0].forward_seconds = 12.6;
-    plan.stages[0].backward_seconds = 42.0;
-    plan.stages[0].backward_input_seconds = 0.0;
-    plan.stages[0].backward_weight_seconds = 42.0;
-    plan.stages[1].forward_seconds = 12.4;
-    plan.stages[1].backward_seconds = 46.0;
-    plan.stages[1].backward_input_seconds = 0.65 * 46.0;
-    plan.stages[1].backward_weight_seconds = 0.65 * 46.0;
+    auto plan = transformer_two_stages(M, 0.65 * 46.0, 0.65 * 46.0);
     const auto s = gs::generate(plan, gs::Policy::zb_graph);
     ASSERT_TRUE(gs::check(s).ok) << gs::check(s).to_string();
     int whole = 0, split = 0;
