@@ -37,7 +37,8 @@ __all__ = ["Connections", "GroupMaker", "check_backend"]
 # hierarchical hook's next phase) runs on a Gloo worker thread of the group and may still be
 # unwinding, holding a reference to the group, when step() has returned and close() drops the
 # pipeline's own. Were that reference the last, ~ProcessGroupGloo would run on its own worker
-# thread and join it: std::terminate, "Resource deadlock avoided" (one CI run of test_sync).
+# thread and join it: std::terminate, "Resource deadlock avoided" (test_runtime_pipeline.py's
+# test_close_parks_groups_and_the_exit_hook_closes_open_pipelines reproduces it).
 _parked: list[Any] = []
 
 
