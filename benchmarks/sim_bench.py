@@ -4,6 +4,14 @@ micro-batches; prints a table and writes results/sim_bench.json.
     GRAPHPIPE_EXT_DIR=build/h4 python3 benchmarks/sim_bench.py [--repeats 7] [--out results/sim_bench.json]
 
 The target (issue 4): simulating 32 stages x 256 micro-batches takes under 100 ms.
+
+A second table times zb_graph's generator on chains whose backward splits evenly (I = W = B / 2)
+and on chains whose every split is dear (I + W = 1.3 B, as a profile of small operators can
+say), where the generator searches which stages run whole backwards (docs/design.md §5.1), with
+the simulated iteration of the schedule it makes over 1F1B's (zb/1F1B).
+``--against DIR`` times the same cases with the graphpipe package in DIR (an older build, e.g.
+``pip install --no-build-isolation --no-deps --target DIR <checkout>``) in a subprocess of the
+same run, and prints the speed-up.
 """
 
 from __future__ import annotations
@@ -49,6 +57,61 @@ def chain(stages: int, micro_batches: int, forward: float = 1e-3, backward: floa
     return plan, devices
 
 
+ZB_SIZES = [(8, 64), (16, 64), (64, 64), (32, 256)]
+
+
+def zb_times(repeats: int) -> list[dict]:
+    """zb_graph generation time on each chain of ZB_SIZES, its backward split even or dear."""
+    rows = []
+    for stages, mbs in ZB_SIZES:
+        for split in ("even", "dear"):
+            plan, devices = chain(stages, mbs)
+            halves = (1e-3, 1e-3) if split == "even" else (1.3e-3, 1.3e-3)
+            plan_stages = list(plan.stages)
+            for st in plan_stages:
+                st.backward_input_seconds, st.backward_weight_seconds = halves
+            plan.stages = plan_stages
+            _, median, schedule = best_and_median(lambda: _C.Schedule.generate(plan, "zb_graph"), repeats)  # noqa: B023 (runs within this iteration)
+            whole = sum(1 for r in range(stages)
+                        if any(i.kind == _C.OpKind.backward for i in schedule.instructions(r)))
+            iteration = _C.simulate(plan, schedule, devices).iteration_seconds
+            ofob = _C.simulate(plan, _C.Schedule.generate(plan, "1f1b"), devices).iteration_seconds
+            rows.append({"stages": stages, "micro_batches": mbs, "split": split, "generate_seconds": median,
+                         "whole_backward_stages": whole, "iteration_seconds": iteration,
+                         "one_f_one_b_iteration_seconds": ofob})
+    return rows
+
+
+def zb_table(repeats: int, against: str | None) -> list[dict]:
+    """Prints zb_graph's generation times; with `against` (a folder holding another build's
+    graphpipe package), that build's times beside, taken in a subprocess right after."""
+    rows = zb_times(repeats)
+    if against:
+        import subprocess
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([against, os.environ.get("PYTHONPATH", "")]))
+        env.pop("GRAPHPIPE_EXT_DIR", None)
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--zb-json", "--repeats", str(repeats)],
+                             env=env, cwd=against, check=True, capture_output=True, text=True).stdout
+        for row, theirs in zip(rows, json.loads(out.strip().splitlines()[-1])):
+            row["against_generate_seconds"] = theirs["generate_seconds"]
+            row["against_whole_backward_stages"] = theirs["whole_backward_stages"]
+            row["against_iteration_seconds"] = theirs["iteration_seconds"]
+    print(f"\nzb_graph generation{' (against ' + against + ')' if against else ''}")
+    print(f"{'stages':>6} {'mbs':>5} {'split':>6} {'generate ms':>11} {'whole':>5} {'zb/1F1B':>7} "
+          f"{'against ms':>10} {'whole':>5} {'zb/1F1B':>7} {'speed-up':>8}")
+    for r in rows:
+        theirs = r.get("against_generate_seconds")
+        ofob = r["one_f_one_b_iteration_seconds"]
+        cells = ("", "", "", "") if theirs is None else (
+            f"{1e3 * theirs:.2f}", str(r["against_whole_backward_stages"]),
+            f"{r['against_iteration_seconds'] / ofob:.3f}", f"{theirs / r['generate_seconds']:.1f}x")
+        print(f"{r['stages']:>6} {r['micro_batches']:>5} {r['split']:>6} {1e3 * r['generate_seconds']:>11.2f} "
+              f"{r['whole_backward_stages']:>5} {r['iteration_seconds'] / ofob:>7.3f} {cells[0]:>10} {cells[1]:>5} "
+              f"{cells[2]:>7} {cells[3]:>8}")
+    return rows
+
+
 def best_and_median(fn, repeats: int) -> tuple[float, float, object]:
     times, value = [], None
     for _ in range(repeats):
@@ -62,7 +125,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="results/sim_bench.json")
+    parser.add_argument("--against", default=None,
+                        help="a folder holding another build's graphpipe package: its zb_graph times beside")
+    parser.add_argument("--zb-json", action="store_true", help=argparse.SUPPRESS)  # --against's subprocess
     args = parser.parse_args()
+    if args.zb_json:
+        print(json.dumps(zb_times(args.repeats)))
+        return 0
     missing = [n for n in ("Plan", "Stage", "StageEdge", "Devices") if not hasattr(_C, n)]
     if missing:
         print(f"graphpipe._C does not bind {', '.join(missing)} yet (the partition/cost bindings); "
@@ -98,13 +167,14 @@ def main() -> int:
     verdict = "meets" if worst < TARGET[2] else "MISSES"
     print(f"\n{TARGET[0]} stages x {TARGET[1]} micro-batches: simulate (check included) takes at most "
           f"{1e3 * worst:.1f} ms (median): {verdict} the {1e3 * TARGET[2]:.0f} ms target")
+    zb_rows = zb_table(args.repeats, args.against)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "sim_bench", "machine": platform.platform(),
                    "python": platform.python_version(), "repeats": args.repeats,
                    "target": {"stages": TARGET[0], "micro_batches": TARGET[1], "seconds": TARGET[2],
                               "worst_median_seconds": worst, "met": worst < TARGET[2]},
-                   "rows": rows}, f, indent=1)
+                   "rows": rows, "zb_graph_generation": zb_rows}, f, indent=1)
     print(f"wrote {args.out}")
     return 0
 

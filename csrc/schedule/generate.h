@@ -32,8 +32,9 @@
 //                lets forwards through sooner: the order where they do not wait is made too,
 //                and the one whose timeline ends first is kept (list_scheduler.cpp). A stage
 //                whose split costs more than its whole backward (I + W > B, as profiled) runs
-//                whole backwards (B) instead where that ends the timeline sooner (tried stage
-//                by stage, dearest split first), so a split that does not pay is not made. On a
+//                whole backwards (B) instead where that ends the timeline sooner (tried in
+//                groups, all such stages at once, then halves, ... down to single stages, at
+//                most 32 list schedules), so a split that does not pay is not made. On a
 //                chain with equal F, I and W times and memory for the W's, the iteration is
 //                ZB-H1's (Qi et al., ICLR 2024): M (F + B) + (p - 1)(F + I - W). Durations: the
 //                stage's own I and W (backward_split()).

@@ -358,25 +358,36 @@ Schedule list_schedule(const Plan& plan, Policy policy, const std::vector<std::v
   if (try_order(false, unsplit)) wait = false;
   // A split backward may cost more than the whole one (I + W > B: the profiled halves of a
   // stage of small operators, where the second autograd pass is not free). Splitting such a
-  // stage pays only where its earlier I shortens the critical path by more: each such stage,
-  // dearest split first, runs whole backwards (B) if that shortens the timeline, in either order
-  // of the source stages' W's.
-  std::vector<int> dear;
+  // stage pays only where its earlier I shortens the critical path by more. Which such stages
+  // run whole backwards (B) is searched by flipping groups of them (whole if split, split if
+  // whole), each flip kept where the list-scheduled timeline ends sooner in either order of the
+  // source stages' W's: the stages, dearest split first, as one group, then halves, quarters and
+  // so on down to single stages, but at most kMostGroups groups a level. So a chain whose every
+  // split is dear can go whole at once (where 1F1B's order wins), and its halves or quarters
+  // can split where they pay, and the search stays bounded on deep plans: at most
+  // 2 + 2 x (1 + 2 + ... + kMostGroups) = 32 list schedules in all.
+  constexpr std::size_t kMostGroups = 8;
+  std::vector<std::pair<double, int>> dear;  // (I + W - B, stage)
   for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
     const auto [input, weight] = backward_split(plan.stages[s]);
-    if (input + weight > plan.stages[s].backward_seconds * (1.0 + 1e-9)) dear.push_back(s);
+    const double extra = input + weight - plan.stages[s].backward_seconds;
+    if (extra > plan.stages[s].backward_seconds * 1e-9) dear.emplace_back(extra, s);
   }
-  auto extra = [&](int s) {
-    const auto [input, weight] = backward_split(plan.stages[s]);
-    return input + weight - plan.stages[s].backward_seconds;
+  std::stable_sort(dear.begin(), dear.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  auto flip = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) unsplit[dear[i].second] = static_cast<char>(!unsplit[dear[i].second]);
   };
-  std::stable_sort(dear.begin(), dear.end(), [&](int a, int b) { return extra(a) > extra(b); });
-  for (int s : dear) {
-    unsplit[s] = 1;
-    const bool kept_wait = try_order(wait, unsplit);
-    const bool kept_other = try_order(!wait, unsplit);
-    if (kept_other) wait = !wait;
-    if (!kept_wait && !kept_other) unsplit[s] = 0;
+  for (std::size_t groups = 1; !dear.empty(); groups *= 2) {
+    const std::size_t size = (dear.size() + groups - 1) / groups;
+    for (std::size_t from = 0; from < dear.size(); from += size) {
+      const std::size_t to = std::min(dear.size(), from + size);
+      flip(from, to);
+      const bool kept_wait = try_order(wait, unsplit);
+      const bool kept_other = try_order(!wait, unsplit);
+      if (kept_other) wait = !wait;
+      if (!kept_wait && !kept_other) flip(from, to);
+    }
+    if (size == 1 || groups >= kMostGroups) break;
   }
   return schedule;
 }
