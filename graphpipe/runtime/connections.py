@@ -42,11 +42,6 @@ __all__ = ["Connections", "GroupMaker", "check_backend"]
 _parked: list[Any] = []
 
 
-def _park(groups: list[Any]) -> None:
-    """Keeps ``groups`` alive, releasing (on this, the main thread) those parked before."""
-    _parked[:] = groups
-
-
 #: The connections not closed yet, by id: a pipeline its user never closed still has its groups.
 _live: weakref.WeakValueDictionary[int, Connections] = weakref.WeakValueDictionary()
 
@@ -215,4 +210,4 @@ class Connections:
             del groups
             gc.collect()  # the group closes its connections when its last handle goes
         else:
-            _park(groups)
+            _parked[:] = groups  # releases, on this (the main) thread, the groups parked before
