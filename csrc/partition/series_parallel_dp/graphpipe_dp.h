@@ -47,7 +47,8 @@
 // with activation recomputation is taken recomputed, its time with the forward once more
 // (recompute.h, the rule the evaluation applies), so such layouts are in the family too; that
 // test stays monotone in the in-flight count, which the argument above needs. With replicated
-// stages (need()) the DP does not consider recomputation yet.
+// stages the same rule is applied per replica count (need(), dp_stage_fit.cpp: a replica holds
+// its shard's activations and runs its shard's forward once more).
 //
 // Graphs that are not series-parallel have no tree; the caller falls back to METIS (documented
 // in graphpipe_portfolio.h). Cost per target: O(states x (L + log n)) with L the children a
