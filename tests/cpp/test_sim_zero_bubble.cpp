@@ -4,6 +4,8 @@
 
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "schedule/check.h"
 #include "schedule/generate.h"
@@ -48,6 +50,29 @@ graphpipe::plan::Plan transformer_two_stages(int M, double input, double weight)
   plan.stages[1].backward_input_seconds = input;
   plan.stages[1].backward_weight_seconds = weight;
   return plan;
+}
+
+// A chain of p equal stages (F = 1, B = 2) at M micro-batches whose every backward splits into
+// I = W = `half` (dear where 2 x half > 2).
+graphpipe::plan::Plan chain_split(int p, int M, double half) {
+  auto plan = chain_plan(p, M, 1.0, 2.0);
+  for (auto& st : plan.stages) {
+    st.backward_input_seconds = half;
+    st.backward_weight_seconds = half;
+  }
+  return plan;
+}
+
+// Per stage, how many whole backwards (B) and weight halves (W) its lead rank runs.
+std::vector<std::pair<int, int>> whole_and_weights(const gs::Schedule& s) {
+  std::vector<std::pair<int, int>> out(s.num_stages());
+  for (int st = 0; st < s.num_stages(); ++st) {
+    for (const auto& i : s.ranks[s.lead_rank(st)]) {
+      out[st].first += i.kind == gs::OpKind::backward;
+      out[st].second += i.kind == gs::OpKind::backward_weight;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -98,21 +123,12 @@ TEST(ZeroBubble, ASplitThatCostsALittleMoreStillSplitsWhereItPays) {
   // Four equal stages of a chain, each split 2% dearer than its backward: the earlier I's still
   // shorten the pipeline's fill and drain by more than they cost, so most stages keep I and W
   // (each stage runs all its backwards one way), and the iteration stays below 1F1B's.
-  auto plan = chain_plan(4, 8, 1.0, 2.0);
-  for (auto& st : plan.stages) {
-    st.backward_input_seconds = 1.02;
-    st.backward_weight_seconds = 1.02;
-  }
+  auto plan = chain_split(4, 8, 1.02);
   const auto s = gs::generate(plan, gs::Policy::zb_graph);
   ASSERT_TRUE(gs::check(s).ok) << gs::check(s).to_string();
-  int splitting = 0;
-  for (int st = 0; st < s.num_stages(); ++st) {
-    int whole = 0, weights = 0;
-    for (const auto& i : s.ranks[s.lead_rank(st)]) {
-      whole += i.kind == gs::OpKind::backward;
-      weights += i.kind == gs::OpKind::backward_weight;
-    }
-    EXPECT_TRUE((whole == 8 && weights == 0) || (whole == 0 && weights == 8)) << "stage " << st;
+  int splitting = 0, st = 0;
+  for (const auto [whole, weights] : whole_and_weights(s)) {
+    EXPECT_TRUE((whole == 8 && weights == 0) || (whole == 0 && weights == 8)) << "stage " << st++;
     splitting += weights == 8;
   }
   EXPECT_GE(splitting, 2);
@@ -126,18 +142,11 @@ TEST(ZeroBubble, AChainWhereNoSplitPaysRunsWholeBackwardsEverywhere) {
   // stage is the bottleneck, so no single stage gains by running whole (tried one by one, every
   // stage stayed split, 12% slower than 1F1B); the generator's first group is all of them at
   // once, which runs 1F1B's order.
-  auto plan = chain_plan(16, 64, 1.0, 2.0);
-  for (auto& st : plan.stages) {
-    st.backward_input_seconds = 1.3;
-    st.backward_weight_seconds = 1.3;
-  }
+  auto plan = chain_split(16, 64, 1.3);
   const auto s = gs::generate(plan, gs::Policy::zb_graph);
   ASSERT_TRUE(gs::check(s).ok) << gs::check(s).to_string();
-  for (int st = 0; st < s.num_stages(); ++st) {
-    int whole = 0;
-    for (const auto& i : s.ranks[s.lead_rank(st)]) whole += i.kind == gs::OpKind::backward;
-    EXPECT_EQ(whole, 64) << "stage " << st;
-  }
+  int st = 0;
+  for (const auto [whole, weights] : whole_and_weights(s)) EXPECT_EQ(whole, 64) << "stage " << st++;
   const auto zb = simulate(plan, s, devices(16));
   const auto ofob = simulate(plan, gs::generate(plan, gs::Policy::one_f_one_b), devices(16));
   EXPECT_LE(zb.iteration_seconds, ofob.iteration_seconds * (1.0 + 1e-12));
