@@ -55,11 +55,12 @@ def _matrix() -> list[tuple[str, str, str, int]]:
 CASES = _matrix()
 
 
-def train(name: str, partitioner: str, schedule: str, manual: tuple[tuple[str, int], ...] | None = None
-          ) -> dict[str, Any]:
+def train(name: str, partitioner: str, schedule: str, manual: tuple[tuple[str, int], ...] | None = None,
+          dear: tuple[int, ...] = ()) -> dict[str, Any]:
     """On every rank: wrap the model (keyword inputs, the plain model's output to the loss),
     train STEPS SGD steps with the README's loop; the losses, the gathered state (rank 0) and
-    which parameters this rank holds."""
+    which parameters this rank holds. ``dear``: stages of the plan whose split backward is priced
+    1.3x their whole one, so that zb_graph may run them whole (B) beside split stages."""
     import torch.distributed as dist
 
     import graphpipe
@@ -72,6 +73,15 @@ def train(name: str, partitioner: str, schedule: str, manual: tuple[tuple[str, i
     if manual is not None:
         # operators no rule names go to their earliest consumer's stage (manual_plan)
         planning = {"plan": manual_plan(trace(case.model, (), case.example), dict(manual), hm.MICRO_BATCHES)}
+    if dear:
+        plan = graphpipe.plan(trace(case.model, (), case.example), dist.get_world_size(), partitioner,
+                              batch_size=hm.BATCH, micro_batches=hm.MICRO_BATCHES)
+        stages = list(plan.stages)
+        for st in stages:
+            half = (0.65 if st.id in dear else 0.5) * st.backward_seconds
+            st.backward_input_seconds = st.backward_weight_seconds = half
+        plan.stages = stages
+        planning = {"plan": plan}
     with graphpipe.wrap(case.model, case.example, case.loss_fn, schedule=schedule, micro_batches=hm.MICRO_BATCHES,
                         timeout=120, **planning) as pipe:
         opt = torch.optim.SGD(pipe.parameters(), lr=LR)
@@ -79,6 +89,9 @@ def train(name: str, partitioner: str, schedule: str, manual: tuple[tuple[str, i
         state = pipe.full_state_dict()
         out: dict[str, Any] = {"losses": torch.stack(losses), "held": sorted(n for n, _ in pipe.named_parameters()),
                                "stages": pipe.plan.num_stages}
+        sched = pipe.schedule  # per stage, the whole backwards (B) its first rank ran
+        out["whole"] = [sum(i.kind == graphpipe._C.OpKind.backward for i in sched.instructions(ranks[0]))
+                        for ranks in sched.stage_ranks]
         if dist.get_rank() == 0:
             out["state"] = state
         return out
@@ -158,6 +171,16 @@ def test_gpt2_tied_embedding_and_head_on_different_stages() -> None:
     tied = {"transformer.wte.weight", "lm_head.weight"}
     for r in results:
         assert tied & set(r.value[key]["held"]), (r.rank, r.value[key]["held"])
+
+
+def test_gpt2_zb_graph_with_a_stage_run_whole_trains_like_one_process() -> None:
+    """zb_graph on 3 ranks where the middle stage's split costs more than its whole backward:
+    the generator runs that stage's backwards whole (B) while the others split into I and W,
+    and training is still exact (the runtime takes B or I/W per stage and micro-batch)."""
+    key = ("gpt2", "sequential", "zb_graph", None, (1,))
+    results = _run(3, [key])
+    _check("gpt2", results, key)
+    assert results[0].value[key]["whole"] == [0, hm.MICRO_BATCHES, 0], results[0].value[key]["whole"]
 
 
 # ---- capture: module names, two towers, fx vs export ---------------------------------------
