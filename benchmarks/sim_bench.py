@@ -89,10 +89,17 @@ def zb_table(repeats: int, against: str | None) -> list[dict]:
     if against:
         import subprocess
 
+        if not os.path.isfile(os.path.join(against, "graphpipe", "__init__.py")):
+            raise SystemExit(f"--against {against}: no graphpipe package there (expected {against}/graphpipe/__init__.py)")
+
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([against, os.environ.get("PYTHONPATH", "")]))
         env.pop("GRAPHPIPE_EXT_DIR", None)
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--zb-json", "--repeats", str(repeats)],
-                             env=env, cwd=against, check=True, capture_output=True, text=True).stdout
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--zb-json", "--repeats", str(repeats)],
+                             env=env, cwd=against, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"--against {against}: the build there failed to time zb_graph "
+                             f"(exit {run.returncode}):\n{run.stderr.strip()[-2000:]}")
+        out = run.stdout
         for row, theirs in zip(rows, json.loads(out.strip().splitlines()[-1])):
             row["against_generate_seconds"] = theirs["generate_seconds"]
             row["against_whole_backward_stages"] = theirs["whole_backward_stages"]
