@@ -48,6 +48,7 @@ import time
 from typing import Any
 
 import torch
+from against import old_build
 
 
 def _batch_check_seconds(model: Any, inputs: tuple, targets: Any, calls: int = 2000) -> float:
@@ -198,37 +199,6 @@ def _time_one(job_path: str) -> None:
     print(json.dumps([pick(r.value[i] for r in res) for i in range(job["steps"])]))
 
 
-def _old_build(against: str) -> str:
-    """The directory of the old build: ``against`` itself, or the git ref it names built into
-    results/against/<commit> (once; later runs reuse it)."""
-    import subprocess
-    import sys
-    import tempfile
-
-    if os.path.isdir(against):
-        if not os.path.isdir(os.path.join(against, "graphpipe")):
-            raise SystemExit(f"--against {against}: no graphpipe package there (pip install --target {against} ...)")
-        return os.path.abspath(against)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rev = subprocess.run(["git", "rev-parse", "--verify", against + "^{commit}"], cwd=repo, capture_output=True, text=True)
-    if rev.returncode != 0:
-        raise SystemExit(f"--against {against}: neither a directory nor a git ref of {repo}")
-    commit = rev.stdout.strip()
-    target = os.path.join(repo, "results", "against", commit)
-    if os.path.isdir(os.path.join(target, "graphpipe")):
-        return target
-    print(f"building {against} ({commit[:10]}) into {target} (a full compile)", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = os.path.join(tmp, "src")
-        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], cwd=repo, check=True)
-        try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target",
-                            target, tree], check=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=repo, check=False)
-    return target
-
-
 def _against_jobs(args: Any, graphs: dict[str, Any], devices: Any) -> list[tuple[str, dict[str, Any]]]:
     """(label, job) for every measurement --measure asks for."""
     from graphpipe._ext import _C
@@ -261,7 +231,7 @@ def _against(args: Any, graphs: dict[str, Any], devices: Any) -> None:
 
     import graphpipe
 
-    old_dir = _old_build(args.against)
+    old_dir = old_build(args.against)
     base = os.environ.get("PYTHONPATH", "")
     envs = {"old": dict(os.environ, PYTHONPATH=old_dir + (os.pathsep + base if base else "")),
             "new": dict(os.environ)}

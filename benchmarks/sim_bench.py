@@ -9,9 +9,9 @@ A second table times zb_graph's generator on chains whose backward splits evenly
 and on chains whose every split is dear (I + W = 1.3 B, as a profile of small operators can
 say), where the generator searches which stages run whole backwards (docs/design.md §5.1), with
 the simulated iteration of the schedule it makes over 1F1B's (zb/1F1B).
-``--against DIR`` times the same cases with the graphpipe package in DIR (an older build, e.g.
-``pip install --no-build-isolation --no-deps --target DIR <checkout>``) in a subprocess of the
-same run, and prints the speed-up.
+``--against OLD`` times the same cases with an older build (a folder holding a graphpipe package,
+or a git ref built once into results/against/<commit>; benchmarks/against.py) in a subprocess of
+the same run, and prints the speed-up.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ def zb_table(repeats: int, against: str | None) -> list[dict]:
     if against:
         import subprocess
 
-        if not os.path.isfile(os.path.join(against, "graphpipe", "__init__.py")):
-            raise SystemExit(f"--against {against}: no graphpipe package there (expected {against}/graphpipe/__init__.py)")
+        from against import old_build
+
+        against = old_build(against)
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([against, os.environ.get("PYTHONPATH", "")]))
         env.pop("GRAPHPIPE_EXT_DIR", None)
@@ -133,7 +134,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="results/sim_bench.json")
     parser.add_argument("--against", default=None,
-                        help="a folder holding another build's graphpipe package: its zb_graph times beside")
+                        help="an older build (folder or git ref, as runtime_bench.py's): its zb_graph times beside")
     parser.add_argument("--zb-json", action="store_true", help=argparse.SUPPRESS)  # --against's subprocess
     args = parser.parse_args()
     if args.zb_json:
