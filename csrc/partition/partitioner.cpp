@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "partition/plan_build.h"
 #include "partition/problem.h"
 #include "partition/registry.h"
+#include "partition/step_bound.h"
 
 namespace graphpipe::partition {
 
@@ -212,9 +214,8 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
                                  .chain = partitioner->plans_chains()};
   partitioner->prepare(request);
 
-  Choice best;
-  for (std::int64_t mb : request.micro_batch_sizes) {
-    Problem problem = request.problem(mb);
+  // The partitioner's candidate at one size, checked and evaluated.
+  auto plan_at = [&](const Problem& problem) {
     CandidatePlan candidate = partitioner->plan(request, problem);
     // No layout fits at this size (the sequential DP's answer): the single stage stands in, so
     // that the message can say by how much the nearest plan misses.
@@ -227,6 +228,40 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
       build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
     }
     Evaluation ev = evaluate(problem, candidate.assignment, candidate.replicas, candidate.devices);
+    return std::pair{std::move(candidate), std::move(ev)};
+  };
+  const std::vector<std::int64_t>& sizes = request.micro_batch_sizes;
+  std::vector<Problem> problems;
+  std::vector<double> floors;  // step_lower_bound per size
+  for (std::int64_t mb : sizes) {
+    problems.push_back(request.problem(mb));
+    floors.push_back(step_lower_bound(problems.back()));
+  }
+  // The size of least bound is planned first; a size whose bound is above the step of a fitting
+  // plan found so far cannot win (step_bound.h) and is skipped. The rest are offered in
+  // ascending order, the first one at its place, so the choice is what planning every size gives.
+  // (Manual stage_devices may name any ranks: no bound is claimed for them.)
+  const bool prune = o.stage_devices.empty() && sizes.size() > 1;
+  const std::size_t first =
+      prune ? static_cast<std::size_t>(std::min_element(floors.begin(), floors.end()) - floors.begin()) : 0;
+  std::optional<std::pair<CandidatePlan, Evaluation>> planned_first;
+  double fitting_step = std::numeric_limits<double>::infinity();
+  if (prune) {
+    planned_first = plan_at(problems[first]);
+    if (planned_first->second.fits()) fitting_step = planned_first->second.iteration_seconds(problems[first]);
+  }
+  Choice best;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const Problem& problem = problems[i];
+    if (prune && i != first && floors[i] > fitting_step * (1.0 + 1e-9)) {
+      log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + " skipped: no plan there beats " +
+                 std::to_string(fitting_step) + " s (its step is at least " + std::to_string(floors[i]) + " s)");
+      continue;
+    }
+    auto [candidate, ev] = prune && i == first ? std::move(*planned_first) : plan_at(problem);
+    log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + ": step " +
+               std::to_string(ev.iteration_seconds(problem)) + " s, at least " + std::to_string(floors[i]) + " s");
+    if (ev.fits()) fitting_step = std::min(fitting_step, ev.iteration_seconds(problem));
     best.offer(problem, std::move(candidate), ev);
   }
   if (best.assignment.empty()) {

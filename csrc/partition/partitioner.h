@@ -22,7 +22,9 @@
 // outlasts the pipeline, wins (ties: the lower slowest stage, then the smaller micro-batch;
 // predicted_faster in evaluate.h). The micro-batch size is chosen here, once for all
 // partitioners, because it trades the bubble against per-micro-batch overheads and memory in the
-// same way whatever made the stages.
+// same way whatever made the stages. A size whose step_lower_bound (step_bound.h) is above the
+// step of a fitting plan already found is not planned: the size of least bound is planned
+// first, the others in ascending order, so the choice is what planning every size would give.
 //
 // Errors (PlanningError unless said), in the order they are checked: an empty graph; a cyclic
 // graph (GraphError naming the cycle); zero devices; more devices than operators without

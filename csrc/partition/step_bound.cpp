@@ -1,0 +1,79 @@
+#include "partition/step_bound.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "graph/op_graph.h"
+#include "partition/evaluate.h"
+
+namespace graphpipe::partition {
+
+namespace {
+
+// op(v) and work(v) of step_bound.h, over the replica counts the budget allows.
+struct OperatorFloor {
+  std::vector<double> time;  // op(v): the least time of one replica
+  double work = 0.0;         // sum over v of work(v)
+};
+
+OperatorFloor operator_floor(const Problem& p) {
+  const std::size_t n = p.num_nodes();
+  OperatorFloor floor;
+  floor.time.assign(n, 0.0);
+  auto plain = [&](std::size_t v) { return p.zero_bubble ? p.forward[v] + p.backward_weight[v] : p.compute[v]; };
+  if (!p.replicated()) {
+    for (std::size_t v = 0; v < n; ++v) floor.time[v] = plain(v);
+    for (double t : floor.time) floor.work += t;
+    return floor;
+  }
+  const ReplicaTable& table = *p.replicas;
+  for (std::size_t v = 0; v < n; ++v) {
+    const int node = static_cast<int>(v);
+    double least = std::numeric_limits<double>::infinity();
+    double least_work = std::numeric_limits<double>::infinity();
+    for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
+      const double t =
+          p.zero_bubble ? table.forward(level, node) + table.backward_weight(level, node) : table.compute(level, node);
+      least = std::min(least, t);
+      least_work = std::min(least_work, table.replicas(level) * t);
+    }
+    floor.time[v] = least;
+    floor.work += least_work;
+  }
+  return floor;
+}
+
+// The longest path of `time` through the graph, in the problem's topological order.
+double longest_path(const Problem& p, const std::vector<double>& time) {
+  const graph::OpGraph& g = *p.graph;
+  std::vector<double> until(p.num_nodes(), 0.0);  // the longest path ending at v, v included
+  double longest = 0.0;
+  for (graph::NodeId v : p.order) {
+    double before = 0.0;
+    for (graph::EdgeId e : g.in_edges(v)) before = std::max(before, until[g.edge(e).src]);
+    until[v] = before + time[v];
+    longest = std::max(longest, until[v]);
+  }
+  return longest;
+}
+
+}  // namespace
+
+double step_lower_bound(const Problem& p) {
+  const OperatorFloor floor = operator_floor(p);
+  const int devices = std::max(1, p.device_budget);  // max_stages without replication
+  double slowest = floor.work / devices;
+  for (double t : floor.time) slowest = std::max(slowest, t);
+  const double fixed = p.model->devices().step_overhead_seconds;
+  if (p.zero_bubble) return static_cast<double>(p.num_micro_batches) * slowest + fixed;
+  // The plan has some depth D <= devices, and its slowest stage is at least path / D too.
+  const double path = longest_path(p, floor.time);
+  double least = std::numeric_limits<double>::infinity();
+  for (int depth = 1; depth <= devices; ++depth) {
+    least = std::min(least, pipeline_step(p.num_micro_batches, depth, std::max(slowest, path / depth)));
+  }
+  return least + fixed;
+}
+
+}  // namespace graphpipe::partition

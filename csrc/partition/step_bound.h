@@ -1,0 +1,32 @@
+// A lower bound on the predicted step (Evaluation::iteration_seconds, evaluate.h) of every plan
+// of one problem, whatever its cut, depth, replica counts and placement. partition() uses it to
+// skip a micro-batch size none of whose plans can beat a plan already found (partitioner.h), so
+// that a search over micro-batch sizes costs about the sizes that can still win.
+//
+// Why it holds. Write op(v) for operator v's forward + backward on one replica, at the cheapest
+// shard any replica count within the device budget gives it (ReplicaTable's levels; one device
+// per stage: its plain time), and work(v) for the least device-seconds it can cost, min over
+// those counts of (count x op(v) at that count's shard). A stage's time per micro-batch is at
+// least the op() of each operator in it (its compute; transfers, dispatch and recomputation only
+// add), and a stage of r replicas spends r devices that long, so:
+//   - slowest stage >= max_v op(v), and >= sum_v work(v) / devices (the devices' busy time);
+//   - depth x slowest >= the longest path of op() through the graph: a path's operators lie in
+//     a chain of stages (stages are convex), at most depth of them, each no faster than the
+//     path's operators in it.
+// So the 1F1B step (M + depth - 1) x slowest + tail + fixed is at least the least over depths
+// D = 1..devices of (M + D - 1) x max(the two floors above, longest path / D), plus fixed (the
+// tail, >= 0, left out). Under the zero-bubble closed form, M x split slowest + (depth - 1)
+// x fill + tail + fixed, each operator runs at least its forward and its weight-gradient half
+// (backward_halves.h: one I did not run still computes its weights' gradient), which stands for
+// op() in the first term; the path term is left out.
+#pragma once
+
+#include "partition/problem.h"
+
+namespace graphpipe::partition {
+
+// Seconds; never above the iteration_seconds of any assignment of `problem` on at most
+// device_budget devices in all (max_stages without replication).
+double step_lower_bound(const Problem& problem);
+
+}  // namespace graphpipe::partition
