@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <future>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "common/error.h"
@@ -165,6 +167,26 @@ std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<
   return kept;
 }
 
+// How many micro-batch sizes are planned at once where the partitioner allows it: the cores.
+std::size_t concurrency() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// fn(i) for each i of `indices`, each on its own thread when there are several (one: on this
+// thread); the results in the order of `indices`. An exception reaches the caller from the
+// first index that threw, after every thread has ended.
+template <class Fn>
+auto at_once(const std::vector<std::size_t>& indices, Fn fn) -> std::vector<decltype(fn(std::size_t{0}))> {
+  std::vector<decltype(fn(std::size_t{0}))> results;
+  if (indices.size() == 1) {
+    results.push_back(fn(indices.front()));
+    return results;
+  }
+  std::vector<std::future<decltype(fn(std::size_t{0}))>> runs;
+  for (std::size_t i : indices) runs.push_back(std::async(std::launch::async, fn, i));
+  for (auto& run : runs) run.wait();
+  for (auto& run : runs) results.push_back(run.get());
+  return results;
+}
+
 // The driver's resolved inputs, after the checks partition() makes in this order.
 struct Resolved {
   std::int64_t batch = 0;
@@ -238,31 +260,48 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
     floors.push_back(step_lower_bound(problems.back()));
   }
   // The size of least bound is planned first; a size whose bound is above the step of a fitting
-  // plan found so far cannot win (step_bound.h) and is skipped. The rest are offered in
-  // ascending order, the first one at its place, so the choice is what planning every size gives.
+  // plan found so far cannot win (step_bound.h) and is skipped. The rest are planned in
+  // ascending order, as many at once as the machine has cores when the partitioner allows it,
+  // and all are offered in ascending order, so the choice is what planning every size gives.
   // (Manual stage_devices may name any ranks: no bound is claimed for them.)
   const bool prune = o.stage_devices.empty() && sizes.size() > 1;
   const std::size_t first =
       prune ? static_cast<std::size_t>(std::min_element(floors.begin(), floors.end()) - floors.begin()) : 0;
-  std::optional<std::pair<CandidatePlan, Evaluation>> planned_first;
+  std::vector<std::optional<std::pair<CandidatePlan, Evaluation>>> planned(sizes.size());
   double fitting_step = std::numeric_limits<double>::infinity();
+  auto note = [&](std::size_t i) {
+    if (planned[i]->second.fits())
+      fitting_step = std::min(fitting_step, planned[i]->second.iteration_seconds(problems[i]));
+  };
   if (prune) {
-    planned_first = plan_at(problems[first]);
-    if (planned_first->second.fits()) fitting_step = planned_first->second.iteration_seconds(problems[first]);
+    planned[first] = plan_at(problems[first]);
+    note(first);
+  }
+  const std::size_t width = partitioner->plans_sizes_at_once() ? concurrency() : 1;
+  for (std::size_t next = 0; next < sizes.size();) {
+    std::vector<std::size_t> wave;
+    for (; next < sizes.size() && wave.size() < width; ++next) {
+      if (planned[next]) continue;
+      if (prune && floors[next] > fitting_step * (1.0 + 1e-9)) {
+        log::debug("partition: micro-batch size " + std::to_string(sizes[next]) + " skipped: no plan there beats " +
+                   std::to_string(fitting_step) + " s (its step is at least " + std::to_string(floors[next]) + " s)");
+        continue;
+      }
+      wave.push_back(next);
+    }
+    auto results = at_once(wave, [&](std::size_t i) { return plan_at(problems[i]); });
+    for (std::size_t k = 0; k < wave.size(); ++k) {
+      planned[wave[k]] = std::move(results[k]);
+      note(wave[k]);
+    }
   }
   Choice best;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const Problem& problem = problems[i];
-    if (prune && i != first && floors[i] > fitting_step * (1.0 + 1e-9)) {
-      log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + " skipped: no plan there beats " +
-                 std::to_string(fitting_step) + " s (its step is at least " + std::to_string(floors[i]) + " s)");
-      continue;
-    }
-    auto [candidate, ev] = prune && i == first ? std::move(*planned_first) : plan_at(problem);
+    if (!planned[i]) continue;
+    auto& [candidate, ev] = *planned[i];
     log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + ": step " +
-               std::to_string(ev.iteration_seconds(problem)) + " s, at least " + std::to_string(floors[i]) + " s");
-    if (ev.fits()) fitting_step = std::min(fitting_step, ev.iteration_seconds(problem));
-    best.offer(problem, std::move(candidate), ev);
+               std::to_string(ev.iteration_seconds(problems[i])) + " s, at least " + std::to_string(floors[i]) + " s");
+    best.offer(problems[i], std::move(candidate), ev);
   }
   if (best.assignment.empty()) {
     throw PlanningError(
@@ -321,16 +360,28 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
                                                                  .max_stages = r.max_stages,
                                                                  .chain = partitioner->plans_chains()});
   partitioner->prepare(*request_);
-  for (std::int64_t mb : request_->micro_batch_sizes) {
-    const Problem& problem = problems_.emplace(mb, request_->problem(mb)).first->second;
-    std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
-    for (CandidatePlan& c : partitioner->candidates(*request_, problem)) {
-      if (c.assignment.empty()) continue;
-      if (!seen.emplace(c.assignment, c.replicas).second) continue;
-      Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
-      if (!ev.acyclic || !ev.fits()) continue;
-      const auto [compute, pipeline] = bounds(problem, ev, devices);
-      candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck, compute, pipeline});
+  const std::vector<std::int64_t>& sizes = request_->micro_batch_sizes;
+  for (std::int64_t mb : sizes) problems_.emplace(mb, request_->problem(mb));
+  // As partition() does: as many sizes at once as the machine has cores, where the partitioner
+  // allows it; the lists are taken in ascending order of size all the same.
+  const std::size_t width = partitioner->plans_sizes_at_once() ? concurrency() : 1;
+  for (std::size_t start = 0; start < sizes.size(); start += width) {
+    std::vector<std::size_t> wave;
+    for (std::size_t i = start; i < std::min(sizes.size(), start + width); ++i) wave.push_back(i);
+    auto lists =
+        at_once(wave, [&](std::size_t i) { return partitioner->candidates(*request_, problems_.at(sizes[i])); });
+    for (std::size_t k = 0; k < wave.size(); ++k) {
+      const std::int64_t mb = sizes[wave[k]];
+      const Problem& problem = problems_.at(mb);
+      std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
+      for (CandidatePlan& c : lists[k]) {
+        if (c.assignment.empty()) continue;
+        if (!seen.emplace(c.assignment, c.replicas).second) continue;
+        Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
+        if (!ev.acyclic || !ev.fits()) continue;
+        const auto [compute, pipeline] = bounds(problem, ev, devices);
+        candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck, compute, pipeline});
+      }
     }
   }
   // partition()'s preference: predicted step, then slowest stage (predicted_faster), then the

@@ -71,6 +71,10 @@ class Partitioner {
   // count and in-flight counts by chain position, whatever the operator edges say.
   virtual bool plans_chains() const { return false; }
 
+  // Whether plan() may run for several micro-batch sizes at once, on threads (it keeps no state
+  // between sizes, or guards what it keeps): partition() then plans the sizes side by side.
+  virtual bool plans_sizes_at_once() const { return false; }
+
   // Once per partition() call, before the first plan(): the work that does not depend on the
   // micro-batch size. Errors in the user's input to this partitioner (a bad manual mapping)
   // are raised here, before any micro-batch size is tried.

@@ -161,26 +161,27 @@ void GraphpipePortfolio::prepare(const PartitionRequest& request) {
   if (!sp_->is_series_parallel) {
     log::info("graphpipe: the graph is not series-parallel (" + sp_->report +
               "); falling back to the better of metis and a refined topological-order DP");
-    const auto& sizes = request.micro_batch_sizes;
-    metis_starts_.push_back(
-        metis_assignment(request.problem(sizes[sizes.size() / 2]), request.max_stages, request.options.seed));
   }
+}
+
+std::vector<int> GraphpipePortfolio::metis_start(const PartitionRequest& request, const Problem& problem) {
+  // Made at the middle candidate size whichever size asks first, so that the plan does not
+  // depend on the order in which the sizes are planned.
+  const std::lock_guard<std::mutex> lock(metis_mutex_);
+  auto [it, fresh] = metis_by_budget_.try_emplace(problem.device_budget);
+  if (fresh) {
+    const auto& sizes = request.micro_batch_sizes;
+    Problem middle = request.problem(sizes[sizes.size() / 2]);
+    if (problem.replicated()) middle = with_budget(middle, problem.device_budget);
+    it->second =
+        metis_assignment(middle, problem.replicated() ? middle.max_stages : request.max_stages, request.options.seed);
+  }
+  return it->second;
 }
 
 std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionRequest& request,
                                                                 const Problem& problem) {
-  std::vector<std::vector<int>> starts;
-  if (!problem.replicated()) {
-    if (metis_starts_.empty())
-      metis_starts_.push_back(metis_assignment(problem, request.max_stages, request.options.seed));
-    starts = metis_starts_;
-  } else {
-    // One METIS start per budget of the ladder, made at the first micro-batch size that asks.
-    const std::lock_guard<std::mutex> lock(metis_mutex_);
-    auto [it, fresh] = metis_by_budget_.try_emplace(problem.device_budget);
-    if (fresh) it->second = metis_assignment(problem, problem.max_stages, request.options.seed);
-    starts.push_back(it->second);
-  }
+  std::vector<std::vector<int>> starts{metis_start(request, problem)};
   std::vector<int> chain = sequential_assignment(problem);
   if (!chain.empty()) starts.push_back(std::move(chain));
   std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback, {}, {}}};

@@ -21,9 +21,9 @@
 //                                                                    label "graphpipe(downset)"
 // Fallback, for a graph that is not series-parallel (logged at info level) and for a
 // micro-batch size at which no layout of the DP's family fits in memory: the better of two
-// refined starts, METIS's layout (metis.h; computed once, at the middle candidate micro-batch
-// size, or at the first size whose DP fails) and the sequential DP's chain, by fit and then
-// slowest stage;                                                     label "graphpipe(fallback)"
+// refined starts, METIS's layout (metis.h; computed once per device budget, at the middle
+// candidate micro-batch size) and the sequential DP's chain, by fit and then slowest stage;
+//                                                                    label "graphpipe(fallback)"
 // then the down-set plans where they exist, as in 3.
 // Refinement of the DP's plan and of the starts is skipped when Options::refine is off.
 //
@@ -70,6 +70,8 @@ class GraphpipePortfolio final : public Partitioner {
   // Decomposes the graph into its series-parallel tree; on a graph that is not series-parallel,
   // logs why and computes the METIS start of the fallback.
   void prepare(const PartitionRequest& request) override;
+  // The METIS starts, the only state kept between sizes, are made under a lock.
+  bool plans_sizes_at_once() const override { return true; }
   // candidates()[portfolio_winner(...)]
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
 
@@ -82,15 +84,15 @@ class GraphpipePortfolio final : public Partitioner {
   // The layouts of one search budget (problem.device_budget), before replica allocation.
   std::vector<CandidatePlan> layouts(const PartitionRequest& request, const Problem& problem);
   std::vector<CandidatePlan> fallback_layouts(const PartitionRequest& request, const Problem& problem);
+  // METIS's start for the fallback at problem.device_budget (the stage count without
+  // replication): made once, at the middle candidate micro-batch size, when a size first asks.
+  std::vector<int> metis_start(const PartitionRequest& request, const Problem& problem);
 
   std::optional<graph::SPDecomposition> sp_;
-  // METIS's start for the fallback: made in prepare() for a graph that is not series-parallel,
-  // else at the first micro-batch size whose DP finds nothing, then kept for the larger sizes.
-  std::vector<std::vector<int>> metis_starts_;
-  // With replication: METIS's start at each budget of the ladder, made at the first micro-batch
-  // size that asks for it.
-  std::map<int, std::vector<int>> metis_by_budget_;
-  std::mutex metis_mutex_;  // guards metis_by_budget_: candidates() runs the budgets on threads
+  std::map<int, std::vector<int>> metis_by_budget_;  // metis_start's, by device budget
+  // Guards metis_by_budget_: candidates() runs the budgets on threads, and partition() the
+  // micro-batch sizes.
+  std::mutex metis_mutex_;
 };
 
 }  // namespace graphpipe::partition
