@@ -30,6 +30,13 @@ node (goal 2 s), and the 10,000-operator series-parallel graph of part 1 onto 64
 1 s; onto 4 stages beside it, no goal).
 
     python3 benchmarks/plan_bench.py --speed [--repeats 3] [--out results/plan_speed.json]
+
+``--speed --against OLD`` times the same cases with an older build beside this one (a folder
+holding a graphpipe package, or a git ref built once into results/against/<commit>;
+benchmarks/against.py): ``--rounds`` rounds, each running every case once in a fresh subprocess
+per build, the builds' order alternating from round to round; medians and old / new per case.
+
+    python3 benchmarks/plan_bench.py --speed --against ec0535b [--rounds 3]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
 
 from graphpipe._ext import _C
@@ -296,8 +304,9 @@ def replicated_table(batch: int, count: int = 64) -> list[dict]:
     return rows
 
 
-def speed_table(repeats: int) -> list[dict]:
-    """The two planning-speed goals, timed `repeats` times each (plan and time of every run)."""
+def speed_table(repeats: int, quiet: bool = False) -> list[dict]:
+    """The two planning-speed goals, timed `repeats` times each (plan and time of every run);
+    `quiet`: no table printed."""
     import statistics
 
     from graphpipe.models import build_model
@@ -336,8 +345,56 @@ def speed_table(repeats: int) -> list[dict]:
                      "result": plan.partitioner, "stages": plan.num_stages, "micro_batch_size": plan.micro_batch_size,
                      "predicted_iteration_seconds": plan.predicted_iteration_seconds})
         verdict = "" if goal is None else f"  goal {goal:.1f} s: {'yes' if median <= goal else 'NO'}"
+        if quiet:
+            continue
         print(f"{label:58s} median {median:7.3f} s  runs {' '.join(f'{t:.3f}' for t in seconds)}  "
               f"{plan.partitioner} {plan.num_stages} stages mb {plan.micro_batch_size}{verdict}", flush=True)
+    return rows
+
+
+def _speed_run(build: str | None) -> list[dict]:
+    """One run of every speed case in a fresh subprocess: with ``build``, that folder's graphpipe
+    first on the path (run from there, as sim_bench.py does); else the installed one."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.pop("GRAPHPIPE_EXT_DIR", None)
+    if build:
+        env["PYTHONPATH"] = os.pathsep.join([build, os.environ.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--speed-json"], env=env,
+                         cwd=build or os.getcwd(), capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"the build {build or '(installed)'} failed to plan the speed cases "
+                         f"(exit {run.returncode}):\n{run.stderr.strip()[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def speed_against(against: str, rounds: int) -> list[dict]:
+    """The speed cases timed by the build ``against`` and by this one, alternating (old, new; then
+    new, old; ...) over ``rounds`` rounds; the medians, old / new, and whether the plans agree."""
+    import statistics
+
+    from against import old_build
+
+    old = old_build(against)
+    times: dict[str, list[list[dict]]] = {"old": [], "new": []}
+    for r in range(rounds):
+        for which in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            times[which].append(_speed_run(old if which == "old" else None))
+    rows = []
+    print(f"\nplanning speed, {against} ({old}) against this build, {rounds} rounds, medians")
+    print(f"{'case':58s} {'old s':>8} {'new s':>8} {'old/new':>7}  same plan")
+    for i, case in enumerate(times["new"][0]):
+        old_s = statistics.median(run[i]["plan_seconds"][0] for run in times["old"])
+        new_s = statistics.median(run[i]["plan_seconds"][0] for run in times["new"])
+        theirs = times["old"][0][i]
+        same = all(theirs[k] == case[k] for k in ("result", "stages", "micro_batch_size")) and \
+            abs(theirs["predicted_iteration_seconds"] / case["predicted_iteration_seconds"] - 1) < 1e-9
+        rows.append({"case": case["case"], "old_seconds": old_s, "new_seconds": new_s, "old_over_new": old_s / new_s,
+                     "old_runs": [run[i]["plan_seconds"][0] for run in times["old"]],
+                     "new_runs": [run[i]["plan_seconds"][0] for run in times["new"]],
+                     "goal_seconds": case["goal_seconds"], "same_plan": same})
+        print(f"{case['case']:58s} {old_s:8.3f} {new_s:8.3f} {old_s / new_s:7.2f}  {'yes' if same else 'NO'}")
     return rows
 
 
@@ -349,7 +406,21 @@ def main() -> None:
     parser.add_argument("--out", default="results/plan_bench.json")
     parser.add_argument("--speed", action="store_true", help="only the two planning-speed goals (results/plan_speed.json)")
     parser.add_argument("--repeats", type=int, default=3, help="--speed: runs per case")
+    parser.add_argument("--against", default=None, help="--speed: an older build (folder or git ref) timed beside")
+    parser.add_argument("--rounds", type=int, default=3, help="--against: rounds of both builds")
+    parser.add_argument("--speed-json", action="store_true", help=argparse.SUPPRESS)  # --against's subprocess
     args = parser.parse_args()
+    if args.speed_json:
+        print(json.dumps(speed_table(1, quiet=True)))
+        return
+    if args.speed and args.against:
+        out = args.out if args.out != "results/plan_bench.json" else "results/plan_speed_against.json"
+        rows = speed_against(args.against, args.rounds)
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"benchmark": "plan_speed_against", "against": args.against, "rows": rows}, f, indent=2)
+        print(f"wrote {out}")
+        return
     if args.speed:
         out = args.out if args.out != "results/plan_bench.json" else "results/plan_speed.json"
         rows = speed_table(args.repeats)

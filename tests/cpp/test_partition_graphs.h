@@ -123,6 +123,41 @@ void for_each_valid_partition(const partition::Problem& p, int k, Visit visit) {
   walk(walk, 0, 0);
 }
 
+// Exhaustive search with replicas: calls visit(assignment, replicas) for every partition of the
+// operators into at most k stages whose stage graph is acyclic, with every replica vector of at
+// most `devices` devices in all (each count at most the ReplicaTable's max_replicas; all ones on
+// a problem without replicas).
+template <class Visit>
+void for_each_replicated_layout(const partition::Problem& p, int k, int devices, Visit visit) {
+  const int n = static_cast<int>(p.num_nodes());
+  std::vector<int> labels(n, 0), assignment(n, 0);
+  auto walk = [&](auto& self, int i, int used) -> void {
+    if (i == n) {
+      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
+      if (!partition::evaluate(p, assignment).acyclic) return;
+      std::vector<int> replicas(used, 1);
+      auto count = [&](auto& again, int s, int left) -> void {
+        if (s == used) {
+          visit(assignment, replicas);
+          return;
+        }
+        const int most = p.replicated() ? std::min(left - (used - s - 1), p.replicas->max_replicas()) : 1;
+        for (int r = 1; r <= most; ++r) {
+          replicas[s] = r;
+          again(again, s + 1, left - r);
+        }
+      };
+      count(count, 0, devices);
+      return;
+    }
+    for (int l = 0; l <= std::min(used, k - 1); ++l) {
+      labels[i] = l;
+      self(self, i + 1, std::max(used, l + 1));
+    }
+  };
+  walk(walk, 0, 0);
+}
+
 // Independent checks of a plan (not using validate_plan): "" when all hold, else the problem.
 inline std::string check_plan(const plan::Plan& plan, const graph::OpGraph& g, int devices) {
   const int n = static_cast<int>(g.num_nodes());

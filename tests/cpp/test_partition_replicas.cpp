@@ -329,33 +329,11 @@ namespace {
 // `devices` devices in all, each at most the micro-batch's rows: the least predicted step.
 double exhaustive_replicated_step(const pt::Problem& p, int k, int devices) {
   double best = std::numeric_limits<double>::infinity();
-  const int n = static_cast<int>(p.num_nodes());
-  std::vector<int> labels(n, 0), assignment(n, 0);
-  auto walk = [&](auto& self, int i, int used) -> void {
-    if (i == n) {
-      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
-      if (!pt::evaluate(p, assignment).acyclic) return;
-      std::vector<int> replicas(used, 1);
-      auto count = [&](auto& again, int s, int left) -> void {
-        if (s == used) {
-          pt::Evaluation ev = pt::evaluate(p, assignment, replicas);
-          if (ev.fits()) best = std::min(best, ev.iteration_seconds(p));
-          return;
-        }
-        for (int r = 1; r <= std::min<int>(left - (used - s - 1), p.replicas->max_replicas()); ++r) {
-          replicas[s] = r;
-          again(again, s + 1, left - r);
-        }
-      };
-      count(count, 0, devices);
-      return;
-    }
-    for (int l = 0; l <= std::min(used, k - 1); ++l) {
-      labels[i] = l;
-      self(self, i + 1, std::max(used, l + 1));
-    }
-  };
-  walk(walk, 0, 0);
+  tst::for_each_replicated_layout(p, k, devices,
+                                  [&](const std::vector<int>& assignment, const std::vector<int>& replicas) {
+                                    pt::Evaluation ev = pt::evaluate(p, assignment, replicas);
+                                    if (ev.fits()) best = std::min(best, ev.iteration_seconds(p));
+                                  });
   return best;
 }
 

@@ -26,37 +26,14 @@ namespace tst = graphpipe::testing;
 namespace {
 
 // The least predicted step over every layout of at most `devices` stages and, on a replicated
-// problem, every replica vector of at most `devices` devices in all.
+// problem, every replica vector of at most `devices` devices in all, fitting in memory or not
+// (the bound ignores memory).
 double least_step(const pt::Problem& p, int devices) {
   double best = std::numeric_limits<double>::infinity();
-  const int n = static_cast<int>(p.num_nodes());
-  std::vector<int> labels(n, 0), assignment(n, 0);
-  auto walk = [&](auto& self, int i, int used) -> void {
-    if (i == n) {
-      for (int j = 0; j < n; ++j) assignment[p.order[j]] = labels[j];
-      if (!pt::evaluate(p, assignment).acyclic) return;
-      std::vector<int> replicas(used, 1);
-      auto count = [&](auto& again, int s, int left) -> void {
-        if (s == used) {
-          pt::Evaluation ev = pt::evaluate(p, assignment, p.replicated() ? replicas : std::vector<int>{});
-          best = std::min(best, ev.iteration_seconds(p));  // fitting or not: the bound ignores memory
-          return;
-        }
-        const int most = p.replicated() ? std::min(left - (used - s - 1), p.replicas->max_replicas()) : 1;
-        for (int r = 1; r <= most; ++r) {
-          replicas[s] = r;
-          again(again, s + 1, left - r);
-        }
-      };
-      count(count, 0, devices);
-      return;
-    }
-    for (int l = 0; l <= std::min(used, devices - 1); ++l) {
-      labels[i] = l;
-      self(self, i + 1, std::max(used, l + 1));
-    }
-  };
-  walk(walk, 0, 0);
+  tst::for_each_replicated_layout(p, devices, devices,
+                                  [&](const std::vector<int>& assignment, const std::vector<int>& replicas) {
+                                    best = std::min(best, pt::evaluate(p, assignment, replicas).iteration_seconds(p));
+                                  });
   return best;
 }
 
