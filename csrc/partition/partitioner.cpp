@@ -181,10 +181,83 @@ auto at_once(const std::vector<std::size_t>& indices, Fn fn) -> std::vector<decl
     return results;
   }
   std::vector<std::future<decltype(fn(std::size_t{0}))>> runs;
+  runs.reserve(indices.size());
+  results.reserve(indices.size());
   for (std::size_t i : indices) runs.push_back(std::async(std::launch::async, fn, i));
   for (auto& run : runs) run.wait();
   for (auto& run : runs) results.push_back(run.get());
   return results;
+}
+
+// partition()'s plans of the micro-batch sizes: the problem and step_lower_bound of each size,
+// and its partitioner's candidate, evaluated, unless the bound ruled the size out.
+struct SizePlans {
+  std::vector<Problem> problems;
+  std::vector<double> floors;
+  std::vector<std::optional<std::pair<CandidatePlan, Evaluation>>> planned;
+};
+
+// The partitioner's candidate at one size, checked and evaluated.
+std::pair<CandidatePlan, Evaluation> plan_at(Partitioner& partitioner, const PartitionRequest& request,
+                                             const Problem& problem) {
+  CandidatePlan candidate = partitioner.plan(request, problem);
+  // No layout fits at this size (the sequential DP's answer): the single stage stands in, so
+  // that the message can say by how much the nearest plan misses.
+  if (candidate.assignment.empty()) {
+    candidate.assignment.assign(request.graph.num_nodes(), 0);
+    candidate.replicas.clear();
+    candidate.devices.clear();
+  }
+  if (!evaluate(problem, candidate.assignment).acyclic) {
+    build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
+  }
+  Evaluation ev = evaluate(problem, candidate.assignment, candidate.replicas, candidate.devices);
+  return {std::move(candidate), std::move(ev)};
+}
+
+// The size of least bound is planned first; a size whose bound is above the step of a fitting
+// plan found so far cannot win (step_bound.h) and is skipped. The rest are planned in ascending
+// order, as many at once as the machine has cores when the partitioner allows it; partition()
+// offers them all in ascending order, so the choice is what planning every size gives.
+// (Manual stage_devices may name any ranks: no bound is claimed for them.)
+SizePlans plan_sizes(Partitioner& partitioner, const PartitionRequest& request) {
+  const std::vector<std::int64_t>& sizes = request.micro_batch_sizes;
+  SizePlans out;
+  out.problems.reserve(sizes.size());
+  out.floors.reserve(sizes.size());
+  for (std::int64_t mb : sizes) {
+    out.problems.push_back(request.problem(mb));
+    out.floors.push_back(step_lower_bound(out.problems.back()));
+  }
+  out.planned.resize(sizes.size());
+  const bool prune = request.options.stage_devices.empty() && sizes.size() > 1;
+  double fitting_step = std::numeric_limits<double>::infinity();
+  auto keep = [&](std::size_t i, std::pair<CandidatePlan, Evaluation> result) {
+    if (result.second.fits()) fitting_step = std::min(fitting_step, result.second.iteration_seconds(out.problems[i]));
+    out.planned[i] = std::move(result);
+  };
+  if (prune) {
+    const auto first =
+        static_cast<std::size_t>(std::min_element(out.floors.begin(), out.floors.end()) - out.floors.begin());
+    keep(first, plan_at(partitioner, request, out.problems[first]));
+  }
+  const std::size_t width = partitioner.plans_sizes_at_once() ? concurrency() : 1;
+  for (std::size_t next = 0; next < sizes.size();) {
+    std::vector<std::size_t> wave;
+    for (; next < sizes.size() && wave.size() < width; ++next) {
+      if (out.planned[next]) continue;
+      if (prune && out.floors[next] > fitting_step * (1.0 + 1e-9)) {
+        log::debug("partition: micro-batch size " + std::to_string(sizes[next]) + " skipped: no plan there beats " +
+                   std::to_string(fitting_step) + " s (its step is at least " + std::to_string(out.floors[next]) +
+                   " s)");
+        continue;
+      }
+      wave.push_back(next);
+    }
+    auto results = at_once(wave, [&](std::size_t i) { return plan_at(partitioner, request, out.problems[i]); });
+    for (std::size_t k = 0; k < wave.size(); ++k) keep(wave[k], std::move(results[k]));
+  }
+  return out;
 }
 
 // The driver's resolved inputs, after the checks partition() makes in this order.
@@ -236,65 +309,11 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
                                  .chain = partitioner->plans_chains()};
   partitioner->prepare(request);
 
-  // The partitioner's candidate at one size, checked and evaluated.
-  auto plan_at = [&](const Problem& problem) {
-    CandidatePlan candidate = partitioner->plan(request, problem);
-    // No layout fits at this size (the sequential DP's answer): the single stage stands in, so
-    // that the message can say by how much the nearest plan misses.
-    if (candidate.assignment.empty()) {
-      candidate.assignment.assign(g.num_nodes(), 0);
-      candidate.replicas.clear();
-      candidate.devices.clear();
-    }
-    if (!evaluate(problem, candidate.assignment).acyclic) {
-      build_plan(problem, candidate.assignment, candidate.partitioner);  // throws, naming the cycle
-    }
-    Evaluation ev = evaluate(problem, candidate.assignment, candidate.replicas, candidate.devices);
-    return std::pair{std::move(candidate), std::move(ev)};
-  };
+  SizePlans plans = plan_sizes(*partitioner, request);
   const std::vector<std::int64_t>& sizes = request.micro_batch_sizes;
-  std::vector<Problem> problems;
-  std::vector<double> floors;  // step_lower_bound per size
-  for (std::int64_t mb : sizes) {
-    problems.push_back(request.problem(mb));
-    floors.push_back(step_lower_bound(problems.back()));
-  }
-  // The size of least bound is planned first; a size whose bound is above the step of a fitting
-  // plan found so far cannot win (step_bound.h) and is skipped. The rest are planned in
-  // ascending order, as many at once as the machine has cores when the partitioner allows it,
-  // and all are offered in ascending order, so the choice is what planning every size gives.
-  // (Manual stage_devices may name any ranks: no bound is claimed for them.)
-  const bool prune = o.stage_devices.empty() && sizes.size() > 1;
-  const std::size_t first =
-      prune ? static_cast<std::size_t>(std::min_element(floors.begin(), floors.end()) - floors.begin()) : 0;
-  std::vector<std::optional<std::pair<CandidatePlan, Evaluation>>> planned(sizes.size());
-  double fitting_step = std::numeric_limits<double>::infinity();
-  auto note = [&](std::size_t i) {
-    if (planned[i]->second.fits())
-      fitting_step = std::min(fitting_step, planned[i]->second.iteration_seconds(problems[i]));
-  };
-  if (prune) {
-    planned[first] = plan_at(problems[first]);
-    note(first);
-  }
-  const std::size_t width = partitioner->plans_sizes_at_once() ? concurrency() : 1;
-  for (std::size_t next = 0; next < sizes.size();) {
-    std::vector<std::size_t> wave;
-    for (; next < sizes.size() && wave.size() < width; ++next) {
-      if (planned[next]) continue;
-      if (prune && floors[next] > fitting_step * (1.0 + 1e-9)) {
-        log::debug("partition: micro-batch size " + std::to_string(sizes[next]) + " skipped: no plan there beats " +
-                   std::to_string(fitting_step) + " s (its step is at least " + std::to_string(floors[next]) + " s)");
-        continue;
-      }
-      wave.push_back(next);
-    }
-    auto results = at_once(wave, [&](std::size_t i) { return plan_at(problems[i]); });
-    for (std::size_t k = 0; k < wave.size(); ++k) {
-      planned[wave[k]] = std::move(results[k]);
-      note(wave[k]);
-    }
-  }
+  const std::vector<Problem>& problems = plans.problems;
+  const std::vector<double>& floors = plans.floors;
+  auto& planned = plans.planned;
   Choice best;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (!planned[i]) continue;
