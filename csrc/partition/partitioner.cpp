@@ -330,8 +330,9 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
         gib(best.least_overflow) +
         "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
   }
-  Plan plan = build_plan(request.problem(best.micro_batch_size), best.assignment, best.partitioner, best.replicas,
-                         best.devices);
+  const auto chosen = static_cast<std::size_t>(std::find(sizes.begin(), sizes.end(), best.micro_batch_size) -
+                                               sizes.begin());  // its Problem is built
+  Plan plan = build_plan(problems[chosen], best.assignment, best.partitioner, best.replicas, best.devices);
   plan.sync = o.sync;
   log::info(best.partitioner + ": " + std::to_string(plan.stages.size()) + " stages, depth " +
             std::to_string(plan.depth) + ", micro-batch " + std::to_string(plan.micro_batch_size));

@@ -68,7 +68,7 @@ class GraphpipePortfolio final : public Partitioner {
   static constexpr std::string_view kName = "graphpipe";
 
   // Decomposes the graph into its series-parallel tree; on a graph that is not series-parallel,
-  // logs why and computes the METIS start of the fallback.
+  // logs why (the fallback's METIS start is made when a size first asks: metis_start).
   void prepare(const PartitionRequest& request) override;
   // The METIS starts, the only state kept between sizes, are made under a lock.
   bool plans_sizes_at_once() const override { return true; }
