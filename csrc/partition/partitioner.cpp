@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
@@ -215,11 +218,16 @@ std::pair<CandidatePlan, Evaluation> plan_at(Partitioner& partitioner, const Par
   return {std::move(candidate), std::move(ev)};
 }
 
-// The size of least bound is planned first; a size whose bound is above the step of a fitting
-// plan found so far cannot win (step_bound.h) and is skipped. The rest are planned in ascending
-// order, as many at once as the machine has cores when the partitioner allows it; partition()
-// offers them all in ascending order, so the choice is what planning every size gives.
-// (Manual stage_devices may name any ranks: no bound is claimed for them.)
+// The sizes are taken in ascending order of bound (ties: the smaller size) by as many workers as
+// the machine has cores when the partitioner allows it (else one): each takes the next size and
+// plans it, unless its bound is above the step of a fitting plan found so far, when it cannot win
+// (step_bound.h) and is skipped. A worker takes a new size as soon as it is free, so a slow size
+// does not hold the others back. Which sizes are skipped may depend on which plans were done
+// first, but never the choice: a skipped size's every plan is slower than a plan partition()
+// offers, and partition() offers the planned ones in ascending order of size, so the choice is
+// what planning every size gives. An error stops the workers taking sizes and reaches the caller
+// from the smallest size that threw. (Manual stage_devices may name any ranks: no bound is
+// claimed for them, and every size is planned.)
 SizePlans plan_sizes(Partitioner& partitioner, const PartitionRequest& request) {
   const std::vector<std::int64_t>& sizes = request.micro_batch_sizes;
   SizePlans out;
@@ -231,31 +239,54 @@ SizePlans plan_sizes(Partitioner& partitioner, const PartitionRequest& request) 
   }
   out.planned.resize(sizes.size());
   const bool prune = request.options.stage_devices.empty() && sizes.size() > 1;
-  double fitting_step = std::numeric_limits<double>::infinity();
-  auto keep = [&](std::size_t i, std::pair<CandidatePlan, Evaluation> result) {
-    if (result.second.fits()) fitting_step = std::min(fitting_step, result.second.iteration_seconds(out.problems[i]));
-    out.planned[i] = std::move(result);
-  };
+  std::vector<std::size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
   if (prune) {
-    const auto first =
-        static_cast<std::size_t>(std::min_element(out.floors.begin(), out.floors.end()) - out.floors.begin());
-    keep(first, plan_at(partitioner, request, out.problems[first]));
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return out.floors[a] < out.floors[b]; });
   }
-  const std::size_t width = partitioner.plans_sizes_at_once() ? concurrency() : 1;
-  for (std::size_t next = 0; next < sizes.size();) {
-    std::vector<std::size_t> wave;
-    for (; next < sizes.size() && wave.size() < width; ++next) {
-      if (out.planned[next]) continue;
-      if (prune && out.floors[next] > fitting_step * (1.0 + 1e-9)) {
-        log::debug("partition: micro-batch size " + std::to_string(sizes[next]) + " skipped: no plan there beats " +
-                   std::to_string(fitting_step) + " s (its step is at least " + std::to_string(out.floors[next]) +
-                   " s)");
+  std::mutex mutex;  // guards next, fitting_step, failed, out.planned and errors
+  std::size_t next = 0;
+  double fitting_step = std::numeric_limits<double>::infinity();
+  bool failed = false;
+  std::vector<std::exception_ptr> errors(sizes.size());
+  // The next size to plan, or nullopt when none is left (or a worker failed).
+  auto take = [&]() -> std::optional<std::size_t> {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (; !failed && next < order.size(); ++next) {
+      const std::size_t i = order[next];
+      if (prune && out.floors[i] > fitting_step * (1.0 + 1e-9)) {
+        log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + " skipped: no plan there beats " +
+                   std::to_string(fitting_step) + " s (its step is at least " + std::to_string(out.floors[i]) + " s)");
         continue;
       }
-      wave.push_back(next);
+      ++next;
+      return i;
     }
-    auto results = at_once(wave, [&](std::size_t i) { return plan_at(partitioner, request, out.problems[i]); });
-    for (std::size_t k = 0; k < wave.size(); ++k) keep(wave[k], std::move(results[k]));
+    return std::nullopt;
+  };
+  auto worker = [&] {
+    while (const std::optional<std::size_t> i = take()) {
+      try {
+        std::pair<CandidatePlan, Evaluation> result = plan_at(partitioner, request, out.problems[*i]);
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (result.second.fits())
+          fitting_step = std::min(fitting_step, result.second.iteration_seconds(out.problems[*i]));
+        out.planned[*i] = std::move(result);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        errors[*i] = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const std::size_t width = partitioner.plans_sizes_at_once() ? std::min(concurrency(), sizes.size()) : 1;
+  std::vector<std::future<void>> helpers;
+  for (std::size_t w = 1; w < width; ++w) helpers.push_back(std::async(std::launch::async, worker));
+  worker();
+  for (auto& helper : helpers) helper.wait();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
   return out;
 }

@@ -23,10 +23,10 @@
 // predicted_faster in evaluate.h). The micro-batch size is chosen here, once for all
 // partitioners, because it trades the bubble against per-micro-batch overheads and memory in the
 // same way whatever made the stages. A size whose step_lower_bound (step_bound.h) is above the
-// step of a fitting plan already found is not planned: the size of least bound is planned
-// first, the others in ascending order, so the choice is what planning every size would give.
-// Where the partitioner allows it (Partitioner::plans_sizes_at_once), as many sizes are planned
-// at once as the machine has cores.
+// step of a fitting plan already found is not planned: the sizes are taken in ascending order of
+// bound and offered in ascending order of size, so the choice is what planning every size would
+// give. Where the partitioner allows it (Partitioner::plans_sizes_at_once), as many workers as
+// the machine has cores take the sizes, each the next one as soon as it is free.
 //
 // Errors (PlanningError unless said), in the order they are checked: an empty graph; a cyclic
 // graph (GraphError naming the cycle); zero devices; more devices than operators without
