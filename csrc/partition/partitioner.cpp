@@ -173,23 +173,41 @@ std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<
 // How many micro-batch sizes are planned at once where the partitioner allows it: the cores.
 std::size_t concurrency() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-// fn(i) for each i of `indices`, each on its own thread when there are several (one: on this
-// thread); the results in the order of `indices`. An exception reaches the caller from the
-// first index that threw, after every thread has ended.
-template <class Fn>
-auto at_once(const std::vector<std::size_t>& indices, Fn fn) -> std::vector<decltype(fn(std::size_t{0}))> {
-  std::vector<decltype(fn(std::size_t{0}))> results;
-  if (indices.size() == 1) {
-    results.push_back(fn(indices.front()));
-    return results;
+// The micro-batch sizes' work on `width` workers, this thread one of them: each worker asks
+// take() for the next index (nullopt: none left), runs work(index) and hands its result to
+// keep(index, result). take() and keep() run under one lock, work() outside it, so a worker takes
+// a new index as soon as it is free. An exception in work() stops take() being asked again and
+// reaches the caller from the smallest index that threw, after every worker has ended.
+template <class Take, class Work, class Keep>
+void on_workers(std::size_t width, std::size_t count, Take take, Work work, Keep keep) {
+  std::mutex mutex;
+  bool failed = false;
+  std::vector<std::exception_ptr> errors(count);
+  auto worker = [&] {
+    for (;;) {
+      std::optional<std::size_t> i;
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (failed || !(i = take())) return;
+      }
+      try {
+        auto result = work(*i);
+        const std::lock_guard<std::mutex> lock(mutex);
+        keep(*i, std::move(result));
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        errors[*i] = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::future<void>> helpers;
+  for (std::size_t w = 1; w < std::min(width, count); ++w) helpers.push_back(std::async(std::launch::async, worker));
+  worker();
+  for (auto& helper : helpers) helper.wait();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
-  std::vector<std::future<decltype(fn(std::size_t{0}))>> runs;
-  runs.reserve(indices.size());
-  results.reserve(indices.size());
-  for (std::size_t i : indices) runs.push_back(std::async(std::launch::async, fn, i));
-  for (auto& run : runs) run.wait();
-  for (auto& run : runs) results.push_back(run.get());
-  return results;
 }
 
 // partition()'s plans of the micro-batch sizes: the problem and step_lower_bound of each size,
@@ -245,15 +263,11 @@ SizePlans plan_sizes(Partitioner& partitioner, const PartitionRequest& request) 
     std::stable_sort(order.begin(), order.end(),
                      [&](std::size_t a, std::size_t b) { return out.floors[a] < out.floors[b]; });
   }
-  std::mutex mutex;  // guards next, fitting_step, failed, out.planned and errors
   std::size_t next = 0;
   double fitting_step = std::numeric_limits<double>::infinity();
-  bool failed = false;
-  std::vector<std::exception_ptr> errors(sizes.size());
-  // The next size to plan, or nullopt when none is left (or a worker failed).
+  // The next size to plan in that order, past those the bound rules out; nullopt: none left.
   auto take = [&]() -> std::optional<std::size_t> {
-    const std::lock_guard<std::mutex> lock(mutex);
-    for (; !failed && next < order.size(); ++next) {
+    for (; next < order.size(); ++next) {
       const std::size_t i = order[next];
       if (prune && out.floors[i] > fitting_step * (1.0 + 1e-9)) {
         log::debug("partition: micro-batch size " + std::to_string(sizes[i]) + " skipped: no plan there beats " +
@@ -265,29 +279,14 @@ SizePlans plan_sizes(Partitioner& partitioner, const PartitionRequest& request) 
     }
     return std::nullopt;
   };
-  auto worker = [&] {
-    while (const std::optional<std::size_t> i = take()) {
-      try {
-        std::pair<CandidatePlan, Evaluation> result = plan_at(partitioner, request, out.problems[*i]);
-        const std::lock_guard<std::mutex> lock(mutex);
+  on_workers(
+      partitioner.plans_sizes_at_once() ? concurrency() : 1, sizes.size(), take,
+      [&](std::size_t i) { return plan_at(partitioner, request, out.problems[i]); },
+      [&](std::size_t i, std::pair<CandidatePlan, Evaluation> result) {
         if (result.second.fits())
-          fitting_step = std::min(fitting_step, result.second.iteration_seconds(out.problems[*i]));
-        out.planned[*i] = std::move(result);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mutex);
-        errors[*i] = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  const std::size_t width = partitioner.plans_sizes_at_once() ? std::min(concurrency(), sizes.size()) : 1;
-  std::vector<std::future<void>> helpers;
-  for (std::size_t w = 1; w < width; ++w) helpers.push_back(std::async(std::launch::async, worker));
-  worker();
-  for (auto& helper : helpers) helper.wait();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+          fitting_step = std::min(fitting_step, result.second.iteration_seconds(out.problems[i]));
+        out.planned[i] = std::move(result);
+      });
   return out;
 }
 
@@ -394,6 +393,23 @@ std::pair<double, double> bounds(const Problem& problem, const Evaluation& ev, c
   return {M * slowest + devices.step_overhead_seconds, pipeline + devices.step_overhead_seconds};
 }
 
+// The partitioner's candidates at one size, each once, evaluated, in its order; those that do
+// not fit or whose stages feed each other in a cycle are left out.
+std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionRequest& request, const Problem& problem) {
+  std::vector<RankedCandidate> out;
+  std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
+  for (CandidatePlan& c : partitioner.candidates(request, problem)) {
+    if (c.assignment.empty()) continue;
+    if (!seen.emplace(c.assignment, c.replicas).second) continue;
+    Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
+    if (!ev.acyclic || !ev.fits()) continue;
+    const auto [compute, pipeline] = bounds(problem, ev, request.devices);
+    out.push_back(
+        {problem.micro_batch_size, std::move(c), ev.iteration_seconds(problem), ev.bottleneck, compute, pipeline});
+  }
+  return out;
+}
+
 }  // namespace
 
 CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o)
@@ -413,27 +429,21 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
   partitioner->prepare(*request_);
   const std::vector<std::int64_t>& sizes = request_->micro_batch_sizes;
   for (std::int64_t mb : sizes) problems_.emplace(mb, request_->problem(mb));
-  // As partition() does: as many sizes at once as the machine has cores, where the partitioner
-  // allows it; the lists are taken in ascending order of size all the same.
-  const std::size_t width = partitioner->plans_sizes_at_once() ? concurrency() : 1;
-  for (std::size_t start = 0; start < sizes.size(); start += width) {
-    std::vector<std::size_t> wave;
-    for (std::size_t i = start; i < std::min(sizes.size(), start + width); ++i) wave.push_back(i);
-    auto lists =
-        at_once(wave, [&](std::size_t i) { return partitioner->candidates(*request_, problems_.at(sizes[i])); });
-    for (std::size_t k = 0; k < wave.size(); ++k) {
-      const std::int64_t mb = sizes[wave[k]];
-      const Problem& problem = problems_.at(mb);
-      std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
-      for (CandidatePlan& c : lists[k]) {
-        if (c.assignment.empty()) continue;
-        if (!seen.emplace(c.assignment, c.replicas).second) continue;
-        Evaluation ev = evaluate(problem, c.assignment, c.replicas, c.devices);
-        if (!ev.acyclic || !ev.fits()) continue;
-        const auto [compute, pipeline] = bounds(problem, ev, devices);
-        candidates_.push_back({mb, std::move(c), ev.iteration_seconds(problem), ev.bottleneck, compute, pipeline});
-      }
-    }
+  // As partition() does: as many workers as the machine has cores, where the partitioner allows
+  // it, each listing and evaluating the next size's candidates; the lists are joined in
+  // ascending order of size all the same.
+  std::vector<std::vector<RankedCandidate>> lists(sizes.size());
+  std::size_t next = 0;
+  on_workers(
+      partitioner->plans_sizes_at_once() ? concurrency() : 1, sizes.size(),
+      [&]() -> std::optional<std::size_t> {
+        if (next == sizes.size()) return std::nullopt;
+        return next++;
+      },
+      [&](std::size_t i) { return ranked(*partitioner, *request_, problems_.at(sizes[i])); },
+      [&](std::size_t i, std::vector<RankedCandidate> list) { lists[i] = std::move(list); });
+  for (std::vector<RankedCandidate>& list : lists) {
+    for (RankedCandidate& c : list) candidates_.push_back(std::move(c));
   }
   // partition()'s preference: predicted step, then slowest stage (predicted_faster), then the
   // earlier micro-batch size and candidate, which the stable sort keeps.
