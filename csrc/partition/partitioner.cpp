@@ -3,11 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
-#include <future>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -22,6 +19,7 @@
 #include "partition/plan_build.h"
 #include "partition/problem.h"
 #include "partition/registry.h"
+#include "partition/size_pool.h"
 #include "partition/step_bound.h"
 
 namespace graphpipe::partition {
@@ -172,43 +170,6 @@ std::vector<std::int64_t> sizes_for_stage_devices(const Options& o, std::vector<
 
 // How many micro-batch sizes are planned at once where the partitioner allows it: the cores.
 std::size_t concurrency() { return std::max(1u, std::thread::hardware_concurrency()); }
-
-// The micro-batch sizes' work on `width` workers, this thread one of them: each worker asks
-// take() for the next index (nullopt: none left), runs work(index) and hands its result to
-// keep(index, result). take() and keep() run under one lock, work() outside it, so a worker takes
-// a new index as soon as it is free. An exception in work() stops take() being asked again and
-// reaches the caller from the smallest index that threw, after every worker has ended.
-template <class Take, class Work, class Keep>
-void on_workers(std::size_t width, std::size_t count, Take take, Work work, Keep keep) {
-  std::mutex mutex;
-  bool failed = false;
-  std::vector<std::exception_ptr> errors(count);
-  auto worker = [&] {
-    for (;;) {
-      std::optional<std::size_t> i;
-      {
-        const std::lock_guard<std::mutex> lock(mutex);
-        if (failed || !(i = take())) return;
-      }
-      try {
-        auto result = work(*i);
-        const std::lock_guard<std::mutex> lock(mutex);
-        keep(*i, std::move(result));
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mutex);
-        errors[*i] = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::future<void>> helpers;
-  for (std::size_t w = 1; w < std::min(width, count); ++w) helpers.push_back(std::async(std::launch::async, worker));
-  worker();
-  for (auto& helper : helpers) helper.wait();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
 
 // partition()'s plans of the micro-batch sizes: the problem and step_lower_bound of each size,
 // and its partitioner's candidate, evaluated, unless the bound ruled the size out.
