@@ -17,13 +17,18 @@ struct OperatorFloor {
   double work = 0.0;         // sum over v of work(v)
 };
 
+// An operator's time as the bound counts it (step_bound.h): under the zero-bubble closed form
+// its forward and weight-gradient half, which it runs in any case, else its whole compute.
+double counted(const Problem& p, double forward, double backward_weight, double compute) {
+  return p.zero_bubble ? forward + backward_weight : compute;
+}
+
 OperatorFloor operator_floor(const Problem& p) {
   const std::size_t n = p.num_nodes();
   OperatorFloor floor;
   floor.time.assign(n, 0.0);
-  auto plain = [&](std::size_t v) { return p.zero_bubble ? p.forward[v] + p.backward_weight[v] : p.compute[v]; };
   if (!p.replicated()) {
-    for (std::size_t v = 0; v < n; ++v) floor.time[v] = plain(v);
+    for (std::size_t v = 0; v < n; ++v) floor.time[v] = counted(p, p.forward[v], p.backward_weight[v], p.compute[v]);
     for (double t : floor.time) floor.work += t;
     return floor;
   }
@@ -34,7 +39,7 @@ OperatorFloor operator_floor(const Problem& p) {
     double least_work = std::numeric_limits<double>::infinity();
     for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
       const double t =
-          p.zero_bubble ? table.forward(level, node) + table.backward_weight(level, node) : table.compute(level, node);
+          counted(p, table.forward(level, node), table.backward_weight(level, node), table.compute(level, node));
       least = std::min(least, t);
       least_work = std::min(least_work, table.replicas(level) * t);
     }
