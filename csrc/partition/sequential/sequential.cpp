@@ -17,6 +17,41 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A ceiling on the least slowest stage sequential_assignment's DP can reach: the value the DP
+// gives one chain it weighs, `stages` segments of about equal compute along the units, each
+// priced as the DP prices a first segment (grown from its start, its in-flight count by the
+// stages from it to the end), the last one read from the k = 1 row (grown from the back, as
+// there). kInf when a segment does not fit. Every chain at most this slow has no segment whose
+// compute exceeds it, so the DP need not grow a segment past it (see the loop over e below).
+double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int stages,
+                           const std::vector<std::vector<double>>& f, std::vector<int>& stamps, int& stamp) {
+  const int units = static_cast<int>(bounds.size()) - 1;
+  if (stages < 2 || stages > units) return kInf;
+  std::vector<double> unit_compute(units, 0.0);
+  double total = 0.0;
+  for (int u = 0; u < units; ++u) {
+    for (int i = bounds[u]; i < bounds[u + 1]; ++i) unit_compute[u] += p.compute[p.order[i]];
+    total += unit_compute[u];
+  }
+  double slowest = 0.0, acc = 0.0;
+  int start = 0;
+  for (int made = 0; made + 1 < stages; ++made) {
+    // The segment ends where the compute so far reaches (made + 1) / stages of the total, with
+    // at least one unit in it and one for each segment after it.
+    int end = start + 1;
+    acc += unit_compute[start];
+    while (end < units - (stages - made - 1) && acc < total * (made + 1) / stages) acc += unit_compute[end++];
+    GroupStats group(p, stamps, stamp++);
+    for (int i = bounds[start]; i < bounds[end]; ++i) group.add(p.order[i]);
+    const int in_flight = static_cast<int>(std::min<std::int64_t>(stages - made, p.num_micro_batches));
+    const StageMemory m = group.memory(in_flight, p.memory_limit);
+    if (m.bytes > p.memory_limit) return kInf;
+    slowest = std::max(slowest, group.time() + m.extra_seconds(group.forward));
+    start = end;
+  }
+  return std::max(slowest, f[start][1]);
+}
+
 }  // namespace
 
 std::vector<int> chunk_bounds(const Problem& p, int units) {
@@ -69,6 +104,11 @@ std::vector<int> sequential_assignment(const Problem& p) {
       }
     }
   }
+  // No chain at most as slow as a chain the DP weighs has a segment of more compute than that
+  // (a segment's time is at least its compute), and the plan is such a chain: segments past it
+  // are not grown. The margin covers rounding in the transfer sums, so that every chain at most
+  // that slow (the plan's cut among equally fast ones too) is still weighed as before.
+  const double ceiling = equal_compute_chain(p, bounds, K, f, stamps, stamp) * (1.0 + 1e-6);
   // The stage counts k that the first segment j..e-1 may still improve. Once the segment's
   // compute reaches f[j][k] no longer segment can lower it (a chain's value is at least its
   // first stage's time, which is at least its compute; compute only grows with e and f[j][k]
@@ -85,6 +125,7 @@ std::vector<int> sequential_assignment(const Problem& p) {
     for (int e = j + 1; e < units && !open.empty(); ++e) {
       for (int i = bounds[e - 1]; i < bounds[e]; ++i) group.add(p.order[i]);
       if (group.static_bytes > p.memory_limit) break;  // grows with e: no longer segment fits
+      if (group.compute > ceiling) break;               // grows with e too: no such segment wins
       std::size_t kept = 0;
       double* here = f[j].data();
       const double* after = f[e].data();

@@ -9,7 +9,11 @@
 //
 // Exact over cut positions for up to U "units" of the order, U = sqrt(4e7 / stages) (about 790
 // for 64 stages); longer orders are first cut into U chunks of about equal compute, so cuts fall
-// only at chunk boundaries. Cost O(U^2 x stages + U x (V + E)).
+// only at chunk boundaries. Cost O(U^2 x stages + U x (V + E)) at most; two prunes that leave
+// the plan as it is cut that: a stage count is dropped for a first segment once the segment's
+// compute reaches that count's best chain, and no segment is grown past the slowest stage of a
+// chain of equal-compute segments (a stage's time is at least its compute, and the plan is at
+// most that slow), so a first segment is grown over about U / stages units, not U / 2.
 // Returns a node -> stage label assignment (labels along the chain), or an empty vector when no
 // chain fits in memory.
 //
