@@ -27,7 +27,7 @@ class Memo {
     for (std::size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.generation != generation_) {
-        s = {generation_, key, value};
+        s = {key, generation_, value};
         ++size_;
         return;
       }
@@ -63,9 +63,11 @@ class Memo {
   }
 
  private:
+  // The key first, so that the generation packs beside it: with a 20-byte Entry a slot is 32
+  // bytes (no slot straddles two cache lines), and a depth slot 16.
   struct Slot {
-    std::uint32_t generation = 0;
     Key key{};
+    std::uint32_t generation = 0;
     Value value{};
   };
   static std::size_t mix(std::uint64_t x) {

@@ -2,12 +2,17 @@
 // best plan starts, one struct per move, so that the rebuild can follow it. Replica counts are
 // the stage's devices: 1 where the problem is not replicated.
 //
+// Device and replica counts are at most 255 (the planner's device cap, Planner::devices_), so the
+// largest moves hold them in a byte: an Entry is 20 bytes and a memo slot 32 (dp_memo.h), half a
+// cache line, where the DP's time goes mostly to memo look-ups that miss the cache.
+//
 // Fragments (dp_planner.h): solve (a whole subtree), series (children i.. of a series node),
 // parallel (sorted branches j.. of a parallel node), inside (after a fork stage), to_join (a
 // branch's items i.. whose last stage also holds the join), others (the branches of a parallel
 // node but one of its two largest).
 #pragma once
 
+#include <cstdint>
 #include <variant>
 
 namespace graphpipe::partition::series_parallel_dp {
@@ -42,8 +47,8 @@ struct Run {
 struct Fork {
   int child = -1;
   int head = 0;
-  int lead = 0;
-  int replicas = 1;
+  std::uint8_t lead = 0;
+  std::uint8_t replicas = 1;
 };
 // inside: the series after the join on `join_devices`, the fork branch's rest on
 // `branch_devices` (0 when nothing is left of it), the other branches on the rest.
@@ -55,7 +60,7 @@ struct Open {
 // after the parallel node, and the series after last_child runs on `after_devices`.
 struct JoinAt {
   int last_child = -1;
-  int after_devices = 0;
+  std::uint8_t after_devices = 0;
 };
 // inside: the fork branch's rest, its last stage the join stage (to_join), on `tail_devices`;
 // the other branches on the rest.
@@ -67,8 +72,8 @@ struct Join {
 // fork branch's rest gets `fork_devices` (0 when nothing is left of it).
 struct Cross {
   JoinAt at;
-  int tail_devices = 0;
-  int fork_devices = 0;
+  std::uint8_t tail_devices = 0;
+  std::uint8_t fork_devices = 0;
 };
 // inside: the fork branch's rest and the other largest branch in the join stage; the smaller
 // branches on the rest.
@@ -92,5 +97,6 @@ struct Entry {
   int depth = kInf;
   Step step;
 };
+static_assert(sizeof(Entry) <= 20, "a memo slot of a 64-bit key should stay within 32 bytes (dp_memo.h)");
 
 }  // namespace graphpipe::partition::series_parallel_dp
