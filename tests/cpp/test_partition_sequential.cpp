@@ -115,12 +115,12 @@ TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
           pt::GroupStats whole(lifted, stamps, 0);
           for (graph::NodeId v : lifted.order) whole.add(v);
           const double spread = whole.static_bytes / stages;
-          for (const double limit : {1e15, 1.5 * spread + 4.0 * whole.act_bytes / stages,
-                                     2.5 * spread + 0.5 * whole.act_bytes / stages}) {
+          for (const double limit :
+               {1e15, 1.5 * spread + 4.0 * whole.act_bytes / stages, 2.5 * spread + 0.5 * whole.act_bytes / stages}) {
             pt::Problem p = pt::make_problem(model, 64, micro_batch, stages, limit, {});
             const std::string label = "n=" + std::to_string(n) + " kind=" + std::to_string(kind) +
-                                      " stages=" + std::to_string(stages) + " micro-batch=" +
-                                      std::to_string(micro_batch) + " limit=" + std::to_string(limit);
+                                      " stages=" + std::to_string(stages) +
+                                      " micro-batch=" + std::to_string(micro_batch) + " limit=" + std::to_string(limit);
             const std::vector<int> expected = unpruned_chain(p);
             ASSERT_EQ(pt::sequential_assignment(p), expected) << label;
             if (expected.empty()) {
@@ -130,16 +130,17 @@ TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
             ++planned;
             chunked += n > std::max(16, static_cast<int>(std::sqrt(4e7 / stages))) ? 1 : 0;
             const pt::Evaluation ev = pt::evaluate(p, expected);
-            recomputed += std::any_of(ev.stages.begin(), ev.stages.end(),
-                                      [](const pt::StageFigures& s) { return s.recompute; });
+            recomputed +=
+                std::any_of(ev.stages.begin(), ev.stages.end(), [](const pt::StageFigures& s) { return s.recompute; });
           }
         }
       }
     }
   }
-  std::printf("[ sequential ] %d plans equal to the unpruned DP's (%d cut into units, %d with a recomputed stage); "
-              "%d cases where neither has a plan\n",
-              planned, chunked, recomputed, without_plan);
+  std::printf(
+      "[ sequential ] %d plans equal to the unpruned DP's (%d cut into units, %d with a recomputed stage); "
+      "%d cases where neither has a plan\n",
+      planned, chunked, recomputed, without_plan);
   // The cases reach every path: plans with and without recomputation, cut into units, and none.
   EXPECT_GT(recomputed, 0);
   EXPECT_GT(chunked, 0);

@@ -52,6 +52,26 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
   return std::max(slowest, f[start][1]);
 }
 
+// The assignment of the fastest chain in sequential_assignment's table (f[0][k] the slowest stage
+// of the best chain of k stages, cut[j][k] where its first segment from unit j ends): among
+// equally fast chains the one of fewest stages. Empty when no chain fits.
+std::vector<int> fastest_chain(const Problem& p, const std::vector<int>& bounds,
+                               const std::vector<std::vector<double>>& f, const std::vector<std::vector<int>>& cut) {
+  int best_k = -1;
+  for (int k = 1; k < static_cast<int>(f[0].size()); ++k) {
+    if (f[0][k] < kInf && (best_k < 0 || f[0][k] < f[0][best_k])) best_k = k;
+  }
+  if (best_k < 0) return {};
+  std::vector<int> assignment(p.num_nodes(), 0);
+  int j = 0, label = 0;
+  for (int k = best_k; k >= 1; --k, ++label) {
+    const int e = cut[j][k];
+    for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = label;
+    j = e;
+  }
+  return assignment;
+}
+
 }  // namespace
 
 std::vector<int> chunk_bounds(const Problem& p, int units) {
@@ -125,7 +145,7 @@ std::vector<int> sequential_assignment(const Problem& p) {
     for (int e = j + 1; e < units && !open.empty(); ++e) {
       for (int i = bounds[e - 1]; i < bounds[e]; ++i) group.add(p.order[i]);
       if (group.static_bytes > p.memory_limit) break;  // grows with e: no longer segment fits
-      if (group.compute > ceiling) break;               // grows with e too: no such segment wins
+      if (group.compute > ceiling) break;              // grows with e too: no such segment wins
       std::size_t kept = 0;
       double* here = f[j].data();
       const double* after = f[e].data();
@@ -146,19 +166,7 @@ std::vector<int> sequential_assignment(const Problem& p) {
       open.resize(kept);
     }
   }
-  int best_k = -1;
-  for (int k = 1; k <= K; ++k) {
-    if (f[0][k] < kInf && (best_k < 0 || f[0][k] < f[0][best_k])) best_k = k;
-  }
-  if (best_k < 0) return {};
-  std::vector<int> assignment(p.num_nodes(), 0);
-  int j = 0, label = 0;
-  for (int k = best_k; k >= 1; --k, ++label) {
-    int e = cut[j][k];
-    for (int i = bounds[j]; i < bounds[e]; ++i) assignment[p.order[i]] = label;
-    j = e;
-  }
-  return assignment;
+  return fastest_chain(p, bounds, f, cut);
 }
 
 namespace {

@@ -101,7 +101,10 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
                 1, left - n_f - spare, [&](int x) { return branch_to_join(tail, 0, x, d2, e).depth; },
                 [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
             h = std::max(h, f);
-            if (h < kInf && h + rest < best.depth) best = {h + rest, Cross{{e, static_cast<std::uint8_t>(n_r)}, static_cast<std::uint8_t>(n_t), static_cast<std::uint8_t>(n_f)}};
+            if (h < kInf && h + rest < best.depth)
+              best = {h + rest, Cross{{e, static_cast<std::uint8_t>(n_r)},
+                                      static_cast<std::uint8_t>(n_t),
+                                      static_cast<std::uint8_t>(n_f)}};
           };
           if (k == length) {
             split(0, 1);
@@ -142,7 +145,8 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
           const int r = replicas_to_fit(s, in_flight(d + rest + 1), n - n_r - spare);
           if (r == 0) return true;
           const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).depth;
-          if (side < kInf && side + 1 + rest < best.depth) best = {side + 1 + rest, Close{{e, static_cast<std::uint8_t>(n_r)}, r}};
+          if (side < kInf && side + 1 + rest < best.depth)
+            best = {side + 1 + rest, Close{{e, static_cast<std::uint8_t>(n_r)}, r}};
           return true;
         });
   }
