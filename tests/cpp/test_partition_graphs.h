@@ -100,6 +100,18 @@ inline graph::OpGraph random_chain(unsigned seed, int n) {
   return g;
 }
 
+// A random graph of one of three kinds: 0 a series-parallel graph, 1 a DAG, else a chain.
+inline graph::OpGraph random_graph_of_kind(unsigned kind, unsigned seed, int n) {
+  switch (kind) {
+    case 0:
+      return random_sp_graph(seed, n);
+    case 1:
+      return random_dag(seed, n);
+    default:
+      return random_chain(seed, n);
+  }
+}
+
 // Exhaustive search: calls visit(evaluation) for every partition of the operators into at most
 // k stages (restricted growth strings along the topological order, so each partition once)
 // whose stage graph is acyclic and which fits in memory.

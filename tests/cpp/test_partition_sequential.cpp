@@ -23,18 +23,14 @@
 #include "partition/sequential/sequential.h"
 #include "test_partition_graphs.h"
 
-namespace graph = graphpipe::graph;
-namespace cost = graphpipe::cost;
 namespace pt = graphpipe::partition;
-namespace tst = graphpipe::testing;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The chain DP of sequential.h with nothing pruned: f[j][k] the least slowest stage of exactly k
 // stages over units j.., the first stage's segment grown from its start, the last from the back.
 std::vector<int> unpruned_chain(const pt::Problem& p) {
+  const double kInf = std::numeric_limits<double>::infinity();
   const int n = static_cast<int>(p.num_nodes());
   const int max_k = std::max(1, std::min(p.max_stages, n));
   // sequential.h: at most U = sqrt(4e7 / stages) units.
@@ -86,17 +82,6 @@ std::vector<int> unpruned_chain(const pt::Problem& p) {
   return assignment;
 }
 
-graph::OpGraph case_graph(unsigned kind, unsigned seed, int n) {
-  switch (kind) {
-    case 0:
-      return tst::random_sp_graph(seed, n);
-    case 1:
-      return tst::random_dag(seed, n);
-    default:
-      return tst::random_chain(seed, n);
-  }
-}
-
 }  // namespace
 
 TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
@@ -104,16 +89,16 @@ TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
   for (const int n : {30, 200, 1500}) {
     for (unsigned kind = 0; kind < 3; ++kind) {
       const unsigned seed = 17u * static_cast<unsigned>(n) + kind;
-      graph::OpGraph g = case_graph(kind, seed, n);
+      graphpipe::graph::OpGraph g = graphpipe::testing::random_graph_of_kind(kind, seed, n);
       for (const int stages : {2, 4, 16, 64}) {
-        cost::CostModel model(g, cost::v100(stages));
+        graphpipe::cost::CostModel model(g, graphpipe::cost::v100(stages));
         for (const std::int64_t micro_batch : {1, 8}) {
           pt::Problem lifted = pt::make_problem(model, 64, micro_batch, stages, 1e15, {});
           // The whole graph's figures, to set limits that bind: static memory spread over the
           // stages with some room, and activations of every micro-batch in flight or of few.
           std::vector<int> stamps(lifted.num_nodes(), -1);
           pt::GroupStats whole(lifted, stamps, 0);
-          for (graph::NodeId v : lifted.order) whole.add(v);
+          for (graphpipe::graph::NodeId v : lifted.order) whole.add(v);
           const double spread = whole.static_bytes / stages;
           for (const double limit :
                {1e15, 1.5 * spread + 4.0 * whole.act_bytes / stages, 2.5 * spread + 0.5 * whole.act_bytes / stages}) {

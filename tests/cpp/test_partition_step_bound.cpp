@@ -37,17 +37,6 @@ double least_step(const pt::Problem& p, int devices) {
   return best;
 }
 
-graph::OpGraph case_graph(unsigned seed, int n) {
-  switch (seed % 3) {
-    case 0:
-      return tst::random_sp_graph(seed, n);
-    case 1:
-      return tst::random_dag(seed, n);
-    default:
-      return tst::random_chain(seed, n);
-  }
-}
-
 }  // namespace
 
 TEST(StepBound, NeverAboveAnyLayoutOrReplicaCount) {
@@ -56,7 +45,7 @@ TEST(StepBound, NeverAboveAnyLayoutOrReplicaCount) {
   for (unsigned seed = 1; seed <= 36; ++seed) {
     std::mt19937 rng(seed * 31u + 7u);
     const int n = 4 + static_cast<int>(rng() % 3);
-    graph::OpGraph g = case_graph(seed, n);
+    graph::OpGraph g = tst::random_graph_of_kind(seed % 3, seed, n);
     const int devices = 1 + static_cast<int>(rng() % 4);
     const std::int64_t mb = std::int64_t{1} << (rng() % 4);  // 1, 2, 4 or 8 of 16 rows
     const bool replicated = rng() % 2 == 0;
