@@ -92,7 +92,7 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
             auto [h, n_t] = balance(
                 1, left - 1, [&](int x) { return branch_to_join(branch, k, x, d2, e).depth; },
                 [&](int x) { return others(branch, left - x, cap(d2 + 1)) + 1; });
-            if (h < kInf && h + rest < best.depth) best = {h + rest, Join{{e, static_cast<std::uint8_t>(n_r)}, n_t}};
+            if (h < kInf && h + rest < best.depth) best = {h + rest, Join{{e, device_byte(n_r)}, n_t}};
             return true;
           }
           // Three parts: the fork branch's rest, the other branch up to the join, the others.
@@ -102,9 +102,9 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
                 [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
             h = std::max(h, f);
             if (h < kInf && h + rest < best.depth)
-              best = {h + rest, Cross{{e, static_cast<std::uint8_t>(n_r)},
-                                      static_cast<std::uint8_t>(n_t),
-                                      static_cast<std::uint8_t>(n_f)}};
+              best = {h + rest, Cross{{e, device_byte(n_r)},
+                                      device_byte(n_t),
+                                      device_byte(n_f)}};
           };
           if (k == length) {
             split(0, 1);
@@ -146,7 +146,7 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
           if (r == 0) return true;
           const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).depth;
           if (side < kInf && side + 1 + rest < best.depth)
-            best = {side + 1 + rest, Close{{e, static_cast<std::uint8_t>(n_r)}, r}};
+            best = {side + 1 + rest, Close{{e, device_byte(n_r)}, r}};
           return true;
         });
   }

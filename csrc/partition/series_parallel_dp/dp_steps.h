@@ -12,12 +12,20 @@
 // node but one of its two largest).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <variant>
 
 namespace graphpipe::partition::series_parallel_dp {
 
 inline constexpr int kInf = 1 << 20;
+
+// A device or replica count held in a move's byte. The planner caps devices at 255, so a count
+// outside 0..255 is a bug in the DP, caught here in debug builds rather than stored wrapped.
+constexpr std::uint8_t device_byte(int count) {
+  assert(count >= 0 && count <= 255);
+  return static_cast<std::uint8_t>(count);
+}
 
 // An empty fragment (depth 0) or one with no plan (depth kInf).
 struct Nothing {};
