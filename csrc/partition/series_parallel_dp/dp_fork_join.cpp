@@ -102,9 +102,7 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
                 [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
             h = std::max(h, f);
             if (h < kInf && h + rest < best.depth)
-              best = {h + rest, Cross{{e, device_byte(n_r)},
-                                      device_byte(n_t),
-                                      device_byte(n_f)}};
+              best = {h + rest, Cross{{e, device_byte(n_r)}, device_byte(n_t), device_byte(n_f)}};
           };
           if (k == length) {
             split(0, 1);
@@ -145,8 +143,7 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
           const int r = replicas_to_fit(s, in_flight(d + rest + 1), n - n_r - spare);
           if (r == 0) return true;
           const int side = parallel(par, 2, n - n_r - r, cap(d + rest + 1)).depth;
-          if (side < kInf && side + 1 + rest < best.depth)
-            best = {side + 1 + rest, Close{{e, device_byte(n_r)}, r}};
+          if (side < kInf && side + 1 + rest < best.depth) best = {side + 1 + rest, Close{{e, device_byte(n_r)}, r}};
           return true;
         });
   }

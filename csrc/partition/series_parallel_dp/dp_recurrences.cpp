@@ -92,8 +92,7 @@ void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>&
         const Stats& s = heads[j];
         if (too_big(s)) break;
         auto [rest, r] = stage_then(s, n, d, 1, [&](int x) { return inside(lead[slot], j + 1, x, d).depth; });
-        if (rest < kInf && rest + 1 < best.depth)
-          best = {rest + 1, Fork{q, j + 1, device_byte(slot), device_byte(r)}};
+        if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Fork{q, j + 1, device_byte(slot), device_byte(r)}};
       }
     }
   }
