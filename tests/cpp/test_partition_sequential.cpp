@@ -131,3 +131,17 @@ TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
   EXPECT_GT(chunked, 0);
   EXPECT_GT(without_plan, 0);
 }
+
+// The one cut rule behind the units and the ceiling's equal-compute chain: a run ends at the
+// first item that brings the sum to its share, or where every item left needs a run of its own.
+TEST(SequentialChain, EqualWeightCutsEndRunsAtTheirShareOrWhenItemsRunOut) {
+  EXPECT_EQ(pt::equal_weight_cuts({1, 1, 1, 1, 4}, 8, 2), (std::vector<int>{0, 4, 5}));
+  // A heavy first item: every share is reached at once, so runs end after one item each and the
+  // last takes the rest.
+  EXPECT_EQ(pt::equal_weight_cuts({10, 0, 0, 0}, 10, 3), (std::vector<int>{0, 1, 2, 4}));
+  // Light items first: no run reaches its share, each ends where the items left are as many as
+  // the runs left.
+  EXPECT_EQ(pt::equal_weight_cuts({0, 0, 0, 9, 9}, 18, 4), (std::vector<int>{0, 2, 3, 4, 5}));
+  EXPECT_EQ(pt::equal_weight_cuts({3, 3}, 6, 5), (std::vector<int>{0, 1, 2}));  // parts >= items
+  EXPECT_EQ(pt::equal_weight_cuts({5}, 5, 1), (std::vector<int>{0, 1}));
+}

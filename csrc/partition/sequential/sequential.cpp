@@ -33,23 +33,18 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
     for (int i = bounds[u]; i < bounds[u + 1]; ++i) unit_compute[u] += p.compute[p.order[i]];
     total += unit_compute[u];
   }
-  double slowest = 0.0, acc = 0.0;
-  int start = 0;
+  // The segments, by the rule that cut the units themselves.
+  const std::vector<int> segments = equal_weight_cuts(unit_compute, total, stages);
+  double slowest = 0.0;
   for (int made = 0; made + 1 < stages; ++made) {
-    // The segment ends where the compute so far reaches (made + 1) / stages of the total, with
-    // at least one unit in it and one for each segment after it.
-    int end = start + 1;
-    acc += unit_compute[start];
-    while (end < units - (stages - made - 1) && acc < total * (made + 1) / stages) acc += unit_compute[end++];
     GroupStats group(p, stamps, stamp++);
-    for (int i = bounds[start]; i < bounds[end]; ++i) group.add(p.order[i]);
+    for (int i = bounds[segments[made]]; i < bounds[segments[made + 1]]; ++i) group.add(p.order[i]);
     const int in_flight = static_cast<int>(std::min<std::int64_t>(stages - made, p.num_micro_batches));
     const StageMemory m = group.memory(in_flight, p.memory_limit);
     if (m.bytes > p.memory_limit) return kInf;
     slowest = std::max(slowest, group.time() + m.extra_seconds(group.forward));
-    start = end;
   }
-  return std::max(slowest, f[start][1]);
+  return std::max(slowest, f[segments[stages - 1]][1]);
 }
 
 // The assignment of the fastest chain in sequential_assignment's table (f[0][k] the slowest stage
@@ -74,25 +69,30 @@ std::vector<int> fastest_chain(const Problem& p, const std::vector<int>& bounds,
 
 }  // namespace
 
-std::vector<int> chunk_bounds(const Problem& p, int units) {
-  const int n = static_cast<int>(p.num_nodes());
+std::vector<int> equal_weight_cuts(const std::vector<double>& weights, double total, int parts) {
+  const int n = static_cast<int>(weights.size());
   std::vector<int> bounds{0};
-  if (units >= n) {
+  if (parts >= n) {
     for (int i = 1; i <= n; ++i) bounds.push_back(i);
     return bounds;
   }
-  const double total = p.total_compute();
   double acc = 0.0;
   for (int i = 0; i < n; ++i) {
-    acc += p.compute[p.order[i]];
-    int made = static_cast<int>(bounds.size()) - 1;
-    int left_nodes = n - (i + 1);
-    int left_chunks = units - made - 1;
-    bool full = acc >= total * (made + 1) / units;
-    if ((full || left_nodes == left_chunks) && left_chunks > 0 && left_nodes > 0) bounds.push_back(i + 1);
+    acc += weights[i];
+    const int made = static_cast<int>(bounds.size()) - 1;
+    const int left_items = n - (i + 1);
+    const int left_parts = parts - made - 1;
+    const bool full = acc >= total * (made + 1) / parts;
+    if ((full || left_items == left_parts) && left_parts > 0 && left_items > 0) bounds.push_back(i + 1);
   }
   bounds.push_back(n);
   return bounds;
+}
+
+std::vector<int> chunk_bounds(const Problem& p, int units) {
+  std::vector<double> weights(p.order.size());
+  for (std::size_t i = 0; i < p.order.size(); ++i) weights[i] = p.compute[p.order[i]];
+  return equal_weight_cuts(weights, p.total_compute(), units);
 }
 
 std::vector<int> sequential_assignment(const Problem& p) {

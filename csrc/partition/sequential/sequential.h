@@ -42,8 +42,15 @@ namespace graphpipe::partition {
 
 std::vector<int> sequential_assignment(const Problem& problem);
 
-// Cuts problem.order into at most `units` contiguous chunks of about equal compute; returns the
-// start position of each chunk, then the order's length.
+// Cuts `weights` into at most `parts` contiguous runs of about equal weight: a run ends at the
+// first item that brings the sum so far to (runs made + 1) / parts of `total`, or where every
+// item left must start a run of its own; every run has an item. Returns the start of each run,
+// then weights.size(). One item per run when parts >= weights.size().
+std::vector<int> equal_weight_cuts(const std::vector<double>& weights, double total, int parts);
+
+// Cuts problem.order into at most `units` contiguous chunks of about equal compute
+// (equal_weight_cuts of the operators' compute in that order); returns the start position of
+// each chunk, then the order's length.
 std::vector<int> chunk_bounds(const Problem& problem, int units);
 
 // (assignment, replica counts by label); both empty when no chain fits in memory.
