@@ -36,7 +36,8 @@ def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]
     apply_runtime_costs(devices, costs=costs)
     return devices, costs, {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                             "instruction_overhead_seconds": costs.instruction_overhead_seconds,
-                            "step_overhead_seconds": costs.step_overhead_seconds}
+                            "step_overhead_seconds": costs.step_overhead_seconds,
+                            "extra_tensor_seconds": costs.extra_tensor_seconds}
 
 
 if __name__ == "__main__":
@@ -44,4 +45,5 @@ if __name__ == "__main__":
 
     for count in [int(a) for a in sys.argv[1:]] or [2]:
         _, _, figures = calibrated_devices(count)
-        print(f"{count} ranks: " + ", ".join(f"{key} {value:.6g}" for key, value in figures.items()))
+        print(f"{count} ranks: " + ", ".join(f"{key} {value if value is None else f'{value:.6g}'}"
+                                             for key, value in figures.items()))

@@ -397,6 +397,9 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
         # all-reduce over these ranks showed, not from the point-to-point one (cost/devices.h).
         devices.collective_latency_seconds = calibration["collective_latency_seconds"]
         devices.collective_bandwidth_bytes_per_second = calibration["collective_bandwidth_bytes_per_second"]
+        # A transfer's tensors share one latency; each extra one costs one more message (absent
+        # from reports written before it was measured: a latency per tensor).
+        devices.extra_tensor_seconds = calibration.get("extra_tensor_seconds")
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
@@ -590,7 +593,10 @@ def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str,
                 "predicted_iteration_seconds": p.predicted_iteration_seconds,
                 "simulated_iteration_seconds": result.iteration_seconds,
                 "optimizer_seconds": optimizer_seconds(result, p.num_stages),
-                "memory_bytes": [s.memory_bytes for s in p.stages]}
+                "memory_bytes": [s.memory_bytes for s in p.stages],
+                # The description it was simulated with, so that benchmarks/resimulate.py can
+                # price the plan again under another rule from the report alone.
+                "devices": json.loads(devices.to_json())}
     return info
 
 
@@ -692,10 +698,13 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
                               "step_overhead_seconds": costs.step_overhead_seconds,
                               "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds,
                               "collective_latency_seconds": costs.collective_latency_seconds,
-                              "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second}
+                              "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
+                              "extra_tensor_seconds": costs.extra_tensor_seconds}
         if launch.rank == 0:
-            print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
-                  f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
+            extra = ("-" if costs.extra_tensor_seconds is None
+                     else f"{costs.extra_tensor_seconds * 1e6:.0f} us")
+            print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us ({extra} per extra "
+                  f"tensor), bandwidth {bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
                   f"instruction and {costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
     return calibration
 

@@ -23,6 +23,13 @@ size / n, each latency + bytes / bandwidth) is inverted, so that the priced all-
 the measured one at both sizes. (One gradient bucket's all-reduce is timed with them, for the
 reports.)
 
+A last figure prices a transfer of several tensors (``Devices.extra_tensor_seconds``): the
+runtime posts them together, so they share one latency, and each extra tensor costs only the
+backend's work for one more message. Pairs of ranks ping-pong one small tensor and then
+EXTRA_TENSORS of them, posted at once; the difference per extra tensor is the figure (on 8 Gloo
+ranks on 2 cores about 100 us, against a 500 us one-way latency, which the cost model charged per
+tensor before it was measured).
+
 Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
@@ -52,6 +59,8 @@ DISPATCH_SPEC = "candle_uno:batch=16"
 MICRO_BATCHES = (2, 8)
 SMALL, LARGE = 4, 512 << 10  # bytes, of the ring exchange's two messages (a ring chunk of a few MiB)
 PAIR_LARGE = 4 << 20  # bytes, of the ping-pong's large message
+#: Tensors of the transfer whose extra cost over one tensor is timed (_extra_tensor_seconds).
+EXTRA_TENSORS = 8
 #: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
 BUCKET_BYTES = 1 << 20
 #: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
@@ -77,6 +86,9 @@ class RuntimeCosts:
     # ``Devices.collective_latency_seconds`` and ``collective_bandwidth_bytes_per_second`` take.
     collective_latency_seconds: float = 0.0
     collective_bandwidth_bytes_per_second: float = 0.0
+    # What each tensor of one transfer after the first adds (``Devices.extra_tensor_seconds``;
+    # None for one rank, which has no peer to send to).
+    extra_tensor_seconds: float | None = None
 
 
 def _sync(device: str) -> None:
@@ -139,8 +151,44 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     sizes = (4, BUCKET_BYTES, *COLLECTIVE_SIZES)  # 4 bytes: the step's closing sum of one number
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
+    extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
-            "all_reduce": reduces}
+            "all_reduce": reduces, "extra_tensor": extra}
+
+
+def _extra_tensor_seconds(rank: int, world: int, repeats: int, device: str = "cpu") -> float | None:
+    """On one rank: what each tensor after the first adds to a transfer whose tensors are posted
+    together and then waited for, as the runtime's Transport does (runtime/transport.h). Ranks
+    ping-pong in pairs (0-1, 2-3, ...; all pairs at once, as a pipeline's ranks transfer side by
+    side) one small tensor, then EXTRA_TENSORS of them, interleaved; the one-way difference of the
+    medians per extra tensor, clamped at 0. None on a rank without a partner (the last of an odd
+    count), which still joins every barrier."""
+    import torch.distributed as dist
+
+    peer = rank ^ 1
+    counts = (1, EXTRA_TENSORS)
+    bufs = {k: [torch.zeros(SMALL // 4, device=device) for _ in range(k)] for k in counts}
+    samples: dict[int, list[float]] = {k: [] for k in counts}
+
+    def exchange(tensors: list[torch.Tensor], send: bool) -> None:
+        post = dist.isend if send else dist.irecv
+        for work in [post(t, peer, tag=i) for i, t in enumerate(tensors)]:
+            work.wait()
+
+    for _ in range(repeats):
+        for k in counts:
+            dist.barrier()
+            if peer >= world:
+                continue
+            start = time.perf_counter()
+            exchange(bufs[k], send=rank % 2 == 0)
+            exchange(bufs[k], send=rank % 2 == 1)
+            _sync(device)
+            samples[k].append((time.perf_counter() - start) / 2)
+    if peer >= world:
+        return None
+    one, many = (statistics.median(samples[k]) for k in counts)
+    return max(many - one, 0.0) / (EXTRA_TENSORS - 1)
 
 
 def timed_all_reduces(sizes: tuple[int, ...], repeats: int, device: str = "cpu") -> dict[int, float]:
@@ -196,7 +244,9 @@ def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
     reduce = {size: statistics.median(v["all_reduce"][size] for v in values) for size in values[0]["all_reduce"]}
     latency, bandwidth = (ring_link(concurrency, {s: reduce[s] for s in COLLECTIVE_SIZES}) if concurrency > 1
                           else (0.0, 0.0))
-    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth)
+    extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
+    extra = statistics.median(extras) if extras else None
+    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
@@ -223,9 +273,10 @@ def _cached_runtime_costs(concurrency: int) -> RuntimeCosts:
 
 
 def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts | None = None) -> Any:
-    """Sets ``devices``' ``instruction_overhead_seconds``, ``step_overhead_seconds`` and
+    """Sets ``devices``' ``instruction_overhead_seconds``, ``step_overhead_seconds``,
     collective link figures (``collective_latency_seconds``,
     ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links)
+    and ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor)
     to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
     costs = costs if costs is not None else _cached_runtime_costs(concurrency)
@@ -233,6 +284,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     devices.step_overhead_seconds = costs.step_overhead_seconds
     devices.collective_latency_seconds = costs.collective_latency_seconds
     devices.collective_bandwidth_bytes_per_second = costs.collective_bandwidth_bytes_per_second
+    devices.extra_tensor_seconds = costs.extra_tensor_seconds
     return devices
 
 

@@ -35,6 +35,8 @@ void bind_devices(py::module_& m) {
                      "Latency of one collective ring step (0: collectives priced from the links).")
       .def_readwrite("collective_bandwidth_bytes_per_second", &Devices::collective_bandwidth_bytes_per_second,
                      "Bandwidth of one collective ring step's link (0: collectives priced from the links).")
+      .def_readwrite("extra_tensor_seconds", &Devices::extra_tensor_seconds,
+                     "What each tensor of one transfer after the first adds (None: one link latency each).")
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
       .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")

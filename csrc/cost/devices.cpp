@@ -69,6 +69,10 @@ void Devices::validate() const {
     throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +
                         " but collective_bandwidth_bytes_per_second is not given: a collective ring step needs both");
   }
+  if (extra_tensor_seconds && (!(*extra_tensor_seconds >= 0.0) || !std::isfinite(*extra_tensor_seconds))) {
+    throw PlanningError("devices.extra_tensor_seconds must be a non-negative number (or unset), found " +
+                        number(*extra_tensor_seconds));
+  }
   if (!(op_overhead_seconds >= 0.0)) {
     throw PlanningError("devices.op_overhead_seconds must not be negative, found " + number(op_overhead_seconds));
   }

@@ -8,7 +8,8 @@
 //
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0; latencies and the overhead >= 0;
-// relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth; `node` is
+// relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth;
+// extra_tensor_seconds, where set, a finite number >= 0; `node` is
 // empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
 // O(1).
 //
@@ -16,6 +17,7 @@
 // cost/presets.h; the JSON form is in cost/devices_json.h.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,13 @@ struct Devices {
   // description whose hierarchy should be priced from its links.
   double collective_latency_seconds = 0.0;
   double collective_bandwidth_bytes_per_second = 0.0;
+  // What each tensor of one transfer after the first adds (cost/reshard.h). The runtime posts a
+  // transfer's tensors together and then waits for them (runtime/transport.h), so they share the
+  // link's latency and each extra one costs only the backend's work for one more message: on 8
+  // Gloo ranks on 2 cores, about 100 us against a 500 us one-way latency. Measured by
+  // graphpipe/calibration.py; unset, each extra tensor is charged one link latency, the
+  // conservative rule for a description that was not measured (the presets).
+  std::optional<double> extra_tensor_seconds;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
   std::vector<int> node;                            // node of each device; empty: one node
@@ -63,6 +72,12 @@ struct Devices {
   double transfer_seconds(int src, int dst, double bytes) const {
     if (src == dst || bytes <= 0.0) return 0.0;
     return link_latency[src][dst] + bytes / link_bandwidth[src][dst];
+  }
+
+  // What each tensor after the first of one transfer from `src` to `dst` adds:
+  // extra_tensor_seconds where measured, else that link's latency.
+  double extra_tensor_cost(int src, int dst) const {
+    return extra_tensor_seconds ? *extra_tensor_seconds : link_latency[src][dst];
   }
 
   // Whether the collective figures are given (a positive bandwidth).

@@ -22,6 +22,7 @@ nlohmann::json to_json(const Devices& d) {
                      {"link_bandwidth", d.link_bandwidth},
                      {"link_latency", d.link_latency}};
   if (!d.node.empty()) doc["node"] = d.node;
+  if (d.extra_tensor_seconds) doc["extra_tensor_seconds"] = *d.extra_tensor_seconds;  // absent: unmeasured
   if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
     doc["collective_latency_seconds"] = d.collective_latency_seconds;
     doc["collective_bandwidth_bytes_per_second"] = d.collective_bandwidth_bytes_per_second;
@@ -86,6 +87,9 @@ Devices devices_from_json(const nlohmann::json& doc) {
         std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
         std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
+  }
+  if (doc.contains("extra_tensor_seconds")) {  // optional: absent, each extra tensor costs a latency
+    d.extra_tensor_seconds = jf::non_negative<double>(doc, "extra_tensor_seconds", "$");
   }
   d.relative_speed = positive(doc, "relative_speed");
   d.link_bandwidth = matrix(doc, "link_bandwidth", d.count, true);

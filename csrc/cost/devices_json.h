@@ -4,7 +4,10 @@
 //    "memory_bytes": ..., "flops_per_second": ..., "memory_bandwidth": ...,
 //    "op_overhead_seconds": ..., "relative_speed": 1.0,
 //    "link_bandwidth": [[...], ...], "link_latency": [[...], ...],
-//    "node": [0, 0, 0, 0, 1, ...]}            (optional: each device's node; absent: one node)
+//    "node": [0, 0, 0, 0, 1, ...],            (optional: each device's node; absent: one node)
+//    "instruction_overhead_seconds": ..., "step_overhead_seconds": ...,   (optional: measured
+//    "collective_latency_seconds": ..., "collective_bandwidth_bytes_per_second": ...,   runtime
+//    "extra_tensor_seconds": ...}                                          and link figures)
 //
 // Loading checks the header, every field's presence and type, and the invariants of devices.h;
 // a problem raises FormatError with the JSON path of the field ("$.link_bandwidth[2][5]: ...").

@@ -22,8 +22,8 @@ double reshard_seconds(const Devices& devices, const std::vector<int>& senders, 
                        std::int64_t rows, double bytes, int tensors) {
   if (senders.empty() || receivers.empty()) throw PlanningError("a stage edge needs ranks at both ends");
   auto link = [&](int a, int b, double share) {
-    const double latency = a == b ? 0.0 : devices.link_latency[a][b];
-    return devices.transfer_seconds(a, b, share) + (tensors - 1) * latency;
+    const double extra = a == b ? 0.0 : devices.extra_tensor_cost(a, b);
+    return devices.transfer_seconds(a, b, share) + (tensors - 1) * extra;
   };
   if (senders.size() == 1 && receivers.size() == 1) return link(senders[0], receivers[0], bytes);
   const int ds = static_cast<int>(senders.size()), dr = static_cast<int>(receivers.size());

@@ -1,8 +1,9 @@
 // reshard: what moving one stage edge's tensors costs between the ranks of two stages, by the
 // links those ranks actually use (docs/design.md, "Replicated stages in the planner").
 //
-// One rank per stage: latency + bytes / bandwidth of the link between the two ranks, plus one
-// more latency for each tensor after the first (the runtime sends every tensor on its own).
+// One rank per stage: latency + bytes / bandwidth of the link between the two ranks, plus
+// Devices::extra_tensor_cost for each tensor after the first (the runtime sends every tensor as
+// its own message, all posted before it waits: a measured per-message cost, else one latency).
 // Replicated stages: a micro-batch of `rows` rows is split among each stage's replicas as
 // torch.tensor_split does (schedule/shards.h: the first rows % d replicas get one row more), and
 // every pair of a sending and a receiving replica whose rows overlap moves those rows' share of

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -87,6 +89,28 @@ TEST(CostDevices, MeasuredRuntimeCostsRoundTripAndOlderFilesReadAsUnmeasured) {
   EXPECT_EQ(older.step_overhead_seconds, 0.0);
   doc["step_overhead_seconds"] = -1.0;
   EXPECT_THROW(devices_from_json(doc), FormatError);
+}
+
+TEST(CostDevices, ExtraTensorFigureRoundTripsAndIsAbsentUnlessMeasured) {
+  Devices d = v100(4, 2);
+  EXPECT_FALSE(loads_devices(dumps(d)).extra_tensor_seconds.has_value());
+  EXPECT_FALSE(to_json(d).contains("extra_tensor_seconds"));
+  EXPECT_DOUBLE_EQ(d.extra_tensor_cost(0, 3), d.link_latency[0][3]);
+  d.extra_tensor_seconds = 9.5e-5;
+  const Devices back = loads_devices(dumps(d));
+  ASSERT_TRUE(back.extra_tensor_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*back.extra_tensor_seconds, 9.5e-5);
+  EXPECT_DOUBLE_EQ(back.extra_tensor_cost(0, 3), 9.5e-5);
+  nlohmann::json doc = to_json(d);
+  doc["extra_tensor_seconds"] = -1e-6;
+  try {
+    devices_from_json(doc);
+    FAIL() << "accepted a negative extra_tensor_seconds";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("extra_tensor_seconds"), std::string::npos) << e.what();
+  }
+  d.extra_tensor_seconds = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(d.validate(), PlanningError);
 }
 
 TEST(CostDevices, JsonErrorsNameTheField) {

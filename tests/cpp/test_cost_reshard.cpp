@@ -35,6 +35,20 @@ TEST(CostReshard, OneRankEachWayIsTheLinksFigure) {
   EXPECT_LT(cost::reshard_seconds(d, {0}, {7}, 8, bytes), cost::reshard_seconds(d, {7}, {8}, 8, bytes));
 }
 
+TEST(CostReshard, ExtraTensorsCostTheMeasuredMessageFigureWhereGiven) {
+  cost::Devices d = cost::v100(16, 8);
+  const double bytes = 3e6;
+  d.extra_tensor_seconds = 4e-6;  // measured: well under a latency
+  EXPECT_DOUBLE_EQ(cost::reshard_seconds(d, {2}, {9}, 8, bytes, 5), d.transfer_seconds(2, 9, bytes) + 4 * 4e-6);
+  EXPECT_DOUBLE_EQ(cost::reshard_seconds(d, {2}, {9}, 8, bytes, 1), d.transfer_seconds(2, 9, bytes));
+  // Replicated ends: every pair's transfer carries all the tensors (each replica's share of each).
+  const double one = cost::reshard_seconds(d, {0, 1}, {2}, 8, bytes, 1);
+  EXPECT_DOUBLE_EQ(cost::reshard_seconds(d, {0, 1}, {2}, 8, bytes, 3), one + 2 * 2 * 4e-6);
+  // Unset: a link latency per extra tensor, the rule for descriptions that were not measured.
+  d.extra_tensor_seconds.reset();
+  EXPECT_DOUBLE_EQ(cost::reshard_seconds(d, {0, 1}, {2}, 8, bytes, 3), one + 2 * 2 * d.link_latency[0][2]);
+}
+
 TEST(CostReshard, ReplicasMoveTheirSharesAndTheBusiestRankSetsTheTime) {
   const cost::Devices d = cost::v100(16, 8);
   const double bytes = 4e6;

@@ -43,6 +43,9 @@ def test_measured_devices_carry_runtime_costs_through_json(tmp_path) -> None:
     assert devices.collective_bandwidth_bytes_per_second > 0.0 and devices.collective_latency_seconds >= 0.0
     assert loaded.collective_bandwidth_bytes_per_second == devices.collective_bandwidth_bytes_per_second
     assert loaded.collective_latency_seconds == devices.collective_latency_seconds
+    # ... and what each extra tensor of a transfer adds, measured between the two ranks.
+    assert devices.extra_tensor_seconds is not None and 0.0 <= devices.extra_tensor_seconds < 0.01
+    assert loaded.extra_tensor_seconds == devices.extra_tensor_seconds
 
 
 def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
@@ -51,6 +54,7 @@ def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
     assert costs.instruction_overhead_seconds > 0.0 and costs.step_overhead_seconds > 0.0
     assert costs.bucket_all_reduce_seconds > 0.0  # measured for the reports
     assert costs.collective_bandwidth_bytes_per_second > 0.0 and costs.collective_latency_seconds >= 0.0
+    assert costs.extra_tensor_seconds is not None and costs.extra_tensor_seconds >= 0.0
 
 
 def test_measurement_is_bounded_by_its_timeout() -> None:
@@ -86,6 +90,29 @@ def test_planner_and_simulator_charge_the_runtime_costs() -> None:
     # The step's fixed cost comes once.
     assert simulated2 - simulated0 == pytest.approx(s, rel=1e-6)
     assert planned2 - planned0 == pytest.approx(s, rel=1e-6)
+
+
+def test_simulator_charges_extra_tensors_by_the_measured_figure() -> None:
+    # DLRM cut in two: the stage edge carries several tensors (branch outputs), which the runtime
+    # posts together. Unmeasured, each extra tensor costs a link latency; measured, its figure.
+    model, inputs = build_model("dlrm")
+    graph = graphpipe.trace(model, inputs)
+    devices = graphpipe.devices(2, "cpu")
+    latency = devices.link_latency[0][1]
+    p = graphpipe.plan(graph, devices, "sequential", micro_batches=4, replicate=False)
+    extra = max(e.tensors for e in p.edges) - 1
+    assert p.num_stages == 2 and extra >= 1
+
+    def simulated(figure: float | None) -> float:
+        devices.extra_tensor_seconds = figure
+        return graphpipe.simulate(p, devices).iteration_seconds
+
+    unmeasured, at_latency, free = simulated(None), simulated(latency), simulated(0.0)
+    assert unmeasured == pytest.approx(at_latency, rel=1e-12)
+    # Every micro-batch's activations and gradients cross the edge on the critical path of
+    # fill-drain's ends at least once each way: the extra tensors' latencies come off.
+    assert unmeasured - free >= 2 * extra * latency * (1 - 1e-9)
+    assert graphpipe.Devices.from_json(devices.to_json()).extra_tensor_seconds == 0.0
 
 
 def test_ring_link_inverts_the_cost_models_all_reduce() -> None:

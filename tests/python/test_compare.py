@@ -146,6 +146,26 @@ def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
     assert "the planner's pick (graphpipe/graph+dp) is" in report["verdict"][0]
     assert len(report["verdict"]) == 1 and "does not fit: torch/ddp" in report["verdict"][0]
     assert (tmp_path / "c.png").stat().st_size > 0
+    # A transfer's extra tensors are priced by the figure measured between the ranks, and the
+    # description stored with each plan reprices it from the report alone (resimulate.py).
+    assert calibration["extra_tensor_seconds"] is not None and calibration["extra_tensor_seconds"] >= 0
+    assert bound["graphpipe/graph+dp"]["plan"]["devices"]["extra_tensor_seconds"] == calibration["extra_tensor_seconds"]
+    resimulated = tmp_path / "resimulate.json"
+    result = subprocess.run([sys.executable, str(COMPARE.parent / "resimulate.py"), str(out), "--out", str(resimulated)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "- measured per-tensor cost: within 10% in" in result.stdout
+    again = {r["variant"]: r for r in json.loads(resimulated.read_text())["rows"]}
+    assert set(again) == {"graphpipe/graph+dp", "graphpipe/sequential+dp"}
+    for name, row in again.items():
+        assert row["description"] == "stored"
+        assert row["simulated_seconds"]["measured"] == pytest.approx(bound[name]["plan"]["simulated_iteration_seconds"],
+                                                                     rel=1e-9)
+        # Whichever of a latency and the measured figure is dearer prices the plan no lower.
+        dearer, cheaper = (("latency", "measured")
+                           if calibration["link_latency_seconds"] >= calibration["extra_tensor_seconds"]
+                           else ("measured", "latency"))
+        assert row["simulated_seconds"][dearer] >= row["simulated_seconds"][cheaper] * (1 - 1e-12)
 
 
 def test_table_marks_equal_pipelines_as_a_parity_check(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,113 @@
+"""Prices compare.py's graphpipe plans again from its report, with and without the measured cost
+of each extra tensor of a transfer, beside the emulated or measured times of the same run.
+
+    python benchmarks/resimulate.py results/compare_world8.json [--out results/resimulate.json]
+
+Every graphpipe row of the report carries its plan (stage times included) and, from this commit
+on, the device description it was simulated with. Each plan is simulated twice under that
+description: as measured (``Devices.extra_tensor_seconds`` from the report's calibration: a
+transfer's tensors, posted together, share one latency and each extra one costs one more
+message), and with the figure unset (each extra tensor charged a whole link latency, the rule
+before the figure was measured). Both columns rest on one measured run, so the difference between
+them is the rule's alone. A report written before the description was stored is priced with the
+report's calibrated links and runtime costs and this machine's measured throughput and memory
+bandwidth (which set the optimizer step), and the table says so.
+
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import graphpipe
+from graphpipe.models import build_model
+
+
+def rebuilt_devices(report: dict, world: int) -> Any:
+    """The description compare.py made for ``world`` ranks, rebuilt from the report's
+    calibration (for reports that do not store it)."""
+    calibration = report["calibration"][str(world)]
+    devices = graphpipe._C.Devices.cpu_rank(world, measure=True)
+    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
+    devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
+    for field in ("instruction_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds",
+                  "collective_bandwidth_bytes_per_second"):
+        setattr(devices, field, calibration[field])
+    devices.extra_tensor_seconds = calibration.get("extra_tensor_seconds")
+    devices.relative_speed = devices.relative_speed / report["slowdown"]
+    devices.memory_bandwidth = devices.memory_bandwidth / report["slowdown"]
+    return devices
+
+
+def resimulate(report: dict) -> list[dict]:
+    """One row per graphpipe row of ``report`` that ran: the run's time and the plan simulated
+    with the measured extra-tensor figure and without it."""
+    graphs: dict[str, Any] = {}
+    rows = []
+    for r in report["rows"]:
+        if "plan" not in r or "median_seconds" not in r:
+            continue
+        spec = r.get("spec", r["model"])
+        if spec not in graphs:
+            model, inputs = build_model(spec)
+            graphs[spec] = graphpipe.trace(model, inputs)
+        plan = graphpipe.Plan.from_json(json.dumps(r["plan"]["json"]), graphs[spec])
+        stored = "devices" in r["plan"]
+        devices = (graphpipe.Devices.from_json(json.dumps(r["plan"]["devices"])) if stored
+                   else rebuilt_devices(report, r["world"]))
+        measured_figure = devices.extra_tensor_seconds
+        if measured_figure is None:
+            raise SystemExit(f"{r['model']} {r['variant']}: the report has no measured extra_tensor_seconds "
+                             "(written before compare.py measured it)")
+        simulated = {}
+        for rule, figure in (("measured", measured_figure), ("latency", None)):
+            devices.extra_tensor_seconds = figure
+            simulated[rule] = graphpipe.simulate(plan, devices, r["plan"]["schedule"]).iteration_seconds
+        rows.append({"model": r["model"], "world": r["world"], "variant": r["variant"],
+                     "most_tensors_per_edge": max((e.tensors for e in plan.edges), default=0),
+                     "run_seconds": r["median_seconds"], "description": "stored" if stored else "rebuilt",
+                     "extra_tensor_seconds": measured_figure,
+                     "simulated_seconds": simulated,
+                     "off_by": {rule: s / r["median_seconds"] - 1.0 for rule, s in simulated.items()}})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| model | ranks | variant | tensors/edge (most) | run ms | simulated ms, measured per-tensor cost | off by "
+          "| simulated ms, a latency per tensor | off by | description |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s, off = r["simulated_seconds"], r["off_by"]
+        print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['most_tensors_per_edge']} | "
+              f"{r['run_seconds'] * 1e3:.1f} | {s['measured'] * 1e3:.1f} | {off['measured'] * 100:+.1f}% | "
+              f"{s['latency'] * 1e3:.1f} | {off['latency'] * 100:+.1f}% | {r['description']} |")
+    for rule, words in (("measured", "measured per-tensor cost"), ("latency", "a latency per tensor")):
+        within = sum(abs(r["off_by"][rule]) <= 0.10 for r in rows)
+        worst = max((r["off_by"][rule] for r in rows), key=abs, default=0.0)
+        print(f"- {words}: within 10% in {within} of {len(rows)} runs, worst {worst * 100:+.1f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", help="a JSON report of benchmarks/compare.py")
+    parser.add_argument("--out", default="results/resimulate.json")
+    args = parser.parse_args()
+    report = json.loads(Path(args.report).read_text())
+    rows = resimulate(report)
+    if not rows:
+        sys.exit(f"{args.report}: no graphpipe row that ran")
+    print_table(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "resimulate", "report": args.report, "report_commit": report.get("commit"),
+                               "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
