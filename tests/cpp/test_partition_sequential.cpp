@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -33,8 +32,7 @@ std::vector<int> unpruned_chain(const pt::Problem& p) {
   const double kInf = std::numeric_limits<double>::infinity();
   const int n = static_cast<int>(p.num_nodes());
   const int max_k = std::max(1, std::min(p.max_stages, n));
-  // sequential.h: at most U = sqrt(4e7 / stages) units.
-  const std::vector<int> bounds = pt::chunk_bounds(p, std::max(16, static_cast<int>(std::sqrt(4e7 / max_k))));
+  const std::vector<int> bounds = pt::chunk_bounds(p, pt::chain_unit_budget(max_k));
   const int units = static_cast<int>(bounds.size()) - 1;
   const int K = std::min(max_k, units);
   auto in_flight = [&](int k) { return static_cast<int>(std::min<std::int64_t>(k, p.num_micro_batches)); };
@@ -113,7 +111,7 @@ TEST(SequentialChain, PruningLeavesThePlanOfTheUnprunedDp) {
               continue;
             }
             ++planned;
-            chunked += n > std::max(16, static_cast<int>(std::sqrt(4e7 / stages))) ? 1 : 0;
+            chunked += n > pt::chain_unit_budget(stages) ? 1 : 0;
             const pt::Evaluation ev = pt::evaluate(p, expected);
             recomputed +=
                 std::any_of(ev.stages.begin(), ev.stages.end(), [](const pt::StageFigures& s) { return s.recompute; });

@@ -95,11 +95,12 @@ std::vector<int> chunk_bounds(const Problem& p, int units) {
   return equal_weight_cuts(weights, p.total_compute(), units);
 }
 
+int chain_unit_budget(int stages) { return std::max(16, static_cast<int>(std::sqrt(4e7 / std::max(1, stages)))); }
+
 std::vector<int> sequential_assignment(const Problem& p) {
   const int n = static_cast<int>(p.num_nodes());
   const int max_k = std::max(1, std::min(p.max_stages, n));
-  const int budget = std::max(16, static_cast<int>(std::sqrt(4e7 / max_k)));
-  const std::vector<int> bounds = chunk_bounds(p, budget);
+  const std::vector<int> bounds = chunk_bounds(p, chain_unit_budget(max_k));
   const int units = static_cast<int>(bounds.size()) - 1;
   const int K = std::min(max_k, units);
   const auto M = p.num_micro_batches;

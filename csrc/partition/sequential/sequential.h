@@ -42,6 +42,10 @@ namespace graphpipe::partition {
 
 std::vector<int> sequential_assignment(const Problem& problem);
 
+// The most units sequential_assignment cuts an order into for chains of at most `stages`
+// stages: max(16, sqrt(4e7 / stages)).
+int chain_unit_budget(int stages);
+
 // Cuts `weights` into at most `parts` contiguous runs of about equal weight: a run ends at the
 // first item that brings the sum so far to (runs made + 1) / parts of `total`, or where every
 // item left must start a run of its own; every run has an item. Returns the start of each run,
