@@ -384,7 +384,14 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     memory bandwidth, by which the optimizer step is priced), the measured links, and devices
     ``slowdown`` times slower than this core, so the planner, the simulator and the emulated waits
     all see the same, longer compute and memory traffic."""
-    devices = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
+    preset = graphpipe.devices(world, gpu_kind if device == "cuda" else "cpu", measure=device != "cuda")
+    return calibrated_description(preset, world, slowdown, calibration)
+
+
+def calibrated_description(devices: Any, world: int, slowdown: float, calibration: dict | None) -> Any:
+    """``devices`` (a preset description) with the report's measured ``calibration`` of ``world``
+    ranks (None: the preset's own figures) and ``slowdown`` applied, as _device_model makes it
+    (benchmarks/resimulate.py rebuilds older reports' descriptions with it)."""
     if calibration is not None:
         latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
         devices.set_node_links(world, bandwidth, latency, bandwidth, latency)

@@ -24,24 +24,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import compare  # this folder's compare.py: the description it makes from a calibration
+
 import graphpipe
 from graphpipe.models import build_model
 
 
 def rebuilt_devices(report: dict, world: int) -> Any:
     """The description compare.py made for ``world`` ranks, rebuilt from the report's
-    calibration (for reports that do not store it)."""
-    calibration = report["calibration"][str(world)]
-    devices = graphpipe._C.Devices.cpu_rank(world, measure=True)
-    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
-    devices.set_node_links(world, bandwidth, latency, bandwidth, latency)
-    for field in ("instruction_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds",
-                  "collective_bandwidth_bytes_per_second"):
-        setattr(devices, field, calibration[field])
-    devices.extra_tensor_seconds = calibration.get("extra_tensor_seconds")
-    devices.relative_speed = devices.relative_speed / report["slowdown"]
-    devices.memory_bandwidth = devices.memory_bandwidth / report["slowdown"]
-    return devices
+    calibration and this machine's measured throughput (for reports that do not store it)."""
+    return compare.calibrated_description(graphpipe._C.Devices.cpu_rank(world, measure=True), world,
+                                          report["slowdown"], report["calibration"][str(world)])
 
 
 def resimulate(report: dict) -> list[dict]:

@@ -27,8 +27,8 @@ A last figure prices a transfer of several tensors (``Devices.extra_tensor_secon
 runtime posts them together, so they share one latency, and each extra tensor costs only the
 backend's work for one more message. Pairs of ranks ping-pong one small tensor and then
 EXTRA_TENSORS of them, posted at once; the difference per extra tensor is the figure (on 8 Gloo
-ranks on 2 cores about 100 us, against a 500 us one-way latency, which the cost model charged per
-tensor before it was measured).
+ranks on 2 cores 126-160 us, against a 250-306 us one-way latency, which the cost model charged
+per tensor before it was measured).
 
 Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
