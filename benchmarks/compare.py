@@ -698,7 +698,9 @@ def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
 
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
-        latency, bandwidth = link(concurrency=world, in_group=launch.torchrun, device=launch.device)
+        # A torchrun launch of one process has no pair of its own ranks to time a link between:
+        # it is measured on two spawned ranks, as a spawned launch does at any world size.
+        latency, bandwidth = link(concurrency=world, in_group=launch.torchrun and world > 1, device=launch.device)
         costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,

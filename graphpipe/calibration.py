@@ -107,6 +107,17 @@ def _in_group(fn: Any, *args: Any) -> list[Any]:
     return values
 
 
+def _check_pairs(what: str) -> None:
+    """A link is measured between two ranks: a one-rank process group has none (a torchrun
+    launch of one process measures on spawned ranks instead, as compare.py does)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() < 2:
+        raise ValueError(f"{what}(in_group=True) needs two ranks or more in the process group to time a link "
+                         f"between; this group has {dist.get_world_size()} (measure on spawned ranks: "
+                         f"in_group=False)")
+
+
 def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any) -> list[Any]:
     from graphpipe.testing import run_ranks
 
@@ -369,8 +380,9 @@ def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, dev
     """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
     with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs): what a
     pipeline's transfers see. ``in_group``: measure on the ranks of the current process group
-    instead of spawning."""
+    instead of spawning (it must have two ranks or more)."""
     if in_group:
+        _check_pairs("link")
         values = _in_group(_pingpong, repeats, device)
     else:
         values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device)
@@ -384,8 +396,10 @@ def collective_link(repeats: int = 20, concurrency: int = 2, *, in_group: bool =
                     timeout: float = 120.0) -> tuple[float, float]:
     """(latency seconds, bandwidth bytes/s) of one link of a ring step, with ``concurrency``
     ranks all sending to their successor at once (_ring_exchange; medians over the ranks):
-    what a ring all-reduce over those ranks sees."""
+    what a ring all-reduce over those ranks sees. ``in_group``: on the ranks of the current
+    process group (two or more)."""
     if in_group:
+        _check_pairs("collective_link")
         values = _in_group(_ring_exchange, repeats, device)
     else:
         values = _spawned(_ring_exchange, max(2, concurrency), timeout, "collective link", repeats, device)

@@ -84,6 +84,47 @@ def test_compare_under_torchrun(tmp_path: Path) -> None:
     check_report(out, "torchrun")
 
 
+CALIBRATE_ONE_RANK = """
+import json, sys
+import torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import compare
+from graphpipe.calibration import link
+
+if __name__ == "__main__":  # the link's spawned ranks import this file again
+    dist.init_process_group("gloo")
+    try:
+        link(in_group=True)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    figures = compare.calibrate([1], compare.Launch(torchrun=True, device="cpu", timeout=120.0))[1]
+    print(json.dumps({"refused": refused, **figures}))
+"""
+
+
+def test_calibration_under_a_one_process_torchrun(tmp_path: Path) -> None:
+    # One torchrun process has no pair of its own ranks to time a link between: the link is
+    # timed on two spawned ranks (as a spawned launch does), and asking the group for it is a
+    # clear error, not a median of nothing.
+    script = tmp_path / "calibrate_one.py"
+    script.write_text(CALIBRATE_ONE_RANK)
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    result = subprocess.run(
+        [torchrun, "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         str(script), str(COMPARE.parent)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "needs two ranks or more in the process group" in figures["refused"]
+    assert "this group has 1" in figures["refused"]
+    assert 0 < figures["link_latency_seconds"] < 0.1
+    assert figures["link_bandwidth_bytes_per_second"] > 1e6
+    assert figures["instruction_overhead_seconds"] >= 0
+    assert figures["extra_tensor_seconds"] is None  # one rank: no transfer to time it on
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_compare_rejects_cuda_without_gpu(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(COMPARE), "--device", "cuda"], capture_output=True, text=True,
