@@ -229,8 +229,12 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
 
     k = run.num_stages
     group = dist.new_group(list(range(k))) if k < world else None  # collective: every rank calls it
-    if rank >= k:  # more ranks than chain stages: this rank idles, joining the barriers
-        return lambda x, y: float("nan")
+    if rank >= k:  # more ranks than chain stages: this rank idles (its steps are not timed)
+        def idle(x: Any, y: Any) -> float:
+            return float("nan")
+
+        idle.idle = True  # type: ignore[attr-defined]
+        return idle
     if run.front_end:
         from baselines.torch_pipeline_frontend import make_stepper as frontend_stepper
 
@@ -307,8 +311,11 @@ def keep_freed_memory() -> None:
 
 def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int, emulate: float | None,
                  device: str = "cpu") -> dict:
-    """Builds ``variant`` on this rank and runs ``steps`` iterations, each timed between two
-    barriers of the whole group: {"losses", "seconds", "peak_memory"}. Every rank calls it.
+    """Builds ``variant`` on this rank and runs ``steps`` iterations back to back, as a training
+    loop does, after one barrier of the whole group: {"losses", "seconds", "peak_memory",
+    "idle"}, where seconds[i] is the time from iteration i - 1's return to iteration i's on this
+    rank (i = 0: from the barrier) and idle says that this rank takes no part (a chain shorter
+    than the world). Every rank calls it.
     ``emulate``: None computes for real; a number s emulates every stage's compute by waits of
     s x its predicted duration (1: the plan's figures, 0: no compute, the runtime alone)."""
     import torch.distributed as dist
@@ -342,16 +349,22 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     # No garbage-collection pauses inside timed iterations (the same for every variant).
     gc.collect()
     gc.disable()
+    # No barrier between iterations: a barrier's exit skew and its own all-reduce land in every
+    # iteration timed between two (on 8 Gloo ranks on 2 cores they added 5-15 ms to a 61 ms
+    # DLRM step whose ranks, timed back to back, took 60-62 ms), and a training loop has none.
+    dist.barrier()
+    last = time.perf_counter()
     for x, y in data:
-        dist.barrier()
-        start = time.perf_counter()
         losses.append(step(x, y))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        dist.barrier()
-        seconds.append(time.perf_counter() - start)
+        now = time.perf_counter()
+        seconds.append(now - last)
+        last = now
     gc.enable()
-    return {"losses": losses, "seconds": seconds, "peak_memory": _peak_memory_bytes(dev)}
+    dist.barrier()  # no rank leaves (and frees its memory) while another still steps
+    return {"losses": losses, "seconds": seconds, "peak_memory": _peak_memory_bytes(dev),
+            "idle": bool(getattr(step, "idle", False))}
 
 
 
@@ -667,7 +680,13 @@ def run_variant(spec: str, world: int, variant: Variant, launch: Launch, rounds:
         pooled["error"] = f"rank {first.rank}: {first.error_type}: {first.message}"
         return
     steps = warmup + rounds[round_index]
-    seconds = [max(r.value["seconds"][i] for r in results) for i in range(steps)]
+    # Iteration i's time: the mean over the working ranks of the time between their returns
+    # from iterations i - 1 and i. Every iteration ends in a collective (the loss sum, the
+    # gradients' all-reduce, the pipeline's last transfers), so the ranks' intervals differ by
+    # their wake-up jitter only, and over a round each rank's sum is the round's length; the
+    # first (from the barrier) is a warm-up one.
+    working = [r for r in results if not r.value.get("idle")] or results
+    seconds = [statistics.fmean(r.value["seconds"][i] for r in working) for i in range(steps)]
     pooled.setdefault("iteration_seconds", []).extend(seconds[warmup:])
     if round_index == 0:
         losses = [r.value["losses"][0] for r in results if r.value["losses"][0] == r.value["losses"][0]]

@@ -84,6 +84,31 @@ def test_compare_under_torchrun(tmp_path: Path) -> None:
     check_report(out, "torchrun")
 
 
+def test_an_iteration_is_the_working_ranks_mean_interval_after_the_warm_up() -> None:
+    # Iterations run back to back (no barrier between them): each rank reports the time
+    # between its returns, and iteration i is the mean over the ranks that take part; a rank
+    # outside a shorter chain (idle) returns at once and is left out.
+    sys.path.insert(0, str(COMPARE.parent))
+    import compare
+
+    from graphpipe.testing import RankResult
+
+    class Recorded:
+        torchrun = False
+
+        def run(self, world, variant, spec, steps, emulate):
+            assert steps == 1 + 2  # warm-up + this round's measured iterations
+            working = [[0.5, 0.010, 0.030], [0.4, 0.014, 0.026], [0.6, 0.012, 0.028]]
+            idle = {"losses": [float("nan")] * 3, "seconds": [0.5, 1e-6, 1e-6], "peak_memory": 0, "idle": True}
+            return [RankResult(r, True, {"losses": [1.0] * 3, "seconds": s, "peak_memory": 7, "idle": False})
+                    for r, s in enumerate(working)] + [RankResult(3, True, idle)]
+
+    pooled: dict = {}
+    compare.run_variant("spec", 4, None, Recorded(), [2], 1, 1.0, 0, pooled)
+    assert pooled["iteration_seconds"] == pytest.approx([0.012, 0.028], rel=1e-12)
+    assert pooled["median_seconds"] == pytest.approx(0.020, rel=1e-12)
+
+
 CALIBRATE_ONE_RANK = """
 import json, sys
 import torch.distributed as dist
