@@ -32,7 +32,9 @@ as "does not fit" with the bytes it needs.
 
 Every variant is measured in ``--rounds`` interleaved rounds (A, B, C, then A, B, C again),
 each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under ``torchrun``, on
-the launched ranks; warm-up iterations, then measured ones, pooled over the rounds. We report
+the launched ranks; warm-up iterations, then measured ones, back to back (one barrier per
+round; an iteration is the mean over the working ranks of the time between their returns),
+pooled over the rounds. We report
 samples/s (median and min-max spread), the cost model's memory per rank and the measured peak
 (resident memory on CPU, allocated on GPU), ratios to the baselines, a verdict line per job
 (the fastest variant, graph+dp over the best non-graphpipe variant), and check every variant's
