@@ -352,8 +352,8 @@ def measure_rank(rank: int, world: int, spec: str, variant: Variant, steps: int,
     gc.collect()
     gc.disable()
     # No barrier between iterations: a barrier's exit skew and its own all-reduce land in every
-    # iteration timed between two (on 8 Gloo ranks on 2 cores they added 5-15 ms to a 61 ms
-    # DLRM step whose ranks, timed back to back, took 60-62 ms), and a training loop has none.
+    # iteration timed between two (on 8 Gloo ranks on 2 cores they added 4-15 ms to a 61 ms
+    # DLRM step whose ranks, timed back to back, took 60-64.5 ms), and a training loop has none.
     dist.barrier()
     last = time.perf_counter()
     for x, y in data:
