@@ -710,32 +710,38 @@ def _launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def calibrate(worlds: list[int], launch: Launch) -> dict[int, dict[str, float]]:
+def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict[int, dict[str, float]]:
     """The device description's measured figures (graphpipe.calibration), each measured with as
     many ranks at once as the runs it describes: the link, the runtime's per-instruction and
     per-step costs, the collective link (fitted to real all-reduces), and (reported only) one
-    gradient bucket's all-reduce."""
-    from graphpipe.calibration import link, runtime_costs
+    gradient bucket's all-reduce. ``emulated``: the runs emulate compute by waits, and the
+    dispatch is measured between such waits."""
+    from graphpipe.calibration import EMULATED_WAIT, link, runtime_costs
 
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
         # A torchrun launch of one process has no pair of its own ranks to time a link between:
         # it is measured on two spawned ranks, as a spawned launch does at any world size.
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun and world > 1, device=launch.device)
-        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device)
+        # Emulated runs' ranks sleep between instructions and pay the late wake-ups: the
+        # dispatch is measured between waits too (graphpipe/calibration.py, EMULATED_WAIT).
+        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device,
+                              wait=EMULATED_WAIT if emulated else 0.0)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                               "step_overhead_seconds": costs.step_overhead_seconds,
                               "bucket_all_reduce_seconds": costs.bucket_all_reduce_seconds,
                               "collective_latency_seconds": costs.collective_latency_seconds,
                               "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
-                              "extra_tensor_seconds": costs.extra_tensor_seconds}
+                              "extra_tensor_seconds": costs.extra_tensor_seconds,
+                              "dispatch_wait_seconds": EMULATED_WAIT if emulated else 0.0}
         if launch.rank == 0:
             extra = ("-" if costs.extra_tensor_seconds is None
                      else f"{costs.extra_tensor_seconds * 1e6:.0f} us")
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us ({extra} per extra "
                   f"tensor), bandwidth {bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
-                  f"instruction and {costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
+                  f"instruction{' (between emulated waits)' if emulated else ''} and "
+                  f"{costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
     return calibration
 
 
@@ -915,7 +921,7 @@ def main() -> None:
     mode = ("emulated" + (f", devices {args.slowdown:g}x slower than this core" if args.slowdown != 1.0 else "")
             if args.emulate else "measured")
     launch = start(args)
-    calibration = calibrate(sorted(set(args.world)), launch)
+    calibration = calibrate(sorted(set(args.world)), launch, emulated=bool(args.emulate))
     rounds = split_steps(args.steps, args.rounds)
     from tqdm import tqdm
 

@@ -12,7 +12,9 @@ device description (``Devices.instruction_overhead_seconds``, ``Devices.step_ove
 Both come from one-rank pipelines whose stage compute is emulated by zero-length waits, so only
 the runtime works: a step of M micro-batches runs 2M instructions, and its time is
 ``step + 2M x instruction``; timing it at two values of M gives both (a straight-line fit of the
-medians). The step's closing collective over several ranks is then timed on its own (an
+medians). For runs whose compute is itself emulated by waits (benchmarks/compare.py
+--emulate), each measured forward and backward waits EMULATED_WAIT and the fit takes it off
+again: the figure then holds what those runs pay per instruction, late wake-ups included. The step's closing collective over several ranks is then timed on its own (an
 all-reduce of one number over the measuring ranks) and added to the step's cost.
 
 A third pair of figures prices collectives (``Devices.collective_latency_seconds``,
@@ -57,6 +59,13 @@ __all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "coll
 DISPATCH_SPEC = "candle_uno:batch=16"
 #: The two micro-batch counts of the straight-line fit (the batch of DISPATCH_SPEC divides by both).
 MICRO_BATCHES = (2, 8)
+#: Seconds each forward and each backward of the measuring pipelines waits when the runs they
+#: describe emulate compute by waits (benchmarks/compare.py --emulate); subtracted from the
+#: fitted figure. Such runs' ranks sleep between instructions and wake late on a busy machine:
+#: measured without waits (every rank dispatching non-stop), 8 ranks on 2 cores read 89 to 947
+#: us per instruction across runs and 129-200 us in three back-to-back calls; with these waits,
+#: 323-359 us in the three calls beside them, the late wake-ups included.
+EMULATED_WAIT = 2e-3
 SMALL, LARGE = 4, 512 << 10  # bytes, of the ring exchange's two messages (a ring chunk of a few MiB)
 PAIR_LARGE = 4 << 20  # bytes, of the ping-pong's large message
 #: Tensors of the transfer whose extra cost over one tensor is timed (_extra_tensor_seconds).
@@ -130,10 +139,11 @@ def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any) -
 
 
 def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ...], steps: int,
-                  device: str = "cpu") -> dict[str, Any]:
-    """On one rank: its own one-rank pipeline's zero-compute step times at each micro-batch
-    count (interleaved, so a burst of load hits every count alike), and the time of the
-    closing all-reduce of one number over all ``world`` ranks."""
+                  device: str = "cpu", wait: float = 0.0) -> dict[str, Any]:
+    """On one rank: its own one-rank pipeline's step times at each micro-batch count, every
+    forward and backward an emulated compute of ``wait`` seconds (interleaved, so a burst of load
+    hits every count alike), and the time of the closing all-reduce of one number over all
+    ``world`` ranks."""
     import torch.distributed as dist
 
     import graphpipe
@@ -148,7 +158,7 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     for m in micro_batches:
         pipe = graphpipe.wrap(model.to(device), inputs, default_loss(spec), group=groups[rank], micro_batches=m,
                               partitioner="sequential")
-        emulate_stage(pipe, 0.0, 0.0)
+        emulate_stage(pipe, wait, wait)
         pipe.step(inputs, targets)  # warm-up: the emulated stage learns its output shapes
         pipes.append(pipe)
     samples: dict[int, list[float]] = {m: [] for m in micro_batches}
@@ -248,9 +258,10 @@ def _fit(steps: dict[int, float]) -> tuple[float, float]:
     return slope, max(my - slope * mx, 0.0)
 
 
-def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
+def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) -> RuntimeCosts:
     fits = [_fit(v["steps"]) for v in values]
-    instruction = statistics.median(f[0] for f in fits)
+    # Each instruction's emulated compute is the planner's to price, not the runtime's.
+    instruction = max(statistics.median(f[0] for f in fits) - wait, 0.0)
     step = statistics.median(f[1] for f in fits) + statistics.median(v["closing"] for v in values)
     reduce = {size: statistics.median(v["all_reduce"][size] for v in values) for size in values[0]["all_reduce"]}
     latency, bandwidth = (ring_link(concurrency, {s: reduce[s] for s in COLLECTIVE_SIZES}) if concurrency > 1
@@ -262,20 +273,26 @@ def _costs(values: list[dict[str, Any]], concurrency: int) -> RuntimeCosts:
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
                   micro_batches: tuple[int, ...] = MICRO_BATCHES, timeout: float = 60.0,
-                  in_group: bool = False, device: str = "cpu") -> RuntimeCosts:
+                  in_group: bool = False, device: str = "cpu", wait: float = 0.0) -> RuntimeCosts:
     """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
     working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
-    ranks of the current process group instead (every rank calls it, every rank gets the figures)."""
+    ranks of the current process group instead (every rank calls it, every rank gets the figures).
+    ``wait``: an emulated compute of that many seconds in each measured forward and backward,
+    taken off the figure again (0: the runtime alone, every rank dispatching without a pause, as
+    ranks that compute for real are busy; EMULATED_WAIT for runs whose compute is emulated by
+    waits)."""
     if concurrency < 1:
         raise ValueError(f"runtime_costs: concurrency must be at least 1, got {concurrency}")
+    if not wait >= 0.0:
+        raise ValueError(f"runtime_costs: wait must be a non-negative number of seconds, got {wait}")
     if len(set(micro_batches)) < 2:
         raise ValueError(f"runtime_costs: needs two different micro-batch counts, got {micro_batches}")
     if in_group:
-        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device)
+        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait)
     else:
         values = _spawned(_step_samples, concurrency, timeout, "runtime cost", spec, tuple(micro_batches), steps,
-                          device)
-    return _costs(values, len(values))
+                          device, wait)
+    return _costs(values, len(values), wait)
 
 
 @functools.cache
