@@ -683,10 +683,10 @@ def run_variant(spec: str, world: int, variant: Variant, launch: Launch, rounds:
         return
     steps = warmup + rounds[round_index]
     # Iteration i's time: the mean over the working ranks of the time between their returns
-    # from iterations i - 1 and i. Every iteration ends in a collective (the loss sum, the
-    # gradients' all-reduce, the pipeline's last transfers), so the ranks' intervals differ by
-    # their wake-up jitter only, and over a round each rank's sum is the round's length; the
-    # first (from the barrier) is a warm-up one.
+    # from iterations i - 1 and i. The ranks wait on each other every iteration (the loss sum,
+    # the gradients' collectives, the pipeline's transfers), so none runs ahead and over a
+    # round each rank's sum is the round's length; the first interval (from the barrier) is a
+    # warm-up one.
     working = [r for r in results if not r.value.get("idle")] or results
     seconds = [statistics.fmean(r.value["seconds"][i] for r in working) for i in range(steps)]
     pooled.setdefault("iteration_seconds", []).extend(seconds[warmup:])
@@ -718,15 +718,15 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
     dispatch is measured between such waits."""
     from graphpipe.calibration import EMULATED_WAIT, link, runtime_costs
 
+    # Emulated runs' ranks sleep between instructions and pay the late wake-ups: the dispatch is
+    # measured between waits too (graphpipe/calibration.py, EMULATED_WAIT).
+    wait = EMULATED_WAIT if emulated else 0.0
     calibration: dict[int, dict[str, float]] = {}
     for world in worlds:
         # A torchrun launch of one process has no pair of its own ranks to time a link between:
         # it is measured on two spawned ranks, as a spawned launch does at any world size.
         latency, bandwidth = link(concurrency=world, in_group=launch.torchrun and world > 1, device=launch.device)
-        # Emulated runs' ranks sleep between instructions and pay the late wake-ups: the
-        # dispatch is measured between waits too (graphpipe/calibration.py, EMULATED_WAIT).
-        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device,
-                              wait=EMULATED_WAIT if emulated else 0.0)
+        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device, wait=wait)
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                               "step_overhead_seconds": costs.step_overhead_seconds,
@@ -734,13 +734,13 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                               "collective_latency_seconds": costs.collective_latency_seconds,
                               "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
                               "extra_tensor_seconds": costs.extra_tensor_seconds,
-                              "dispatch_wait_seconds": EMULATED_WAIT if emulated else 0.0}
+                              "dispatch_wait_seconds": wait}
         if launch.rank == 0:
             extra = ("-" if costs.extra_tensor_seconds is None
                      else f"{costs.extra_tensor_seconds * 1e6:.0f} us")
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us ({extra} per extra "
                   f"tensor), bandwidth {bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
-                  f"instruction{' (between emulated waits)' if emulated else ''} and "
+                  f"instruction{' (between emulated waits)' if wait else ''} and "
                   f"{costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
     return calibration
 

@@ -14,8 +14,9 @@ the runtime works: a step of M micro-batches runs 2M instructions, and its time 
 ``step + 2M x instruction``; timing it at two values of M gives both (a straight-line fit of the
 medians). For runs whose compute is itself emulated by waits (benchmarks/compare.py
 --emulate), each measured forward and backward waits EMULATED_WAIT and the fit takes it off
-again: the figure then holds what those runs pay per instruction, late wake-ups included. The step's closing collective over several ranks is then timed on its own (an
-all-reduce of one number over the measuring ranks) and added to the step's cost.
+again: the figure then holds what those runs pay per instruction, late wake-ups included. The
+step's closing collective over several ranks is then timed on its own (an all-reduce of one
+number over the measuring ranks) and added to the step's cost.
 
 A third pair of figures prices collectives (``Devices.collective_latency_seconds``,
 ``Devices.collective_bandwidth_bytes_per_second``; cost/devices.h says why the point-to-point
