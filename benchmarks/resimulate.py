@@ -4,7 +4,8 @@ of each extra tensor of a transfer, beside the emulated or measured times of the
     python benchmarks/resimulate.py results/compare_world8.json [--out results/resimulate.json]
 
 Every graphpipe row of the report carries its plan (stage times included) and, from this commit
-on, the device description it was simulated with. Each plan is simulated twice under that
+on, the device description it was simulated with. A plan saved before model inputs stopped
+making stage edges is re-cut from its stored stages (``load_plan``; the table's "plan" column). Each plan is simulated twice under that
 description: as measured (``Devices.extra_tensor_seconds`` from the report's calibration: a
 transfer's tensors, posted together, share one latency and each extra one costs one more
 message), and with the figure unset (each extra tensor charged a whole link latency, the rule
@@ -37,6 +38,26 @@ def rebuilt_devices(report: dict, world: int) -> Any:
                                           report["slowdown"], report["calibration"][str(world)])
 
 
+def load_plan(stored: dict, graph: Any, devices: Any) -> tuple[Any, str]:
+    """A report row's plan and how it was loaded: "as stored", or "re-cut" for a plan saved
+    before model inputs stopped making stage edges (they never travel; docs/design.md §3), which
+    the loader refuses: its stage assignment, replicas, micro-batching and schedule are made into
+    a plan again by the manual partitioner, priced on the same description."""
+    try:
+        return graphpipe.Plan.from_json(json.dumps(stored["json"]), graph), "as stored"
+    except graphpipe.FormatError as exc:
+        if "operator edges out of model inputs" not in str(exc):
+            raise
+    doc = stored["json"]
+    labels = {name: st["id"] for st in doc["stages"] for name in st["nodes"]}
+    replicated = {st["id"]: st["devices"] for st in doc["stages"] if len(st["devices"]) > 1}
+    plan = graphpipe.plan(graph, devices, "manual", manual=labels, micro_batch_size=doc["micro_batch_size"],
+                          batch_size=doc["batch_size"], memory_limit=doc["memory_limit_bytes"],
+                          optimizer=doc["optimizer"], stage_devices=replicated or None,
+                          schedule=stored["schedule"])
+    return plan, "re-cut"
+
+
 def resimulate(report: dict) -> list[dict]:
     """One row per graphpipe row of ``report`` that ran: the run's time and the plan simulated
     with the measured extra-tensor figure and without it."""
@@ -49,10 +70,10 @@ def resimulate(report: dict) -> list[dict]:
         if spec not in graphs:
             model, inputs = build_model(spec)
             graphs[spec] = graphpipe.trace(model, inputs)
-        plan = graphpipe.Plan.from_json(json.dumps(r["plan"]["json"]), graphs[spec])
         stored = "devices" in r["plan"]
         devices = (graphpipe.Devices.from_json(json.dumps(r["plan"]["devices"])) if stored
                    else rebuilt_devices(report, r["world"]))
+        plan, loaded = load_plan(r["plan"], graphs[spec], devices)
         measured_figure = devices.extra_tensor_seconds
         if measured_figure is None:
             raise SystemExit(f"{r['model']} {r['variant']}: the report has no measured extra_tensor_seconds "
@@ -64,6 +85,7 @@ def resimulate(report: dict) -> list[dict]:
         rows.append({"model": r["model"], "world": r["world"], "variant": r["variant"],
                      "most_tensors_per_edge": max((e.tensors for e in plan.edges), default=0),
                      "run_seconds": r["median_seconds"], "description": "stored" if stored else "rebuilt",
+                     "plan": loaded, "depth": plan.depth,
                      "extra_tensor_seconds": measured_figure,
                      "simulated_seconds": simulated,
                      "off_by": {rule: s / r["median_seconds"] - 1.0 for rule, s in simulated.items()}})
@@ -71,14 +93,16 @@ def resimulate(report: dict) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| model | ranks | variant | tensors/edge (most) | run ms | simulated ms, measured per-tensor cost | off by "
-          "| simulated ms, a latency per tensor | off by | description |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | ranks | variant | plan | depth | tensors/edge (most) | run ms "
+          "| simulated ms, measured per-tensor cost | off by | simulated ms, a latency per tensor | off by "
+          "| description |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s, off = r["simulated_seconds"], r["off_by"]
-        print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['most_tensors_per_edge']} | "
-              f"{r['run_seconds'] * 1e3:.1f} | {s['measured'] * 1e3:.1f} | {off['measured'] * 100:+.1f}% | "
-              f"{s['latency'] * 1e3:.1f} | {off['latency'] * 100:+.1f}% | {r['description']} |")
+        print(f"| {r['model']} | {r['world']} | {r['variant']} | {r['plan']} | {r['depth']} | "
+              f"{r['most_tensors_per_edge']} | {r['run_seconds'] * 1e3:.1f} | {s['measured'] * 1e3:.1f} | "
+              f"{off['measured'] * 100:+.1f}% | {s['latency'] * 1e3:.1f} | {off['latency'] * 100:+.1f}% | "
+              f"{r['description']} |")
     for rule, words in (("measured", "measured per-tensor cost"), ("latency", "a latency per tensor")):
         within = sum(abs(r["off_by"][rule]) <= 0.10 for r in rows)
         worst = max((r["off_by"][rule] for r in rows), key=abs, default=0.0)

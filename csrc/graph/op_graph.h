@@ -104,6 +104,13 @@ class OpGraph {
   const std::vector<Edge>& edges() const { return edges_; }
   std::optional<NodeId> find(std::string_view name) const;
 
+  // Whether operator edge `id` moves a tensor between two stages that hold its ends. An edge out
+  // of a model input moves nothing: every rank has the batch, and the runtime hands each stage the
+  // inputs it reads. So such an edge is no stage edge of a plan (no transfer, no dependency on
+  // the stage that holds the input) and costs no time or bytes in the planner. The one rule for
+  // plan, planner and simulator.
+  bool edge_moves_data(EdgeId id) const { return !nodes_[edge(id).src].is_input; }
+
   const std::vector<EdgeId>& out_edges(NodeId id) const {
     check_node(id);
     return out_[id];

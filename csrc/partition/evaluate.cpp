@@ -250,7 +250,7 @@ class Evaluator {
     for (std::size_t e = 0; e < g_.num_edges(); ++e) {
       const graph::Edge& edge = g_.edge(static_cast<graph::EdgeId>(e));
       int a = ev_.stage_of[edge.src], b = ev_.stage_of[edge.dst];
-      if (a == b) continue;
+      if (a == b || !g_.edge_moves_data(static_cast<graph::EdgeId>(e))) continue;
       ev_.stages[b].activation_bytes += p_.edge_bytes[e] * fraction_[b];
       ev_.stages[b].input_bytes += p_.edge_bytes[e] * fraction_[b];
       if (p_.chain) {
@@ -307,7 +307,7 @@ class Evaluator {
     }
     std::vector<int> counts(k_);
     for (int s = 0; s < k_; ++s) counts[s] = ev_.stages[s].replicas;
-    std::vector<std::vector<int>> placed = place_stages(p_.model->devices(), counts, pairs, bytes);
+    std::vector<std::vector<int>> placed = place_stages(p_.model->devices(), counts, pairs, bytes, p_.placement_ranks);
     for (int s = 0; s < k_; ++s) ev_.stages[s].devices = std::move(placed[s]);
   }
 
@@ -339,7 +339,7 @@ class Evaluator {
     for (std::size_t e = 0; e < g_.num_edges(); ++e) {
       const graph::Edge& edge = g_.edge(static_cast<graph::EdgeId>(e));
       const int a = ev_.stage_of[edge.src], b = ev_.stage_of[edge.dst];
-      if (a == b) continue;
+      if (a == b || !g_.edge_moves_data(static_cast<graph::EdgeId>(e))) continue;
       if (p_.chain) {
         for (int h = a; h < b; ++h) {
           const double seconds = hop_seconds(e, h, h + 1);

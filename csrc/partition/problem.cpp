@@ -54,8 +54,11 @@ Problem make_problem(const cost::CostModel& model, std::int64_t batch_size, std:
   p.edge_seconds.resize(g.num_edges());
   p.edge_bytes.resize(g.num_edges());
   for (std::size_t e = 0; e < g.num_edges(); ++e) {
-    p.edge_bytes[e] = g.edge(static_cast<graph::EdgeId>(e)).bytes * static_cast<double>(micro_batch_size);
-    p.edge_seconds[e] = model.transfer_seconds(p.edge_bytes[e]);
+    const auto id = static_cast<graph::EdgeId>(e);
+    // A model input is on every rank (OpGraph::edge_moves_data): nothing to send or hold.
+    const bool moves = g.edge_moves_data(id);
+    p.edge_bytes[e] = moves ? g.edge(id).bytes * static_cast<double>(micro_batch_size) : 0.0;
+    p.edge_seconds[e] = moves ? model.transfer_seconds(p.edge_bytes[e]) : 0.0;
   }
   set_sync(p, cost::SyncMethod{});  // the all-reduce until the caller says otherwise
   return p;

@@ -47,7 +47,8 @@ void validate_plan(const Plan& plan, const graph::OpGraph& graph);
 // edges it carries in OpGraph edge order. For a graph plan, every operator edge that crosses
 // from stage a to stage b rides on the edge (a, b). For a chain (Plan::chain), the stages talk
 // only to their neighbours: an operator edge from a to b > a + 1 is relayed, riding on every
-// edge (k, k + 1) for a <= k < b, as chain pipelines forward skip tensors. Throws PlanningError
+// edge (k, k + 1) for a <= k < b, as chain pipelines forward skip tensors. An operator edge out
+// of a model input rides on none (graph::OpGraph::edge_moves_data). Throws PlanningError
 // naming an operator edge that goes from a later stage back to an earlier one.
 std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(const graph::OpGraph& graph,
                                                                               const std::vector<int>& stage_of,

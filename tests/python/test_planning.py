@@ -42,11 +42,15 @@ def test_graph_plan_of_branches_is_not_a_chain(uno) -> None:
     plan = graphpipe.plan(graph, 5, "graphpipe", micro_batches=4)
     sequential = graphpipe.plan(graph, 5, "sequential", micro_batches=4)
     assert sequential.depth == sequential.num_stages  # a chain
-    successors = {}
+    # Branches meet or part: some stage has several consumers or several producers (the branch
+    # stages read the model inputs themselves, so they need no common producer stage).
+    successors: dict[int, set[int]] = {}
+    predecessors: dict[int, set[int]] = {}
     for edge in plan.edges:
         successors.setdefault(edge.src, set()).add(edge.dst)
+        predecessors.setdefault(edge.dst, set()).add(edge.src)
     assert plan.depth < plan.num_stages, str(plan)
-    assert any(len(s) > 1 for s in successors.values()), str(plan)
+    assert any(len(s) > 1 for s in [*successors.values(), *predecessors.values()]), str(plan)
 
 
 def test_schedule_and_simulation(uno) -> None:

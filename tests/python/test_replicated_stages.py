@@ -144,9 +144,11 @@ def _planned_worker(rank: int, world: int, name: str, partitioner: str) -> dict[
         return train_pipeline(pipe, batches, LR) | {"devices": [list(s.devices) for s in pipe.plan.stages]}
 
 
-@pytest.mark.parametrize("name,partitioner", [("dlrm", "graphpipe"), ("mmt", "sequential")])
-def test_planner_chosen_replicas_match_single_process(name: str, partitioner: str) -> None:
-    results = run_ranks(_planned_worker, 4, name, partitioner, timeout=240)
+# DLRM on 3 ranks: a stage and a 2-replica stage (on 4 it runs 4 single stages since model
+# inputs stopped counting as transfers); MMT's PipeDream plan on 4: data parallelism.
+@pytest.mark.parametrize("name,partitioner,world", [("dlrm", "graphpipe", 3), ("mmt", "sequential", 4)])
+def test_planner_chosen_replicas_match_single_process(name: str, partitioner: str, world: int) -> None:
+    results = run_ranks(_planned_worker, world, name, partitioner, timeout=240)
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
     assert any(len(d) > 1 for d in results[0].value["devices"]), results[0].value["devices"]
@@ -155,7 +157,7 @@ def test_planner_chosen_replicas_match_single_process(name: str, partitioner: st
         torch.testing.assert_close(r.value["losses"], ref["losses"])
         for k, v in r.value["params"].items():
             torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k, r=r: f"rank {r.rank} {k}: {m}")
-    print(f"\n{name} {partitioner} replicate=True on 4 ranks: stages on {results[0].value['devices']}")
+    print(f"\n{name} {partitioner} replicate=True on {world} ranks: stages on {results[0].value['devices']}")
 
 
 # ---- a replica that dies -----------------------------------------------------------------------

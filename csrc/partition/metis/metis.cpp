@@ -60,16 +60,24 @@ std::vector<int> metis_parts(const Problem& p, int k, int seed) {
     vwgt[2 * static_cast<std::size_t>(v)] = w_compute[v];
     vwgt[2 * static_cast<std::size_t>(v) + 1] = w_memory[v];
   }
-  // Edge weights in KiB, scaled down together if their sum could overflow METIS's int32.
+  // Edge weights in KiB, scaled down together if their sum could overflow METIS's int32. An edge
+  // out of a model input moves nothing (Problem::edge_bytes is 0), but METIS still weighs it by
+  // its tensor: that keeps each input with its consumers, whose stage must then come after the
+  // input's, instead of scattering inputs so that stages wait on each other's order.
+  std::vector<double> bytes(p.edge_bytes);
+  for (std::size_t e = 0; e < bytes.size(); ++e) {
+    const auto id = static_cast<graph::EdgeId>(e);
+    if (!g.edge_moves_data(id)) bytes[e] = g.edge(id).bytes * static_cast<double>(p.micro_batch_size);
+  }
   double kib_total = 0.0;
-  for (double b : p.edge_bytes) kib_total += 2.0 * std::max(1.0, b / 1024.0);
+  for (double b : bytes) kib_total += 2.0 * std::max(1.0, b / 1024.0);
   const double shrink = kib_total > 1e9 ? kib_total / 1e9 : 1.0;
   std::vector<idx_t> xadj(n + 1, 0), adjncy, adjwgt;
   adjncy.reserve(2 * g.num_edges());
   adjwgt.reserve(2 * g.num_edges());
   for (idx_t v = 0; v < n; ++v) {
     auto weight = [&](graph::EdgeId e) {
-      return std::max<idx_t>(1, static_cast<idx_t>(std::llround(p.edge_bytes[e] / 1024.0 / shrink)));
+      return std::max<idx_t>(1, static_cast<idx_t>(std::llround(bytes[e] / 1024.0 / shrink)));
     };
     for (graph::EdgeId e : g.out_edges(v)) {
       adjncy.push_back(g.edge(e).dst);
