@@ -25,25 +25,6 @@ const std::string kDownset = kDp + "(downset)";
 const std::string kFallback = kDp + "(fallback)";
 const std::string kPipeDream = kDp + "(pipedream)";
 
-// The fallback's start: every start refined (when asked), then the one that fits in memory (the
-// least overflow otherwise), then the lower slowest stage; on a tie the earlier start, so the
-// result does not depend on anything but the inputs.
-std::vector<int> best_start(const Problem& problem, const std::vector<std::vector<int>>& starts, bool refine_them) {
-  std::vector<int> best;
-  double best_overflow = 0.0, best_bottleneck = 0.0;
-  for (const auto& start : starts) {
-    std::vector<int> candidate = refine_them ? refine(problem, start) : start;
-    Evaluation ev = evaluate(problem, candidate);
-    double overflow = std::max(ev.max_overflow, 0.0);
-    if (best.empty() || overflow < best_overflow || (overflow == best_overflow && ev.bottleneck < best_bottleneck)) {
-      best = std::move(candidate);
-      best_overflow = overflow;
-      best_bottleneck = ev.bottleneck;
-    }
-  }
-  return best;
-}
-
 // The operators in the series-parallel tree's order: series children in turn, and each parallel
 // node's branches one after another, largest compute first (or smallest first), so that every
 // branch is a contiguous run and a cut of the order can give a branch's tail and the next
@@ -181,10 +162,19 @@ std::vector<int> GraphpipePortfolio::metis_start(const PartitionRequest& request
 
 std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionRequest& request,
                                                                 const Problem& problem) {
+  // Both refined starts are candidates: which one wins is the predicted step's (and then the
+  // simulator's) call, not the slowest stage's, since METIS's start keeps branches apart (a
+  // shallower stage graph) where the chain's balances the stages.
   std::vector<std::vector<int>> starts{metis_start(request, problem)};
   std::vector<int> chain = sequential_assignment(problem);
   if (!chain.empty()) starts.push_back(std::move(chain));
-  std::vector<CandidatePlan> candidates{{best_start(problem, starts, request.options.refine), kFallback, {}, {}}};
+  std::vector<CandidatePlan> candidates;
+  for (const std::vector<int>& start : starts) {
+    std::vector<int> refined = request.options.refine ? refine(problem, start) : start;
+    const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                  [&](const CandidatePlan& c) { return c.assignment == refined; });
+    if (!seen) candidates.push_back({std::move(refined), kFallback, {}, {}});
+  }
   add_downset_plans(problem, candidates);
   return candidates;
 }

@@ -20,9 +20,10 @@
 //      (for every depth bound, the least slowest stage over all acyclic partitions);
 //                                                                    label "graphpipe(downset)"
 // Fallback, for a graph that is not series-parallel (logged at info level) and for a
-// micro-batch size at which no layout of the DP's family fits in memory: the better of two
-// refined starts, METIS's layout (metis.h; computed once per device budget, at the middle
-// candidate micro-batch size) and the sequential DP's chain, by fit and then slowest stage;
+// micro-batch size at which no layout of the DP's family fits in memory: two refined starts,
+// METIS's layout (metis.h; computed once per device budget, at the middle candidate micro-batch
+// size) and the sequential DP's chain, both candidates (the predicted step chooses: METIS's
+// keeps branches apart, the chain's balances the stages);
 //                                                                    label "graphpipe(fallback)"
 // then the down-set plans where they exist, as in 3.
 // Refinement of the DP's plan and of the starts is skipped when Options::refine is off.
