@@ -10,17 +10,18 @@ namespace graphpipe::partition {
 
 std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const std::vector<int>& replicas,
                                            const std::vector<std::pair<int, int>>& edges,
-                                           const std::vector<double>& edge_bytes) {
+                                           const std::vector<double>& edge_bytes, int ranks) {
   const int stages = static_cast<int>(replicas.size());
   const long need = std::accumulate(replicas.begin(), replicas.end(), 0L);
-  if (need > devices.count) {
+  const int count = ranks > 0 ? std::min(ranks, devices.count) : devices.count;
+  if (need > count) {
     throw PlanningError("the stages need " + std::to_string(need) + " devices in all, the description has " +
-                        std::to_string(devices.count));
+                        std::to_string(count) + (count < devices.count ? " (placed on its first ranks)" : ""));
   }
   // Nodes in order of their lowest rank, each with its ranks ascending and a cursor to the first
   // free one (ranks are taken from the front, so a stage's block inside a node is contiguous).
   std::map<int, std::vector<int>> by_node;
-  for (int d = 0; d < devices.count; ++d) by_node[devices.node_of(d)].push_back(d);
+  for (int d = 0; d < count; ++d) by_node[devices.node_of(d)].push_back(d);
   std::vector<std::vector<int>> nodes;
   nodes.reserve(by_node.size());
   for (auto& [id, ranks] : by_node) nodes.push_back(std::move(ranks));

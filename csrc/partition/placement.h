@@ -23,10 +23,12 @@
 namespace graphpipe::partition {
 
 // replicas[s] >= 1 devices for stage s (stages in topological order); edges (src, dst) with the
-// bytes they carry per micro-batch. Returns each stage's ranks, ascending. Throws PlanningError
-// when the stages need more devices than the description has.
+// bytes they carry per micro-batch. Returns each stage's ranks, ascending. `ranks` > 0 places on
+// the description's first `ranks` ranks only (their nodes as the description groups them), so
+// that the placement of a plan does not depend on devices it does not use. Throws PlanningError
+// when the stages need more devices than there are.
 std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const std::vector<int>& replicas,
                                            const std::vector<std::pair<int, int>>& edges,
-                                           const std::vector<double>& edge_bytes);
+                                           const std::vector<double>& edge_bytes, int ranks = 0);
 
 }  // namespace graphpipe::partition

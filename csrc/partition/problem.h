@@ -45,6 +45,8 @@ struct Problem {
   // together at most device_budget. Null: one device per stage, as before replication existed.
   std::shared_ptr<const ReplicaTable> replicas;
   int device_budget = 1;  // devices a plan may use in all (max_stages without replication)
+  // > 0: replicated stages are placed on the first placement_ranks ranks only (placement.h).
+  int placement_ranks = 0;
   // How replicated stages synchronise, and what each operator's owned parameters ask of it
   // (cost/sync_load.h; make_problem sets the default all-reduce, set_sync another method). The
   // planner prices a stage's sync as one bucket holding all of its operators' gradients

@@ -257,6 +257,27 @@ TEST(PartitionReplicas, PlacementKeepsReplicasInsideANode) {
   EXPECT_THROW(pt::place_stages(d, {9, 8}, {}, {}), gp::PlanningError);
 }
 
+// Placed on the whole budget, a plan's ranks would depend on devices it does not use: the
+// partial last node of 52 V100s (8 a node) has 4 ranks, of 53 five, and a stage of 8 that spans
+// nodes takes that node whole first. On the plan's first ranks the placement is the same for
+// every budget, which is what keeps PipeDream's candidates, and so the sequential planner, never
+// slower with more devices.
+TEST(PartitionReplicas, PlacementOnTheFirstRanksIgnoresTheRestOfTheBudget) {
+  const std::vector<int> replicas{3, 8, 8, 8, 8, 8, 8};  // 51 devices
+  std::vector<std::pair<int, int>> edges;
+  for (int s = 0; s + 1 < 7; ++s) edges.push_back({s, s + 1});
+  const std::vector<double> bytes(edges.size(), 1.0);
+  const auto on52 = pt::place_stages(cost::v100(52, 8), replicas, edges, bytes);
+  const auto on53 = pt::place_stages(cost::v100(53, 8), replicas, edges, bytes);
+  EXPECT_NE(on52.back(), on53.back());  // 4 + 4 across two nodes against 5 + 3
+  for (int budget : {51, 52, 53, 64}) {
+    EXPECT_EQ(pt::place_stages(cost::v100(budget, 8), replicas, edges, bytes, 51),
+              pt::place_stages(cost::v100(51, 8), replicas, edges, bytes))
+        << budget;
+  }
+  EXPECT_THROW(pt::place_stages(cost::v100(64, 8), replicas, edges, bytes, 50), gp::PlanningError);
+}
+
 TEST(PartitionReplicas, ManualStageDevices) {
   graph::OpGraph g = chain_of({1e10, 1e10, 1e10}, 1000);
   pt::Options o = options("manual", false);
