@@ -573,31 +573,66 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     if seq is None:
         return [Variant(n, "torch", unavailable=reason) for n in names]
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
-    k = seq.num_stages
-    m = seq.num_micro_batches
-    if m < k and graph.trace_batch_size % k == 0:
-        m = k
-    at_m = seq if m == seq.num_micro_batches else graphpipe.plan(graph, devices, "manual", manual=labels,
-                                                               micro_batches=m)
-    seconds = [(s.forward_seconds, s.backward_seconds) for s in at_m.stages]
-    optimizer = optimizer_seconds(graphpipe.simulate(at_m, devices), k)
-    memory = peak_stage_memory(at_m)
+    front = _torch_cut(graph, devices, seq, labels)
     try:
         points = split_points([[graph.node(n).module for n in stage.nodes] for stage in seq.stages])
-        refused = refusal(model, tuple(inputs), points, m)
+        refused = refusal(model, tuple(inputs), points, front.micro_batches)
     except ValueError as exc:
         points, refused = [], str(exc)
+    # The interpreter keeps integer tensors inside one stage (pin_integer_consumers: torch's
+    # pipelining garbles them between stages); where that empties stages (DLRM's embedding bags
+    # all join the indices' stage) they are dropped, and the waits are those of the pinned cut.
+    from baselines.torch_pipelining import pin_integer_consumers
 
-    def run(schedule: str, front_end: bool = False) -> TorchPipelineRun:
-        return TorchPipelineRun(front_end, points, labels, k, schedule, seconds, optimizer)
+    from graphpipe.trace import trace_module
 
-    out = [Variant("torch/1f1b", "torch", run("1f1b", True), m, k, memory, unavailable=refused),
-           Variant("torch/1f1b interpreter", "torch", run("1f1b"), m, k, memory),
-           Variant("torch/zero-bubble", "torch", micro_batches=m, depth=k, memory_bytes=memory,
-                   unavailable=TORCH_ZERO_BUBBLE)]
+    traced = trace_module(model, inputs)
+    pinned = pin_integer_consumers(traced.module, labels, traced.placeholder_values)
+    used = sorted(set(pinned.values()))
+    pinned = {name: used.index(stage) for name, stage in pinned.items()}
+    inner = front if pinned == labels else _torch_cut(graph, devices, seq, pinned, front.micro_batches)
+
+    def run(cut: _TorchCut, schedule: str, front_end: bool = False) -> TorchPipelineRun:
+        return TorchPipelineRun(front_end, points, cut.labels, cut.num_stages, schedule, cut.seconds, cut.optimizer)
+
+    out = [Variant("torch/1f1b", "torch", run(front, "1f1b", True), front.micro_batches, front.num_stages, front.memory,
+                   unavailable=refused),
+           Variant("torch/1f1b interpreter", "torch", run(inner, "1f1b"), inner.micro_batches, inner.num_stages,
+                   inner.memory),
+           Variant("torch/zero-bubble", "torch", micro_batches=front.micro_batches, depth=front.num_stages,
+                   memory_bytes=front.memory, unavailable=TORCH_ZERO_BUBBLE)]
     if every:
-        out.append(Variant("torch/gpipe interpreter", "torch", run("fill_drain"), m, k, memory))
+        out.append(Variant("torch/gpipe interpreter", "torch", run(inner, "fill_drain"), inner.micro_batches,
+                           inner.num_stages, inner.memory))
     return out
+
+
+@dataclass
+class _TorchCut:
+    """A chain cut torch's pipelining runs: operator -> stage, at as many micro-batches as
+    stages at least (Schedule1F1B refuses fewer), with its stages' emulated times and memory."""
+
+    labels: dict[str, int]
+    num_stages: int
+    micro_batches: int
+    seconds: list[tuple[float, float]]  # per stage, forward and backward per micro-batch
+    optimizer: list[float]  # per stage, its simulated optimizer step
+    memory: float  # the peak stage's bytes
+
+
+def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micro_batches: int | None = None) -> _TorchCut:
+    """The cut ``labels`` priced by the cost model at ``micro_batches`` (default: the plan's, or
+    as many as stages where the batch allows): ``plan`` where it is that cut and micro-batching,
+    else a manual plan of the cut."""
+    k = len(set(labels.values()))
+    m = micro_batches or plan.num_micro_batches
+    if m < k and graph.trace_batch_size % k == 0:
+        m = k
+    same = labels == {graph.node(n).name: stage.id for stage in plan.stages for n in stage.nodes}
+    at_m = plan if same and m == plan.num_micro_batches else \
+        graphpipe.plan(graph, devices, "manual", manual=labels, micro_batches=m)
+    return _TorchCut(labels, k, m, [(s.forward_seconds, s.backward_seconds) for s in at_m.stages],
+                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_stage_memory(at_m))
 
 
 def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str, dict]:

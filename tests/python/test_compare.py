@@ -295,6 +295,38 @@ def test_a_refused_plan_is_a_reason_not_a_number(monkeypatch: pytest.MonkeyPatch
     assert plan is None and reason == "no plan: ValueError: no room"
 
 
+def test_torch_interpreter_runs_the_pinned_cut_without_empty_stages() -> None:
+    """DLRM's sequential plan on 8 devices: torch's pipelining needs the integer indices'
+    consumers (the embedding bags) on the indices' stage, which empties the stage that held only
+    bags. The interpreter rows run the pinned cut on its non-empty stages, numbered 0..k-1, with
+    that cut's stage times; the front-end row keeps the sequential plan's cut."""
+    sys.path.insert(0, str(COMPARE.parent))
+    import compare
+    from baselines.torch_pipelining import chain_stage_modules
+
+    import graphpipe
+    from graphpipe.models import build_model
+    from graphpipe.trace import trace_module
+
+    model, inputs = build_model("dlrm:size=small,batch=16")
+    graph = graphpipe.trace(model, inputs)
+    devices = graphpipe.devices(8, "cpu")
+    variants = {v.name: v for v in compare.torch_pipeline_variants(graph, devices, None, True, model, inputs)}
+    front, inner = variants["torch/1f1b"].run, variants["torch/1f1b interpreter"].run
+    assert inner.num_stages < front.num_stages, inner.labels
+    assert sorted(set(inner.labels.values())) == list(range(inner.num_stages))
+    assert len(inner.stage_seconds) == inner.num_stages and len(inner.optimizer_seconds) == inner.num_stages
+    assert variants["torch/gpipe interpreter"].run.labels == inner.labels
+    # every embedding bag sits on stage 0 with the indices, and the interpreter cuts it
+    bags = [n for n in inner.labels if n.startswith("sparse_")]  # the EmbeddingBag calls
+    assert bags and all(inner.labels[n] == 0 for n in bags), inner.labels
+    assert any(front.labels[n] > 0 for n in bags), front.labels
+    traced = trace_module(model, inputs)
+    assert len(chain_stage_modules(traced.module, inner.labels, inner.num_stages)) == inner.num_stages
+    # the stage that gained the bags is priced with them
+    assert inner.stage_seconds[0][0] > front.stage_seconds[0][0]
+
+
 def test_verdict_and_chart_per_model_and_memory_limit(tmp_path: Path) -> None:
     sys.path.insert(0, str(COMPARE.parent))
     import compare
