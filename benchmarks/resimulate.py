@@ -5,7 +5,8 @@ of each extra tensor of a transfer, beside the emulated or measured times of the
 
 Every graphpipe row of the report carries its plan (stage times included) and, from this commit
 on, the device description it was simulated with. A plan saved before model inputs stopped
-making stage edges is re-cut from its stored stages (``load_plan``; the table's "plan" column). Each plan is simulated twice under that
+making stage edges is brought to that rule, its stage times as stored (``load_plan``; the
+table's "plan" column). Each plan is simulated twice under that
 description: as measured (``Devices.extra_tensor_seconds`` from the report's calibration: a
 transfer's tensors, posted together, share one latency and each extra one costs one more
 message), and with the figure unset (each extra tensor charged a whole link latency, the rule
@@ -38,24 +39,18 @@ def rebuilt_devices(report: dict, world: int) -> Any:
                                           report["slowdown"], report["calibration"][str(world)])
 
 
-def load_plan(stored: dict, graph: Any, devices: Any) -> tuple[Any, str]:
-    """A report row's plan and how it was loaded: "as stored", or "re-cut" for a plan saved
-    before model inputs stopped making stage edges (they never travel; docs/design.md §3), which
-    the loader refuses: its stage assignment, replicas, micro-batching and schedule are made into
-    a plan again by the manual partitioner, priced on the same description."""
+def load_plan(stored: dict, graph: Any) -> tuple[Any, str]:
+    """A report row's plan and how it was loaded: "as stored", or "inputs dropped" for a plan
+    saved before model inputs stopped making stage edges (they never travel; docs/design.md §3),
+    brought to that rule by the loader (``Plan.from_json(..., drop_input_edges=True)``: its
+    input edges dropped, the depth recounted, the stage times as stored)."""
+    text = json.dumps(stored["json"])
     try:
-        return graphpipe.Plan.from_json(json.dumps(stored["json"]), graph), "as stored"
+        return graphpipe.Plan.from_json(text, graph), "as stored"
     except graphpipe.FormatError as exc:
         if "operator edges out of model inputs" not in str(exc):
             raise
-    doc = stored["json"]
-    labels = {name: st["id"] for st in doc["stages"] for name in st["nodes"]}
-    replicated = {st["id"]: st["devices"] for st in doc["stages"] if len(st["devices"]) > 1}
-    plan = graphpipe.plan(graph, devices, "manual", manual=labels, micro_batch_size=doc["micro_batch_size"],
-                          batch_size=doc["batch_size"], memory_limit=doc["memory_limit_bytes"],
-                          optimizer=doc["optimizer"], stage_devices=replicated or None,
-                          schedule=stored["schedule"])
-    return plan, "re-cut"
+    return graphpipe.Plan.from_json(text, graph, drop_input_edges=True), "inputs dropped"
 
 
 def resimulate(report: dict) -> list[dict]:
@@ -73,7 +68,7 @@ def resimulate(report: dict) -> list[dict]:
         stored = "devices" in r["plan"]
         devices = (graphpipe.Devices.from_json(json.dumps(r["plan"]["devices"])) if stored
                    else rebuilt_devices(report, r["world"]))
-        plan, loaded = load_plan(r["plan"], graphs[spec], devices)
+        plan, loaded = load_plan(r["plan"], graphs[spec])
         measured_figure = devices.extra_tensor_seconds
         if measured_figure is None:
             raise SystemExit(f"{r['model']} {r['variant']}: the report has no measured extra_tensor_seconds "

@@ -201,7 +201,7 @@ StageEdge stage_edge_from_json(const nlohmann::json& js, const std::string& wher
 
 }  // namespace
 
-Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
+Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g, bool drop_input_edges) {
   Plan plan = plan_header_from_json(doc, g);
   const auto& stages = jf::array(jf::field(doc, "stages", "$"), "$.stages");
   for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -211,6 +211,7 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   for (std::size_t i = 0; i < edges.size(); ++i) {
     plan.edges.push_back(stage_edge_from_json(edges[i], "$.edges[" + std::to_string(i) + "]", g));
   }
+  if (drop_input_edges) drop_model_input_edges(plan, g);
   try {
     validate_plan(plan, g);
   } catch (const PlanningError& e) {
@@ -222,7 +223,9 @@ Plan plan_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
 
 std::string dumps(const Plan& plan, const graph::OpGraph& g, int indent) { return to_json(plan, g).dump(indent); }
 
-Plan loads_plan(const std::string& text, const graph::OpGraph& g) { return plan_from_json(jf::parse(text, "plan"), g); }
+Plan loads_plan(const std::string& text, const graph::OpGraph& g, bool drop_input_edges) {
+  return plan_from_json(jf::parse(text, "plan"), g, drop_input_edges);
+}
 
 void save(const Plan& plan, const graph::OpGraph& g, const std::string& path) {
   jf::write_file(path, dumps(plan, g, 2));

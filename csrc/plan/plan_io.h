@@ -58,13 +58,21 @@ std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(co
 // operator (a value read by several operators downstream crosses once). StageEdge::tensors.
 int tensors_carried(const graph::OpGraph& graph, const std::vector<graph::EdgeId>& edges);
 
+// A plan saved before model inputs stopped making stage edges (OpGraph::edge_moves_data),
+// brought to the rule: each stage edge keeps the operator edges that move data (its tensors and
+// bytes recounted as plan building counts them), an edge left with none goes, and the depth is
+// that of the edges kept. Stage figures are left as saved, so that the plan can be simulated
+// again under the rule (benchmarks/resimulate.py).
+void drop_model_input_edges(Plan& plan, const graph::OpGraph& graph);
+
 nlohmann::json to_json(const Plan& plan, const graph::OpGraph& graph);
 // Reads and validates; any problem (malformed field, unknown operator, a plan for another graph,
-// a tampered stage list) is a FormatError naming it.
-Plan plan_from_json(const nlohmann::json& document, const graph::OpGraph& graph);
+// a tampered stage list) is a FormatError naming it. `drop_input_edges`: a plan saved before the
+// model-input rule is brought to it first (drop_model_input_edges) instead of refused.
+Plan plan_from_json(const nlohmann::json& document, const graph::OpGraph& graph, bool drop_input_edges = false);
 
 std::string dumps(const Plan& plan, const graph::OpGraph& graph, int indent = -1);
-Plan loads_plan(const std::string& text, const graph::OpGraph& graph);
+Plan loads_plan(const std::string& text, const graph::OpGraph& graph, bool drop_input_edges = false);
 void save(const Plan& plan, const graph::OpGraph& graph, const std::string& path);
 Plan load_plan(const std::string& path, const graph::OpGraph& graph);
 

@@ -211,6 +211,43 @@ ImpliedEdges implied_stage_edges(const graph::OpGraph& g, const std::vector<int>
   return result;
 }
 
+void drop_model_input_edges(Plan& plan, const graph::OpGraph& g) {
+  std::vector<StageEdge> kept;
+  for (StageEdge& se : plan.edges) {
+    std::vector<graph::EdgeId> moving;
+    for (graph::EdgeId e : se.edges) {
+      if (e >= 0 && static_cast<std::size_t>(e) < g.num_edges() && g.edge_moves_data(e)) moving.push_back(e);
+    }
+    if (moving.empty()) continue;
+    if (moving.size() != se.edges.size()) {
+      // As plan building counts them: each producer once, at its largest outgoing edge.
+      std::map<graph::NodeId, double> per_producer;
+      for (graph::EdgeId e : moving) {
+        double& bytes = per_producer[g.edge(e).src];
+        bytes = std::max(bytes, g.edge(e).bytes * static_cast<double>(plan.micro_batch_size));
+      }
+      se.bytes = 0.0;
+      for (const auto& [producer, bytes] : per_producer) se.bytes += bytes;
+      se.edges = std::move(moving);
+      se.tensors = tensors_carried(g, se.edges);
+    }
+    kept.push_back(std::move(se));
+  }
+  plan.edges = std::move(kept);
+  if (plan.chain) return;  // a chain's depth is its stage count whatever its edges
+  std::vector<int> longest(plan.stages.size(), 1);
+  std::vector<const StageEdge*> by_source;
+  for (const StageEdge& se : plan.edges) by_source.push_back(&se);
+  std::sort(by_source.begin(), by_source.end(), [](const StageEdge* a, const StageEdge* b) { return a->src > b->src; });
+  for (const StageEdge* se : by_source) {
+    if (se->src < 0 || se->dst < 0 || se->src >= static_cast<int>(longest.size()) ||
+        se->dst >= static_cast<int>(longest.size()))
+      continue;  // validation names it
+    longest[se->src] = std::max(longest[se->src], longest[se->dst] + 1);
+  }
+  plan.depth = longest.empty() ? 0 : *std::max_element(longest.begin(), longest.end());
+}
+
 void validate_plan(const Plan& plan, const graph::OpGraph& g) {
   check_plan_header(plan, g);
   const std::vector<int> stage_of = check_stages(plan, g);

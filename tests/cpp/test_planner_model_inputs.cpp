@@ -137,3 +137,21 @@ TEST(PlannerModelInputs, APlanListingAnInputEdgeIsRefusedByName) {
         << e.what();
   }
 }
+
+TEST(PlannerModelInputs, APlanFromBeforeTheRuleLoadsWithItsInputEdgesDropped) {
+  const auto g = two_encoders(true);
+  const auto current = encoders_on_their_own_stages(g);
+  auto doc = nlohmann::json::parse(gp::plan::dumps(current, g, 2));
+  // As saved before the rule: x -> enc_b.fc1 (operator edge 2) on a stage edge 0 -> 1, depth 3.
+  doc["edges"].push_back({{"src", 0}, {"dst", 1}, {"edges", {2}}, {"tensors", 1}, {"bytes", 1e4}});
+  doc["depth"] = 3;
+  const auto loaded = gp::plan::loads_plan(doc.dump(), g, /*drop_input_edges=*/true);
+  EXPECT_EQ(loaded.depth, 2);
+  EXPECT_FALSE(has_edge(loaded, 0, 1));
+  EXPECT_EQ(loaded.edges.size(), current.edges.size());
+  for (std::size_t i = 0; i < loaded.edges.size(); ++i) {
+    EXPECT_EQ(loaded.edges[i].edges, current.edges[i].edges);
+    EXPECT_EQ(loaded.edges[i].tensors, current.edges[i].tensors);
+  }
+  EXPECT_THROW(gp::plan::loads_plan(doc.dump(), g), gp::FormatError);  // refused without the flag
+}
