@@ -98,9 +98,10 @@ void bind_plan(py::module_& m) {
       .def(
           "to_json", [](const Plan& p, const graph::OpGraph& g, int indent) { return plan::dumps(p, g, indent); },
           py::arg("graph"), py::arg("indent") = -1)
-      .def_static("from_json", &plan::loads_plan, py::arg("text"), py::arg("graph"), py::arg("drop_input_edges") = false,
-                   "Reads and validates a plan's JSON for `graph`. drop_input_edges: a plan saved before model "
-                   "inputs stopped making stage edges is brought to that rule instead of refused.")
+      .def_static("from_json", &plan::loads_plan, py::arg("text"), py::arg("graph"),
+                  py::arg("drop_input_edges") = false,
+                  "Reads and validates a plan's JSON for `graph`. drop_input_edges: a plan saved before model "
+                  "inputs stopped making stage edges is brought to that rule instead of refused.")
       .def(
           "save", [](const Plan& p, const graph::OpGraph& g, const std::string& path) { plan::save(p, g, path); },
           py::arg("graph"), py::arg("path"))

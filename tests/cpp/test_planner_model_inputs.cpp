@@ -93,8 +93,8 @@ TEST(PlannerModelInputs, TheSimulatorStartsAStageThatReadsOnlyInputsAtOnce) {
   for (const auto& t : r.tasks) {
     // Stage 1's first forward waits for nothing: stage 0 sends it nothing.
     if (t.kind == gp::sim::TaskKind::forward && t.stage == 1 && t.micro_batch == 0) EXPECT_DOUBLE_EQ(t.start, 0.0);
-    EXPECT_FALSE((t.kind == gp::sim::TaskKind::activation || t.kind == gp::sim::TaskKind::gradient) &&
-                 t.stage == 0 && t.peer == 1)
+    EXPECT_FALSE((t.kind == gp::sim::TaskKind::activation || t.kind == gp::sim::TaskKind::gradient) && t.stage == 0 &&
+                 t.peer == 1)
         << gp::sim::task_name(t);
   }
 }
@@ -110,32 +110,34 @@ TEST(PlannerModelInputs, ThePlannerChargesAnInputNoBytesOrTime) {
   }
 }
 
+namespace {
+
+// The loader's message for `doc`, which it must refuse.
+std::string refusal(const nlohmann::json& doc, const gp::graph::OpGraph& g) {
+  try {
+    gp::plan::loads_plan(doc.dump(), g);
+  } catch (const gp::FormatError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
 TEST(PlannerModelInputs, APlanListingAnInputEdgeIsRefusedByName) {
   const auto g = two_encoders(true);
   auto doc = nlohmann::json::parse(gp::plan::dumps(encoders_on_their_own_stages(g), g, 2));
   // What a plan saved before the rule lists: x -> enc_b.fc1 (operator edge 2) as stage edge 0 -> 1.
   doc["edges"].push_back({{"src", 0}, {"dst", 1}, {"edges", {2}}, {"tensors", 1}, {"bytes", 1e4}});
-  try {
-    gp::plan::loads_plan(doc.dump(), g);
-    FAIL() << "accepted a stage edge that carries only a model input";
-  } catch (const gp::FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("stage edge 0 -> 1 lists operator edges out of model inputs"),
-              std::string::npos)
-        << e.what();
-  }
+  std::string message = refusal(doc, g);
+  EXPECT_NE(message.find("stage edge 0 -> 1 lists operator edges out of model inputs"), std::string::npos) << message;
   // An input edge riding beside data on a listed edge: named the same way.
   doc = nlohmann::json::parse(gp::plan::dumps(encoders_on_their_own_stages(g), g, 2));
   for (auto& e : doc["edges"]) {
     if (e["src"] == 0 && e["dst"] == 2) e["edges"].push_back(2);
   }
-  try {
-    gp::plan::loads_plan(doc.dump(), g);
-    FAIL() << "accepted a stage edge that lists a model input beside its data";
-  } catch (const gp::FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("stage edge 0 -> 2 lists operator edges out of model inputs"),
-              std::string::npos)
-        << e.what();
-  }
+  message = refusal(doc, g);
+  EXPECT_NE(message.find("stage edge 0 -> 2 lists operator edges out of model inputs"), std::string::npos) << message;
 }
 
 TEST(PlannerModelInputs, APlanFromBeforeTheRuleLoadsWithItsInputEdgesDropped) {

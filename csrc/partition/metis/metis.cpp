@@ -29,6 +29,20 @@ std::vector<idx_t> scaled(const std::vector<double>& values, double target) {
   return result;
 }
 
+// What METIS weighs each edge by: its bytes, and for an edge out of a model input, which moves
+// nothing (Problem::edge_bytes is 0), its tensor's all the same. That keeps each input with its
+// consumers, whose stage must then come after the input's, instead of scattering inputs so that
+// stages wait on each other's order.
+std::vector<double> clustering_bytes(const Problem& p) {
+  const graph::OpGraph& g = *p.graph;
+  std::vector<double> bytes(p.edge_bytes);
+  for (std::size_t e = 0; e < bytes.size(); ++e) {
+    const auto id = static_cast<graph::EdgeId>(e);
+    if (!g.edge_moves_data(id)) bytes[e] = g.edge(id).bytes * static_cast<double>(p.micro_batch_size);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::vector<int> metis_parts(const Problem& p, int k, int seed) {
@@ -60,15 +74,8 @@ std::vector<int> metis_parts(const Problem& p, int k, int seed) {
     vwgt[2 * static_cast<std::size_t>(v)] = w_compute[v];
     vwgt[2 * static_cast<std::size_t>(v) + 1] = w_memory[v];
   }
-  // Edge weights in KiB, scaled down together if their sum could overflow METIS's int32. An edge
-  // out of a model input moves nothing (Problem::edge_bytes is 0), but METIS still weighs it by
-  // its tensor: that keeps each input with its consumers, whose stage must then come after the
-  // input's, instead of scattering inputs so that stages wait on each other's order.
-  std::vector<double> bytes(p.edge_bytes);
-  for (std::size_t e = 0; e < bytes.size(); ++e) {
-    const auto id = static_cast<graph::EdgeId>(e);
-    if (!g.edge_moves_data(id)) bytes[e] = g.edge(id).bytes * static_cast<double>(p.micro_batch_size);
-  }
+  // Edge weights in KiB, scaled down together if their sum could overflow METIS's int32.
+  const std::vector<double> bytes = clustering_bytes(p);
   double kib_total = 0.0;
   for (double b : bytes) kib_total += 2.0 * std::max(1.0, b / 1024.0);
   const double shrink = kib_total > 1e9 ? kib_total / 1e9 : 1.0;
