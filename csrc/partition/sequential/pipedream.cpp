@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
+#include "partition/evaluate.h"
 #include "partition/replica_allocation.h"
 #include "partition/sequential/chain_units.h"
 
@@ -183,6 +185,17 @@ class PipeDreamSearch {
 }  // namespace
 
 std::vector<ChainPlan> pipedream_chains(const Problem& p, bool relays) { return PipeDreamSearch(p, relays).run(); }
+
+std::vector<std::vector<int>> placed_on_first_ranks(const Problem& problem, const ChainPlan& chain) {
+  Problem on_first = problem;
+  on_first.placement_ranks = std::accumulate(chain.replicas.begin(), chain.replicas.end(), 0);
+  const Evaluation ev = evaluate(on_first, chain.assignment, chain.replicas);
+  std::vector<std::vector<int>> devices(chain.replicas.size());
+  for (std::size_t v = 0; v < chain.assignment.size(); ++v) {
+    devices[chain.assignment[v]] = ev.stages[ev.stage_of[v]].devices;
+  }
+  return devices;
+}
 
 std::vector<ChainPlan> pipedream_plans(const Problem& p) {
   std::vector<ChainPlan> plans = pipedream_chains(p, true);

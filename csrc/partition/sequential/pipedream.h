@@ -46,6 +46,13 @@ struct ChainPlan {
 // Needs problem.replicated(). Empty when no chain fits in memory.
 std::vector<ChainPlan> pipedream_plans(const Problem& problem);
 
+// A chain's ranks per label: placed (placement.h) on the first ranks it uses, as the DP above
+// assumes (contiguous ranks), not on the whole budget. Placed on the budget, a chain's ranks
+// could change with devices it does not use (a node only partly in the budget has room for one
+// more replica at budget n + 1 than at n), and so its step: the candidates of a larger budget
+// would no longer include every smaller budget's as they were.
+std::vector<std::vector<int>> placed_on_first_ranks(const Problem& problem, const ChainPlan& chain);
+
 // One search's chains: with the relays charged on a chain (`relays`), or priced as PipeDream
 // prices them.
 std::vector<ChainPlan> pipedream_chains(const Problem& problem, bool relays);

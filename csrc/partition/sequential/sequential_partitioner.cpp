@@ -1,8 +1,5 @@
 #include "partition/sequential/sequential_partitioner.h"
 
-#include <numeric>
-
-#include "partition/evaluate.h"
 #include "partition/replica_allocation.h"
 #include "partition/sequential/pipedream.h"
 #include "partition/sequential/sequential.h"
@@ -15,20 +12,10 @@ std::vector<CandidatePlan> SequentialPartitioner::candidates(const PartitionRequ
   // plain data parallelism at every replica count. Each list only grows with the budget and
   // each candidate's figures depend only on the devices it uses, so more devices never give a
   // slower plan.
-  //
-  // Each chain is placed on the first ranks it needs, as PipeDream's DP assumes (contiguous
-  // ranks), not on the whole budget: placed on the budget, a chain's ranks could change with
-  // devices it does not use (a node partly in the budget has room for one more replica at
-  // budget n + 1 than at n), and so its step, breaking the guarantee above.
+  // (Each chain placed on the first ranks it uses: placed_on_first_ranks, pipedream.h.)
   std::vector<CandidatePlan> candidates;
-  Problem on_first = problem;
   for (ChainPlan& chain : pipedream_plans(problem)) {
-    on_first.placement_ranks = std::accumulate(chain.replicas.begin(), chain.replicas.end(), 0);
-    const Evaluation ev = evaluate(on_first, chain.assignment, chain.replicas);
-    std::vector<std::vector<int>> devices(chain.replicas.size());
-    for (std::size_t v = 0; v < chain.assignment.size(); ++v) {
-      devices[chain.assignment[v]] = ev.stages[ev.stage_of[v]].devices;
-    }
+    std::vector<std::vector<int>> devices = placed_on_first_ranks(problem, chain);
     candidates.push_back(
         {std::move(chain.assignment), std::string(kName), std::move(chain.replicas), std::move(devices)});
   }

@@ -67,8 +67,10 @@ std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
 void pipedream_along(Problem p, std::vector<graph::NodeId> order, std::vector<CandidatePlan>& out) {
   p.order = std::move(order);
   for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
-  for (ChainPlan& chain : pipedream_plans(p))
-    out.push_back({std::move(chain.assignment), kPipeDream, std::move(chain.replicas), {}});
+  for (ChainPlan& chain : pipedream_plans(p)) {
+    std::vector<std::vector<int>> devices = placed_on_first_ranks(p, chain);
+    out.push_back({std::move(chain.assignment), kPipeDream, std::move(chain.replicas), std::move(devices)});
+  }
 }
 
 // With replication, every candidate's leftover devices go to its slowest stages (replica
