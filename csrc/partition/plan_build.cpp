@@ -1,7 +1,6 @@
 #include "partition/plan_build.h"
 
 #include <algorithm>
-#include <map>
 
 #include "common/error.h"
 #include "plan/plan_io.h"
@@ -10,6 +9,7 @@
 
 namespace graphpipe::partition {
 
+using plan::bytes_carried;
 using plan::fill_stage_parameters;
 using plan::implied_stage_edges;
 using plan::Plan;
@@ -101,12 +101,7 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
     se.src = key.first;
     se.dst = key.second;
     se.edges = ids;
-    std::map<graph::NodeId, double> per_producer;
-    for (graph::EdgeId e : ids) {
-      double& bytes = per_producer[g.edge(e).src];
-      bytes = std::max(bytes, p.edge_bytes[e]);
-    }
-    for (const auto& [producer, bytes] : per_producer) se.bytes += bytes;
+    se.bytes = bytes_carried(g, ids, p.micro_batch_size);
     se.tensors = tensors_carried(g, ids);
     plan.edges.push_back(std::move(se));
   }

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -57,6 +58,11 @@ std::map<std::pair<int, int>, std::vector<graph::EdgeId>> implied_stage_edges(co
 // How many tensors a stage edge carrying `edges` sends per micro-batch: one per producing
 // operator (a value read by several operators downstream crosses once). StageEdge::tensors.
 int tensors_carried(const graph::OpGraph& graph, const std::vector<graph::EdgeId>& edges);
+
+// How many bytes a stage edge carrying `edges` sends per micro-batch of `micro_batch_size`
+// samples: each producing operator once, at its largest outgoing edge. StageEdge::bytes.
+double bytes_carried(const graph::OpGraph& graph, const std::vector<graph::EdgeId>& edges,
+                     std::int64_t micro_batch_size);
 
 // A plan saved before model inputs stopped making stage edges (OpGraph::edge_moves_data),
 // brought to the rule: each stage edge keeps the operator edges that move data (its tensors and

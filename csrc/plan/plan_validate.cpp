@@ -1,6 +1,7 @@
 // validate_plan, implied_stage_edges and tensors_carried (plan_io.h): a plan checked against the
 // graph it is applied to.
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
@@ -132,6 +133,27 @@ std::vector<int> check_stages(const Plan& plan, const graph::OpGraph& g) {
   return stage_of;
 }
 
+// `edges` without those out of model inputs (graph::OpGraph::edge_moves_data), in order.
+std::vector<graph::EdgeId> data_edges(const graph::OpGraph& g, const std::vector<graph::EdgeId>& edges) {
+  std::vector<graph::EdgeId> moving;
+  std::copy_if(edges.begin(), edges.end(), std::back_inserter(moving),
+               [&](graph::EdgeId e) { return g.edge_moves_data(e); });
+  return moving;
+}
+
+// The longest path, in stages, of the stage graph `edges` (src < dst) over `num_stages`
+// stages; an edge naming no stage is skipped (validation names it).
+int longest_path(int num_stages, std::vector<std::pair<int, int>> edges) {
+  if (num_stages == 0) return 0;
+  std::sort(edges.begin(), edges.end(), std::greater<>());
+  std::vector<int> longest(num_stages, 1);
+  for (const auto& [src, dst] : edges) {
+    if (src < 0 || dst < 0 || src >= num_stages || dst >= num_stages) continue;
+    longest[src] = std::max(longest[src], longest[dst] + 1);
+  }
+  return *std::max_element(longest.begin(), longest.end());
+}
+
 // The listed stage edges are exactly those the crossing operator edges imply, with their
 // operator edges and tensor counts.
 void check_stage_edges(const Plan& plan, const graph::OpGraph& g, const ImpliedEdges& expected) {
@@ -140,9 +162,7 @@ void check_stage_edges(const Plan& plan, const graph::OpGraph& g, const ImpliedE
     auto it = expected.find({se.src, se.dst});
     std::string name = "stage edge " + std::to_string(se.src) + " -> " + std::to_string(se.dst);
     // A plan saved before model inputs stopped making stage edges lists them: say so by name.
-    std::vector<graph::EdgeId> moving;
-    std::copy_if(se.edges.begin(), se.edges.end(), std::back_inserter(moving),
-                 [&](graph::EdgeId e) { return g.edge_moves_data(e); });
+    const std::vector<graph::EdgeId> moving = data_edges(g, se.edges);
     if (moving.size() != se.edges.size() && (it == expected.end() ? moving.empty() : moving == it->second)) {
       throw PlanningError(name + " lists operator edges out of model inputs, which every rank has and no stage " +
                           "sends (a plan made before graphpipe stopped listing them): plan the model again");
@@ -168,11 +188,9 @@ void check_stage_edges(const Plan& plan, const graph::OpGraph& g, const ImpliedE
 
 void check_depth(const Plan& plan, const ImpliedEdges& expected) {
   const int num_stages = static_cast<int>(plan.stages.size());
-  std::vector<int> longest(num_stages, 1);
-  for (auto it = expected.rbegin(); it != expected.rend(); ++it) {
-    longest[it->first.first] = std::max(longest[it->first.first], longest[it->first.second] + 1);
-  }
-  const int depth = plan.chain ? num_stages : *std::max_element(longest.begin(), longest.end());
+  std::vector<std::pair<int, int>> edges;
+  for (const auto& [key, ids] : expected) edges.push_back(key);
+  const int depth = plan.chain ? num_stages : longest_path(num_stages, std::move(edges));
   if (plan.depth != depth) {
     throw PlanningError("the plan says depth " + std::to_string(plan.depth) +
                         (plan.chain ? ", a chain of its stages has " : ", its stage graph's longest path has ") +
@@ -211,41 +229,34 @@ ImpliedEdges implied_stage_edges(const graph::OpGraph& g, const std::vector<int>
   return result;
 }
 
+double bytes_carried(const graph::OpGraph& g, const std::vector<graph::EdgeId>& edges, std::int64_t micro_batch_size) {
+  std::map<graph::NodeId, double> per_producer;
+  for (graph::EdgeId e : edges) {
+    double& bytes = per_producer[g.edge(e).src];
+    bytes = std::max(bytes, g.edge(e).bytes * static_cast<double>(micro_batch_size));
+  }
+  double total = 0.0;
+  for (const auto& [producer, bytes] : per_producer) total += bytes;
+  return total;
+}
+
 void drop_model_input_edges(Plan& plan, const graph::OpGraph& g) {
   std::vector<StageEdge> kept;
   for (StageEdge& se : plan.edges) {
-    std::vector<graph::EdgeId> moving;
-    for (graph::EdgeId e : se.edges) {
-      if (e >= 0 && static_cast<std::size_t>(e) < g.num_edges() && g.edge_moves_data(e)) moving.push_back(e);
-    }
+    std::vector<graph::EdgeId> moving = data_edges(g, se.edges);
     if (moving.empty()) continue;
     if (moving.size() != se.edges.size()) {
-      // As plan building counts them: each producer once, at its largest outgoing edge.
-      std::map<graph::NodeId, double> per_producer;
-      for (graph::EdgeId e : moving) {
-        double& bytes = per_producer[g.edge(e).src];
-        bytes = std::max(bytes, g.edge(e).bytes * static_cast<double>(plan.micro_batch_size));
-      }
-      se.bytes = 0.0;
-      for (const auto& [producer, bytes] : per_producer) se.bytes += bytes;
       se.edges = std::move(moving);
+      se.bytes = bytes_carried(g, se.edges, plan.micro_batch_size);
       se.tensors = tensors_carried(g, se.edges);
     }
     kept.push_back(std::move(se));
   }
   plan.edges = std::move(kept);
   if (plan.chain) return;  // a chain's depth is its stage count whatever its edges
-  std::vector<int> longest(plan.stages.size(), 1);
-  std::vector<const StageEdge*> by_source;
-  for (const StageEdge& se : plan.edges) by_source.push_back(&se);
-  std::sort(by_source.begin(), by_source.end(), [](const StageEdge* a, const StageEdge* b) { return a->src > b->src; });
-  for (const StageEdge* se : by_source) {
-    if (se->src < 0 || se->dst < 0 || se->src >= static_cast<int>(longest.size()) ||
-        se->dst >= static_cast<int>(longest.size()))
-      continue;  // validation names it
-    longest[se->src] = std::max(longest[se->src], longest[se->dst] + 1);
-  }
-  plan.depth = longest.empty() ? 0 : *std::max_element(longest.begin(), longest.end());
+  std::vector<std::pair<int, int>> edges;
+  for (const StageEdge& se : plan.edges) edges.emplace_back(se.src, se.dst);
+  plan.depth = longest_path(static_cast<int>(plan.stages.size()), std::move(edges));
 }
 
 void validate_plan(const Plan& plan, const graph::OpGraph& g) {
