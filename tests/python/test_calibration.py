@@ -61,7 +61,7 @@ def test_dispatch_measured_between_emulated_waits_leaves_the_waits_out() -> None
     # Emulated runs' ranks wait between instructions (compare.py --emulate calibrates that way):
     # each measured forward and backward waits 4 ms, and the fit takes the waits off again, so
     # the figure is the runtime's per instruction, not the emulated compute's.
-    costs = runtime_costs(1, steps=4, timeout=120, wait=4e-3)
+    costs = runtime_costs(1, steps=8, timeout=120, wait=4e-3)
     assert 0.0 < costs.instruction_overhead_seconds < 2e-3
     assert 0.0 < costs.step_overhead_seconds < 0.1
     with pytest.raises(ValueError, match="wait must be a non-negative number of seconds"):
