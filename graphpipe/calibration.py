@@ -59,10 +59,7 @@ __all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "coll
 #: The model the dispatch is timed on: small, several operators per stage, zero-length compute.
 DISPATCH_SPEC = "candle_uno:batch=16"
 #: The two micro-batch counts of the straight-line fit (the batch of DISPATCH_SPEC divides by both).
-#: The step's fixed cost is the line's intercept: from 1 micro-batch it is extrapolated over 2
-#: instructions, not 4 as from 2, which halves its noise (1-rank runs with 4 ms waits fitted
-#: 0-1.8 ms from (2, 8), 0.57-1.06 ms from (1, 8)).
-MICRO_BATCHES = (1, 8)
+MICRO_BATCHES = (2, 8)
 #: Seconds each forward and each backward of the measuring pipelines waits when the runs they
 #: describe emulate compute by waits (benchmarks/compare.py --emulate); subtracted from the
 #: fitted figure. Such runs' ranks sleep between instructions and wake late on a busy machine:
