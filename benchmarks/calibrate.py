@@ -20,12 +20,6 @@ import graphpipe
 from graphpipe.calibration import RuntimeCosts, apply_runtime_costs, link, runtime_costs
 
 
-def dispatch_overhead(concurrency: int = 1, *, in_group: bool = False, device: str = "cpu") -> float:
-    """Seconds of runtime work per forward or backward instruction, with ``concurrency`` ranks
-    at once (graphpipe.calibration.runtime_costs; the benchmarks that price dispatch alone)."""
-    return runtime_costs(concurrency, in_group=in_group, device=device).instruction_overhead_seconds
-
-
 def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]:
     """CPU devices with measured links and runtime costs, the costs, and the raw figures, all
     measured with ``count`` ranks at once (throughput and memory bandwidth: one process)."""

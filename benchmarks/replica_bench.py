@@ -5,17 +5,21 @@ Four CPU ranks run a two-stage plan (the sequential partitioner's cut) whose sta
 replicas (``manual_plan(..., stage_devices={0: [0, 1], 1: [2, 3]})``). The graph is profiled and
 the link and the runtime's dispatch cost are calibrated with four ranks at once (calibrate.py, as
 compare.py does), then ``graphpipe.simulate`` predicts the iteration. The ranks then train
-(``step(record=True)``): per step, the wall time (a barrier before each step), and from the
-recorded instructions when each replicated stage's all-reduce started and ended against its last
+(``step(record=True)``): per step, the wall time (steps back to back after one barrier, as a
+training loop runs them and compare.py times them: each from the previous step's return), and
+from the recorded instructions when each replicated stage's all-reduce started and ended against its last
 backward. Prints a table and writes results/replica_bench.json.
 
 Four ranks on this 2-core machine share two cores, so real compute runs about twice as slowly as
 the single-process profile says. By default the compute is therefore emulated, as in compare.py:
 each stage's forward and backward wait the profiled time of a device ``--slowdown`` times slower
 than a core (graphpipe.testing.emulate); transfers and the all-reduce stay real (of the real
-gradient sizes). The runtime's own cost (dispatch, transfers) is measured by a second run with
-zero-length compute and added to the prediction, as compare.py's "zero-compute calibration"
-does; both figures are printed. ``--no-emulate`` measures real compute.
+gradient sizes). The runtime's own costs per instruction and per step are measured with four
+ranks at once (graphpipe.calibration.runtime_costs; between emulated waits when the compute is
+emulated, as compare.py --emulate does) and go into the device description, which the simulator
+reads. A second run with zero-length compute gives one more figure, the prediction plus what
+that run measured beyond its own simulation ("+zero-compute"); both are printed.
+``--no-emulate`` measures real compute.
 
     python benchmarks/replica_bench.py [--models dlrm candle_uno] [--steps 8] [--bucket-kib 256]
 """
@@ -38,6 +42,7 @@ sys.path.insert(0, str(HERE))
 from compare import BENCH_SPECS, LR, git_commit  # noqa: E402
 
 import graphpipe  # noqa: E402
+from graphpipe.calibration import EMULATED_WAIT, RuntimeCosts, apply_runtime_costs, link, runtime_costs  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
 from graphpipe.testing import run_ranks  # noqa: E402
@@ -46,15 +51,17 @@ WORLD = 4
 PLACEMENT = {0: [0, 1], 1: [2, 3]}
 
 
-def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], slowdown: float) -> tuple[Any, Any, Any, Any]:
-    """The 2 x 2 plan of the profiled model, the calibrated devices, the plan's JSON text, and the
-    same plan with zero compute (what the simulator predicts of the runtime alone)."""
+def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], costs: RuntimeCosts,
+              slowdown: float) -> tuple[Any, Any, Any, Any]:
+    """The 2 x 2 plan of the profiled model, the calibrated devices (the link of ``calibration``,
+    the runtime's measured ``costs``), the plan's JSON text, and the same plan with zero compute
+    (what the simulator predicts of the runtime alone)."""
     from compare import zero_compute
 
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=(4, 8, 16, 32, 64), repeats=3, warmup=1)
-    devices = graphpipe.devices(WORLD, "cpu", measure=True)
+    devices = apply_runtime_costs(graphpipe.devices(WORLD, "cpu", measure=True), costs=costs)
     latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
     devices.set_node_links(WORLD, bandwidth, latency, bandwidth, latency)
     devices.relative_speed = devices.relative_speed / slowdown
@@ -84,13 +91,17 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_b
             emulate_stage(pipe, scale=emulate)  # the plan's (slowed) times, or 0
         opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)
         seconds, traces = [], []
+        # No barrier between steps (compare.py's measure_rank says why): each step is timed from
+        # the previous one's return, the reading of its recorded instructions left out.
+        dist.barrier()
+        last = time.perf_counter()
         for k in range(steps + 1):  # the first step warms up
-            dist.barrier()
-            start = time.perf_counter()
             pipe.step(inputs, targets, optimizer=opt, record=True)
             if k:
-                seconds.append(time.perf_counter() - start)
+                seconds.append(time.perf_counter() - last)
                 traces.append(pipe.measured_tasks(gather=False))
+            last = time.perf_counter()
+        dist.barrier()  # no rank leaves while another still steps
         return {"seconds": seconds, "traces": traces, "stage": pipe.stage,
                 "buckets": pipe.gradient_buckets.num_buckets if pipe.gradient_buckets is not None else 0}
 
@@ -123,22 +134,24 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=4.0, help="emulated device, this many times slower than a core")
     parser.add_argument("--out", default="results/replica_bench.json")
     args = parser.parse_args()
-    from calibrate import dispatch_overhead, link
-
     latency, bandwidth = link(concurrency=WORLD)
-    overhead = dispatch_overhead(concurrency=WORLD)
+    wait = EMULATED_WAIT if args.emulate else 0.0
+    costs = runtime_costs(WORLD, wait=wait)
     calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                   "task_overhead_seconds": overhead}
+                   "instruction_overhead_seconds": costs.instruction_overhead_seconds,
+                   "step_overhead_seconds": costs.step_overhead_seconds, "dispatch_wait_seconds": wait}
     print(f"calibration, {WORLD} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
-          f"{bandwidth / 1e9:.2f} GB/s, dispatch {overhead * 1e6:.0f} us", file=sys.stderr)
+          f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per instruction"
+          f"{' (between emulated waits)' if wait else ''} and {costs.step_overhead_seconds * 1e3:.2f} ms per step",
+          file=sys.stderr)
     bucket_bytes = args.bucket_kib * 1024
     rows = []
     for name in args.models:
         spec = BENCH_SPECS.get(name, name)
         slowdown = args.slowdown if args.emulate else 1.0
-        plan, devices, plan_json, idle = make_plan(spec, args.micro_batches, calibration, slowdown)
-        sim = graphpipe.simulate(plan, devices, task_overhead_seconds=overhead, bucket_bytes=bucket_bytes)
-        sim_zero = graphpipe.simulate(idle, devices, task_overhead_seconds=overhead, bucket_bytes=bucket_bytes)
+        plan, devices, plan_json, idle = make_plan(spec, args.micro_batches, calibration, costs, slowdown)
+        sim = graphpipe.simulate(plan, devices, bucket_bytes=bucket_bytes)
+        sim_zero = graphpipe.simulate(idle, devices, bucket_bytes=bucket_bytes)
 
         def measure(scale: float | None) -> tuple[float, list[Any], list[float]]:
             results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, scale, timeout=600)  # noqa: B023 (runs within this iteration)

@@ -30,9 +30,9 @@ imported from where each build has it). ``--measure`` picks what is timed:
 - ``zero``: the same iteration with every stage emulated at zero seconds (graphpipe's
   emulate_stage): the runtime's own cost of the schedule (dispatch, transfers, the step's
   set-up and closing loss sum), what compare.py's zero-compute calibration measures;
-- ``dispatch``: the runtime's cost per forward or backward instruction as
-  benchmarks/calibrate.py's dispatch_overhead measures it: ``--world`` one-rank pipelines at
-  once (CANDLE-Uno at batch 16, 8 micro-batches, zero compute), median step / (2 x 8).
+- ``dispatch``: the runtime's cost per forward or backward instruction, measured as
+  graphpipe.calibration.runtime_costs does: ``--world`` one-rank pipelines at once (CANDLE-Uno
+  at batch 16, 8 micro-batches, zero compute), median step / (2 x 8).
 
 The table gives each build's median and old / new (above 1: the new build is faster). Results go
 to results/runtime_bench_against.json.
@@ -152,13 +152,14 @@ def _timing_worker(rank: int, world: int, spec: str, plan_json: str, steps: int,
     return times[warmup:]
 
 
-#: calibrate.py's dispatch measure: this model, micro-batches, one-rank sequential pipelines.
+#: The calibration's dispatch measure (graphpipe.calibration): this model, micro-batches, one-rank
+#: sequential pipelines.
 DISPATCH_SPEC, DISPATCH_MICRO_BATCHES = "candle_uno:batch=16", 8
 
 
 def _dispatch_worker(rank: int, world: int, steps: int, warmup: int) -> list[float]:
     """Seconds per forward or backward instruction of each step of a one-rank pipeline (a group
-    of its own), zero compute, while the other ranks run theirs (calibrate.dispatch_overhead)."""
+    of its own), zero compute, while the other ranks run theirs (graphpipe.calibration.runtime_costs)."""
     import torch.distributed as dist
 
     import graphpipe

@@ -183,9 +183,13 @@ def expected_bytes(method: SyncMethod, hidden: int, bucket_bytes: float, steps: 
     return out
 
 
-def timing_plan(hidden: int, batch: int, calibration: dict[str, float], slowdown: float) -> tuple[Any, Any, Any, Any]:
+def timing_plan(hidden: int, batch: int, calibration: dict[str, float], costs: Any,
+                slowdown: float) -> tuple[Any, Any, Any, Any]:
     """The 2 x 2 plan of the profiled MLP on calibrated devices ``slowdown`` times slower than a
-    core, its JSON, and the same plan with zero compute (replica_bench.py does the same)."""
+    core (the link of ``calibration``, the runtime's measured ``costs``), its JSON, and the same
+    plan with zero compute (replica_bench.py does the same)."""
+    from graphpipe.calibration import apply_runtime_costs
+
     from compare import zero_compute
 
     torch.manual_seed(0)
@@ -193,7 +197,7 @@ def timing_plan(hidden: int, batch: int, calibration: dict[str, float], slowdown
     example = (torch.randn(batch, 64),)
     graph = graphpipe.trace(model, example)
     graphpipe.profile(graph, model, example, batch_sizes=(8, 16, 32, 64), repeats=5, warmup=2)
-    devices = graphpipe.devices(WORLD, "cpu", measure=True)
+    devices = apply_runtime_costs(graphpipe.devices(WORLD, "cpu", measure=True), costs=costs)
     latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
     devices.set_node_links(WORLD, bandwidth, latency, bandwidth, latency)
     devices.relative_speed = devices.relative_speed / slowdown
@@ -218,25 +222,32 @@ def _timed(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
         emulate_stage(pipe, scale=scale)
         optimizer = torch.optim.SGD(list(pipe.parameters()), lr=0.01)
         seconds = []
+        # Back to back after one barrier, each step from the previous one's return (compare.py's
+        # measure_rank says why).
+        dist.barrier()
+        last = time.perf_counter()
         for k in range(steps + 1):  # the first step warms up
             x, y = data[k % len(data)]
-            dist.barrier()
-            start = time.perf_counter()
             pipe.step(x, y, optimizer=optimizer)
+            now = time.perf_counter()
             if k:
-                seconds.append(time.perf_counter() - start)
+                seconds.append(now - last)
+            last = now
+        dist.barrier()  # no rank leaves while another still steps
         return seconds
 
 
 def timing_rows(methods: list[tuple[str, SyncMethod]], args: Any) -> list[dict[str, Any]]:
     """Each method's step, emulated compute and real communication, beside the simulator's."""
-    from calibrate import dispatch_overhead, link
+    from graphpipe.calibration import EMULATED_WAIT, link, runtime_costs
 
     latency, bandwidth = link(concurrency=WORLD)
-    overhead = dispatch_overhead(concurrency=WORLD)
+    # The compute is emulated by waits: the runtime's costs are measured between such waits.
+    costs = runtime_costs(WORLD, wait=EMULATED_WAIT)
     calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                   "task_overhead_seconds": overhead}
-    plan, devices, plan_json, idle = timing_plan(args.hidden, args.batch, calibration, args.slowdown)
+                   "instruction_overhead_seconds": costs.instruction_overhead_seconds,
+                   "step_overhead_seconds": costs.step_overhead_seconds}
+    plan, devices, plan_json, idle = timing_plan(args.hidden, args.batch, calibration, costs, args.slowdown)
     rows = []
     for label, method in methods:
         if isinstance(method, QSR):
@@ -254,8 +265,8 @@ def timing_rows(methods: list[tuple[str, SyncMethod]], args: Any) -> list[dict[s
 
         measured = measure(1.0, plan_json)
         zero = measure(0.0, plan_json)
-        sim = graphpipe.simulate(plan, devices, task_overhead_seconds=overhead, sync=method)
-        sim_zero = graphpipe.simulate(idle, devices, task_overhead_seconds=overhead, sync=method)
+        sim = graphpipe.simulate(plan, devices, sync=method)
+        sim_zero = graphpipe.simulate(idle, devices, sync=method)
         calibrated = sim.amortized_iteration_seconds + zero - sim_zero.amortized_iteration_seconds
         rows.append({"method": label, "steps": steps, "measured_seconds": measured,
                      "simulated_seconds": sim.amortized_iteration_seconds,

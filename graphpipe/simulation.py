@@ -29,7 +29,6 @@ def simulate(
     *,
     overlap: bool = True,
     device_kind: str = "cpu",
-    task_overhead_seconds: float | None = None,
     bucket_bytes: float | None = None,
     sync: Any = None,
     sync_step: bool = True,
@@ -39,12 +38,13 @@ def simulate(
     Args:
         plan: a ``Plan`` from :func:`graphpipe.plan`.
         devices: the ``Devices`` the plan was made for (default: ``plan.num_devices`` devices of
-            ``device_kind``). Stage times come from the plan; transfers from the devices' links.
+            ``device_kind``). Stage times come from the plan; transfers from the devices' links;
+            the runtime's costs per instruction and per step from the devices' measured
+            ``instruction_overhead_seconds`` and ``step_overhead_seconds`` (0 unless measured),
+            the figures the planner charges too.
         schedule_kind: a name from ``SCHEDULES`` or a ``Schedule``; default: the schedule the
             plan was made for (``plan.schedule``).
         overlap: whether transfers overlap computation (own streams) or block the rank.
-        task_overhead_seconds: a runtime's fixed cost per forward or backward (calibrated);
-            default: the devices' ``instruction_overhead_seconds`` (0 unless measured).
         bucket_bytes: the gradient bucket size of replicated stages, as given to ``wrap``
             (default: the runtime's, ``graphpipe._C.default_bucket_bytes``).
         sync: how replicated stages synchronise (a ``graphpipe.sync`` method or a
@@ -63,6 +63,5 @@ def simulate(
     sched = kind if isinstance(kind, _C.Schedule) else schedule(plan, kind)
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
     method = sync_method(sync) if sync is not None else None
-    overhead = -1.0 if task_overhead_seconds is None else float(task_overhead_seconds)
-    return _C.simulate(plan, sched, devices, overlap=overlap, task_overhead_seconds=overhead,
-                       bucket_bytes=buckets, sync=method, sync_step=bool(sync_step))
+    return _C.simulate(plan, sched, devices, overlap=overlap, bucket_bytes=buckets, sync=method,
+                       sync_step=bool(sync_step))

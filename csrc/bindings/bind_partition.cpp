@@ -68,7 +68,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       int max_stages, double tolerance, int seed, bool refine, bool replicate,
                                       std::optional<std::map<int, std::vector<int>>> stage_devices,
                                       const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
-                                      bool overlap, double task_overhead_seconds, int min_devices) {
+                                      bool overlap, int min_devices) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among graph 1F1B and zero-bubble.
   p.policies = schedule == "auto"
@@ -80,7 +80,6 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                    max_stages, tolerance, seed, refine, replicate, stage_devices, false, sync);
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
-  p.sim.task_overhead_seconds = task_overhead_seconds;
   p.min_devices = min_devices;
   py::gil_scoped_release release;
   return planner::plan_by_simulation(g, devices, o, p);
@@ -114,7 +113,7 @@ void bind_partition(py::module_& m) {
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
-        py::arg("task_overhead_seconds") = -1.0, py::arg("min_devices") = 0,
+        py::arg("min_devices") = 0,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "

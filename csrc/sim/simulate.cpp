@@ -203,12 +203,9 @@ class Replay {
     return (static_cast<std::size_t>(gradient) * s_.edges.size() + edge) * M_ + mb;
   }
 
-  // The runtime's cost per compute instruction: the option when given (>= 0), else the devices'
-  // measured figure (cost::Devices::instruction_overhead_seconds, 0 when unmeasured).
-  double overhead() const {
-    return options_.task_overhead_seconds >= 0.0 ? options_.task_overhead_seconds
-                                                 : devices_.instruction_overhead_seconds;
-  }
+  // The runtime's cost per compute instruction: the devices' measured figure
+  // (cost::Devices::instruction_overhead_seconds, 0 when unmeasured), the one the planner charges.
+  double overhead() const { return devices_.instruction_overhead_seconds; }
 
   double compute_seconds(const Instruction& i) const {
     const auto& stage = plan_.stages[i.stage];

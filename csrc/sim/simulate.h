@@ -128,11 +128,6 @@ struct StageStats {
 struct SimOptions {
   bool overlap = true;
   double optimizer_traffic_factor = cost::kOptimizerTrafficFactor;  // bytes moved per parameter byte
-  // A runtime's fixed cost of dispatching one forward or backward (its bookkeeping, a call into
-  // the stage module), added to every compute task; measured by a calibration. Negative (the
-  // default): the devices' Devices::instruction_overhead_seconds (0 unless measured). The
-  // devices' step_overhead_seconds is added to the iteration.
-  double task_overhead_seconds = -1.0;
   // Bucket size of a replicated stage's gradient all-reduce (cost/gradient_buckets.h).
   double bucket_bytes = cost::kDefaultBucketBytes;
   // How replicated stages synchronise; empty: the plan's method (Plan::sync).

@@ -59,32 +59,18 @@ TEST(Simulate, ChainWithFreeCommunicationTakesMPlusSMinusOneSteps) {
   }
 }
 
-TEST(Simulate, TaskOverheadLengthensEveryComputeTask) {
-  // A dispatch overhead o per forward and per backward turns f + b into f + b + 2o on every
-  // step of the chain: 4 stages, 8 micro-batches, o = 0.25 -> 11 * 3.5 = 38.5 s.
-  const int S = 4, M = 8;
-  auto plan = chain_plan(S, M, 1.0, 2.0, 1000.0);
-  SimOptions options;
-  options.task_overhead_seconds = 0.25;
-  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), devices(S), options);
-  EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5);
-}
-
-TEST(Simulate, MeasuredRuntimeCostsOfTheDevicesAreChargedByDefault) {
-  // The devices' measured dispatch cost per forward/backward stands in for the option, and the
-  // step's fixed cost comes on top: the same 38.5 s as above, plus 2 s.
+TEST(Simulate, MeasuredRuntimeCostsOfTheDevicesAreCharged) {
+  // The devices' measured dispatch cost o per forward and per backward turns f + b into
+  // f + b + 2o on every step of the chain, and the step's fixed cost comes on top: 4 stages,
+  // 8 micro-batches, o = 0.25 -> 11 * 3.5 = 38.5 s, plus 2 s. Unmeasured (0), neither is charged.
   const int S = 4, M = 8;
   auto plan = chain_plan(S, M, 1.0, 2.0, 1000.0);
   graphpipe::cost::Devices d = devices(S);
+  EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d).iteration_seconds, (M + S - 1) * 3.0);
   d.instruction_overhead_seconds = 0.25;
   d.step_overhead_seconds = 2.0;
   auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
   EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5 + 2.0);
-  // An explicit option wins over the devices' figure.
-  SimOptions options;
-  options.task_overhead_seconds = 0.0;
-  EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d, options).iteration_seconds,
-                   (M + S - 1) * 3.0 + 2.0);
 }
 
 TEST(Simulate, OneFOneBHoldsStagesToSinkFillDrainHoldsAll) {
