@@ -184,7 +184,9 @@ void bind_gradient_buckets(py::module_& m) {
           "Starts the buckets left, waits for every bucket (within the timeout) and writes the results into the "
           "gradients.")
       .def("abandon", &runtime::GradientBuckets::abandon,
-           "Disarms and forgets the buckets in flight (after a failed iteration).");
+           "Disarms and forgets the buckets in flight (after a failed iteration).")
+      .def_property_readonly("armed", &runtime::GradientBuckets::armed,
+                             "Whether the backward running now is the iteration's last (between arm and finish).");
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
 }
 

@@ -52,6 +52,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,9 @@ class GradientBuckets {
 
   // After a failed iteration: disarms and forgets the hooks' futures, without waiting for them.
   void abandon();
+  // Whether the backward running now is the iteration's last (between arm() and finish()): an
+  // emulated stage (graphpipe/testing/emulate.py) hands the parameters gradients only then.
+  bool armed() const { return armed_.load(); }
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   double bytes() const;  // gradient bytes synchronised per iteration (the buckets' sizes)
@@ -124,7 +128,9 @@ class GradientBuckets {
   std::vector<std::pair<decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>())), std::uintptr_t>>
       hooks_;
   std::mutex mutex_;
-  bool armed_ = false;
+  // Written under mutex_; atomic so that armed() reads it without the lock (from autograd's
+  // threads, while an accumulator hook may hold it).
+  std::atomic<bool> armed_ = false;
   std::optional<std::chrono::steady_clock::time_point> first_launch_;
 };
 

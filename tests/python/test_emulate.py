@@ -126,6 +126,29 @@ def test_replicated_stage_hands_its_gradients_over_the_backward() -> None:
     assert layer_times[0] >= 0.08 - 0.01 - 1e-3
 
 
+def test_replicated_stage_hands_gradients_only_in_the_iterations_last_backward() -> None:
+    # Only the backward the runtime's buckets are armed for hands the real parameters zeros; the
+    # others wait as long, in one piece per half, and leave the gradients alone (handing zeros in
+    # every backward accumulated every parameter's gradient each micro-batch: CPU work beside the
+    # emulated compute).
+    armed = [False]
+    stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.02, input_seconds=0.01, replicated=True,
+                          armed=lambda: armed[0])
+    params = list(stage.real.parameters())
+    x = torch.randn(2, 540, requires_grad=True)
+    stage(x)
+    start = time.perf_counter()
+    stage(x).sum().backward()
+    assert time.perf_counter() - start >= 0.02
+    assert all(p.grad is None for p in params)
+    assert x.grad is not None and not x.grad.any()
+    armed[0] = True
+    start = time.perf_counter()
+    stage(x).sum().backward()
+    assert time.perf_counter() - start >= 0.02
+    assert all(p.grad is not None and not p.grad.any() for p in params)
+
+
 def test_unreplicated_stage_leaves_the_real_parameters_alone() -> None:
     stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.002)
     x = torch.randn(2, 540, requires_grad=True)
