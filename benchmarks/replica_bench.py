@@ -17,9 +17,7 @@ than a core (graphpipe.testing.emulate); transfers and the all-reduce stay real 
 gradient sizes). The runtime's own costs per instruction and per step are measured with four
 ranks at once (graphpipe.calibration.runtime_costs; between emulated waits when the compute is
 emulated, as compare.py --emulate does) and go into the device description, which the simulator
-reads. A second run with zero-length compute gives one more figure, the prediction plus what
-that run measured beyond its own simulation ("+zero-compute"); both are printed.
-``--no-emulate`` measures real compute.
+reads, as compare.py's does (no per-plan correction). ``--no-emulate`` measures real compute.
 
     python benchmarks/replica_bench.py [--models dlrm candle_uno] [--steps 8] [--bucket-kib 256]
 """
@@ -52,12 +50,9 @@ PLACEMENT = {0: [0, 1], 1: [2, 3]}
 
 
 def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], costs: RuntimeCosts,
-              slowdown: float) -> tuple[Any, Any, Any, Any]:
+              slowdown: float) -> tuple[Any, Any, Any]:
     """The 2 x 2 plan of the profiled model, the calibrated devices (the link of ``calibration``,
-    the runtime's measured ``costs``), the plan's JSON text, and the same plan with zero compute
-    (what the simulator predicts of the runtime alone)."""
-    from compare import zero_compute
-
+    the runtime's measured ``costs``) and the plan's JSON text."""
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=(4, 8, 16, 32, 64), repeats=3, warmup=1)
@@ -69,7 +64,7 @@ def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], cost
     cut = graphpipe.plan(graph, 2, "sequential", micro_batches=micro_batches)
     assignment = {graph.node(n).name: stage.id for stage in cut.stages for n in stage.nodes}
     plan = manual_plan(graph, assignment, micro_batches, stage_devices=PLACEMENT, devices=devices)
-    return plan, devices, plan.to_json(graph), zero_compute(plan, graph)
+    return plan, devices, plan.to_json(graph)
 
 
 def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_bytes: float,
@@ -149,9 +144,8 @@ def main() -> None:
     for name in args.models:
         spec = BENCH_SPECS.get(name, name)
         slowdown = args.slowdown if args.emulate else 1.0
-        plan, devices, plan_json, idle = make_plan(spec, args.micro_batches, calibration, costs, slowdown)
+        plan, devices, plan_json = make_plan(spec, args.micro_batches, calibration, costs, slowdown)
         sim = graphpipe.simulate(plan, devices, bucket_bytes=bucket_bytes)
-        sim_zero = graphpipe.simulate(idle, devices, bucket_bytes=bucket_bytes)
 
         def measure(scale: float | None) -> tuple[float, list[Any], list[float]]:
             results = run_ranks(_rank, WORLD, spec, plan_json, args.steps, bucket_bytes, scale, timeout=600)  # noqa: B023 (runs within this iteration)
@@ -163,7 +157,6 @@ def main() -> None:
             return statistics.median(steps), results, steps
 
         measured, results, per_step = measure(1.0 if args.emulate else None)
-        zero_measured = measure(0.0)[0] if args.emulate else None
         inside = [f for r in results for trace in r.value["traces"] if (f := overlap_figures(trace))]
         sim_sums = [t for t in sim.tasks if t.kind == "all_reduce"]
         sim_inside = all(any(b.kind == "backward" and b.stage == s.stage and b.micro_batch == args.micro_batches - 1
@@ -174,9 +167,6 @@ def main() -> None:
             "measured_median_seconds": measured, "measured_steps": per_step,
             "mode": f"emulated, {slowdown:g}x slower than a core" if args.emulate else "measured",
             "simulated_seconds": sim.iteration_seconds, "simulator_error": sim.iteration_seconds / measured - 1.0,
-            "zero_compute_measured_seconds": zero_measured, "zero_compute_simulated_seconds": sim_zero.iteration_seconds,
-            "calibrated_seconds": (sim.iteration_seconds + zero_measured - sim_zero.iteration_seconds)
-            if zero_measured is not None else None,
             "measured_all_reduce_inside_last_backward": sum(f["started_inside"] for f in inside) / max(len(inside), 1),
             "simulated_all_reduce_inside_last_backward": sim_inside,
             "simulated_all_reduce_seconds": [s.end - s.start for s in sim_sums],
@@ -184,14 +174,12 @@ def main() -> None:
             if inside else None,
         }
         rows.append(row)
-    print(f"{'model':<11} {'mode':<28} {'M x b':>7} {'measured':>10} {'simulated':>10} {'error':>7} "
-          f"{'+zero-compute':>13} {'error':>7}  all-reduce inside last backward (measured share of rank-steps; simulated)")
+    print(f"{'model':<11} {'mode':<28} {'M x b':>7} {'measured':>10} {'simulated':>10} {'error':>7}  "
+          "all-reduce inside last backward (measured share of rank-steps; simulated)")
     for r in rows:
-        cal = r["calibrated_seconds"]
-        cal_text = f"{1e3 * cal:11.1f}ms {100 * (cal / r['measured_median_seconds'] - 1):+6.1f}%" if cal else f"{'-':>13} {'-':>7}"
         print(f"{r['model']:<11} {r['mode']:<28} {r['micro_batches']:>3} x {r['micro_batch_size']:<3} "
               f"{1e3 * r['measured_median_seconds']:8.1f}ms {1e3 * r['simulated_seconds']:8.1f}ms "
-              f"{100 * r['simulator_error']:+6.1f}% {cal_text}  "
+              f"{100 * r['simulator_error']:+6.1f}%  "
               f"{100 * r['measured_all_reduce_inside_last_backward']:.0f}%; {r['simulated_all_reduce_inside_last_backward']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -112,8 +112,7 @@ void bind_partition(py::module_& m) {
         py::arg("manual") = py::none(), py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0,
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
-        py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true,
-        py::arg("min_devices") = 0,
+        py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "

@@ -147,8 +147,7 @@ void bind_sim(py::module_& m) {
   m.def(
       "simulate",
       [](const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices, bool overlap,
-         double optimizer_traffic_factor, double bucket_bytes,
-         std::optional<cost::SyncMethod> sync, bool sync_step) {
+         double optimizer_traffic_factor, double bucket_bytes, std::optional<cost::SyncMethod> sync, bool sync_step) {
         sim::SimOptions options;
         options.sync = sync;
         options.sync_step = sync_step;
@@ -159,8 +158,8 @@ void bind_sim(py::module_& m) {
         return sim::simulate(plan, schedule, devices, options);
       },
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
-      py::arg("optimizer_traffic_factor") = 4.0,
-      py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("sync") = py::none(), py::arg("sync_step") = true,
+      py::arg("optimizer_traffic_factor") = 4.0, py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
+      py::arg("sync") = py::none(), py::arg("sync_step") = true,
       "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h); sync: the replicated "
       "stages' SyncMethod (default the plan's); sync_step: for local SGD, simulate a step that averages.");
 }
