@@ -18,9 +18,9 @@ after the backward, and the all-reduce that a real run overlaps would be timed i
 other backwards hand the parameters nothing and wait in one piece per half: handing zeros in
 every backward allocated and accumulated every parameter's gradient each micro-batch, real CPU
 work beside the wait (a stage of 8.4 M parameters: 17 ms of CPU and 25 ms of wall time per
-10 ms emulated backward), which made replicated plans run well behind their simulation. :class:`EmulatedOptimizer` stands in for the optimizer: its
-step is a wait of the simulated step (the zero gradients would make a real one meaningless, and
-on large stages not free).
+10 ms emulated backward), which made replicated plans run well behind their simulation.
+:class:`EmulatedOptimizer` stands in for the optimizer: its step is a wait of the simulated step
+(the zero gradients would make a real one meaningless, and on large stages not free).
 
 A plain ``time.sleep(d)`` returns 0.1-0.2 ms late on Linux (the default 50 us timer slack and
 wake-up latency), which over the tens of tasks on a pipeline's critical path is a few percent
