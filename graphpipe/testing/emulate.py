@@ -123,20 +123,27 @@ class _Chain:
         self.live = True
 
 
-def _wait_piece(chain: _Chain | None, seconds: float, first: bool) -> bool:
+def _wait_piece(chain: _Chain | None, seconds: float, first: bool,
+                specs: list | None = None) -> list[torch.Tensor] | None:
     """A chain piece's wait: its ``seconds`` in the iteration's last backward (or outside a
     chain), else the whole half in the chain's first piece and nothing in the others. Returns
-    whether the piece hands the parameters their gradients."""
-    if chain is None:
-        wait(seconds)
-        return True
-    if first:
-        chain.live = chain.armed is None or bool(chain.armed())
-    if chain.live:
-        wait(seconds)
-    elif first:
-        wait(chain.seconds)
-    return chain.live
+    the zero gradients of ``specs`` when the piece hands them over, else None. They are made
+    inside the wait (it ends ``seconds`` after the piece began), as a real backward makes its
+    gradients inside its compute: made after it, their allocation (tens of MiB on a large
+    stage) would lengthen every emulated backward beyond what the simulator charges."""
+    start = time.perf_counter()
+    live = True
+    if chain is not None:
+        if first:
+            chain.live = chain.armed is None or bool(chain.armed())
+        live = chain.live
+    if not live:
+        if first:
+            wait(chain.seconds)
+        return None
+    grads = [torch.zeros(s, dtype=d) for s, d in specs] if specs is not None else []
+    wait(seconds - (time.perf_counter() - start))
+    return grads
 
 
 class _WaitInputs(torch.autograd.Function):
@@ -188,9 +195,8 @@ class _WaitGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        live = _wait_piece(ctx.chain, ctx.seconds, ctx.first)
-        return (None, None, None, torch.zeros(()),
-                *[torch.zeros(s, dtype=d) if live else None for s, d in ctx.param_specs])
+        grads = _wait_piece(ctx.chain, ctx.seconds, ctx.first, ctx.param_specs)
+        return (None, None, None, torch.zeros(()), *(grads if grads is not None else [None] * len(ctx.param_specs)))
 
 
 class _ZerosOf(torch.autograd.Function):

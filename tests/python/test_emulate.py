@@ -149,6 +149,36 @@ def test_replicated_stage_hands_gradients_only_in_the_iterations_last_backward()
     assert all(p.grad is not None and not p.grad.any() for p in params)
 
 
+def test_armed_backward_makes_the_gradients_inside_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The armed backward's pieces make their zero gradients first and then wait only what is left
+    # of their share: a real backward makes its gradients inside its compute, and making them
+    # after the wait lengthened every emulated replicated backward beyond the simulator's. A
+    # clock that moves 3 ms while the gradients are made shows each wait shortened by that much.
+    from graphpipe.testing import emulate
+
+    clock = [0.0]
+    asked: list[float] = []
+    real_zeros = torch.zeros
+
+    def slow_zeros(*args, **kwargs):
+        clock[0] += 0.003 if args and args[0] != () else 0.0
+        return real_zeros(*args, **kwargs)
+
+    stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.4, input_seconds=0.1, replicated=True)
+    assert [len(g) for g in stage._groups] == [2, 2, 2, 2]  # one layer's weight and bias a group
+    x = torch.randn(2, 540, requires_grad=True)
+    stage(x)
+    out = stage(x).sum()
+    monkeypatch.setattr(emulate.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(emulate, "wait", lambda seconds: asked.append(seconds))
+    monkeypatch.setattr(emulate.torch, "zeros", slow_zeros)
+    out.backward()
+    # The input half: 4 pieces of 0.1 / 4 s, nothing made in them. The weight half: 4 pieces of
+    # 0.3 / 4 s (the layers are of one size), each shortened by its 2 gradients' 6 ms.
+    assert sorted(asked) == pytest.approx([0.025] * 4 + [0.075 - 0.006] * 4)
+    assert all(p.grad is not None for p in stage.real.parameters())
+
+
 def test_unreplicated_stage_leaves_the_real_parameters_alone() -> None:
     stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.002)
     x = torch.randn(2, 540, requires_grad=True)
