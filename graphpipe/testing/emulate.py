@@ -110,39 +110,67 @@ def _zero_outputs(ctx: Any, specs: list) -> tuple[torch.Tensor, ...]:
     return outs
 
 
+class _Clock:
+    """When the backward a replicated stage's two chains of waits belong to is due to end: the
+    deadline of the last piece to run (None before any has)."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+
+
 class _Chain:
     """One emulated backward's chain of waits on a replicated stage (its input half's or its
-    weight half's): the half's seconds, and whether this backward is the iteration's last, which
-    the chain's first piece to run asks the runtime (``armed``; None: always)."""
+    weight half's): the half's seconds, its pieces not yet run, whether this backward is the
+    iteration's last (which the chain's first piece to run asks the runtime: ``armed``; None:
+    always), and the clock it shares with the other half's chain (``other``)."""
 
-    __slots__ = ("seconds", "armed", "live")
+    __slots__ = ("seconds", "armed", "live", "left", "clock", "other")
 
-    def __init__(self, seconds: float, armed: Callable[[], bool] | None) -> None:
+    def __init__(self, seconds: float, armed: Callable[[], bool] | None, pieces: int, clock: _Clock) -> None:
         self.seconds = seconds
         self.armed = armed
         self.live = True
+        self.left = pieces
+        self.clock = clock
+        self.other: _Chain | None = None
 
 
 def _wait_piece(chain: _Chain | None, seconds: float, first: bool,
                 specs: list | None = None) -> list[torch.Tensor] | None:
     """A chain piece's wait: its ``seconds`` in the iteration's last backward (or outside a
     chain), else the whole half in the chain's first piece and nothing in the others. Returns
-    the zero gradients of ``specs`` when the piece hands them over, else None. They are made
-    inside the wait (it ends ``seconds`` after the piece began), as a real backward makes its
-    gradients inside its compute: made after it, their allocation (tens of MiB on a large
-    stage) would lengthen every emulated backward beyond what the simulator charges."""
-    start = time.perf_counter()
-    live = True
-    if chain is not None:
+    the zero gradients of ``specs`` when the piece hands them over, else None.
+
+    The pieces of a chain wait until deadlines, not for durations: the half's first piece starts
+    the clock (a whole backward's first piece, or the second half of a split one: the other
+    chain has run to its end), and each piece ends its seconds after the one before it. What runs
+    between and inside the pieces on the CPU, the gradients' making and the gradient buckets'
+    hooks (copying each group into its bucket, starting its all-reduce), then lies inside the
+    backward, as it does on a GPU, whose kernels run while the CPU does that work; added after
+    each wait, it made the emulated replicated backward twice the simulator's (CANDLE-Uno)."""
+    now = time.perf_counter()
+    if chain is None:
+        grads = [torch.zeros(s, dtype=d) for s, d in specs] if specs is not None else []
+        wait(seconds - (time.perf_counter() - now))
+        return grads
+    clock = chain.clock
+    chain.left -= 1
+    if first:
+        chain.live = chain.armed is None or bool(chain.armed())
+        other = chain.other
+        if clock.deadline is None or (other is not None and other.left <= 0):
+            clock.deadline = now
+    assert clock.deadline is not None  # a chain's first piece runs before its others
+    if not chain.live:
         if first:
-            chain.live = chain.armed is None or bool(chain.armed())
-        live = chain.live
-    if not live:
-        if first:
-            wait(chain.seconds)
+            clock.deadline += chain.seconds
+            wait(clock.deadline - now)
         return None
     grads = [torch.zeros(s, dtype=d) for s, d in specs] if specs is not None else []
-    wait(seconds - (time.perf_counter() - start))
+    clock.deadline += seconds
+    wait(clock.deadline - time.perf_counter())
     return grads
 
 
@@ -310,8 +338,10 @@ class EmulatedStage(nn.Module):
         weight_total = sum(p.numel() for g in self._groups for p in g) or 1
         weight_seconds = self.backward_seconds - input_part
         # Piece k = 0 of each chain, created last, runs first.
-        inputs = _Chain(input_part, self._armed)
-        weights = _Chain(weight_seconds, self._armed)
+        clock = _Clock()
+        inputs = _Chain(input_part, self._armed, n, clock)
+        weights = _Chain(weight_seconds, self._armed, n, clock)
+        inputs.other, weights.other = weights, inputs
         inputs_head = _WaitInputs.apply(input_part / n, inputs, n == 1, [((), torch.float32)], *floats)[0]
         weights_head = self.anchor
         for k in reversed(range(n)):

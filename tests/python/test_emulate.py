@@ -149,33 +149,67 @@ def test_replicated_stage_hands_gradients_only_in_the_iterations_last_backward()
     assert all(p.grad is not None and not p.grad.any() for p in params)
 
 
-def test_armed_backward_makes_the_gradients_inside_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The armed backward's pieces make their zero gradients first and then wait only what is left
-    # of their share: a real backward makes its gradients inside its compute, and making them
-    # after the wait lengthened every emulated replicated backward beyond the simulator's. A
-    # clock that moves 3 ms while the gradients are made shows each wait shortened by that much.
-    from graphpipe.testing import emulate
+class _FakeClock:
+    """A clock for emulate's waits that moves only when told: by each wait, by each parameter
+    gradient made (3 ms) and by each accumulation hook (2 ms a parameter: the gradient buckets'
+    copy), so a test reads where the CPU work of a replicated backward lands."""
 
-    clock = [0.0]
-    asked: list[float] = []
-    real_zeros = torch.zeros
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, stage: EmulatedStage) -> None:
+        from graphpipe.testing import emulate
 
-    def slow_zeros(*args, **kwargs):
-        clock[0] += 0.003 if args and args[0] != () else 0.0
-        return real_zeros(*args, **kwargs)
+        self.now = 0.0
+        self.waits: list[float] = []
+        real_zeros = torch.zeros
 
+        def zeros(*args, **kwargs):
+            if args and tuple(args[0]) in {tuple(p.shape) for p in stage.real.parameters()}:
+                self.now += 0.003
+            return real_zeros(*args, **kwargs)
+
+        def wait(seconds: float) -> None:
+            self.waits.append(seconds)
+            self.now += max(0.0, seconds)
+
+        monkeypatch.setattr(emulate.time, "perf_counter", lambda: self.now)
+        monkeypatch.setattr(emulate, "wait", wait)
+        monkeypatch.setattr(emulate.torch, "zeros", zeros)
+        for p in stage.real.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: setattr(self, "now", self.now + 0.002))
+
+
+def _timed_stage() -> tuple[EmulatedStage, torch.Tensor, torch.Tensor]:
+    """A replicated stage of four one-group layers (0.1 s input half, 0.3 s weight half) and
+    one micro-batch's output, its backward still to run."""
     stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.4, input_seconds=0.1, replicated=True)
     assert [len(g) for g in stage._groups] == [2, 2, 2, 2]  # one layer's weight and bias a group
     x = torch.randn(2, 540, requires_grad=True)
     stage(x)
-    out = stage(x).sum()
-    monkeypatch.setattr(emulate.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(emulate, "wait", lambda seconds: asked.append(seconds))
-    monkeypatch.setattr(emulate.torch, "zeros", slow_zeros)
+    return stage, x, stage(x).sum()
+
+
+def test_armed_backward_holds_its_cpu_work_inside_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pieces wait until deadlines counted from the backward's start: the gradients' making
+    # and the buckets' hooks between the pieces (40 ms of CPU here) lie inside the backward's
+    # 0.4 s, as on a GPU, whose kernels run while the CPU works. Waiting each piece's whole
+    # share after that work made emulated replicated backwards twice the simulator's.
+    stage, _x, out = _timed_stage()
+    clock = _FakeClock(monkeypatch, stage)
     out.backward()
-    # The input half: 4 pieces of 0.1 / 4 s, nothing made in them. The weight half: 4 pieces of
-    # 0.3 / 4 s (the layers are of one size), each shortened by its 2 gradients' 6 ms.
-    assert sorted(asked) == pytest.approx([0.025] * 4 + [0.075 - 0.006] * 4)
+    assert clock.now == pytest.approx(0.4)
+    assert sum(clock.waits) == pytest.approx(0.4 - 8 * 0.005)
+    assert all(p.grad is not None for p in stage.real.parameters())
+
+
+def test_split_backward_starts_each_halfs_clock_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A zero-bubble schedule runs I, other instructions, then W: W's pieces count from W's own
+    # start (counted from I's, its deadlines would have passed and W would not wait at all).
+    stage, x, out = _timed_stage()
+    clock = _FakeClock(monkeypatch, stage)
+    torch.autograd.grad(out, [x], retain_graph=True)
+    assert clock.now == pytest.approx(0.1)
+    clock.now = 5.0  # the instructions between I and W
+    torch.autograd.backward(out, inputs=[stage.anchor] + list(stage.real.parameters()))
+    assert clock.now == pytest.approx(5.3 + 0.004)  # the last group's hooks run after its wait
     assert all(p.grad is not None for p in stage.real.parameters())
 
 
