@@ -37,10 +37,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from compare import BENCH_SPECS, LR, git_commit  # noqa: E402
+from compare import BENCH_SPECS, LR, Launch, calibrate, calibrated_description, git_commit  # noqa: E402
 
 import graphpipe  # noqa: E402
-from graphpipe.calibration import EMULATED_WAIT, RuntimeCosts, apply_runtime_costs, link, runtime_costs  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
 from graphpipe.runtime import manual_plan  # noqa: E402
 from graphpipe.testing import run_ranks  # noqa: E402
@@ -49,18 +48,16 @@ WORLD = 4
 PLACEMENT = {0: [0, 1], 1: [2, 3]}
 
 
-def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], costs: RuntimeCosts,
-              slowdown: float) -> tuple[Any, Any, Any]:
-    """The 2 x 2 plan of the profiled model, the calibrated devices (the link of ``calibration``,
-    the runtime's measured ``costs``) and the plan's JSON text."""
+def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], slowdown: float) -> tuple[Any, Any, Any]:
+    """The 2 x 2 plan of the profiled model, the devices of this machine's ``calibration``
+    (compare.calibrate's: the link, the collective link and the runtime's measured costs) slowed
+    ``slowdown`` times, and the plan's JSON text."""
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=(4, 8, 16, 32, 64), repeats=3, warmup=1)
-    devices = apply_runtime_costs(graphpipe.devices(WORLD, "cpu", measure=True), costs=costs)
-    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
-    devices.set_node_links(WORLD, bandwidth, latency, bandwidth, latency)
-    devices.relative_speed = devices.relative_speed / slowdown
-    devices.memory_bandwidth = devices.memory_bandwidth / slowdown
+    # Throughput measured here; every other figure from the calibration (graphpipe.devices(...,
+    # measure=True) would measure the runtime's costs again, without the emulated waits).
+    devices = calibrated_description(graphpipe.Devices.cpu_rank(WORLD, measure=True), WORLD, slowdown, calibration)
     cut = graphpipe.plan(graph, 2, "sequential", micro_batches=micro_batches)
     assignment = {graph.node(n).name: stage.id for stage in cut.stages for n in stage.nodes}
     plan = manual_plan(graph, assignment, micro_batches, stage_devices=PLACEMENT, devices=devices)
@@ -129,22 +126,15 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=4.0, help="emulated device, this many times slower than a core")
     parser.add_argument("--out", default="results/replica_bench.json")
     args = parser.parse_args()
-    latency, bandwidth = link(concurrency=WORLD)
-    wait = EMULATED_WAIT if args.emulate else 0.0
-    costs = runtime_costs(WORLD, wait=wait)
-    calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                   "instruction_overhead_seconds": costs.instruction_overhead_seconds,
-                   "step_overhead_seconds": costs.step_overhead_seconds, "dispatch_wait_seconds": wait}
-    print(f"calibration, {WORLD} ranks at once: link latency {latency * 1e6:.0f} us, bandwidth "
-          f"{bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per instruction"
-          f"{' (between emulated waits)' if wait else ''} and {costs.step_overhead_seconds * 1e3:.2f} ms per step",
-          file=sys.stderr)
+    # The runs emulate compute by waits (unless --no-emulate): the runtime's costs are measured
+    # between such waits, as compare.py --emulate measures them.
+    calibration = calibrate([WORLD], Launch(torchrun=False, device="cpu", timeout=600), emulated=args.emulate)[WORLD]
     bucket_bytes = args.bucket_kib * 1024
     rows = []
     for name in args.models:
         spec = BENCH_SPECS.get(name, name)
         slowdown = args.slowdown if args.emulate else 1.0
-        plan, devices, plan_json = make_plan(spec, args.micro_batches, calibration, costs, slowdown)
+        plan, devices, plan_json = make_plan(spec, args.micro_batches, calibration, slowdown)
         sim = graphpipe.simulate(plan, devices, bucket_bytes=bucket_bytes)
 
         def measure(scale: float | None) -> tuple[float, list[Any], list[float]]:

@@ -184,23 +184,20 @@ def expected_bytes(method: SyncMethod, hidden: int, bucket_bytes: float, steps: 
     return out
 
 
-def timing_plan(hidden: int, batch: int, calibration: dict[str, float], costs: Any,
-                slowdown: float) -> tuple[Any, Any, Any]:
-    """The 2 x 2 plan of the profiled MLP on calibrated devices ``slowdown`` times slower than a
-    core (the link of ``calibration``, the runtime's measured ``costs``; replica_bench.py does the
-    same), and its JSON."""
-    from graphpipe.calibration import apply_runtime_costs
+def timing_plan(hidden: int, batch: int, calibration: dict[str, float], slowdown: float) -> tuple[Any, Any, Any]:
+    """The 2 x 2 plan of the profiled MLP on the devices of this machine's ``calibration``
+    (compare.calibrate's: the link, the collective link and the runtime's measured costs)
+    ``slowdown`` times slower than a core (replica_bench.py does the same), and its JSON."""
+    from compare import calibrated_description
 
     torch.manual_seed(0)
     model = DigitsMLP(hidden)
     example = (torch.randn(batch, 64),)
     graph = graphpipe.trace(model, example)
     graphpipe.profile(graph, model, example, batch_sizes=(8, 16, 32, 64), repeats=5, warmup=2)
-    devices = apply_runtime_costs(graphpipe.devices(WORLD, "cpu", measure=True), costs=costs)
-    latency, bandwidth = calibration["link_latency_seconds"], calibration["link_bandwidth_bytes_per_second"]
-    devices.set_node_links(WORLD, bandwidth, latency, bandwidth, latency)
-    devices.relative_speed = devices.relative_speed / slowdown
-    devices.memory_bandwidth = devices.memory_bandwidth / slowdown
+    # Throughput measured here; every other figure from the calibration (graphpipe.devices(...,
+    # measure=True) would measure the runtime's costs again, without the emulated waits).
+    devices = calibrated_description(graphpipe.Devices.cpu_rank(WORLD, measure=True), WORLD, slowdown, calibration)
     plan = manual_plan(graph, {"fc1": 0, "fc2": 1, "fc3": 1}, MICRO_BATCHES, stage_devices=PLACEMENT, devices=devices)
     return plan, devices, plan.to_json(graph)
 
@@ -238,15 +235,11 @@ def _timed(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
 
 def timing_rows(methods: list[tuple[str, SyncMethod]], args: Any) -> list[dict[str, Any]]:
     """Each method's step, emulated compute and real communication, beside the simulator's."""
-    from graphpipe.calibration import EMULATED_WAIT, link, runtime_costs
+    from compare import Launch, calibrate
 
-    latency, bandwidth = link(concurrency=WORLD)
     # The compute is emulated by waits: the runtime's costs are measured between such waits.
-    costs = runtime_costs(WORLD, wait=EMULATED_WAIT)
-    calibration = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
-                   "instruction_overhead_seconds": costs.instruction_overhead_seconds,
-                   "step_overhead_seconds": costs.step_overhead_seconds}
-    plan, devices, plan_json = timing_plan(args.hidden, args.batch, calibration, costs, args.slowdown)
+    calibration = calibrate([WORLD], Launch(torchrun=False, device="cpu", timeout=600), emulated=True)[WORLD]
+    plan, devices, plan_json = timing_plan(args.hidden, args.batch, calibration, args.slowdown)
     rows = []
     for label, method in methods:
         if isinstance(method, QSR):
