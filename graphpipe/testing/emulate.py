@@ -19,6 +19,12 @@ other backwards hand the parameters nothing and wait in one piece per half: hand
 every backward allocated and accumulated every parameter's gradient each micro-batch, real CPU
 work beside the wait (a stage of 8.4 M parameters: 17 ms of CPU and 25 ms of wall time per
 10 ms emulated backward), which made replicated plans run well behind their simulation.
+The pieces of the armed backward wait until deadlines counted from the backward's start (each
+half's own start under a split backward), so the CPU work between and inside them (making the
+gradients, the buckets' hooks copying them and starting the all-reduces) lies inside the
+emulated backward, as on a GPU, whose kernels run while the CPU does that work; waited after
+that work, the armed backward ran up to twice its figure, and replicated plans 15-20% slower
+than simulated (benchmarks/replica_bench.py).
 :class:`EmulatedOptimizer` stands in for the optimizer: its step is a wait of the simulated step
 (the zero gradients would make a real one meaningless, and on large stages not free).
 
