@@ -130,53 +130,67 @@ class _Chain:
     """One emulated backward's chain of waits on a replicated stage (its input half's or its
     weight half's): the half's seconds, its pieces not yet run, whether this backward is the
     iteration's last (which the chain's first piece to run asks the runtime: ``armed``; None:
-    always), and the clock it shares with the other half's chain (``other``)."""
+    always), the clock it shares with the other half's chain (``other``), and whether its first
+    piece starts that clock anew once the other chain has run to its end (``restarts``: the
+    weight half's, which runs first in a whole backward, and after I in a split one)."""
 
-    __slots__ = ("seconds", "armed", "live", "left", "clock", "other")
+    __slots__ = ("seconds", "armed", "live", "left", "clock", "other", "restarts")
 
-    def __init__(self, seconds: float, armed: Callable[[], bool] | None, pieces: int, clock: _Clock) -> None:
+    def __init__(self, seconds: float, armed: Callable[[], bool] | None, pieces: int, clock: _Clock,
+                 restarts: bool = False) -> None:
         self.seconds = seconds
         self.armed = armed
         self.live = True
         self.left = pieces
         self.clock = clock
         self.other: _Chain | None = None
+        self.restarts = restarts
+
+    def next_deadline(self, seconds: float, first: bool, now: float) -> float | None:
+        """When this chain's next piece (of ``seconds`` in the armed backward, ``first`` or not)
+        ends, its clock moved there; None: the piece has no wait (in a backward that is not
+        armed, the first piece waits the whole half).
+
+        The half's first piece starts the clock where none runs yet, and the weight half's
+        first piece starts it anew where the input half has run to its end: a split backward's
+        W, run after other instructions (counted from I's start, its deadlines would have
+        passed). Within a whole backward the weight half runs first, so the input half's first
+        piece goes on from where the weight half's clock stands, however few the pieces."""
+        self.left -= 1
+        clock = self.clock
+        if first:
+            self.live = self.armed is None or bool(self.armed())
+            other = self.other
+            if clock.deadline is None or (self.restarts and other is not None and other.left <= 0):
+                clock.deadline = now
+        assert clock.deadline is not None  # a chain's first piece runs before its others
+        if not self.live:
+            if not first:
+                return None
+            seconds = self.seconds
+        clock.deadline += seconds
+        return clock.deadline
 
 
 def _wait_piece(chain: _Chain | None, seconds: float, first: bool,
                 specs: list | None = None) -> list[torch.Tensor] | None:
-    """A chain piece's wait: its ``seconds`` in the iteration's last backward (or outside a
-    chain), else the whole half in the chain's first piece and nothing in the others. Returns
-    the zero gradients of ``specs`` when the piece hands them over, else None.
+    """A piece's wait: its ``seconds`` outside a chain or in the iteration's last backward,
+    else the whole half in the chain's first piece and nothing in the others. Returns the zero
+    gradients of ``specs`` when the piece hands them over (outside a chain, or in the armed
+    backward), else None.
 
-    The pieces of a chain wait until deadlines, not for durations: the half's first piece starts
-    the clock (a whole backward's first piece, or the second half of a split one: the other
-    chain has run to its end), and each piece ends its seconds after the one before it. What runs
-    between and inside the pieces on the CPU, the gradients' making and the gradient buckets'
-    hooks (copying each group into its bucket, starting its all-reduce), then lies inside the
-    backward, as it does on a GPU, whose kernels run while the CPU does that work; added after
-    each wait, it made the emulated replicated backward twice the simulator's (CANDLE-Uno)."""
+    A chain's pieces wait until deadlines (:meth:`_Chain.next_deadline`), not for durations, and
+    make their gradients before waiting: what runs between and inside the pieces on the CPU, the
+    gradients' making and the gradient buckets' hooks (copying each group into its bucket,
+    starting its all-reduce), then lies inside the backward, as it does on a GPU, whose kernels
+    run while the CPU does that work; added after each wait, it made the emulated replicated
+    backward twice the simulator's (CANDLE-Uno)."""
     now = time.perf_counter()
-    if chain is None:
-        grads = [torch.zeros(s, dtype=d) for s, d in specs] if specs is not None else []
-        wait(seconds - (time.perf_counter() - now))
-        return grads
-    clock = chain.clock
-    chain.left -= 1
-    if first:
-        chain.live = chain.armed is None or bool(chain.armed())
-        other = chain.other
-        if clock.deadline is None or (other is not None and other.left <= 0):
-            clock.deadline = now
-    assert clock.deadline is not None  # a chain's first piece runs before its others
-    if not chain.live:
-        if first:
-            clock.deadline += chain.seconds
-            wait(clock.deadline - now)
-        return None
-    grads = [torch.zeros(s, dtype=d) for s, d in specs] if specs is not None else []
-    clock.deadline += seconds
-    wait(clock.deadline - time.perf_counter())
+    deadline = now + seconds if chain is None else chain.next_deadline(seconds, first, now)
+    hands = chain is None or chain.live
+    grads = [torch.zeros(s, dtype=d) for s, d in specs] if hands and specs is not None else None
+    if deadline is not None:
+        wait(deadline - time.perf_counter())
     return grads
 
 
@@ -346,7 +360,7 @@ class EmulatedStage(nn.Module):
         # Piece k = 0 of each chain, created last, runs first.
         clock = _Clock()
         inputs = _Chain(input_part, self._armed, n, clock)
-        weights = _Chain(weight_seconds, self._armed, n, clock)
+        weights = _Chain(weight_seconds, self._armed, n, clock, restarts=True)
         inputs.other, weights.other = weights, inputs
         inputs_head = _WaitInputs.apply(input_part / n, inputs, n == 1, [((), torch.float32)], *floats)[0]
         weights_head = self.anchor

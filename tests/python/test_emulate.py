@@ -213,6 +213,23 @@ def test_split_backward_starts_each_halfs_clock_where_it_runs(monkeypatch: pytes
     assert all(p.grad is not None for p in stage.real.parameters())
 
 
+def test_one_group_whole_backward_keeps_one_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stage of one gradient group: the whole backward runs the weight piece, then the input
+    # piece, the other chain already at its end, as in a split backward's W. The input piece
+    # must go on from the weight piece's deadline, not start anew, or the hooks between the two
+    # (4 ms here) would be charged on top of the backward's 0.4 s.
+    stage = EmulatedStage(nn.Linear(8, 8), forward_seconds=0.0, backward_seconds=0.4, input_seconds=0.1,
+                          replicated=True)
+    assert len(stage._groups) == 1
+    x = torch.randn(2, 8, requires_grad=True)
+    stage(x)
+    out = stage(x).sum()
+    clock = _FakeClock(monkeypatch, stage)
+    out.backward()
+    assert clock.now == pytest.approx(0.4)
+    assert all(p.grad is not None for p in stage.real.parameters()) and x.grad is not None
+
+
 def test_unreplicated_stage_leaves_the_real_parameters_alone() -> None:
     stage = EmulatedStage(_Tower(), forward_seconds=0.0, backward_seconds=0.002)
     x = torch.randn(2, 540, requires_grad=True)
