@@ -674,6 +674,12 @@ class Launch:
     device: str  # "cpu" or "cuda"
     timeout: float
 
+    @classmethod
+    def spawned(cls, device: str = "cpu", timeout: float = 600.0) -> Launch:
+        """Ranks this script spawns per run (the side benchmarks' way: they are never run under
+        torchrun)."""
+        return cls(torchrun=False, device=device, timeout=timeout)
+
     @property
     def backend(self) -> str:
         return "nccl" if self.device == "cuda" else "gloo"

@@ -128,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     # The runs emulate compute by waits (unless --no-emulate): the runtime's costs are measured
     # between such waits, as compare.py --emulate measures them.
-    calibration = calibrate([WORLD], Launch(torchrun=False, device="cpu", timeout=600), emulated=args.emulate)[WORLD]
+    calibration = calibrate([WORLD], Launch.spawned(), emulated=args.emulate)[WORLD]
     bucket_bytes = args.bucket_kib * 1024
     rows = []
     for name in args.models:

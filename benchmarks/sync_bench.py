@@ -238,7 +238,7 @@ def timing_rows(methods: list[tuple[str, SyncMethod]], args: Any) -> list[dict[s
     from compare import Launch, calibrate
 
     # The compute is emulated by waits: the runtime's costs are measured between such waits.
-    calibration = calibrate([WORLD], Launch(torchrun=False, device="cpu", timeout=600), emulated=True)[WORLD]
+    calibration = calibrate([WORLD], Launch.spawned(), emulated=True)[WORLD]
     plan, devices, plan_json = timing_plan(args.hidden, args.batch, calibration, args.slowdown)
     rows = []
     for label, method in methods:
