@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -210,6 +211,41 @@ class Planner {
     }
   }
 
+  // Whether a fragment of `work` device-seconds (work_: the least any replica count gives its
+  // operators) cannot meet the target on n devices: every stage's time per micro-batch is at
+  // least its operators' compute on one replica, and a stage of r replicas spends r devices, so
+  // the fragment's stages need at least work / target devices. Such a fragment is infeasible
+  // without being searched: at low targets (the first probes of each search) most of the device
+  // splits that balance() and levels() try leave one part too few devices, and each was searched
+  // down to its leaves to find no plan. The margin keeps a fragment that exactly fills its
+  // devices (its work summed in another order) from being ruled out by rounding.
+  bool too_few(double work, int n) const { return work > static_cast<double>(n) * target_ * (1.0 + 1e-9); }
+  // The least n that is not too_few for `work`: the recurrences search device splits only where
+  // each part gets at least that many (outside, one part has no plan, and the part searched
+  // first was searched for nothing).
+  int least_devices(double work) const {
+    int n = static_cast<int>(std::max(0.0, std::floor(work / (target_ * (1.0 + 1e-9)))));
+    while (too_few(work, n)) ++n;
+    return n;
+  }
+  // Of the branches of `branch`'s parallel node other than `branch` (one of the two largest).
+  double others_work(int branch) const {
+    const int par = parent_[branch];
+    const auto& lead = sorted_[par];
+    return lead[0] == branch ? suffix_work_[par][1] : work_[lead[0]] + suffix_work_[par][2];
+  }
+  // Of the fragment after a fork stage holding `branch`'s first k items (inside()).
+  double inside_work(int branch, int k) const {
+    const int par = parent_[branch];
+    return item_work_[branch][k] + others_work(branch) + suffix_work_[parent_[par]][slot_[par] + 1];
+  }
+  // Of items i.. of `branch` and the series children after its parallel node up to e.
+  double to_join_work(int branch, int i, int e) const {
+    const int par = parent_[branch];
+    const auto& after = suffix_work_[parent_[par]];
+    return item_work_[branch][i] + (after[slot_[par] + 1] - after[e + 1]);
+  }
+
   Entry solve(int t, int n, int d);
   Entry series(int t, int i, int n, int d);
   void series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best);
@@ -253,6 +289,14 @@ class Planner {
   std::vector<int> parent_, slot_;
   std::vector<std::vector<int>> sorted_;
   std::vector<std::vector<int>> items_;  // series items of each parallel node's two largest branches
+  // Device-seconds per micro-batch (too_few): of each operator, the least over the replica
+  // counts within the budget of count x its compute on that count's shard (its compute without
+  // replication); of each subtree; of each series node's child suffixes i.. (index i, the last
+  // entry 0), each parallel node's sorted branch suffixes j.. and each lead branch's item
+  // suffixes k.. .
+  std::vector<double> op_work_, work_;
+  std::vector<std::vector<double>> suffix_work_;
+  std::vector<std::vector<double>> item_work_;  // of items_[b]'s suffixes k.., as suffix_work_
   Rows rows_, fork_rows_, join_rows_, close_rows_;
   Memo<std::uint64_t, Entry> memo_;
   Memo<std::pair<std::uint64_t, std::uint64_t>, Entry> join_memo_;

@@ -8,7 +8,7 @@ namespace graphpipe::partition::series_parallel_dp {
 // Subtree t: as one stage, or decomposed into its series or parallel fragment.
 Entry Planner::solve(int t, int n, int d) {
   d = cap(d);
-  if (n < 1) return {};
+  if (n < 1 || too_few(work_[t], n)) return {};
   auto k = key(kSolve, t, 0, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
   if (int low, high; bound(k, &Depths::main, low, high)) {
@@ -33,7 +33,7 @@ Entry Planner::solve(int t, int n, int d) {
 Entry Planner::series(int t, int i, int n, int d) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return {0, Nothing{}};
-  if (n < 1) return {};
+  if (n < 1 || too_few(suffix_work_[t][i], n)) return {};
   auto k = key(kSeries, t, i, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
@@ -67,7 +67,8 @@ void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>
 void Planner::series_split(int t, int i, int n, int d, Entry& best) {
   const int child_node = tree_.nodes[t].children[i];
   levels(
-      0, n - 2, [&](int x) { return series(t, i + 1, x, d).depth; },
+      least_devices(suffix_work_[t][i + 1]), std::min(n - 2, n - least_devices(work_[child_node])),
+      [&](int x) { return series(t, i + 1, x, d).depth; },
       [&](int x, int rest) {
         if (rest >= kInf || rest + 1 >= best.depth) return false;
         const int child = solve(child_node, n - x, d + rest).depth;
@@ -104,7 +105,7 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   const auto& branches = sorted_[t];
   const int count = static_cast<int>(branches.size());
   if (j == count) return {0, Nothing{}};
-  if (n < 1) return {};
+  if (n < 1 || too_few(suffix_work_[t][j], n)) return {};
   auto k = key(kParallel, t, j, n, d);
   if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
@@ -126,7 +127,8 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   }
   if (best.depth > low) {
     auto [h, n1] = balance(
-        2, n, [&](int x) { return solve(branches[j], x, d).depth; },
+        std::max(2, least_devices(work_[branches[j]])), n - least_devices(suffix_work_[t][j + 1]),
+        [&](int x) { return solve(branches[j], x, d).depth; },
         [&](int x) { return parallel(t, j + 1, n - x, d).depth; });
     if (h < best.depth) best = {h, Split{n1}};
   }
@@ -139,7 +141,7 @@ Entry Planner::parallel(int t, int j, int n, int d) {
 int Planner::others(int branch, int n, int d) {
   const int par = parent_[branch];
   if (sorted_[par][0] == branch) return parallel(par, 1, n, d).depth;
-  if (n < 1) return kInf;
+  if (n < 1 || too_few(others_work(branch), n)) return kInf;
   auto k = key(kOthers, par, 0, n, d);
   if (const Entry* hit = memo_.find(k)) return hit->depth;
   if (int low, high; bound(k, &Depths::main, low, high)) {
@@ -148,7 +150,8 @@ int Planner::others(int branch, int n, int d) {
   }
   const int spare = sorted_[par].size() == 2 ? 0 : 1;
   auto [h, n1] = balance(
-      1, n - spare, [&](int x) { return solve(sorted_[par][0], x, d).depth; },
+      std::max(1, least_devices(work_[sorted_[par][0]])), std::min(n - spare, n - least_devices(suffix_work_[par][2])),
+      [&](int x) { return solve(sorted_[par][0], x, d).depth; },
       [&](int x) { return parallel(par, 2, n - x, d).depth; });
   memo_.insert(k, {h, OthersSplit{n1}});
   return h;

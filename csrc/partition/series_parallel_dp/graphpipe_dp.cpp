@@ -55,6 +55,30 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree) : p_(p), tree_(tre
     while (num_levels_ < rep_->num_levels() && rep_->replicas(num_levels_) <= devices_) ++num_levels_;
     for (std::size_t t = 0; t < count; ++t) whole_[t] = group(leaves_[t]);  // with their levels
   }
+  op_work_.resize(p.num_nodes());
+  for (std::size_t v = 0; v < p.num_nodes(); ++v) {
+    op_work_[v] = p.compute[v];
+    for (int l = 0; rep_ != nullptr && l < num_levels_; ++l) {
+      op_work_[v] = std::min(op_work_[v], rep_->replicas(l) * rep_->compute(l, static_cast<int>(v)));
+    }
+  }
+  work_.assign(count, 0.0);
+  for (std::size_t t = 0; t < count; ++t) {
+    for (graph::NodeId v : leaves_[t]) work_[t] += op_work_[v];
+  }
+  suffix_work_.resize(count);
+  for (std::size_t t = 0; t < count; ++t) {
+    const graph::SPNode& node = tree.nodes[t];
+    const std::vector<int>& parts = node.kind == graph::SPNode::Kind::parallel ? sorted_[t] : node.children;
+    suffix_work_[t].assign(parts.size() + 1, 0.0);
+    for (std::size_t c = parts.size(); c-- > 0;) suffix_work_[t][c] = suffix_work_[t][c + 1] + work_[parts[c]];
+  }
+  item_work_.resize(count);
+  for (std::size_t b = 0; b < count; ++b) {
+    const std::vector<int>& items = items_[b];
+    item_work_[b].assign(items.size() + 1, 0.0);
+    for (std::size_t c = items.size(); c-- > 0;) item_work_[b][c] = item_work_[b][c + 1] + work_[items[c]];
+  }
 }
 
 std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
