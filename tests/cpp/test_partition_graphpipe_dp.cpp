@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,4 +156,45 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
           << "seed " << seed << " micro-batch " << mb;
     }
   }
+}
+
+// The device floor (graphpipe_dp.h) rules out only fragments that have no plan, so the DP's plans
+// are the same with it and without it: plain and replicated problems, memory limits that bind
+// and that do not, on random series-parallel graphs and on chains.
+TEST(PartitionGraphpipeDp, DeviceFloorLeavesEveryPlanAsItWas) {
+  int compared = 0, replicated = 0, without_plan = 0;
+  for (int seed = 0; seed < 60; ++seed) {
+    const auto g = seed % 4 == 3 ? tst::random_chain(5300 + seed, 8 + seed % 23)
+                                 : tst::random_sp_graph(5300 + seed, 8 + seed % 40);
+    const int devices = 2 + seed % 15;
+    const double limit = seed % 3 == 0 ? 1.5 * g.total_param_bytes() / devices + 1e6 : 1e15;
+    cost::Devices d = cost::v100(devices, 4);
+    cost::CostModel model(g, d);
+    auto sp = graph::decompose_series_parallel(g);
+    ASSERT_TRUE(sp.is_series_parallel);
+    for (std::int64_t mb : {1, 8}) {
+      for (const bool replicate : {false, true}) {
+        pt::Problem p = pt::make_problem(model, 32, mb, std::min<int>(devices, g.num_nodes()), limit, {});
+        if (replicate) {
+          p.replicas = std::make_shared<const pt::ReplicaTable>(model, mb, devices);
+          p.device_budget = devices;
+        }
+        const auto floored = pt::graphpipe_plans(p, sp.tree, 1e-3, true);
+        const auto searched = pt::graphpipe_plans(p, sp.tree, 1e-3, false);
+        const std::string label =
+            "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) + (replicate ? " replicated" : "");
+        ASSERT_EQ(floored.size(), searched.size()) << label;
+        for (std::size_t i = 0; i < floored.size(); ++i) {
+          EXPECT_EQ(floored[i].assignment, searched[i].assignment) << label << " plan " << i;
+          EXPECT_EQ(floored[i].replicas, searched[i].replicas) << label << " plan " << i;
+        }
+        ++compared;
+        replicated += replicate ? 1 : 0;
+        without_plan += floored.empty() ? 1 : 0;
+      }
+    }
+  }
+  std::printf("[ device floor ] %d searches with the same plans (%d replicated, %d without a plan)\n", compared,
+              replicated, without_plan);
+  EXPECT_LT(without_plan, compared / 2);
 }

@@ -61,7 +61,8 @@ enum Kind : std::uint64_t { kSolve = 0, kSeries = 1, kParallel = 2, kInside = 3,
 
 class Planner {
  public:
-  Planner(const Problem& p, const graph::SPTree& tree);
+  // device_floor: whether too_few() rules fragments out (graphpipe_plans).
+  Planner(const Problem& p, const graph::SPTree& tree, bool device_floor = true);
   std::vector<ReplicatedAssignment> run(double tolerance);
 
  private:
@@ -219,7 +220,9 @@ class Planner {
   // splits that balance() and levels() try leave one part too few devices, and each was searched
   // down to its leaves to find no plan. The margin keeps a fragment that exactly fills its
   // devices (its work summed in another order) from being ruled out by rounding.
-  bool too_few(double work, int n) const { return work > static_cast<double>(n) * target_ * (1.0 + 1e-9); }
+  bool too_few(double work, int n) const {
+    return device_floor_ && work > static_cast<double>(n) * target_ * (1.0 + 1e-9);
+  }
   // The least n that is not too_few for `work`: the recurrences search device splits only where
   // each part gets at least that many (outside, one part has no plan, and the part searched
   // first was searched for nothing).
@@ -297,6 +300,7 @@ class Planner {
   std::vector<double> op_work_, work_;
   std::vector<std::vector<double>> suffix_work_;
   std::vector<std::vector<double>> item_work_;  // of items_[b]'s suffixes k.., as suffix_work_
+  bool device_floor_ = true;
   Rows rows_, fork_rows_, join_rows_, close_rows_;
   Memo<std::uint64_t, Entry> memo_;
   Memo<std::pair<std::uint64_t, std::uint64_t>, Entry> join_memo_;

@@ -14,7 +14,8 @@ namespace graphpipe::partition {
 
 namespace series_parallel_dp {
 
-Planner::Planner(const Problem& p, const graph::SPTree& tree) : p_(p), tree_(tree), stamps_(p.num_nodes(), -1) {
+Planner::Planner(const Problem& p, const graph::SPTree& tree, bool device_floor)
+    : p_(p), tree_(tree), stamps_(p.num_nodes(), -1), device_floor_(device_floor) {
   const std::size_t count = tree.nodes.size();
   leaves_.resize(count);
   whole_.resize(count);
@@ -242,9 +243,10 @@ bool Planner::feasible(double target, bool exact) {
 
 }  // namespace series_parallel_dp
 
-std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance) {
+std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
+                                                  bool device_floor) {
   if (tree.root < 0) return {};
-  return series_parallel_dp::Planner(problem, tree).run(tolerance);
+  return series_parallel_dp::Planner(problem, tree, device_floor).run(tolerance);
 }
 
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,

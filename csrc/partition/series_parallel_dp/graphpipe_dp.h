@@ -89,7 +89,9 @@ struct ReplicatedAssignment {
   std::vector<int> assignment;
   std::vector<int> replicas;
 };
-// graphpipe_assignments with the replica counts.
-std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance);
+// graphpipe_assignments with the replica counts. `device_floor` false searches without the device
+// floor (above), which changes no answer, only the time: for tests that check it changes none.
+std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
+                                                  bool device_floor = true);
 
 }  // namespace graphpipe::partition
