@@ -227,6 +227,7 @@ class Planner {
   // each part gets at least that many (outside, one part has no plan, and the part searched
   // first was searched for nothing).
   int least_devices(double work) const {
+    if (!device_floor_) return 0;
     int n = static_cast<int>(std::max(0.0, std::floor(work / (target_ * (1.0 + 1e-9)))));
     while (too_few(work, n)) ++n;
     return n;
