@@ -23,6 +23,17 @@ double counted(const Problem& p, double forward, double backward_weight, double 
   return p.zero_bubble ? forward + backward_weight : compute;
 }
 
+// An operator's time at a replica level, counted as the bound counts it or as its compute.
+double level_time(const Problem& p, int level, int node, bool as_bound) {
+  if (!p.replicated()) {
+    return as_bound ? counted(p, p.forward[node], p.backward_weight[node], p.compute[node]) : p.compute[node];
+  }
+  const ReplicaTable& table = *p.replicas;
+  return as_bound
+             ? counted(p, table.forward(level, node), table.backward_weight(level, node), table.compute(level, node))
+             : table.compute(level, node);
+}
+
 OperatorFloor operator_floor(const Problem& p) {
   const std::size_t n = p.num_nodes();
   OperatorFloor floor;
@@ -36,15 +47,11 @@ OperatorFloor operator_floor(const Problem& p) {
   for (std::size_t v = 0; v < n; ++v) {
     const int node = static_cast<int>(v);
     double least = std::numeric_limits<double>::infinity();
-    double least_work = std::numeric_limits<double>::infinity();
     for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
-      const double t =
-          counted(p, table.forward(level, node), table.backward_weight(level, node), table.compute(level, node));
-      least = std::min(least, t);
-      least_work = std::min(least_work, table.replicas(level) * t);
+      least = std::min(least, level_time(p, level, node, true));
     }
     floor.time[v] = least;
-    floor.work += least_work;
+    floor.work += operator_work(p, node, p.device_budget, true);
   }
   return floor;
 }
@@ -64,6 +71,16 @@ double longest_path(const Problem& p, const std::vector<double>& time) {
 }
 
 }  // namespace
+
+double operator_work(const Problem& p, int node, int max_replicas, bool as_bound) {
+  if (!p.replicated()) return level_time(p, 0, node, as_bound);
+  const ReplicaTable& table = *p.replicas;
+  double least = std::numeric_limits<double>::infinity();
+  for (int level = 0; level < table.num_levels() && table.replicas(level) <= max_replicas; ++level) {
+    least = std::min(least, table.replicas(level) * level_time(p, level, node, as_bound));
+  }
+  return least;
+}
 
 double step_lower_bound(const Problem& p) {
   const OperatorFloor floor = operator_floor(p);

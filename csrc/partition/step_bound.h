@@ -29,4 +29,10 @@ namespace graphpipe::partition {
 // device_budget devices in all (max_stages without replication).
 double step_lower_bound(const Problem& problem);
 
+// work(v) above, for operator `node` over the replica counts of at most `max_replicas`: the least
+// of count x its time on that count's shard. Its time is its whole compute, or with `as_bound`
+// what the bound counts (under the zero-bubble closed form, its forward and weight half). The
+// series-parallel DP's device floor (graphpipe_dp.h) uses it too.
+double operator_work(const Problem& problem, int node, int max_replicas, bool as_bound);
+
 }  // namespace graphpipe::partition

@@ -293,12 +293,11 @@ class Planner {
   std::vector<int> parent_, slot_;
   std::vector<std::vector<int>> sorted_;
   std::vector<std::vector<int>> items_;  // series items of each parallel node's two largest branches
-  // Device-seconds per micro-batch (too_few): of each operator, the least over the replica
-  // counts within the budget of count x its compute on that count's shard (its compute without
-  // replication); of each subtree; of each series node's child suffixes i.. (index i, the last
-  // entry 0), each parallel node's sorted branch suffixes j.. and each lead branch's item
-  // suffixes k.. .
-  std::vector<double> op_work_, work_;
+  // Device-seconds per micro-batch (too_few), of its operators' operator_work (step_bound.h,
+  // over the replica counts within the budget): of each subtree; of each series node's child
+  // suffixes i.. (index i, the last entry 0), each parallel node's sorted branch suffixes j.. and
+  // each lead branch's item suffixes k.. .
+  std::vector<double> work_;
   std::vector<std::vector<double>> suffix_work_;
   std::vector<std::vector<double>> item_work_;  // of items_[b]'s suffixes k.., as suffix_work_
   bool device_floor_ = true;

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "partition/evaluate.h"
 #include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/step_bound.h"
 
 namespace graphpipe::partition {
 
@@ -56,16 +57,11 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree, bool device_floor)
     while (num_levels_ < rep_->num_levels() && rep_->replicas(num_levels_) <= devices_) ++num_levels_;
     for (std::size_t t = 0; t < count; ++t) whole_[t] = group(leaves_[t]);  // with their levels
   }
-  op_work_.resize(p.num_nodes());
-  for (std::size_t v = 0; v < p.num_nodes(); ++v) {
-    op_work_[v] = p.compute[v];
-    for (int l = 0; rep_ != nullptr && l < num_levels_; ++l) {
-      op_work_[v] = std::min(op_work_[v], rep_->replicas(l) * rep_->compute(l, static_cast<int>(v)));
-    }
-  }
+  std::vector<double> op_work(p.num_nodes());
+  for (std::size_t v = 0; v < p.num_nodes(); ++v) op_work[v] = operator_work(p, static_cast<int>(v), devices_, false);
   work_.assign(count, 0.0);
   for (std::size_t t = 0; t < count; ++t) {
-    for (graph::NodeId v : leaves_[t]) work_[t] += op_work_[v];
+    for (graph::NodeId v : leaves_[t]) work_[t] += op_work[v];
   }
   suffix_work_.resize(count);
   for (std::size_t t = 0; t < count; ++t) {
