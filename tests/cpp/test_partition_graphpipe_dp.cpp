@@ -158,10 +158,13 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
   }
 }
 
-// The device floor (graphpipe_dp.h) rules out only fragments that have no plan, so the DP's plans
-// are the same with it and without it: plain and replicated problems, memory limits that bind
-// and that do not, on random series-parallel graphs and on chains.
-TEST(PartitionGraphpipeDp, DeviceFloorLeavesEveryPlanAsItWas) {
+// The search's shortcuts (graphpipe_dp.h) change no answer: the device floor rules out only
+// fragments that have no plan, and a memory-free subtree's fragments have the same plan whatever
+// the depth after them. So the DP's plans are the same with each and with neither: plain and
+// replicated problems, memory limits that bind on parameters or on activations (where some
+// subtrees are memory-free and others not) and that do not, on random series-parallel graphs and
+// on chains.
+TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
   int compared = 0, replicated = 0, without_plan = 0;
   for (int seed = 0; seed < 60; ++seed) {
     const auto g = seed % 4 == 3 ? tst::random_chain(5300 + seed, 8 + seed % 23)
@@ -179,22 +182,40 @@ TEST(PartitionGraphpipeDp, DeviceFloorLeavesEveryPlanAsItWas) {
           p.replicas = std::make_shared<const pt::ReplicaTable>(model, mb, devices);
           p.device_budget = devices;
         }
-        const auto floored = pt::graphpipe_plans(p, sp.tree, 1e-3, true);
-        const auto searched = pt::graphpipe_plans(p, sp.tree, 1e-3, false);
-        const std::string label =
-            "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) + (replicate ? " replicated" : "");
-        ASSERT_EQ(floored.size(), searched.size()) << label;
-        for (std::size_t i = 0; i < floored.size(); ++i) {
-          EXPECT_EQ(floored[i].assignment, searched[i].assignment) << label << " plan " << i;
-          EXPECT_EQ(floored[i].replicas, searched[i].replicas) << label << " plan " << i;
+        if (seed % 3 == 1) {
+          // Activations bind: scaled to ten times the static bytes with M micro-batches in flight,
+          // and the limit the whole model's bytes so spread evenly over the devices. (Without the
+          // received tensors in the memory-free test, or with one micro-batch in flight instead of
+          // M, plans differ here.)
+          double fixed = 0.0, activations = 0.0;
+          for (double b : p.static_bytes) fixed += b;
+          for (double b : p.act_bytes) activations += b;
+          for (double b : p.edge_bytes) activations += b;
+          const double scale = 10.0 * fixed / (activations * static_cast<double>(p.num_micro_batches));
+          for (double& b : p.act_bytes) b *= scale;
+          for (double& b : p.edge_bytes) b *= scale;
+          p.memory_limit = 11.0 * fixed / devices;
+        }
+        const auto searched = pt::graphpipe_plans(p, sp.tree, 1e-3, {.device_floor = false, .memory_free = false});
+        for (const pt::SearchShortcuts shortcuts : {pt::SearchShortcuts{.device_floor = true, .memory_free = false},
+                                                    pt::SearchShortcuts{.device_floor = false, .memory_free = true}}) {
+          const auto shortened = pt::graphpipe_plans(p, sp.tree, 1e-3, shortcuts);
+          const std::string label = "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) +
+                                    (replicate ? " replicated" : "") +
+                                    (shortcuts.device_floor ? " device floor" : " memory-free subtrees");
+          ASSERT_EQ(shortened.size(), searched.size()) << label;
+          for (std::size_t i = 0; i < shortened.size(); ++i) {
+            EXPECT_EQ(shortened[i].assignment, searched[i].assignment) << label << " plan " << i;
+            EXPECT_EQ(shortened[i].replicas, searched[i].replicas) << label << " plan " << i;
+          }
         }
         ++compared;
         replicated += replicate ? 1 : 0;
-        without_plan += floored.empty() ? 1 : 0;
+        without_plan += searched.empty() ? 1 : 0;
       }
     }
   }
-  std::printf("[ device floor ] %d searches with the same plans (%d replicated, %d without a plan)\n", compared,
+  std::printf("[ shortcuts ] %d searches with the same plans (%d replicated, %d without a plan)\n", compared,
               replicated, without_plan);
   EXPECT_LT(without_plan, compared / 2);
 }

@@ -12,6 +12,7 @@ namespace graphpipe::partition::series_parallel_dp {
 // largest branches (cross), or with the fork branch's rest and the whole other one (close).
 Entry Planner::inside(int branch, int k, int n, int d) {
   if (n < 1 || too_few(inside_work(branch, k), n)) return {};
+  d = after(parent_[parent_[branch]], d);
   const auto memo_key = key(kInside, branch, k, n, d);
   if (const Entry* hit = memo_.find(memo_key)) return *hit;
   int low, high;
@@ -153,6 +154,7 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
 // after its parallel node (the join stage), with d stages after that stage.
 Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
   if (n < 1 || too_few(to_join_work(branch, i, e), n)) return {};
+  d = after(parent_[parent_[branch]], d);
   const std::pair<std::uint64_t, std::uint64_t> k{key(kToJoin, branch, i, n, d), static_cast<std::uint64_t>(e)};
   if (const Entry* hit = join_memo_.find(k)) return *hit;
   int low, high;

@@ -15,8 +15,30 @@ namespace graphpipe::partition {
 
 namespace series_parallel_dp {
 
-Planner::Planner(const Problem& p, const graph::SPTree& tree, bool device_floor)
-    : p_(p), tree_(tree), stamps_(p.num_nodes(), -1), device_floor_(device_floor) {
+namespace {
+
+// Whether every stage made of some of `nodes` fits the memory limit unrecomputed with as many
+// micro-batches in flight as any stage holds (M; dp_planner.h, memory_free_): a stage's static
+// bytes are its operators', and its activations its operators' and the tensors they receive, so
+// all of nodes' bytes, with every tensor they receive, bound every such stage's.
+bool memory_never_binds(const Problem& p, const std::vector<graph::NodeId>& nodes) {
+  if (p.memory_limit <= 0.0) return false;  // no claim about a limit nothing fits
+  const graph::OpGraph& g = *p.graph;
+  double fixed = 0.0, per_micro_batch = 0.0;
+  for (graph::NodeId v : nodes) {
+    fixed += p.static_bytes[v];
+    per_micro_batch += p.act_bytes[v];
+    for (graph::EdgeId e : g.in_edges(v)) per_micro_batch += p.edge_bytes[e];
+  }
+  const auto in_flight_most = static_cast<double>(std::max<std::int64_t>(1, p.num_micro_batches));
+  // The margin keeps a stage's bytes, summed in another order, from crossing the limit by rounding.
+  return fixed + per_micro_batch * in_flight_most <= p.memory_limit * (1.0 - 1e-9);
+}
+
+}  // namespace
+
+Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts)
+    : p_(p), tree_(tree), stamps_(p.num_nodes(), -1), device_floor_(shortcuts.device_floor) {
   const std::size_t count = tree.nodes.size();
   leaves_.resize(count);
   whole_.resize(count);
@@ -56,6 +78,10 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree, bool device_floor)
     num_levels_ = 0;
     while (num_levels_ < rep_->num_levels() && rep_->replicas(num_levels_) <= devices_) ++num_levels_;
     for (std::size_t t = 0; t < count; ++t) whole_[t] = group(leaves_[t]);  // with their levels
+  }
+  memory_free_.assign(count, 0);
+  if (shortcuts.memory_free) {
+    for (std::size_t t = 0; t < count; ++t) memory_free_[t] = memory_never_binds(p, leaves_[t]);
   }
   std::vector<double> op_work(p.num_nodes());
   for (std::size_t v = 0; v < p.num_nodes(); ++v) op_work[v] = operator_work(p, static_cast<int>(v), devices_, false);
@@ -185,17 +211,21 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   const int limit = probes_ + std::max(16, probes_);
   for (int h = probe(least) - 1; h >= 1 && probes_ < limit;) {
     const double upper = best / pipeline_step(p_.num_micro_batches, h, 1.0);
-    // a: the largest probe known too deep for h; b: the smallest known to reach h.
+    // a: the largest probe known too deep for h; b: the smallest known to reach h. A probe
+    // above `upper` still too deep for h says, without probing, that h is not reached below it.
     double a = picks.back(), b = upper;
-    bool reached = false;
+    bool reached = false, too_deep_above = false;
     for (auto [target, depth] : seen_) {
-      if (target > upper) break;
+      if (target > upper) {
+        too_deep_above = depth > h;
+        break;
+      }
       if (depth > h)
         a = std::max(a, target);
       else if (!reached)
         b = target, reached = true;
     }
-    if (!reached && (upper <= a * (1.0 + tolerance) || probe(upper) > h)) {
+    if (!reached && (too_deep_above || upper <= a * (1.0 + tolerance) || probe(upper) > h)) {
       --h;
       continue;
     }
@@ -218,14 +248,17 @@ bool Planner::feasible(double target, bool exact) {
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
   join_memo_.clear();
-  lower_ = upper_ = nullptr;
+  lower_.clear();
+  upper_.clear();
   if (!exact) {
     const auto above = depths_.upper_bound(target);
-    if (above != depths_.end()) lower_ = &above->second;
-    if (above != depths_.begin() && std::prev(above)->first < target) upper_ = &std::prev(above)->second;
+    for (auto it = above; it != depths_.end(); ++it) lower_.push_back(&it->second);
+    for (auto it = std::make_reverse_iterator(above); it != depths_.rend(); ++it)
+      if (it->first < target) upper_.push_back(&it->second);
   }
   const bool ok = solve(tree_.root, devices_, 0).depth < kInf;
-  lower_ = upper_ = nullptr;
+  lower_.clear();
+  upper_.clear();
   if (!exact) {
     Depths& depths = depths_[target];
     depths.main.reserve(memo_.size());
@@ -240,9 +273,9 @@ bool Planner::feasible(double target, bool exact) {
 }  // namespace series_parallel_dp
 
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
-                                                  bool device_floor) {
+                                                  SearchShortcuts shortcuts) {
   if (tree.root < 0) return {};
-  return series_parallel_dp::Planner(problem, tree, device_floor).run(tolerance);
+  return series_parallel_dp::Planner(problem, tree, shortcuts).run(tolerance);
 }
 
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,

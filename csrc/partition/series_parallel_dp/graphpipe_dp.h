@@ -31,14 +31,16 @@
 // lower bound max(largest operator, total compute / devices). The step time is
 // (M + depth - 1) x slowest stage, so a shallower plan at a slightly larger target can be
 // faster: for each depth below the least target's, the least target reaching it is bisected
-// too, but only up to the target where that depth stops paying off, with at most
-// max(16, probes of the first search) more probes. Every such plan is returned.
+// too, but only up to the target where that depth stops paying off (not at all where a larger
+// target probed already is too deep for it), with at most max(16, probes of the first search)
+// more probes. Every such plan is returned.
 //
 // Probes reuse each other: depth never grows with the target, so a fragment whose depths at the
 // nearest probed targets above and below are equal has that depth at the target in between, and
 // is not searched again; otherwise those depths bound its search (it starts from the upper bound
-// and stops at a move reaching the lower one). Such a probe's memo has no moves for the fragments
-// it took from its neighbours, so the plans returned are solved once more without the bounds;
+// and stops at a move reaching the lower one). "Nearest" is per fragment: the nearest probe that
+// solved it, since a bounded probe solves only the fragments its pinned ones do not cover. Such a probe's memo has no
+// moves for the fragments it took from its neighbours, so the plans returned are solved once more without the bounds;
 // should that exact solve ever find another depth than the bounded probe did, the whole search is
 // run again without bounds. The plans are those of the search without reuse (about 1.6x fewer
 // DP seconds on MMT at paper size, 64 devices, replicated).
@@ -50,6 +52,11 @@
 // answers are the same; at low targets, where most splits leave one part too few devices, the
 // probes are far cheaper (the first probe of each search, at the lower bound, cost about half of
 // the search's time on MMT at paper size, 64 devices, replicated; now it is answered at the root).
+//
+// Memory-free subtrees: d matters only through memory (a stage's in-flight micro-batches). Where
+// a whole subtree's bytes, every tensor its operators receive included, fit with M micro-batches
+// in flight, no stage made of its operators can fail memory, whatever d: its fragments are
+// solved once, with d taken as 0, instead of once per d. Same answers again.
 //
 // Memory: a stage that does not fit with its in-flight micro-batches' activations but fits
 // with activation recomputation is taken recomputed, its time with the forward once more
@@ -89,9 +96,14 @@ struct ReplicatedAssignment {
   std::vector<int> assignment;
   std::vector<int> replicas;
 };
-// graphpipe_assignments with the replica counts. `device_floor` false searches without the device
-// floor (above), which changes no answer, only the time: for tests that check it changes none.
+// The search's shortcuts (above), each of which changes no answer, only the time; tests turn
+// them off to check that it changes none.
+struct SearchShortcuts {
+  bool device_floor = true;  // fragments given fewer devices than their floor have no plan
+  bool memory_free = true;   // d is dropped where memory cannot bind
+};
+// graphpipe_assignments with the replica counts.
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
-                                                  bool device_floor = true);
+                                                  SearchShortcuts shortcuts = {});
 
 }  // namespace graphpipe::partition
