@@ -70,12 +70,36 @@ class Refiner {
   };
 
   double time(int s) const { return compute_[s] + transfer_[s]; }
-  double memory(int s) const { return static_[s] + act_[s] * in_flight_[s]; }
+  double memory(int s) { return static_[s] + act_[s] * in_flight(s); }
+  int in_flight(int s) {
+    current();
+    return in_flight_[s];
+  }
 
   // Stage pair a * k_ + b gained its first operator edge or lost its last: toggle its bit.
   void flip(int pair) {
     const int a = pair / k_, b = pair % k_;
     adjacent_[static_cast<std::size_t>(a) * words_ + b / 64] ^= std::uint64_t{1} << (b % 64);
+    flipped_.push_back(pair);
+  }
+
+  // The order, reachability and in-flight counts are derived from the stage graph when read
+  // (reaches(), in_flight()), not at every move: most moves tried are undone unread, and a move
+  // and its undo flip the same pairs back, which leaves the graph as it was derived. So they are
+  // derived again only when some pair has flipped an odd number of times since (pair_step tries
+  // thousands of move pairs per round; deriving after each move and undo was 9/10 of its time).
+  void current() {
+    if (flipped_.empty()) return;
+    std::sort(flipped_.begin(), flipped_.end());
+    bool changed = false;
+    for (std::size_t i = 0; i < flipped_.size() && !changed;) {
+      std::size_t j = i;
+      while (j < flipped_.size() && flipped_[j] == flipped_[i]) ++j;
+      changed = (j - i) % 2 == 1;
+      i = j;
+    }
+    flipped_.clear();
+    if (changed) update_structure();
   }
 
   // Calls f(b) for every stage b that stage a has an edge to, ascending.
@@ -122,11 +146,15 @@ class Refiner {
     std::vector<int> by_position = p_.in_flight(k_, edges, p_.num_micro_batches);
     in_flight_.assign(k_, 1);
     for (int s = 0; s < k_; ++s) in_flight_[s] = by_position[position[s]];
+    flipped_.clear();
   }
 
-  bool reaches(int a, int b) const { return (reach_[static_cast<std::size_t>(a) * words_ + b / 64] >> (b % 64)) & 1u; }
+  bool reaches(int a, int b) {
+    current();
+    return (reach_[static_cast<std::size_t>(a) * words_ + b / 64] >> (b % 64)) & 1u;
+  }
 
-  bool valid(int v, int from, int to) const {
+  bool valid(int v, int from, int to) {
     if (members_[from].size() < 2) return false;
     bool pred_in_from = false, succ_in_from = false;
     for (graph::EdgeId e : g_.in_edges(v)) {
@@ -185,13 +213,12 @@ class Refiner {
   void apply(int v, int from, int to) {
     // The stage graph (and so the order, reachability and in-flight counts that
     // update_structure derives from it alone) changes only when a stage pair gains its first
-    // operator edge or loses its last.
-    bool changed = false;
+    // operator edge or loses its last (flip(); current() derives them again when read).
     auto less = [&](int pair) {
-      if (--count_[pair] == 0) flip(pair), changed = true;
+      if (--count_[pair] == 0) flip(pair);
     };
     auto more = [&](int pair) {
-      if (count_[pair]++ == 0) flip(pair), changed = true;
+      if (count_[pair]++ == 0) flip(pair);
     };
     for (graph::EdgeId e : g_.in_edges(v)) {
       int x = label_[g_.edge(e).src];
@@ -220,7 +247,6 @@ class Refiner {
     slot_[v] = static_cast<int>(members_[to].size());
     members_[to].push_back(v);
     label_[v] = to;
-    if (changed) update_structure();
   }
 
   bool step() {
@@ -263,14 +289,14 @@ class Refiner {
         double worst_time = 0.0;
         for (int s : touched_) {
           double t = time(s) + dt_[s];
-          double m = new_static(s, v, target, to) + (act_[s] + da_[s]) * in_flight_[s];
+          double m = new_static(s, v, target, to) + (act_[s] + da_[s]) * in_flight(s);
           worst_time = std::max(worst_time, t);
           if (s != target && m > p_.memory_limit && m > memory(s)) ok = false;
         }
         if (!ok) continue;
         double score;
         if (memory_mode) {
-          double m = new_static(target, v, target, to) + (act_[target] + da_[target]) * in_flight_[target];
+          double m = new_static(target, v, target, to) + (act_[target] + da_[target]) * in_flight(target);
           if (!(m < memory(target))) continue;
           score = m;
         } else {
@@ -321,15 +347,14 @@ class Refiner {
             apply(u, q, r);
             double worst = 0.0;
             int at_worst = 0;
-            bool fits = true;
-            for (int s = 0; s < k_; ++s) {
-              worst = std::max(worst, time(s));
-              if (memory(s) > p_.memory_limit) fits = false;
-            }
+            for (int s = 0; s < k_; ++s) worst = std::max(worst, time(s));
             for (int s = 0; s < k_; ++s) at_worst += time(s) >= worst;
-            bool better = worst < bottleneck * (1.0 - 1e-12) ||
-                          (worst <= bottleneck && at_worst < at_bottleneck && time(target) < bottleneck);
-            if (fits && better) return true;
+            const bool better = worst < bottleneck * (1.0 - 1e-12) ||
+                                (worst <= bottleneck && at_worst < at_bottleneck && time(target) < bottleneck);
+            // Memory (in-flight counts from the changed stage graph) only for a pair that is faster.
+            bool fits = better;
+            for (int s = 0; s < k_ && fits; ++s) fits = memory(s) <= p_.memory_limit;
+            if (fits) return true;
             apply(u, r, q);
           }
         }
@@ -351,6 +376,7 @@ class Refiner {
   std::vector<std::uint64_t> reach_;
   std::vector<std::uint64_t> adjacent_;  // bit b of row a: count_[a * k_ + b] > 0
   std::vector<int> in_flight_;
+  std::vector<int> flipped_;  // stage pairs flipped since update_structure (current())
   std::vector<double> dt_, da_;
   std::vector<char> touched_flag_;
   std::vector<int> touched_;
