@@ -54,6 +54,10 @@ struct Stats {
   // of once per need() call; a new probe makes the masks again.
   mutable std::uint64_t meets = 0, meets_recomputed = 0;
   mutable int probe = -1;
+  // Where the replica's time at every level, then that time recomputed, start in the planner's
+  // level_times_ (-1: not yet timed). They depend on no target: a group is timed once however
+  // many probes ask (the timing, sync estimate included, was half of need()'s cost).
+  mutable std::int64_t times = -1;
 };
 
 // The fragments a memo key names (Planner::key).
@@ -142,6 +146,8 @@ class Planner {
   int need(const Stats& s, int in_flight_count, int n) const;
   double level_time(const Stats& s, int l) const;
   double level_forward(const Stats& s, int l) const;
+  // Stats::times: s's level times, made the first time they are asked for.
+  const double* level_times(const Stats& s) const;
   int replicas_to_fit(const Stats& s, int in_flight_count, int n) const;
   // A stage of figures s with `after` stages at least after it (inside the enclosing fragment),
   // then the rest on the devices it leaves, rest(devices) giving the rest's depth. Returns (rest's
@@ -292,11 +298,12 @@ class Planner {
 
   const Problem& p_;
   const graph::SPTree& tree_;
-  const ReplicaTable* rep_ = nullptr;  // set for replicated problems
-  int num_levels_ = 1;                 // replica levels whose counts fit the device budget
-  std::vector<double> arena_;          // per-level compute of every Stats (Stats::levels)
-  std::vector<double> level_sums_;     // of the group being formed
-  std::vector<int> rebuilt_replicas_;  // replica count per label of the last rebuild()
+  const ReplicaTable* rep_ = nullptr;        // set for replicated problems
+  int num_levels_ = 1;                       // replica levels whose counts fit the device budget
+  std::vector<double> arena_;                // per-level compute of every Stats (Stats::levels)
+  mutable std::vector<double> level_times_;  // per-level time of the Stats timed (Stats::times)
+  std::vector<double> level_sums_;           // of the group being formed
+  std::vector<int> rebuilt_replicas_;        // replica count per label of the last rebuild()
   std::vector<int> stamps_;
   int next_stamp_ = 0;
   int devices_ = 1;

@@ -41,12 +41,10 @@ int Planner::need(const Stats& s, int in_flight_count, int n) const {
   }
   if (s.probe != probe_id_) {  // masks of another target
     std::uint64_t mask = 0, recomputed = 0;
+    const double* times = level_times(s);
     for (int l = 0; l < num_levels_; ++l) {
-      const double time = level_time(s, l);
-      if (time <= target_) mask |= std::uint64_t{1} << l;
-      if (time + StageMemory{0.0, true}.extra_seconds(level_forward(s, l)) <= target_) {
-        recomputed |= std::uint64_t{1} << l;
-      }
+      if (times[l] <= target_) mask |= std::uint64_t{1} << l;
+      if (times[num_levels_ + l] <= target_) recomputed |= std::uint64_t{1} << l;
     }
     s.meets = mask;
     s.meets_recomputed = recomputed;
@@ -72,6 +70,17 @@ int Planner::need(const Stats& s, int in_flight_count, int n) const {
 double Planner::level_time(const Stats& s, int l) const {
   const double compute = l == 0 ? s.compute : arena_[s.levels + l];
   return replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params);
+}
+
+const double* Planner::level_times(const Stats& s) const {
+  if (s.times < 0) {
+    s.times = static_cast<std::int64_t>(level_times_.size());
+    for (int l = 0; l < num_levels_; ++l) level_times_.push_back(level_time(s, l));
+    for (int l = 0; l < num_levels_; ++l) {
+      level_times_.push_back(level_times_[s.times + l] + StageMemory{0.0, true}.extra_seconds(level_forward(s, l)));
+    }
+  }
+  return &level_times_[s.times];
 }
 
 double Planner::level_forward(const Stats& s, int l) const {
