@@ -56,7 +56,7 @@ struct Stats {
   mutable int probe = -1;
   // Where the replica's time at every level, then that time recomputed, start in the planner's
   // level_times_ (-1: not yet timed). They depend on no target: a group is timed once however
-  // many probes ask (the timing, sync estimate included, was half of need()'s cost).
+  // many probes ask (the timing, sync estimate included, was a third of need()'s instructions).
   mutable std::int64_t times = -1;
 };
 
