@@ -256,6 +256,10 @@ void bind_executor(py::module_& m) {
            "Send and receive GPU tensors through CPU copies, for a backend that moves only CPU "
            "memory (Gloo), e.g. several ranks sharing one GPU (runtime/transport.h).")
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
+      .def("disconnect", &runtime::Executor::disconnect,
+           "Drops the executor's handles on its process group and gradient buckets (after a "
+           "failure, so that closing the groups closes this rank's connections); run() raises "
+           "afterwards.")
       .def(
           "run",
           [](runtime::Executor& e, const py::function& forward, bool train, bool record) {

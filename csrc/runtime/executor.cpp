@@ -544,6 +544,10 @@ void Executor::exec_optimizer_step(Run& run, std::size_t i) {
 }
 
 void Executor::check_ready(bool train) const {
+  if (!transport_.connected()) {
+    throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
+                "'s executor was disconnected after a failure; it cannot run again");
+  }
   if (specs_.size() != schedule_.edges.size()) {
     throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
   }

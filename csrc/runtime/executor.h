@@ -139,6 +139,16 @@ class Executor {
   // Runs this rank's program once; returns per-instruction timings when `record`.
   std::vector<InstructionTiming> run(const ForwardFn& forward, bool train, bool record = false);
 
+  // After a failure: drops the executor's handles on its process group (the transport's) and
+  // on the gradient buckets (and so on the replicas' group), so that closing the groups closes
+  // this rank's connections, which wakes the peers blocked on it, even while something still
+  // holds the executor (a kept exception's traceback holds the frames that hold it). run()
+  // throws afterwards.
+  void disconnect() {
+    transport_.disconnect();
+    buckets_.reset();
+  }
+
  private:
   struct MicroBatchState {
     std::map<int, std::vector<at::Tensor>> received;  // in-edge -> activations (leaves)

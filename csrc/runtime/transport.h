@@ -51,6 +51,7 @@ class Transport {
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
 
+  // rank(), size(), matches_by_tag(), post() and exchange() need the group: not after disconnect().
   int rank() const;
   int size() const;
   // Whether the backend matches a receive to a send by (peer, tag) rather than by the order of
@@ -75,6 +76,11 @@ class Transport {
   void wait(const Posted& posted);
   // Posts every op, then waits for all of them. Throws PeerError/PipelineTimeout.
   void exchange(std::vector<TransferOp>& ops);
+
+  // Drops this transport's handle on the process group, so that the group closes its
+  // connections when its last other handle goes, whoever still holds the transport.
+  void disconnect() { group_.reset(); }
+  bool connected() const { return static_cast<bool>(group_); }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

@@ -187,6 +187,8 @@ class Connections:
         peers blocked on them wake (failure.py). Otherwise they are parked until the next clean
         close or the interpreter's exit (see ``_parked``)."""
         _live.pop(id(self), None)
+        if failing and self.executor is not None:
+            self.executor.disconnect()  # a kept exception's frames may still hold the executor
         self.executor = None
         self.shared = None
         self.buckets = None

@@ -29,9 +29,13 @@ import torch.distributed as dist
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["FailureBoard", "Failures", "collective_error", "describe", "pipeline_store"]
+__all__ = ["FailureBoard", "Failures", "cause_type", "collective_error", "describe", "pipeline_store"]
 
 _POLL_SECONDS = 0.02
+# How long a rank that saw a peer leave waits for that peer's cause before publishing its own
+# "a peer left": Gloo closes a timed-out rank's connections inside the collective, before that
+# rank's Python has reached the store, so the survivor's "connection closed" can come first.
+_PEER_CAUSE_GRACE_SECONDS = 2.0
 _instances: dict[tuple[int, ...], itertools.count] = {}
 
 
@@ -39,6 +43,12 @@ def describe(exc: BaseException) -> str:
     """``Type: first line of the message`` (what the other ranks are told)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def cause_type(cause: str) -> str:
+    """The exception type's name in a published failure (``rank R: Type: message``)."""
+    parts = cause.split(": ", 2)
+    return parts[1] if len(parts) > 1 else ""
 
 
 def collective_error(exc: RuntimeError, rank: int, timeout: float, during: str) -> BaseException:
@@ -165,18 +175,32 @@ class Failures:
 
     def fail(self, exc: BaseException, during: str) -> BaseException:
         """After an error inside a collective part of the pipeline: records the first failure
-        in the store, closes this rank's connections, and returns what to raise: the error
-        itself on the rank it started on, a PeerError naming that rank and its cause elsewhere."""
+        in the store, closes this rank's connections, and returns what to raise (with ``raise``,
+        not ``raise ... from exc``: the cause is set here): the error itself on the rank it
+        started on; elsewhere a PeerError naming that rank and its cause, or a PipelineTimeout
+        when this rank or that one timed out. A rank that saw a peer leave first waits briefly
+        for that peer's cause, so that every survivor names the first failure."""
         rank = self.board.rank
         if isinstance(exc, RuntimeError) and not isinstance(exc, _C.GraphpipeError):
             exc = collective_error(exc, rank, self.timeout, during)
+        if isinstance(exc, _C.PeerError) and not isinstance(exc, _C.PipelineTimeout):
+            # A peer that left is a symptom, never the first cause: the rank that left is
+            # about to publish why (a dead process publishes nothing, hence the bound).
+            self.board.read(wait=min(_PEER_CAUSE_GRACE_SECONDS, self.timeout))
         cause = self.board.publish(exc)
         self.cause = cause
         self._close()
         if cause.startswith(f"rank {rank}: "):
+            # Raised as it is, with no cause: `raise exc from exc` would make exc its own cause,
+            # a cycle that keeps its traceback's frames (and the executor and process group in
+            # their locals) alive until the garbage collector runs, so the peers blocked on
+            # this rank would wait for that, or for this process's exit, to wake.
             return exc
-        error_type = _C.PipelineTimeout if isinstance(exc, _C.PipelineTimeout) else _C.PeerError
-        return error_type(f"rank {rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
+        timed_out = isinstance(exc, _C.PipelineTimeout) or cause_type(cause) == _C.PipelineTimeout.__name__
+        error_type = _C.PipelineTimeout if timed_out else _C.PeerError
+        error = error_type(f"rank {rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
+        error.__cause__ = exc  # as `raise error from exc` would
+        return error
 
     def gather(self, group: Callable[[], Any], local: Any, during: str) -> list[Any]:
         """``local`` from every rank (all_gather_object on ``group()``, the live pipeline's
@@ -185,7 +209,7 @@ class Failures:
         try:
             dist.all_gather_object(everyone, local, group=group())
         except BaseException as exc:
-            raise self.fail(exc, during) from exc
+            raise self.fail(exc, during)  # noqa: B904 (fail sets the cause)
         return everyone
 
     def agree(self, group: Callable[[], Any], what: str, refusal: str | None) -> None:
@@ -198,4 +222,4 @@ class Failures:
         except InputError:
             raise
         except BaseException as exc:
-            raise self.fail(exc, f"agreeing on {what}") from exc
+            raise self.fail(exc, f"agreeing on {what}")  # noqa: B904 (fail sets the cause)

@@ -50,9 +50,11 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
     """Runs one step of ``pipe`` with the stage call ``fn``; returns the full-batch loss
     (float64, every rank's). ``losses`` fills as the output stage computes them."""
     conn = pipe._conn
-    replicas = conn.replica_sync
-    if replicas is not None:
-        replicas.before_step(optimizer)
+    # conn.replica_sync is read where it is used, never kept in a local: after a failure the
+    # closed connections drop it, and a kept exception's traceback (this frame) must not hold
+    # it, and with it the replicas' group, open.
+    if conn.replica_sync is not None:
+        conn.replica_sync.before_step(optimizer)
     # Whether the optimizer waits for every rank's verdict on its gradients (nonfinite.py).
     guarded = optimizer is not None and (pipe.skip_nonfinite or scaler is not None)
     StepGuard.prime(scaler, pipe.device)
@@ -64,9 +66,9 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
         during = "summing tied parameters' gradients"
         if conn.shared.active:
             conn.shared.all_reduce()
-        if replicas is not None:
+        if conn.replica_sync is not None:
             begin, end = executor.my_rows(mbs)
-            replicas.after_backward((end - begin) / mbs)
+            conn.replica_sync.after_backward((end - begin) / mbs)
         total = torch.stack(losses).sum() if losses else torch.zeros((), device=pipe.device)
         # One closing all-reduce (sum) of [this rank's part of the loss, its non-finite flag]:
         # the loss stage's ranks add their parts, every other rank adds 0. Every rank sends
@@ -86,12 +88,12 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
         if guarded:
             during = "in the optimizer step"
             pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
-        if replicas is not None:
+        if conn.replica_sync is not None:
             during = f"synchronising the replicas of stage {pipe.stage} ({pipe.sync_method.describe()})"
-            replicas.after_optimizer_step()
+            conn.replica_sync.after_optimizer_step()
             broadcast_buffers_from_first_replica(pipe.module, conn.my_replica_group)
     except BaseException as exc:
-        raise pipe._fail(exc, during) from exc
+        raise pipe._fail(exc, during)  # noqa: B904 (_fail sets the cause)
     return buf[0]
 
 
@@ -114,5 +116,5 @@ def run_eval(pipe: Pipeline, make_fn: Callable[[Callable[[int, Any], None]], Sta
         parts: list[Any] = [None] * pipe.world_size
         dist.all_gather_object(parts, mine, group=conn.pg)
     except BaseException as exc:
-        raise pipe._fail(exc, "in eval_forward") from exc
+        raise pipe._fail(exc, "in eval_forward")  # noqa: B904 (_fail sets the cause)
     return microbatch.merge([parts[r][m] for m in range(pipe.num_micro_batches) for r in pipe.output_ranks])

@@ -1,7 +1,10 @@
 """One rank's failure is every rank's clear error, fast: no hang, no desync, no crash.
 
-- A rank that raises inside a step (forward, backward, loss, optimizer hook) and stays alive:
-  every other rank raises PeerError naming it and its exception within 5 s, with timeout=300.
+- A rank that raises inside a step (forward, backward, loss, optimizer hook), keeps the
+  exception and stays alive past 5 s: every other rank raises PeerError naming it and its
+  exception within 5 s, with timeout=300 (so its connections closed at the failure, not when the
+  exception or the process went).
+- A rank that sees a peer leave names the peer's cause, not "a peer left" (single process).
 - A stuck output rank before the loss sum (skip_nonfinite=False): PipelineTimeout at the timeout (5 s here).
 - A bad batch after good steps (another feature size, float64, an input missing or extra,
   targets of another dtype or shape): the same InputError on every rank, and the next good step
@@ -19,6 +22,7 @@ import pytest
 import torch
 from test_runtime_gold import make_model, reference
 
+from graphpipe._ext import _C
 from graphpipe.testing import run_ranks
 
 FAILING = 1   # the rank that fails (holds a middle stage of the 3-rank sequential plan)
@@ -69,6 +73,7 @@ def _step_failure_worker(rank: int, world: int, where: str) -> dict[str, Any]:
 
         next(iter(pipe.parameters())).register_hook(hook)
     out: dict[str, Any] = {"failing": failing}
+    kept: list[BaseException] = []
     for k, (inputs, targets) in enumerate(batches):
         calls["steps"] = k
         start = time.monotonic()
@@ -76,9 +81,12 @@ def _step_failure_worker(rank: int, world: int, where: str) -> dict[str, Any]:
             pipe.step(inputs, targets, optimizer=optimizer)
         except Exception as exc:
             out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+            kept.append(exc)  # as a logger or a retry loop would: its traceback holds the step's frames
             break
     if rank == failing:
-        time.sleep(2.0)  # stays alive after raising: the others must not depend on its exit
+        # Stays alive, the exception kept, past FAST: the others must depend neither on its exit
+        # nor on the exception (and the frames that hold the executor) going away.
+        time.sleep(FAST + 1.0)
     try:
         pipe.step(*batches[0])
     except Exception as exc:
@@ -106,6 +114,37 @@ def test_rank_that_raises_fails_every_rank_fast(where: str) -> None:
         # afterwards the pipeline refuses to go on, on every rank, naming the failure
         assert got["after"][0] == "InputError" and f"rank {failing}: ValueError" in got["after"][1], got["after"]
     print(f"\n{where}: rank {failing} raised; survivors raised PeerError after {times} s (timeout 300 s)")
+
+
+def test_a_peer_that_left_is_named_by_its_own_cause() -> None:
+    """Gloo closes a timed-out rank's connections inside the collective, before that rank has
+    published why: the survivor that sees "connection closed" first must still name the
+    timeout, not itself, as the pipeline's failure (what CI once saw: PeerError on rank 0)."""
+    import threading
+
+    import torch.distributed as dist
+
+    from graphpipe.runtime.failure import FailureBoard, Failures
+
+    store = dist.HashStore()
+    closed = []
+    failures = Failures(FailureBoard(store, rank=0, world=3, timeout=5.0), 5.0, lambda: closed.append(True))
+    cause = "rank 1: PipelineTimeout: rank 1: timed out after 5 s in the loss sum from rank 2"
+    late = threading.Timer(0.3, lambda: FailureBoard(store, 1, 3, 5.0).store.compare_set("failure", "", cause))
+    late.start()
+    seen = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23253")
+    error = failures.fail(seen, "in the loss sum from rank 2")
+    late.join()
+    assert closed == [True]
+    assert isinstance(error, _C.PipelineTimeout), error
+    assert str(error).startswith(f"rank 0: the pipeline failed on {cause}"), str(error)
+    assert failures.cause == cause
+    # A peer that left without a word (a killed process): after the grace, its own PeerError.
+    alone = Failures(FailureBoard(dist.HashStore(), rank=0, world=3, timeout=0.5), 0.5, lambda: None)
+    start = time.monotonic()
+    error = alone.fail(RuntimeError("Connection closed by peer"), "in the loss sum from rank 2")
+    assert type(error) is _C.PeerError and str(error).startswith("rank 0: a peer left in the loss sum"), str(error)
+    assert 0.45 < time.monotonic() - start < 2.0
 
 
 def _stuck_output_worker(rank: int, world: int) -> dict[str, Any]:
