@@ -12,8 +12,8 @@ namespace graphpipe::partition::series_parallel_dp {
 // largest branches (cross), or with the fork branch's rest and the whole other one (close).
 Entry Planner::inside(int branch, int k, int n, int d) {
   if (n < 1 || too_few(inside_work(branch, k), n)) return {};
-  d = after(parent_[parent_[branch]], d);
-  const auto memo_key = key(kInside, branch, k, n, d);
+  const auto [memo_key, d_kept] = fragment(kInside, parent_[parent_[branch]], branch, k, n, d);
+  d = d_kept;
   if (const Entry* hit = memo_.find(memo_key)) return *hit;
   int low, high;
   if (bound(memo_key, &Depths::main, low, high)) {
@@ -154,8 +154,9 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
 // after its parallel node (the join stage), with d stages after that stage.
 Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
   if (n < 1 || too_few(to_join_work(branch, i, e), n)) return {};
-  d = after(parent_[parent_[branch]], d);
-  const std::pair<std::uint64_t, std::uint64_t> k{key(kToJoin, branch, i, n, d), static_cast<std::uint64_t>(e)};
+  const auto [to_join, d_kept] = fragment(kToJoin, parent_[parent_[branch]], branch, i, n, d);
+  d = d_kept;
+  const std::pair<std::uint64_t, std::uint64_t> k{to_join, static_cast<std::uint64_t>(e)};
   if (const Entry* hit = join_memo_.find(k)) return *hit;
   int low, high;
   if (bound(k, &Depths::join, low, high)) {

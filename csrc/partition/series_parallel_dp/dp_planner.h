@@ -266,9 +266,18 @@ class Planner {
     return item_work_[branch][i] + (after[slot_[par] + 1] - after[e + 1]);
   }
 
-  // d as a memo key and for the recursion below: 0 in a fragment of subtree t where memory never
-  // binds (memory_free_), where the stages after it cannot change what fits.
-  int after(int t, int d) const { return memory_free_[t] ? 0 : d; }
+  // A fragment's memo key, made with the d its recursion goes on with: 0 where the fragment lies
+  // in a subtree `owner` where memory never binds (memory_free_), since the stages after it
+  // cannot change what fits there; d as given elsewhere. Every recurrence and rebuild makes its
+  // key here, so none can key a fragment by a d it does not recurse with.
+  struct Fragment {
+    std::uint64_t key;
+    int d;
+  };
+  Fragment fragment(Kind kind, int owner, int t, int i, int n, int d) const {
+    const int kept = memory_free_[owner] ? 0 : d;
+    return {key(kind, t, i, n, kept), kept};
+  }
 
   Entry solve(int t, int n, int d);
   Entry series(int t, int i, int n, int d);

@@ -117,7 +117,7 @@ void Planner::rebuild_others(int branch, int n, int d, std::vector<int>& assignm
     return;
   }
   others(branch, n, d);  // memoised: the split it chose
-  const int n1 = std::get<OthersSplit>(memo_.find(key(kOthers, par, 0, n, after(par, d)))->step).largest_devices;
+  const int n1 = std::get<OthersSplit>(memo_.find(fragment(kOthers, par, par, 0, n, d).key)->step).largest_devices;
   rebuild_solve(sorted_[par][0], n1, d, assignment, next);
   rebuild_parallel(par, 2, n - n1, d, assignment, next);
 }

@@ -7,9 +7,9 @@ namespace graphpipe::partition::series_parallel_dp {
 
 // Subtree t: as one stage, or decomposed into its series or parallel fragment.
 Entry Planner::solve(int t, int n, int d) {
-  d = after(t, cap(d));
   if (n < 1 || too_few(work_[t], n)) return {};
-  auto k = key(kSolve, t, 0, n, d);
+  const auto [k, d_kept] = fragment(kSolve, t, t, 0, n, cap(d));
+  d = d_kept;
   if (const Entry* hit = memo_.find(k)) return *hit;
   if (int low, high; bound(k, &Depths::main, low, high)) {
     memo_.insert(k, {low, Nothing{}});
@@ -34,8 +34,8 @@ Entry Planner::series(int t, int i, int n, int d) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return {0, Nothing{}};
   if (n < 1 || too_few(suffix_work_[t][i], n)) return {};
-  d = after(t, d);
-  auto k = key(kSeries, t, i, n, d);
+  const auto [k, d_kept] = fragment(kSeries, t, t, i, n, d);
+  d = d_kept;
   if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
   if (bound(k, &Depths::main, low, high)) {
@@ -107,8 +107,8 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   const int count = static_cast<int>(branches.size());
   if (j == count) return {0, Nothing{}};
   if (n < 1 || too_few(suffix_work_[t][j], n)) return {};
-  d = after(t, d);
-  auto k = key(kParallel, t, j, n, d);
+  const auto [k, d_kept] = fragment(kParallel, t, t, j, n, d);
+  d = d_kept;
   if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
   if (bound(k, &Depths::main, low, high)) {
@@ -144,8 +144,8 @@ int Planner::others(int branch, int n, int d) {
   const int par = parent_[branch];
   if (sorted_[par][0] == branch) return parallel(par, 1, n, d).depth;
   if (n < 1 || too_few(others_work(branch), n)) return kInf;
-  d = after(par, d);
-  auto k = key(kOthers, par, 0, n, d);
+  const auto [k, d_kept] = fragment(kOthers, par, par, 0, n, d);
+  d = d_kept;
   if (const Entry* hit = memo_.find(k)) return hit->depth;
   if (int low, high; bound(k, &Depths::main, low, high)) {
     memo_.insert(k, {low, Nothing{}});
