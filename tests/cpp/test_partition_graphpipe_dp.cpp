@@ -159,8 +159,9 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
 }
 
 // The search's shortcuts (graphpipe_dp.h) change no answer: the device floor rules out only
-// fragments that have no plan, and a memory-free subtree's fragments have the same plan whatever
-// the depth after them. So the DP's plans are the same with each and with neither: plain and
+// fragments that have no plan, a memory-free subtree's fragments have the same plan whatever
+// the depth after them, and a plan rebuilt from its probe's depths takes the exact search's
+// first moves. So the DP's plans are the same with each and with none: plain and
 // replicated problems, memory limits that bind on parameters or on activations (where some
 // subtrees are memory-free and others not) and that do not, on random series-parallel graphs and
 // on chains.
@@ -196,13 +197,18 @@ TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
           for (double& b : p.edge_bytes) b *= scale;
           p.memory_limit = 11.0 * fixed / devices;
         }
-        const auto searched = pt::graphpipe_plans(p, sp.tree, 1e-3, {.device_floor = false, .memory_free = false});
-        for (const pt::SearchShortcuts shortcuts : {pt::SearchShortcuts{.device_floor = true, .memory_free = false},
-                                                    pt::SearchShortcuts{.device_floor = false, .memory_free = true}}) {
+        const auto searched = pt::graphpipe_plans(
+            p, sp.tree, 1e-3, {.device_floor = false, .memory_free = false, .pinned_rebuild = false});
+        for (const pt::SearchShortcuts shortcuts :
+             {pt::SearchShortcuts{.device_floor = true, .memory_free = false, .pinned_rebuild = false},
+              pt::SearchShortcuts{.device_floor = false, .memory_free = true, .pinned_rebuild = false},
+              pt::SearchShortcuts{.device_floor = false, .memory_free = false, .pinned_rebuild = true}}) {
           const auto shortened = pt::graphpipe_plans(p, sp.tree, 1e-3, shortcuts);
           const std::string label = "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) +
                                     (replicate ? " replicated" : "") +
-                                    (shortcuts.device_floor ? " device floor" : " memory-free subtrees");
+                                    (shortcuts.device_floor  ? " device floor"
+                                     : shortcuts.memory_free ? " memory-free subtrees"
+                                                             : " rebuilt from depths");
           ASSERT_EQ(shortened.size(), searched.size()) << label;
           for (std::size_t i = 0; i < shortened.size(); ++i) {
             EXPECT_EQ(shortened[i].assignment, searched[i].assignment) << label << " plan " << i;

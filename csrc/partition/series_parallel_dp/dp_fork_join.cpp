@@ -14,12 +14,8 @@ Entry Planner::inside(int branch, int k, int n, int d) {
   if (n < 1 || too_few(inside_work(branch, k), n)) return {};
   const auto [memo_key, d_kept] = fragment(kInside, parent_[parent_[branch]], branch, k, n, d);
   d = d_kept;
-  if (const Entry* hit = memo_.find(memo_key)) return *hit;
   int low, high;
-  if (bound(memo_key, &Depths::main, low, high)) {
-    memo_.insert(memo_key, {low, Nothing{}});
-    return {low, Nothing{}};
-  }
+  if (auto known = settled(memo_, memo_key, &Depths::main, low, high)) return *known;
   const int par = parent_[branch];
   const int q = slot_[par];
   const int m = static_cast<int>(tree_.nodes[parent_[par]].children.size());
@@ -102,6 +98,11 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
                 1, left - n_f - spare, [&](int x) { return branch_to_join(tail, 0, x, d2, e).depth; },
                 [&](int x) { return parallel(par, 2, left - n_f - x, cap(d2 + 1)).depth + 1; });
             h = std::max(h, f);
+            // A cross of one stage (the fork stage held the whole fork branch, the join stage
+            // holds the whole other one, no branch runs beside) is a close, searched as one
+            // (inside_close): left out here, every join or cross has a stage before its join
+            // stage, which the scan's stop above (rest + 2) counts on.
+            if (h < 2) return;
             if (h < kInf && h + rest < best.depth)
               best = {h + rest, Cross{{e, device_byte(n_r)}, device_byte(n_t), device_byte(n_f)}};
           };
@@ -157,12 +158,8 @@ Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
   const auto [to_join, d_kept] = fragment(kToJoin, parent_[parent_[branch]], branch, i, n, d);
   d = d_kept;
   const std::pair<std::uint64_t, std::uint64_t> k{to_join, static_cast<std::uint64_t>(e)};
-  if (const Entry* hit = join_memo_.find(k)) return *hit;
   int low, high;
-  if (bound(k, &Depths::join, low, high)) {
-    join_memo_.insert(k, {low, Nothing{}});
-    return {low, Nothing{}};
-  }
+  if (auto known = settled(join_memo_, k, &Depths::join, low, high)) return *known;
   const int q = slot_[parent_[branch]];
   const auto& items = items_[branch];
   const int length = static_cast<int>(items.size());

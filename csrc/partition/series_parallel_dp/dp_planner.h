@@ -18,6 +18,7 @@
 #include <optional>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "graph/series_parallel.h"
@@ -87,10 +88,16 @@ class Planner {
   std::optional<double> least_target(double tolerance);
   // `least` then, for each shallower depth that can pay off, the least target reaching it.
   std::vector<double> shallower_targets(double least, double tolerance);
-  // Solves `target` from a fresh memo. With `exact` false, fragments whose least depth the
-  // probes on either side already pin down are not searched again (bound()); their memo entries
-  // then hold no first move, so such a memo cannot be rebuilt.
-  bool feasible(double target, bool exact);
+  // Which depths bound a probe's fragments (bound()).
+  enum class Bounds {
+    none,        // an exact probe: every fragment searched
+    neighbours,  // the depths at the probed targets on either side (and this probe's are kept)
+    own,         // a target probed already: its own depths first, then those; nothing kept
+  };
+  // Solves `target` from a fresh memo. With bounds, fragments whose least depth the depths
+  // pin down are not searched again (bound()); their memo entries then hold no first move, which
+  // the rebuild searches for where the plan needs one (with_move()).
+  bool feasible(double target, Bounds bounds);
   // The least depths of every fragment solved at the probed targets (the memo of each probe
   // without its moves).
   struct Depths {
@@ -124,6 +131,35 @@ class Planner {
       }
     }
     return low == high;
+  }
+  // Where every memoised recurrence starts: the fragment's entry when the memo has it, or the
+  // depth its bounds pin it to (memoised without a move); nullopt when it must be searched, with
+  // `low` and `high` set for that search. unpin_once_ (set by with_move()) makes the first
+  // fragment to start here searched for its move whatever its bounds pin (its sub-fragments
+  // may stay pinned).
+  template <class Key, class Table>
+  std::optional<Entry> settled(Memo<Key, Entry>& memo, const Key& key, Table Depths::*table, int& low, int& high) {
+    const bool unpin = std::exchange(unpin_once_, false);
+    if (const Entry* hit = memo.find(key); hit != nullptr && !(unpin && pinned(*hit))) return *hit;
+    if (bound(key, table, low, high) && !unpin) {
+      memo.insert(key, {low, Nothing{}});
+      return Entry{low, Nothing{}};
+    }
+    return std::nullopt;
+  }
+  // A memoised depth without a move: bound() pinned it.
+  static bool pinned(const Entry& e) { return e.depth < kInf && std::holds_alternative<Nothing>(e.step); }
+  // The rebuild's look-up: `ask()`, the fragment's recurrence; where its entry was pinned, the
+  // fragment is asked again with unpin_once_, so that it is searched for its first move.
+  template <class Ask>
+  Entry with_move(Ask ask) {
+    Entry e = ask();
+    if (pinned(e)) {
+      unpin_once_ = true;
+      e = ask();
+      unpin_once_ = false;
+    }
+    return e;
   }
 
   // ---- rows (dp_rows.cpp) ----
@@ -357,6 +393,10 @@ class Planner {
   // Whether probes take their bounds from the neighbouring probes (run() turns it off and
   // searches again should an exact solve ever disagree with a bounded one).
   bool bounded_ = true;
+  // Whether run() rebuilds the picks from their own probes' depths (Bounds::own) rather than
+  // solving them again exactly (SearchShortcuts::pinned_rebuild).
+  bool pinned_rebuild_ = true;
+  bool unpin_once_ = false;  // see settled()
 };
 
 }  // namespace graphpipe::partition::series_parallel_dp

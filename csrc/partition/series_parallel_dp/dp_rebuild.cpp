@@ -1,5 +1,6 @@
 // The series-parallel DP's rebuild (dp_planner.h): the plan of the target last solved, following
-// each fragment's first move (dp_steps.h) through the memo. Stage labels are handed out in the
+// each fragment's first move (dp_steps.h) through the memo; a fragment whose bounds pinned its
+// depth has no move there, and is searched for it (with_move). Stage labels are handed out in the
 // order the stages are met; rebuilt_replicas_ records each label's replica count.
 #include <variant>
 
@@ -38,7 +39,7 @@ void Planner::label(int t, int stage, std::vector<int>& assignment) const {
 
 void Planner::rebuild_solve(int t, int n, int d, std::vector<int>& assignment, int& next) {
   d = cap(d);
-  const Entry e = solve(t, n, d);
+  const Entry e = with_move([&] { return solve(t, n, d); });
   if (const auto* whole = std::get_if<WholeStage>(&e.step)) {
     label(t, take(next, whole->replicas), assignment);
   } else if (tree_.nodes[t].kind == graph::SPNode::Kind::series) {
@@ -51,7 +52,7 @@ void Planner::rebuild_solve(int t, int n, int d, std::vector<int>& assignment, i
 void Planner::rebuild_series(int t, int i, int n, int d, std::vector<int>& assignment, int& next) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return;
-  const Entry e = series(t, i, n, d);
+  const Entry e = with_move([&] { return series(t, i, n, d); });
   if (const auto* group = std::get_if<Group>(&e.step)) {
     const int stage = take(next, group->replicas);
     for (int c = i; c <= group->last; ++c) label(children[c], stage, assignment);
@@ -71,7 +72,7 @@ void Planner::rebuild_series(int t, int i, int n, int d, std::vector<int>& assig
 }
 
 void Planner::rebuild_inside(int branch, int k, int n, int d, std::vector<int>& assignment, int& next) {
-  const Entry e = inside(branch, k, n, d);
+  const Entry e = with_move([&] { return inside(branch, k, n, d); });
   const int par = parent_[branch];
   const int t = parent_[par];
   const int q = slot_[par];
@@ -116,14 +117,18 @@ void Planner::rebuild_others(int branch, int n, int d, std::vector<int>& assignm
     rebuild_parallel(par, 1, n, d, assignment, next);
     return;
   }
-  others(branch, n, d);  // memoised: the split it chose
-  const int n1 = std::get<OthersSplit>(memo_.find(fragment(kOthers, par, par, 0, n, d).key)->step).largest_devices;
+  const std::uint64_t k = fragment(kOthers, par, par, 0, n, d).key;
+  const int n1 = std::get<OthersSplit>(with_move([&] {
+                                         others(branch, n, d);  // memoised: the split it chose
+                                         return *memo_.find(k);
+                                       }).step)
+                     .largest_devices;
   rebuild_solve(sorted_[par][0], n1, d, assignment, next);
   rebuild_parallel(par, 2, n - n1, d, assignment, next);
 }
 
 void Planner::rebuild_to_join(int branch, int i, int n, int d, int e, std::vector<int>& assignment, int& next) {
-  const Entry r = branch_to_join(branch, i, n, d, e);
+  const Entry r = with_move([&] { return branch_to_join(branch, i, n, d, e); });
   const auto& items = items_[branch];
   if (const auto* join = std::get_if<JoinStage>(&r.step)) {
     const int par = parent_[branch];
@@ -146,7 +151,7 @@ void Planner::rebuild_to_join(int branch, int i, int n, int d, int e, std::vecto
 void Planner::rebuild_parallel(int t, int j, int n, int d, std::vector<int>& assignment, int& next) {
   const auto& branches = sorted_[t];
   if (j == static_cast<int>(branches.size())) return;
-  const Entry e = parallel(t, j, n, d);
+  const Entry e = with_move([&] { return parallel(t, j, n, d); });
   if (const auto* run = std::get_if<Run>(&e.step)) {
     const int stage = take(next, run->replicas);
     for (int q = j; q <= run->last; ++q) label(branches[q], stage, assignment);

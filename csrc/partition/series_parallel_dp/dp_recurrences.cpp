@@ -10,11 +10,8 @@ Entry Planner::solve(int t, int n, int d) {
   if (n < 1 || too_few(work_[t], n)) return {};
   const auto [k, d_kept] = fragment(kSolve, t, t, 0, n, cap(d));
   d = d_kept;
-  if (const Entry* hit = memo_.find(k)) return *hit;
-  if (int low, high; bound(k, &Depths::main, low, high)) {
-    memo_.insert(k, {low, Nothing{}});
-    return {low, Nothing{}};
-  }
+  int low, high;
+  if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry e;
   const graph::SPNode& node = tree_.nodes[t];
   if (const int r = replicas_to_fit(whole_[t], in_flight(d + 1), n); r > 0) {
@@ -36,12 +33,8 @@ Entry Planner::series(int t, int i, int n, int d) {
   if (n < 1 || too_few(suffix_work_[t][i], n)) return {};
   const auto [k, d_kept] = fragment(kSeries, t, t, i, n, d);
   d = d_kept;
-  if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
-  if (bound(k, &Depths::main, low, high)) {
-    memo_.insert(k, {low, Nothing{}});
-    return {low, Nothing{}};
-  }
+  if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry best;
   if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& stats = row(t, i, children);
@@ -109,12 +102,8 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   if (n < 1 || too_few(suffix_work_[t][j], n)) return {};
   const auto [k, d_kept] = fragment(kParallel, t, t, j, n, d);
   d = d_kept;
-  if (const Entry* hit = memo_.find(k)) return *hit;
   int low, high;
-  if (bound(k, &Depths::main, low, high)) {
-    memo_.insert(k, {low, Nothing{}});
-    return {low, Nothing{}};
-  }
+  if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry best;
   if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& stats = row(t, j, branches);
@@ -146,11 +135,8 @@ int Planner::others(int branch, int n, int d) {
   if (n < 1 || too_few(others_work(branch), n)) return kInf;
   const auto [k, d_kept] = fragment(kOthers, par, par, 0, n, d);
   d = d_kept;
-  if (const Entry* hit = memo_.find(k)) return hit->depth;
-  if (int low, high; bound(k, &Depths::main, low, high)) {
-    memo_.insert(k, {low, Nothing{}});
-    return low;
-  }
+  int low, high;
+  if (auto known = settled(memo_, k, &Depths::main, low, high)) return known->depth;
   const int spare = sorted_[par].size() == 2 ? 0 : 1;
   auto [h, n1] = balance(
       std::max(1, least_devices(work_[sorted_[par][0]])), std::min(n - spare, n - least_devices(suffix_work_[par][2])),

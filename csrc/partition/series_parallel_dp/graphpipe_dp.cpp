@@ -38,7 +38,11 @@ bool memory_never_binds(const Problem& p, const std::vector<graph::NodeId>& node
 }  // namespace
 
 Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts)
-    : p_(p), tree_(tree), stamps_(p.num_nodes(), -1), device_floor_(shortcuts.device_floor) {
+    : p_(p),
+      tree_(tree),
+      stamps_(p.num_nodes(), -1),
+      device_floor_(shortcuts.device_floor),
+      pinned_rebuild_(shortcuts.pinned_rebuild) {
   const std::size_t count = tree.nodes.size();
   leaves_.resize(count);
   whole_.resize(count);
@@ -113,14 +117,25 @@ std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
     if (!least) return {};
     main_probes = probes_;
     picks = shallower_targets(*least, tolerance);
-    // The bounded probes kept no moves: the plans returned are solved again exactly (the few
-    // picks, against every probe of the search). Should an exact solve ever find another depth
-    // than the bounded probe did, the bounds were wrong somewhere, and the whole search runs
-    // again without them, so that the plans are those of the exact search in any case.
+    // The bounded probes kept no moves. With pinned_rebuild_, each pick is solved again with its
+    // own probe's depths as bounds, which pin every fragment that probe solved, and the rebuild
+    // searches only the fragments on the plan's path for their moves (a whole exact solve was
+    // a sixth of the planning time: MMT at paper size on 64 V100s, replicated). Otherwise the
+    // picks are solved again exactly; should an exact solve ever find another depth than the
+    // bounded probe did, the bounds were wrong somewhere, and the whole search runs again
+    // without them. The tests check that both give the same plans.
     bool agree = true;
     for (double target : picks) {
       if (plan_at_.count(target) != 0) continue;
-      const int depth = feasible(target, true) ? solve(tree_.root, devices_, 0).depth : kInf;
+      if (pinned_rebuild_ && bounded_) {
+        feasible(target, Bounds::own);
+        plan_at_.emplace(target, rebuild());
+        replicas_at_.emplace(target, rebuilt_replicas_);
+        lower_.clear();
+        upper_.clear();
+        continue;
+      }
+      const int depth = feasible(target, Bounds::none) ? solve(tree_.root, devices_, 0).depth : kInf;
       if (depth != seen_.at(target)) {
         agree = false;
         break;
@@ -153,7 +168,8 @@ int Planner::probe(double target) {
   auto [it, fresh] = seen_.try_emplace(target, 0);
   if (fresh) {
     ++probes_;
-    it->second = feasible(target, !bounded_) ? solve(tree_.root, devices_, 0).depth : kInf;
+    it->second =
+        feasible(target, bounded_ ? Bounds::neighbours : Bounds::none) ? solve(tree_.root, devices_, 0).depth : kInf;
     // A bounded probe's memo has no moves to rebuild from: run() solves its picks again.
     if (!bounded_ && it->second < kInf) {
       plan_at_.emplace(target, rebuild());
@@ -243,23 +259,29 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   return picks;
 }
 
-bool Planner::feasible(double target, bool exact) {
+bool Planner::feasible(double target, Bounds bounds) {
   target_ = target;
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
   join_memo_.clear();
   lower_.clear();
   upper_.clear();
-  if (!exact) {
+  if (bounds == Bounds::own) {  // the nearest of all: its depths are the depths at the target
+    const Depths& own = depths_.at(target);
+    lower_.push_back(&own);
+    upper_.push_back(&own);
+  }
+  if (bounds != Bounds::none) {
     const auto above = depths_.upper_bound(target);
     for (auto it = above; it != depths_.end(); ++it) lower_.push_back(&it->second);
     for (auto it = std::make_reverse_iterator(above); it != depths_.rend(); ++it)
       if (it->first < target) upper_.push_back(&it->second);
   }
   const bool ok = solve(tree_.root, devices_, 0).depth < kInf;
+  if (bounds == Bounds::own) return ok;  // lower_ and upper_ stay for the rebuild's searches
   lower_.clear();
   upper_.clear();
-  if (!exact) {
+  if (bounds == Bounds::neighbours) {
     Depths& depths = depths_[target];
     depths.main.reserve(memo_.size());
     depths.join.reserve(join_memo_.size());

@@ -40,10 +40,12 @@
 // is not searched again; otherwise those depths bound its search (it starts from the upper bound
 // and stops at a move reaching the lower one). "Nearest" is per fragment: the nearest probe that
 // solved it, since a bounded probe solves only the fragments its pinned ones do not cover. Such a probe's memo has no
-// moves for the fragments it took from its neighbours, so the plans returned are solved once more without the bounds;
-// should that exact solve ever find another depth than the bounded probe did, the whole search is
-// run again without bounds. The plans are those of the search without reuse (about 1.6x fewer
-// DP seconds on MMT at paper size, 64 devices, replicated).
+// moves for the fragments it took from its neighbours: each plan returned is solved once more
+// with its own probe's depths pinning every fragment that probe solved, and the rebuild searches
+// the fragments on the plan's path for their first moves, which are those the exact search takes
+// (the first move reaching the least depth). The plans are those of the search without reuse
+// (about 1.6x fewer DP seconds on MMT at paper size, 64 devices, replicated; the rebuild from
+// depths instead of an exact solve of each plan took a sixth off the planning time there).
 //
 // Device floor: a stage's time per micro-batch is at least its operators' compute on one replica,
 // and a stage of r replicas spends r devices, so a fragment needs at least (the least device-
@@ -99,8 +101,9 @@ struct ReplicatedAssignment {
 // The search's shortcuts (above), each of which changes no answer, only the time; tests turn
 // them off to check that it changes none.
 struct SearchShortcuts {
-  bool device_floor = true;  // fragments given fewer devices than their floor have no plan
-  bool memory_free = true;   // d is dropped where memory cannot bind
+  bool device_floor = true;    // fragments given fewer devices than their floor have no plan
+  bool memory_free = true;     // d is dropped where memory cannot bind
+  bool pinned_rebuild = true;  // the plans are rebuilt from their probes' depths, not solved again
 };
 // graphpipe_assignments with the replica counts.
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
