@@ -190,6 +190,8 @@ void bind_gradient_buckets(py::module_& m) {
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
 }
 
+void bind_executor_running(py::class_<runtime::Executor>& executor);
+
 void bind_executor(py::module_& m) {
   auto executor =
       py::class_<runtime::Executor>(m, "Executor",
@@ -237,6 +239,11 @@ void bind_executor(py::module_& m) {
                                  "I and its W) the executor holds: 0 after every run().")
           .def("set_gradient_buckets", &runtime::Executor::set_gradient_buckets, py::arg("buckets"),
                "The replicas' gradient sum of this rank's replicated stage (GradientBuckets).");
+  bind_executor_running(executor);
+}
+
+// The executor's device, deadline, failure and run methods.
+void bind_executor_running(py::class_<runtime::Executor>& executor) {
   executor
       .def(
           "use_cuda",
