@@ -12,8 +12,7 @@ namespace graphpipe::partition::series_parallel_dp {
 // largest branches (cross), or with the fork branch's rest and the whole other one (close).
 Entry Planner::inside(int branch, int k, int n, int d) {
   if (n < 1 || too_few(inside_work(branch, k), n)) return {};
-  const auto [memo_key, d_kept] = fragment(kInside, parent_[parent_[branch]], branch, k, n, d);
-  d = d_kept;
+  const std::uint64_t memo_key = fragment(kInside, parent_[parent_[branch]], branch, k, n, d);
   int low, high;
   if (auto known = settled(memo_, memo_key, &Depths::main, low, high)) return *known;
   const int par = parent_[branch];
@@ -155,8 +154,7 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
 // after its parallel node (the join stage), with d stages after that stage.
 Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
   if (n < 1 || too_few(to_join_work(branch, i, e), n)) return {};
-  const auto [to_join, d_kept] = fragment(kToJoin, parent_[parent_[branch]], branch, i, n, d);
-  d = d_kept;
+  const std::uint64_t to_join = fragment(kToJoin, parent_[parent_[branch]], branch, i, n, d);
   const std::pair<std::uint64_t, std::uint64_t> k{to_join, static_cast<std::uint64_t>(e)};
   int low, high;
   if (auto known = settled(join_memo_, k, &Depths::join, low, high)) return *known;

@@ -302,17 +302,13 @@ class Planner {
     return item_work_[branch][i] + (after[slot_[par] + 1] - after[e + 1]);
   }
 
-  // A fragment's memo key, made with the d its recursion goes on with: 0 where the fragment lies
-  // in a subtree `owner` where memory never binds (memory_free_), since the stages after it
-  // cannot change what fits there; d as given elsewhere. Every recurrence and rebuild makes its
-  // key here, so none can key a fragment by a d it does not recurse with.
-  struct Fragment {
-    std::uint64_t key;
-    int d;
-  };
-  Fragment fragment(Kind kind, int owner, int t, int i, int n, int d) const {
-    const int kept = memory_free_[owner] ? 0 : d;
-    return {key(kind, t, i, n, kept), kept};
+  // A fragment's memo key. Sets d to the d its recursion goes on with, which the key holds: 0
+  // where the fragment lies in a subtree `owner` where memory never binds (memory_free_), since
+  // the stages after it cannot change what fits there; unchanged elsewhere. Every recurrence and
+  // rebuild makes its key here, so none can key a fragment by a d it does not recurse with.
+  std::uint64_t fragment(Kind kind, int owner, int t, int i, int n, int& d) const {
+    if (memory_free_[owner]) d = 0;
+    return key(kind, t, i, n, d);
   }
 
   Entry solve(int t, int n, int d);

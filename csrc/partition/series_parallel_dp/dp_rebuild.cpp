@@ -117,7 +117,8 @@ void Planner::rebuild_others(int branch, int n, int d, std::vector<int>& assignm
     rebuild_parallel(par, 1, n, d, assignment, next);
     return;
   }
-  const std::uint64_t k = fragment(kOthers, par, par, 0, n, d).key;
+  int keyed_d = d;  // the rebuild below goes on with d as given
+  const std::uint64_t k = fragment(kOthers, par, par, 0, n, keyed_d);
   const int n1 = std::get<OthersSplit>(with_move([&] {
                                          others(branch, n, d);  // memoised: the split it chose
                                          return *memo_.find(k);

@@ -8,8 +8,8 @@ namespace graphpipe::partition::series_parallel_dp {
 // Subtree t: as one stage, or decomposed into its series or parallel fragment.
 Entry Planner::solve(int t, int n, int d) {
   if (n < 1 || too_few(work_[t], n)) return {};
-  const auto [k, d_kept] = fragment(kSolve, t, t, 0, n, cap(d));
-  d = d_kept;
+  d = cap(d);
+  const std::uint64_t k = fragment(kSolve, t, t, 0, n, d);
   int low, high;
   if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry e;
@@ -31,8 +31,7 @@ Entry Planner::series(int t, int i, int n, int d) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return {0, Nothing{}};
   if (n < 1 || too_few(suffix_work_[t][i], n)) return {};
-  const auto [k, d_kept] = fragment(kSeries, t, t, i, n, d);
-  d = d_kept;
+  const std::uint64_t k = fragment(kSeries, t, t, i, n, d);
   int low, high;
   if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry best;
@@ -100,8 +99,7 @@ Entry Planner::parallel(int t, int j, int n, int d) {
   const int count = static_cast<int>(branches.size());
   if (j == count) return {0, Nothing{}};
   if (n < 1 || too_few(suffix_work_[t][j], n)) return {};
-  const auto [k, d_kept] = fragment(kParallel, t, t, j, n, d);
-  d = d_kept;
+  const std::uint64_t k = fragment(kParallel, t, t, j, n, d);
   int low, high;
   if (auto known = settled(memo_, k, &Depths::main, low, high)) return *known;
   Entry best;
@@ -133,8 +131,7 @@ int Planner::others(int branch, int n, int d) {
   const int par = parent_[branch];
   if (sorted_[par][0] == branch) return parallel(par, 1, n, d).depth;
   if (n < 1 || too_few(others_work(branch), n)) return kInf;
-  const auto [k, d_kept] = fragment(kOthers, par, par, 0, n, d);
-  d = d_kept;
+  const std::uint64_t k = fragment(kOthers, par, par, 0, n, d);
   int low, high;
   if (auto known = settled(memo_, k, &Depths::main, low, high)) return known->depth;
   const int spare = sorted_[par].size() == 2 ? 0 : 1;
