@@ -373,6 +373,28 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
 
 }  // namespace
 
+double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
+  std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
+  const cost::CostModel model(g, devices, o.optimizer);
+  Resolved r = resolve(g, devices, o, model);
+  // compute_bound charges each stage its forward + the lesser of its whole and split backward;
+  // both hold every operator's weight-gradient half, so the zero-bubble form bounds it.
+  Options counted = o;
+  counted.zero_bubble = true;
+  const PartitionRequest request{.graph = g,
+                                 .devices = devices,
+                                 .options = counted,
+                                 .model = model,
+                                 .batch_size = r.batch,
+                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
+                                 .memory_limit = r.limit,
+                                 .max_stages = r.max_stages,
+                                 .chain = partitioner->plans_chains()};
+  double least = std::numeric_limits<double>::infinity();
+  for (std::int64_t mb : request.micro_batch_sizes) least = std::min(least, step_lower_bound(request.problem(mb)));
+  return least;
+}
+
 CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o)
     : graph_(g), devices_(devices), options_(o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, options_);

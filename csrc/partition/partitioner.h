@@ -106,6 +106,15 @@ class CandidateSet {
   std::vector<RankedCandidate> candidates_;
 };
 
+// A lower bound on the compute_bound of every candidate CandidateSet(graph, devices, options)
+// would list, and so on each one's simulated step under any schedule, found without listing
+// any: the least over the micro-batch sizes of step_lower_bound's zero-bubble form (M x the
+// slowest stage's floor + the step's fixed cost, with each operator counted as its forward and
+// weight-gradient half, which every stage runs whatever its backward). For the planner, which
+// lists a pool of candidates only where this is below the best step it has simulated. The same
+// checks and errors as CandidateSet.
+double candidate_floor(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+
 // The names accepted in Options::partitioner: the registry's (registry.h), in its order.
 std::vector<std::string> partitioner_names();
 

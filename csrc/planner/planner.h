@@ -15,7 +15,11 @@
 // into a stage, M x the stage's compute, its backwards back out; compute_bound, M x the slowest
 // stage's compute, under a split backward) orders the simulations, and the search stops at the
 // first candidate whose bound is not below the best simulated step so far: the result is the
-// least simulated step over all candidates (branch and bound), after a few simulations.
+// least simulated step over all candidates (branch and bound), after a few simulations. The
+// plain pools below are listed only after the replicated ones have been searched, and only where
+// their floor (partition::candidate_floor: a bound on every candidate they could list, found
+// without listing any) is below the best step simulated so far; the choice is the same as with
+// every pool listed.
 //
 // Never worse with more devices: the candidate list for a device budget holds every candidate
 // of the list for a smaller one (the partitioners' lists only grow with the budget, greedy
@@ -66,7 +70,7 @@ struct PlannerOptions {
 struct PlannerResult {
   plan::Plan plan;             // predicted_iteration_seconds: its simulated step
   double closed_form = 0.0;    // the closed-form predicted step of the same plan
-  std::size_t candidates = 0;  // candidates that fit, over every micro-batch size
+  std::size_t candidates = 0;  // candidates that fit, over every micro-batch size, in the pools listed
   std::size_t simulated = 0;   // (candidate, schedule) pairs simulated before the bound stopped the search
 };
 
