@@ -19,9 +19,11 @@ Every wait in here has the pipeline's deadline.
 from __future__ import annotations
 
 import itertools
+import json
 import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -29,7 +31,7 @@ import torch.distributed as dist
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["FailureBoard", "Failures", "cause_type", "collective_error", "describe", "pipeline_store"]
+__all__ = ["Failure", "FailureBoard", "Failures", "collective_error", "describe", "pipeline_store"]
 
 _POLL_SECONDS = 0.02
 # How long a rank that saw a peer leave waits for that peer's cause before publishing its own
@@ -39,16 +41,45 @@ _PEER_CAUSE_GRACE_SECONDS = 2.0
 _instances: dict[tuple[int, ...], itertools.count] = {}
 
 
-def describe(exc: BaseException) -> str:
-    """``Type: first line of the message`` (what the other ranks are told)."""
+def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return lines[0] if lines else ""
 
 
-def cause_type(cause: str) -> str:
-    """The exception type's name in a published failure (``rank R: Type: message``)."""
-    parts = cause.split(": ", 2)
-    return parts[1] if len(parts) > 1 else ""
+def _what(type_name: str, message: str) -> str:
+    return f"{type_name}: {message}".rstrip(": ")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message``, as a :class:`Failure` shows it."""
+    return _what(type(exc).__name__, _first_line(exc))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A pipeline's first failure as the store holds it: the rank it started on, the
+    exception's type name and the first line of its message."""
+
+    rank: int
+    type_name: str
+    message: str
+
+    @classmethod
+    def of(cls, rank: int, exc: BaseException) -> Failure:
+        """``exc``, raised on ``rank``, as the others are told of it."""
+        return cls(rank, type(exc).__name__, _first_line(exc))
+
+    def encode(self) -> bytes:
+        return json.dumps({"rank": self.rank, "type": self.type_name, "message": self.message}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Failure:
+        fields = json.loads(raw)
+        return cls(int(fields["rank"]), str(fields["type"]), str(fields["message"]))
+
+    def __str__(self) -> str:
+        """``rank R: Type: message``."""
+        return f"rank {self.rank}: {_what(self.type_name, self.message)}"
 
 
 def collective_error(exc: RuntimeError, rank: int, timeout: float, during: str) -> BaseException:
@@ -92,22 +123,22 @@ class FailureBoard:
         self.world = world
         self.timeout = timeout
 
-    def publish(self, exc: BaseException) -> str:
+    def publish(self, exc: BaseException) -> Failure:
         """Records ``exc`` as the pipeline's failure unless another rank's came first; returns
-        the failure that stands (``rank R: Type: message``)."""
-        mine = f"rank {self.rank}: {describe(exc)}"
+        the failure that stands."""
+        mine = Failure.of(self.rank, exc)
         try:
-            return self.store.compare_set(self.KEY, "", mine).decode()
+            return Failure.decode(self.store.compare_set(self.KEY, "", mine.encode()))
         except Exception:
             return mine
 
-    def read(self, wait: float = 0.0) -> str | None:
+    def read(self, wait: float = 0.0) -> Failure | None:
         """The failure recorded so far, waiting up to ``wait`` seconds for one to appear."""
         deadline = time.monotonic() + wait
         while True:
             try:
                 if self.store.check([self.KEY]):
-                    return self.store.get(self.KEY).decode()
+                    return Failure.decode(self.store.get(self.KEY))
             except Exception:
                 return None
             if time.monotonic() >= deadline:
@@ -159,8 +190,8 @@ class Failures:
         self.board = board
         self.timeout = timeout
         self._close = close
-        #: The first failure's cause, once the pipeline failed.
-        self.cause: str | None = None
+        #: The first failure, once the pipeline failed.
+        self.cause: Failure | None = None
 
     def usable(self, executor: Any) -> Any:
         """``executor``, if the pipeline neither failed nor was closed (InputError otherwise)."""
@@ -190,13 +221,13 @@ class Failures:
         cause = self.board.publish(exc)
         self.cause = cause
         self._close()
-        if cause.startswith(f"rank {rank}: "):
+        if cause.rank == rank:
             # Raised as it is, with no cause: `raise exc from exc` would make exc its own cause,
             # a cycle that keeps its traceback's frames (and the executor and process group in
             # their locals) alive until the garbage collector runs, so the peers blocked on
             # this rank would wait for that, or for this process's exit, to wake.
             return exc
-        timed_out = isinstance(exc, _C.PipelineTimeout) or cause_type(cause) == _C.PipelineTimeout.__name__
+        timed_out = isinstance(exc, _C.PipelineTimeout) or cause.type_name == _C.PipelineTimeout.__name__
         error_type = _C.PipelineTimeout if timed_out else _C.PeerError
         error = error_type(f"rank {rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
         error.__cause__ = exc  # as `raise error from exc` would

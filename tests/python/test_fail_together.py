@@ -124,13 +124,13 @@ def test_a_peer_that_left_is_named_by_its_own_cause() -> None:
 
     import torch.distributed as dist
 
-    from graphpipe.runtime.failure import FailureBoard, Failures
+    from graphpipe.runtime.failure import Failure, FailureBoard, Failures
 
     store = dist.HashStore()
     closed = []
     failures = Failures(FailureBoard(store, rank=0, world=3, timeout=5.0), 5.0, lambda: closed.append(True))
-    cause = "rank 1: PipelineTimeout: rank 1: timed out after 5 s in the loss sum from rank 2"
-    late = threading.Timer(0.3, lambda: FailureBoard(store, 1, 3, 5.0).store.compare_set("failure", "", cause))
+    cause = Failure(1, "PipelineTimeout", "rank 1: timed out after 5 s in the loss sum from rank 2")
+    late = threading.Timer(0.3, lambda: FailureBoard(store, 1, 3, 5.0).publish(_C.PipelineTimeout(cause.message)))
     late.start()
     seen = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23253")
     error = failures.fail(seen, "in the loss sum from rank 2")
@@ -145,6 +145,18 @@ def test_a_peer_that_left_is_named_by_its_own_cause() -> None:
     error = alone.fail(RuntimeError("Connection closed by peer"), "in the loss sum from rank 2")
     assert type(error) is _C.PeerError and str(error).startswith("rank 0: a peer left in the loss sum"), str(error)
     assert 0.45 < time.monotonic() - start < 2.0
+
+
+def test_a_failure_crosses_the_store_whole() -> None:
+    """The store holds a failure's rank, type and first message line as fields, and a survivor
+    reads back the same three, whatever the message holds."""
+    from graphpipe.runtime.failure import Failure
+
+    sent = Failure.of(2, _C.PipelineTimeout("rank 2: timed out: a: b\nsecond line"))
+    assert sent == Failure(2, "PipelineTimeout", "rank 2: timed out: a: b")
+    assert Failure.decode(sent.encode()) == sent
+    assert str(sent) == "rank 2: PipelineTimeout: rank 2: timed out: a: b"
+    assert str(Failure.of(0, ValueError())) == "rank 0: ValueError"
 
 
 def _stuck_output_worker(rank: int, world: int) -> dict[str, Any]:
