@@ -328,3 +328,23 @@ TEST(RuntimeExecutor, ZeroBubbleWithoutSetParametersIsRefused) {
     EXPECT_NE(std::string(e.what()).find("set_parameters() was never called"), std::string::npos) << e.what();
   }
 }
+
+// After a failure the executor lets go of its group (Executor::disconnect, so that Gloo closes
+// this rank's connections and wakes its peers): running it again is refused with an error
+// that says why, not a crash on the dropped group, and the group has no holder left here.
+TEST(RuntimeExecutor, RunAfterDisconnectIsRefused) {
+  auto box = std::make_shared<Mailbox>();
+  auto group = c10::make_intrusive<LoopbackGroup>(box, 0, 2);
+  Executor e0(two_stage_schedule(2, "1f1b"), 0, group, std::chrono::milliseconds(200));
+  TwoStageModel model;
+  e0.set_edge_specs(model.specs());
+  const auto held = group.use_count();
+  e0.disconnect();
+  EXPECT_LT(group.use_count(), held);
+  try {
+    e0.run(model.stage0(), true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disconnected after a failure"), std::string::npos) << e.what();
+  }
+}
