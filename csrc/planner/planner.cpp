@@ -184,6 +184,9 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
         // list_plain says why below
       }
       if (floor > ranking.step(*replicated) * (1.0 + 1e-9)) {
+        log::debug("planner: the plans without replicas on " + std::to_string(pool.options.max_stages) +
+                   " devices are not listed: none can beat " + std::to_string(ranking.step(*replicated)) +
+                   " s (their floor is " + std::to_string(floor) + " s)");
         ++skipped;
         continue;
       }
