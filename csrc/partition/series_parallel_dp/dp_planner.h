@@ -94,10 +94,28 @@ class Planner {
     neighbours,  // the depths at the probed targets on either side (and this probe's are kept)
     own,         // a target probed already: its own depths first, then those; nothing kept
   };
-  // Solves `target` from a fresh memo. With bounds, fragments whose least depth the depths
-  // pin down are not searched again (bound()); their memo entries then hold no first move, which
-  // the rebuild searches for where the plan needs one (with_move()).
+  // Solves `target` from a fresh memo (none, neighbours). With bounds, fragments whose least
+  // depth the depths pin down are not searched again (bound()); their memo entries then hold no
+  // first move, which the rebuild searches for where the plan needs one (with_move()).
   bool feasible(double target, Bounds bounds);
+  // The plan at `target`, probed already: solved again with Bounds::own, which pin every fragment
+  // its probe solved, and rebuilt, the rebuild searching the path's fragments for their first
+  // moves under the same bounds. Its replica counts in rebuilt_replicas_.
+  std::vector<int> rebuild_pinned(double target);
+  // target_ set, the memos emptied, the root solved; whether it has a plan.
+  bool solve_fresh(double target);
+  // lower_ and upper_ as `bounds` gives them for `target`, while it lives: one probe's searches,
+  // or a pinned rebuild's solve and rebuild.
+  class BoundsInForce {
+   public:
+    BoundsInForce(Planner& planner, double target, Bounds bounds);
+    ~BoundsInForce();
+    BoundsInForce(const BoundsInForce&) = delete;
+    BoundsInForce& operator=(const BoundsInForce&) = delete;
+
+   private:
+    Planner& planner_;
+  };
   // The least depths of every fragment solved at the probed targets (the memo of each probe
   // without its moves).
   struct Depths {

@@ -128,11 +128,8 @@ std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
     for (double target : picks) {
       if (plan_at_.count(target) != 0) continue;
       if (pinned_rebuild_ && bounded_) {
-        feasible(target, Bounds::own);
-        plan_at_.emplace(target, rebuild());
+        plan_at_.emplace(target, rebuild_pinned(target));
         replicas_at_.emplace(target, rebuilt_replicas_);
-        lower_.clear();
-        upper_.clear();
         continue;
       }
       const int depth = feasible(target, Bounds::none) ? solve(tree_.root, devices_, 0).depth : kInf;
@@ -259,28 +256,36 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   return picks;
 }
 
-bool Planner::feasible(double target, Bounds bounds) {
+Planner::BoundsInForce::BoundsInForce(Planner& planner, double target, Bounds bounds) : planner_(planner) {
+  if (bounds == Bounds::own) {  // the nearest of all: its depths are the depths at the target
+    const Depths& own = planner_.depths_.at(target);
+    planner_.lower_.push_back(&own);
+    planner_.upper_.push_back(&own);
+  }
+  if (bounds != Bounds::none) {
+    const auto above = planner_.depths_.upper_bound(target);
+    for (auto it = above; it != planner_.depths_.end(); ++it) planner_.lower_.push_back(&it->second);
+    for (auto it = std::make_reverse_iterator(above); it != planner_.depths_.rend(); ++it)
+      if (it->first < target) planner_.upper_.push_back(&it->second);
+  }
+}
+
+Planner::BoundsInForce::~BoundsInForce() {
+  planner_.lower_.clear();
+  planner_.upper_.clear();
+}
+
+bool Planner::solve_fresh(double target) {
   target_ = target;
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
   join_memo_.clear();
-  lower_.clear();
-  upper_.clear();
-  if (bounds == Bounds::own) {  // the nearest of all: its depths are the depths at the target
-    const Depths& own = depths_.at(target);
-    lower_.push_back(&own);
-    upper_.push_back(&own);
-  }
-  if (bounds != Bounds::none) {
-    const auto above = depths_.upper_bound(target);
-    for (auto it = above; it != depths_.end(); ++it) lower_.push_back(&it->second);
-    for (auto it = std::make_reverse_iterator(above); it != depths_.rend(); ++it)
-      if (it->first < target) upper_.push_back(&it->second);
-  }
-  const bool ok = solve(tree_.root, devices_, 0).depth < kInf;
-  if (bounds == Bounds::own) return ok;  // lower_ and upper_ stay for the rebuild's searches
-  lower_.clear();
-  upper_.clear();
+  return solve(tree_.root, devices_, 0).depth < kInf;
+}
+
+bool Planner::feasible(double target, Bounds bounds) {
+  const BoundsInForce in_force(*this, target, bounds);
+  const bool ok = solve_fresh(target);
   if (bounds == Bounds::neighbours) {
     Depths& depths = depths_[target];
     depths.main.reserve(memo_.size());
@@ -290,6 +295,12 @@ bool Planner::feasible(double target, Bounds bounds) {
         [&](const std::pair<std::uint64_t, std::uint64_t>& k, const Entry& e) { depths.join.insert(k, e.depth); });
   }
   return ok;
+}
+
+std::vector<int> Planner::rebuild_pinned(double target) {
+  const BoundsInForce in_force(*this, target, Bounds::own);  // for the rebuild's searches too
+  solve_fresh(target);
+  return rebuild();
 }
 
 }  // namespace series_parallel_dp
