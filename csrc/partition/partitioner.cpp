@@ -273,6 +273,22 @@ Resolved resolve(const graph::OpGraph& g, const cost::Devices& devices, const Op
   return r;
 }
 
+// The request that partition(), CandidateSet and candidate_floor answer: `o` resolved against
+// `model` (resolve()'s checks, in its order). `o` and `model` must outlive it.
+PartitionRequest resolved_request(const graph::OpGraph& g, const cost::Devices& devices, const Options& o,
+                                  const cost::CostModel& model, const Partitioner& partitioner) {
+  Resolved r = resolve(g, devices, o, model);
+  return PartitionRequest{.graph = g,
+                          .devices = devices,
+                          .options = o,
+                          .model = model,
+                          .batch_size = r.batch,
+                          .micro_batch_sizes = std::move(r.micro_batch_sizes),
+                          .memory_limit = r.limit,
+                          .max_stages = r.max_stages,
+                          .chain = partitioner.plans_chains()};
+}
+
 std::unique_ptr<Partitioner> checked_partitioner(const graph::OpGraph& g, const cost::Devices& devices,
                                                  const Options& o) {
   check_graph_and_devices(g, devices, o.replicate || !o.stage_devices.empty());
@@ -287,17 +303,8 @@ std::unique_ptr<Partitioner> checked_partitioner(const graph::OpGraph& g, const 
 plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
   cost::CostModel model(g, devices, o.optimizer);
-  Resolved r = resolve(g, devices, o, model);
-  const double limit = r.limit;
-  const PartitionRequest request{.graph = g,
-                                 .devices = devices,
-                                 .options = o,
-                                 .model = model,
-                                 .batch_size = r.batch,
-                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
-                                 .memory_limit = limit,
-                                 .max_stages = r.max_stages,
-                                 .chain = partitioner->plans_chains()};
+  const PartitionRequest request = resolved_request(g, devices, o, model, *partitioner);
+  const double limit = request.memory_limit;
   partitioner->prepare(request);
 
   SizePlans plans = plan_sizes(*partitioner, request);
@@ -376,20 +383,11 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
 double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
   const cost::CostModel model(g, devices, o.optimizer);
-  Resolved r = resolve(g, devices, o, model);
   // compute_bound charges each stage its forward + the lesser of its whole and split backward;
   // both hold every operator's weight-gradient half, so the zero-bubble form bounds it.
   Options counted = o;
   counted.zero_bubble = true;
-  const PartitionRequest request{.graph = g,
-                                 .devices = devices,
-                                 .options = counted,
-                                 .model = model,
-                                 .batch_size = r.batch,
-                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
-                                 .memory_limit = r.limit,
-                                 .max_stages = r.max_stages,
-                                 .chain = partitioner->plans_chains()};
+  const PartitionRequest request = resolved_request(g, devices, counted, model, *partitioner);
   double least = std::numeric_limits<double>::infinity();
   for (std::int64_t mb : request.micro_batch_sizes) least = std::min(least, step_lower_bound(request.problem(mb)));
   return least;
@@ -399,16 +397,7 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
     : graph_(g), devices_(devices), options_(o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, options_);
   model_ = std::make_unique<cost::CostModel>(g, devices, options_.optimizer);
-  Resolved r = resolve(g, devices, options_, *model_);
-  request_ = std::make_unique<PartitionRequest>(PartitionRequest{.graph = g,
-                                                                 .devices = devices,
-                                                                 .options = options_,
-                                                                 .model = *model_,
-                                                                 .batch_size = r.batch,
-                                                                 .micro_batch_sizes = std::move(r.micro_batch_sizes),
-                                                                 .memory_limit = r.limit,
-                                                                 .max_stages = r.max_stages,
-                                                                 .chain = partitioner->plans_chains()});
+  request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner));
   partitioner->prepare(*request_);
   const std::vector<std::int64_t>& sizes = request_->micro_batch_sizes;
   for (std::int64_t mb : sizes) problems_.emplace(mb, request_->problem(mb));
