@@ -56,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 from graphpipe.errors import InputError
 from graphpipe.runtime.consensus import agree
+from graphpipe.runtime.stages import NO_PARAMETERS
 
 __all__ = ["save", "load", "load_into_model", "model_state_dict", "FORMAT"]
 
@@ -210,8 +211,12 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
     _copy_into(own, state)
     if optimizer is not None and optim is not None:
         _load_flat_optimizer_state(pipe.module, optimizer, optim)
-    if restore_private and private is not None:
-        pipe.load_sync_state_dict(private["sync"])
+    if restore_private:
+        # Collective (it agrees over the pipeline's group): every rank takes part, those with no
+        # record of their own (no replicated stage, or no stage) with an empty state. Before,
+        # only the ranks with a record called it, and they waited for the others until the
+        # timeout, on any plan that replicates some stages and not others.
+        pipe.load_sync_state_dict(private["sync"] if private is not None else {})
     pipe.step_count = int(loaded["meta"]["step_count"])
     return dict(loaded["meta"]["extra"])
 
@@ -296,7 +301,8 @@ def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer
             if id(p) not in names:
                 raise InputError("the optimizer holds a parameter that is not this rank's stage's: build it over "
                                  "pipe.parameters()")
-            mine[names[id(p)]] = ""
+            if names[id(p)] != NO_PARAMETERS:
+                mine[names[id(p)]] = ""
     optim: dict[str, Any] = {}
     has_any = any(k.startswith(_OPTIM) for k in entries)
     if not has_any:
@@ -314,6 +320,8 @@ def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer
             optim[inner] = None
     for group in optimizer.param_groups:
         for p in group["params"]:
+            if names[id(p)] not in mine:  # the placeholder of a rank with no parameters: nothing saved
+                continue
             for k in group:
                 if k != "params" and f"param_groups.{names[id(p)]}.{k}" not in optim:
                     raise InputError(f"the checkpoint has no optimizer hyperparameter {k!r} of {names[id(p)]!r}: "
@@ -384,7 +392,11 @@ def _optimizer_state_from_flat(module: nn.Module, optimizer: Any, flat: Mapping[
             for k in group:
                 if k == "params":
                     continue
-                value = flat[f"param_groups.{fqn}.{k}"]
+                # A rank without parameters (no stage, or a parameter-free one) optimizes only a
+                # placeholder, which never changes: it keeps its own hyperparameters where the
+                # checkpoint has none (no rank saves a stage-less rank's optimizer).
+                key = f"param_groups.{fqn}.{k}"
+                value = flat.get(key, group[k]) if fqn == NO_PARAMETERS else flat[key]
                 if k in hyper and not _equal(hyper[k], value):
                     raise InputError(f"the checkpoint's {k!r} differs between the parameters of one of this "
                                      f"optimizer's groups ({hyper[k]!r} and {value!r} at {fqn!r}): group them "

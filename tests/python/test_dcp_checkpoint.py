@@ -155,6 +155,42 @@ def test_resume_is_bit_identical(gold: tuple[list[Any], list[Any]], opt_name: st
             _assert_identical(got_a[part], got_b[part], f"rank {rank} {opt_name}/{sync} {part}")
 
 
+def _idle_rank_worker(rank: int, world: int, folder: str, resume: bool) -> dict[str, Any]:
+    """One stage on ranks 0 and 1; rank 2 has no stage (as a replicated plan that uses fewer
+    devices than ranks leaves one) and still builds its optimizer over ``pipe.parameters()``."""
+    import graphpipe
+    from graphpipe.runtime.plan import manual_plan
+    from graphpipe.trace import trace_module
+
+    model, batches = _net_and_batches()
+    example = (batches[0][0],)
+    plan = manual_plan(trace_module(model, example).graph, {"fc1": 0, "fc2": 0, "norm": 0, "fc3": 0},
+                       MICRO_BATCHES, stage_devices=[[0, 1]])
+    with graphpipe.wrap(model, example, nn.functional.cross_entropy, plan=plan, timeout=60) as pipe:
+        optimizer = _optimizer("sgd", list(pipe.parameters()))
+        if resume:
+            pipe.load(folder, optimizer=optimizer)
+        else:
+            for inputs, targets in batches[:K]:
+                pipe.step(inputs, targets, optimizer=optimizer)
+            pipe.save(folder, optimizer=optimizer)
+        losses = [float(pipe.step(x, y, optimizer=optimizer)) for x, y in batches[K:]]
+        return {"losses": losses, **_snapshot(pipe, optimizer)}
+
+
+def test_a_rank_without_a_stage_saves_and_loads(tmp_path: Any) -> None:
+    """A rank without a stage holds only the placeholder parameter, which no rank saves: it
+    loads all the same (it used to refuse, naming the placeholder's missing learning rate),
+    and the resumed run equals the uninterrupted one."""
+    folder = str(tmp_path / "idle")
+    straight = _ok(run_ranks(_idle_rank_worker, 3, folder, False, timeout=240))
+    resumed = _ok(run_ranks(_idle_rank_worker, 3, folder, True, timeout=240))
+    for rank, (a, b) in enumerate(zip(straight, resumed)):
+        assert a["losses"] == b["losses"], f"rank {rank}"
+        for part in ("state", "optimizer", "step_count"):
+            _assert_identical(a[part], b[part], f"rank {rank} {part}")
+
+
 def test_replicas_write_one_copy(gold: tuple[list[Any], list[Any]], tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every model entry is stored once although two replicas hold it; each rank's sync record
     under its own key."""
