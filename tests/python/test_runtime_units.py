@@ -92,7 +92,7 @@ def test_chain_relays_are_the_cpp_plans() -> None:
     model = _Skip()
     x = torch.randn(8, 64)
     traced = trace_module(model, (x,))
-    plan = graphpipe.plan(traced.graph, 3, "sequential", micro_batches=2)
+    plan = graphpipe.plan(traced.graph, 3, "sequential", micro_batches=2, replicate=False)
     assert plan.chain and [(e.src, e.dst) for e in plan.edges] == [(0, 1), (1, 2)]
     cut = build_stages(traced.module, plan, traced.graph)
     assert [st.operators for st in cut.stages] == [["a"], ["b", "c"], ["add", "d"]]
