@@ -228,7 +228,10 @@ def _choose_replication(partition: Any, num_nodes: int, device_count: int, repli
     if device_count > num_nodes:
         return partition(True)
     single = partition(False)
-    replicated = partition(True)
+    try:
+        replicated = partition(True)
+    except _C.PlanningError:  # the plan without replicas stands, as it did before both were weighed
+        return single
     faster = replicated.predicted_iteration_seconds < single.predicted_iteration_seconds * (1.0 - 1e-12)
     return replicated if faster else single
 
