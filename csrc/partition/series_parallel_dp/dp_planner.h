@@ -331,9 +331,9 @@ class Planner {
 
   Entry solve(int t, int n, int d);
   Entry series(int t, int i, int n, int d);
-  void series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best);
+  void series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best);
   void series_split(int t, int i, int n, int d, Entry& best);
-  void series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best);
+  void series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best);
   Entry parallel(int t, int j, int n, int d);
   int others(int branch, int n, int d);
   Entry inside(int branch, int k, int n, int d);

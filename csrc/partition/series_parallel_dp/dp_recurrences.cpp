@@ -37,16 +37,18 @@ Entry Planner::series(int t, int i, int n, int d) {
   Entry best;
   if (high < kInf) best.depth = high + 1;  // bound(): nothing deeper than `high` can be best
   const auto& stats = row(t, i, children);
-  series_groups(t, i, n, d, stats, best);
+  series_groups(t, i, n, d, stats, low, best);
   if (best.depth > low && !is_leaf(children[i])) series_split(t, i, n, d, best);
-  if (best.depth > low) series_forks(t, i, n, d, stats, best);
+  if (best.depth > low) series_forks(t, i, n, d, stats, low, best);
   memo_.insert(k, best);
   return best;
 }
 
-// Children i..p as one stage, then p+1.. on the devices it leaves.
-void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best) {
-  for (int q = 0; q < static_cast<int>(stats.size()); ++q) {
+// Children i..p as one stage, then p+1.. on the devices it leaves. The scan stops once the best
+// reaches `low`, the fragment's least depth (bound()): no later group can be shallower, and a
+// group only replaces the best when strictly shallower, so the move is the same.
+void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
+  for (int q = 0; q < static_cast<int>(stats.size()) && best.depth > low; ++q) {
     const Stats& s = stats[q];
     if (too_big(s)) break;
     const int p = i + q;
@@ -72,17 +74,17 @@ void Planner::series_split(int t, int i, int n, int d, Entry& best) {
 
 // Fork: children i..q-1 and the head of one of parallel child q's two largest branches as one
 // stage; the rest of q starts after it (inside()).
-void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, Entry& best) {
+void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
   if (n < 2 || best.depth <= 2) return;  // a fork stage has at least one stage after it
   const auto& children = tree_.nodes[t].children;
   const int m = static_cast<int>(children.size());
-  for (int q = i + 1; q < m && q - 1 - i < static_cast<int>(stats.size()); ++q) {
+  for (int q = i + 1; q < m && q - 1 - i < static_cast<int>(stats.size()) && best.depth > low; ++q) {
     if (too_big(stats[q - 1 - i])) break;
     if (!is_parallel(children[q])) continue;
     const auto& lead = sorted_[children[q]];
     for (int slot = 0; slot < 2; ++slot) {
       const auto& heads = fork_row(t, i, q, lead[slot]);
-      for (int j = 0; j < static_cast<int>(heads.size()); ++j) {
+      for (int j = 0; j < static_cast<int>(heads.size()) && best.depth > low; ++j) {
         const Stats& s = heads[j];
         if (too_big(s)) break;
         auto [rest, r] = stage_then(s, n, d, 1, [&](int x) { return inside(lead[slot], j + 1, x, d).depth; });
