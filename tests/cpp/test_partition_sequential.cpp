@@ -143,3 +143,38 @@ TEST(SequentialChain, EqualWeightCutsEndRunsAtTheirShareOrWhenItemsRunOut) {
   EXPECT_EQ(pt::equal_weight_cuts({3, 3}, 6, 5), (std::vector<int>{0, 1, 2}));  // parts >= items
   EXPECT_EQ(pt::equal_weight_cuts({5}, 5, 1), (std::vector<int>{0, 1}));
 }
+
+// sequential_assignments reads every cap's chain from one table (the replicated planner's budget
+// ladder asks for the powers of two up to the budget at once): each is the chain a call of its
+// own with that cap as max_stages gives, wherever the order is cut into the same units for every
+// cap (here: at most chain_unit_budget(64) = 790 operators, one unit each). The table's segments
+// are grown up to the largest of the caps' ceilings: with the largest cap's alone, the chains of
+// few stages, whose segments are long, would be cut short.
+TEST(SequentialChain, OneTableGivesEveryCapItsOwnChain) {
+  const std::vector<int> caps{64, 32, 16, 8, 4, 3, 2, 1};
+  int compared = 0, distinct = 0;
+  for (const int n : {30, 200, 700}) {
+    for (unsigned kind = 0; kind < 3; ++kind) {
+      graphpipe::graph::OpGraph g =
+          graphpipe::testing::random_graph_of_kind(kind, 31u * static_cast<unsigned>(n) + kind, n);
+      ASSERT_LE(n, pt::chain_unit_budget(64));
+      graphpipe::cost::CostModel model(g, graphpipe::cost::v100(64));
+      for (const std::int64_t micro_batch : {1, 8}) {
+        pt::Problem whole = pt::make_problem(model, 64, micro_batch, 64, 1e15, {});
+        const std::vector<std::vector<int>> chains = pt::sequential_assignments(whole, caps);
+        ASSERT_EQ(chains.size(), caps.size());
+        for (std::size_t c = 0; c < caps.size(); ++c) {
+          pt::Problem capped = whole;
+          capped.max_stages = caps[c];
+          capped.device_budget = caps[c];
+          EXPECT_EQ(chains[c], pt::sequential_assignment(capped))
+              << "n=" << n << " kind=" << kind << " micro-batch=" << micro_batch << " cap=" << caps[c];
+          ++compared;
+          distinct += c > 0 && chains[c] != chains[c - 1] ? 1 : 0;
+        }
+      }
+    }
+  }
+  // The caps do not all get the same chain.
+  EXPECT_GT(distinct, compared / 4);
+}

@@ -47,13 +47,14 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
   return std::max(slowest, f[segments[stages - 1]][1]);
 }
 
-// The assignment of the fastest chain in sequential_assignment's table (f[0][k] the slowest stage
-// of the best chain of k stages, cut[j][k] where its first segment from unit j ends): among
-// equally fast chains the one of fewest stages. Empty when no chain fits.
+// The assignment of the fastest chain of at most `most` stages in sequential_assignment's table
+// (f[0][k] the slowest stage of the best chain of k stages, cut[j][k] where its first segment
+// from unit j ends): among equally fast chains the one of fewest stages. Empty when no chain fits.
 std::vector<int> fastest_chain(const Problem& p, const std::vector<int>& bounds,
-                               const std::vector<std::vector<double>>& f, const std::vector<std::vector<int>>& cut) {
+                               const std::vector<std::vector<double>>& f, const std::vector<std::vector<int>>& cut,
+                               int most) {
   int best_k = -1;
-  for (int k = 1; k < static_cast<int>(f[0].size()); ++k) {
+  for (int k = 1; k <= most && k < static_cast<int>(f[0].size()); ++k) {
     if (f[0][k] < kInf && (best_k < 0 || f[0][k] < f[0][best_k])) best_k = k;
   }
   if (best_k < 0) return {};
@@ -97,9 +98,12 @@ std::vector<int> chunk_bounds(const Problem& p, int units) {
 
 int chain_unit_budget(int stages) { return std::max(16, static_cast<int>(std::sqrt(4e7 / std::max(1, stages)))); }
 
-std::vector<int> sequential_assignment(const Problem& p) {
+std::vector<int> sequential_assignment(const Problem& p) { return sequential_assignments(p, {p.max_stages}).front(); }
+
+std::vector<std::vector<int>> sequential_assignments(const Problem& p, const std::vector<int>& stage_caps) {
   const int n = static_cast<int>(p.num_nodes());
-  const int max_k = std::max(1, std::min(p.max_stages, n));
+  auto stages_of = [&](int cap) { return std::max(1, std::min(cap, n)); };
+  const int max_k = stages_of(*std::max_element(stage_caps.begin(), stage_caps.end()));
   const std::vector<int> bounds = chunk_bounds(p, chain_unit_budget(max_k));
   const int units = static_cast<int>(bounds.size()) - 1;
   const int K = std::min(max_k, units);
@@ -128,8 +132,15 @@ std::vector<int> sequential_assignment(const Problem& p) {
   // No chain at most as slow as a chain the DP weighs has a segment of more compute than that
   // (a segment's time is at least its compute), and the plan is such a chain: segments past it
   // are not grown. The margin covers rounding in the transfer sums, so that every chain at most
-  // that slow (the plan's cut among equally fast ones too) is still weighed as before.
-  const double ceiling = equal_compute_chain(p, bounds, K, f, stamps, stamp) * (1.0 + 1e-6);
+  // that slow (the plan's cut among equally fast ones too) is still weighed as before. With
+  // several caps, the largest of their ceilings: the table then holds, for every cap, every
+  // entry that cap's own ceiling keeps, with the same value and cut (entries at most a ceiling
+  // are exact under any larger one), and the others above it, where no cap's plan lies.
+  double ceiling = 0.0;
+  for (int cap : stage_caps) {
+    const int k_cap = std::min(stages_of(cap), units);
+    if (k_cap >= 2) ceiling = std::max(ceiling, equal_compute_chain(p, bounds, k_cap, f, stamps, stamp) * (1.0 + 1e-6));
+  }
   // The stage counts k that the first segment j..e-1 may still improve. Once the segment's
   // compute reaches f[j][k] no longer segment can lower it (a chain's value is at least its
   // first stage's time, which is at least its compute; compute only grows with e and f[j][k]
@@ -167,7 +178,10 @@ std::vector<int> sequential_assignment(const Problem& p) {
       open.resize(kept);
     }
   }
-  return fastest_chain(p, bounds, f, cut);
+  std::vector<std::vector<int>> chains;
+  chains.reserve(stage_caps.size());
+  for (int cap : stage_caps) chains.push_back(fastest_chain(p, bounds, f, cut, std::min(stages_of(cap), units)));
+  return chains;
 }
 
 namespace {

@@ -42,6 +42,14 @@ namespace graphpipe::partition {
 
 std::vector<int> sequential_assignment(const Problem& problem);
 
+// sequential_assignment's chain for each of `stage_caps` in its place (each as if it were
+// problem.max_stages), from one table: the plans are those of separate calls wherever the order
+// is cut into the same units for every cap (it is one unit an operator while the order has at
+// most chain_unit_budget(largest cap) operators; a longer order is cut at the largest cap's
+// granularity for all). A cap's plan lies among the table's first cap stages, so one table of
+// the largest serves them all. At least one cap.
+std::vector<std::vector<int>> sequential_assignments(const Problem& problem, const std::vector<int>& stage_caps);
+
 // The most units sequential_assignment cuts an order into for chains of at most `stages`
 // stages: max(16, sqrt(4e7 / stages)).
 int chain_unit_budget(int stages);

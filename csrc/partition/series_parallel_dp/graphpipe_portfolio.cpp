@@ -56,11 +56,36 @@ std::vector<graph::NodeId> branch_order(const Problem& p, const graph::SPTree& t
   return order;
 }
 
-// The sequential DP's cut of `order` (instead of the graph's own topological order).
-std::vector<int> chain_along(Problem p, std::vector<graph::NodeId> order) {
+// The sequential DP's cuts of `order` (instead of the graph's own topological order), one for
+// each cap on the stages (sequential_assignments).
+std::vector<std::vector<int>> chains_along(Problem p, std::vector<graph::NodeId> order, const std::vector<int>& caps) {
   p.order = std::move(order);
   for (std::size_t i = 0; i < p.order.size(); ++i) p.position[p.order[i]] = static_cast<int>(i);
-  return sequential_assignment(p);
+  return sequential_assignments(p, caps);
+}
+
+// The plain chains of three orders (the topological order, then the branch orders largest and
+// smallest branch first), each followed by its refinement when `refine_too`, for each cap on
+// the stages in its place. One table per order serves every cap; a chain that several caps share
+// is refined once (refine() reads no cap).
+std::vector<std::vector<CandidatePlan>> plain_chains(const Problem& problem, const graph::SPTree& tree,
+                                                     const std::vector<int>& caps, bool refine_too) {
+  std::vector<std::vector<CandidatePlan>> out(caps.size());
+  std::vector<std::pair<std::vector<int>, std::vector<int>>> refined;  // (chain, its refinement)
+  for (int order = 0; order < 3; ++order) {
+    std::vector<std::vector<int>> chains = order == 0
+                                               ? sequential_assignments(problem, caps)
+                                               : chains_along(problem, branch_order(problem, tree, order == 2), caps);
+    for (std::size_t c = 0; c < caps.size(); ++c) {
+      if (chains[c].empty()) continue;
+      out[c].push_back({chains[c], kChain, {}, {}});
+      if (!refine_too) continue;
+      auto known = std::find_if(refined.begin(), refined.end(), [&](const auto& r) { return r.first == chains[c]; });
+      if (known == refined.end()) known = refined.insert(refined.end(), {chains[c], refine(problem, chains[c])});
+      out[c].push_back({known->second, kChain, {}, {}});
+    }
+  }
+  return out;
 }
 
 // With replication: PipeDream's chains (pipedream.h) of `order`, one per device count.
@@ -181,44 +206,39 @@ std::vector<CandidatePlan> GraphpipePortfolio::fallback_layouts(const PartitionR
   return candidates;
 }
 
-std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& request, const Problem& problem) {
+GraphpipePortfolio::Chains GraphpipePortfolio::chains_beside(const PartitionRequest& request, const Problem& problem,
+                                                             std::vector<int> caps) const {
+  // A graph without a tree has no branch orders, and its layouts never ask (fallback_layouts).
+  const auto policy = sp_->is_series_parallel ? std::launch::async : std::launch::deferred;
+  return std::async(policy,
+                    [this, &problem, caps = std::move(caps), refine_too = request.options.refine] {
+                      return plain_chains(problem, sp_->tree, caps, refine_too);
+                    })
+      .share();
+}
+
+std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& request, const Problem& problem,
+                                                       const Chains& chains, std::size_t cap) {
   if (!sp_->is_series_parallel) return fallback_layouts(request, problem);
-  const bool refine_too = request.options.refine;
-  // The plain chains (three orders, each refined) depend only on the problem: they are cut on a
-  // second thread while the tree DP runs, the longer of the two (about 0.07 s against 0.21 s per
-  // micro-batch size on a 10,000-operator graph). Both only read the problem and the tree, and
-  // the candidates keep their fixed order, so the plan is the same as cut one after the other.
-  auto plain_chains = std::async(std::launch::async, [&] {
-    std::vector<CandidatePlan> out;
-    for (int order = 0; order < 3; ++order) {
-      std::vector<int> chain = order == 0 ? sequential_assignment(problem)
-                                          : chain_along(problem, branch_order(problem, sp_->tree, order == 2));
-      if (chain.empty()) continue;
-      if (refine_too) {
-        std::vector<int> refined = refine(problem, chain);
-        out.push_back({std::move(chain), kChain, {}, {}});
-        out.push_back({std::move(refined), kChain, {}, {}});
-      } else {
-        out.push_back({std::move(chain), kChain, {}, {}});
-      }
-    }
-    return out;
-  });
+  // The plain chains are cut on another thread while the tree DP runs, the longer of the two
+  // (about 0.07 s against 0.21 s per micro-batch size on a 10,000-operator graph). Both only
+  // read the problem and the tree, and the candidates keep their fixed order, so the plan is the
+  // same as cut one after the other.
   std::vector<ReplicatedAssignment> dp = graphpipe_plans(problem, sp_->tree, request.options.tolerance);
-  std::vector<CandidatePlan> chains = plain_chains.get();
+  const std::vector<CandidatePlan>& plain = chains.get()[cap];
   if (dp.empty()) return fallback_layouts(request, problem);
   std::vector<CandidatePlan> candidates;
-  candidates.reserve(dp.size() + chains.size() + 1);
+  candidates.reserve(dp.size() + plain.size() + 1);
   for (ReplicatedAssignment& plan : dp)
     candidates.push_back({std::move(plan.assignment), kDp, std::move(plan.replicas), {}});
-  if (refine_too) candidates.push_back({refine(problem, candidates.front().assignment), kDp, {}, {}});
-  for (CandidatePlan& chain : chains) candidates.push_back(std::move(chain));
+  if (request.options.refine) candidates.push_back({refine(problem, candidates.front().assignment), kDp, {}, {}});
+  for (const CandidatePlan& chain : plain) candidates.push_back(chain);
   add_downset_plans(problem, candidates);
   return candidates;
 }
 
 std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
-  if (!problem.replicated()) return layouts(request, problem);
+  if (!problem.replicated()) return layouts(request, problem, chains_beside(request, problem, {problem.max_stages}), 0);
   // Never worse with more devices: the searches above are run at every budget of the ladder
   // (largest first), their layouts topped up with replicas within the whole budget by the
   // allocation that only gains moves as the budget grows (replica_allocation.h), and PipeDream's
@@ -229,10 +249,18 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
   // The budgets' searches only read the request, the problem and the tree (the METIS starts are
   // made under a lock): each runs on its own thread, and their candidates are merged in the
   // ladder's order, so the list is the same as searched one after the other.
+  // The plain chains of every budget, from one table per order (plain_chains), are cut while
+  // the searches run, and each budget's search takes its own when it is done (through its own
+  // copy of the shared future, as threads must).
+  std::vector<int> caps;
+  for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) caps.push_back(std::min(problem.max_stages, *b));
+  const Chains chains = chains_beside(request, problem, caps);
   std::vector<std::future<std::vector<CandidatePlan>>> runs;
-  for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) {
+  for (std::size_t i = 0; i < ladder.size(); ++i) {
     runs.push_back(std::async(std::launch::async,
-                              [this, &request, at = with_budget(problem, *b)] { return layouts(request, at); }));
+                              [this, &request, chains, i, at = with_budget(problem, ladder[ladder.size() - 1 - i])] {
+                                return layouts(request, at, chains, i);
+                              }));
   }
   for (auto& run : runs) {
     for (CandidatePlan& c : run.get()) {

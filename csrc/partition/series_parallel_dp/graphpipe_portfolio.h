@@ -31,7 +31,8 @@
 // With replication (Problem::replicated(); docs/design.md, "Replicated stages in the planner"):
 // the DP's plans carry the replica counts it chose with the cut. The candidates above are made
 // at every device budget of a ladder (the powers of two up to the budget; the budget itself when
-// it is one), since their searches are not monotone in the budget; every one's leftover devices
+// it is one), since their searches are not monotone in the budget (the plain chains of every
+// budget are read from one table per order: sequential_assignments); every one's leftover devices
 // are then handed out greedily within the whole budget (replica_allocation.h, which only gains
 // moves as the budget grows); plain data parallelism, the whole graph as one stage on its best
 // replica count, is one more candidate,                              label "graphpipe(data-parallel)";
@@ -47,6 +48,7 @@
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -82,8 +84,15 @@ class GraphpipePortfolio final : public Partitioner {
   std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) override;
 
  private:
-  // The layouts of one search budget (problem.device_budget), before replica allocation.
-  std::vector<CandidatePlan> layouts(const PartitionRequest& request, const Problem& problem);
+  // The plain chains for each cap on the stages in its place (three orders, each chain followed
+  // by its refinement), cut on their own thread from one table per order; deferred, never cut,
+  // where the graph is not series-parallel (no layouts ask then).
+  using Chains = std::shared_future<std::vector<std::vector<CandidatePlan>>>;
+  Chains chains_beside(const PartitionRequest& request, const Problem& problem, std::vector<int> caps) const;
+  // The layouts of one search budget (problem.device_budget), before replica allocation: the
+  // tree DP's plans, the plain chains of chains[cap] and the downset plans.
+  std::vector<CandidatePlan> layouts(const PartitionRequest& request, const Problem& problem, const Chains& chains,
+                                     std::size_t cap);
   std::vector<CandidatePlan> fallback_layouts(const PartitionRequest& request, const Problem& problem);
   // METIS's start for the fallback at problem.device_budget (the stage count without
   // replication): made once, at the middle candidate micro-batch size, when a size first asks.
