@@ -135,8 +135,9 @@ def plan(
             shard of every micro-batch; gradients are all-reduced once per iteration), replica
             counts chosen with the cut, plain data parallelism and the plans without replicas
             (on 1, 2, 4 and 8 devices) among the candidates (a tie: no replicas). ``False``: one
-            device per stage. ``None`` (default): the faster, simulated, of the two (a tie:
-            ``False``); both are planned.
+            device per stage. ``None`` (default): as ``True``, with the plans without replicas
+            weighed on every count of devices up to 16 and every power of two up to the device
+            count, so that more devices never give a slower plan.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
@@ -170,12 +171,14 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
-    def partition(replicated: bool) -> Any:
+    def partition(replicated: bool, plain_budgets: tuple[int, int] = (8, 0)) -> Any:
         return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                      micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                     optimizer=optimizer, seed=seed, replicate=replicated, **options).plan
+                                     optimizer=optimizer, seed=seed, replicate=replicated,
+                                     plain_budget_limit=plain_budgets[0], plain_every_up_to=plain_budgets[1],
+                                     **options).plan
 
-    return _choose_replication(partition, graph.num_nodes, described.count, replicate, partitioner)
+    return _choose_replication(partition, replicate, partitioner)
 
 
 def _graph_of(model_or_graph: nn.Module | Any, example_inputs: Any) -> Any:
@@ -212,28 +215,30 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
 
 
-def _choose_replication(partition: Any, num_nodes: int, device_count: int, replicate: bool | None,
-                        partitioner: str) -> Any:
-    """The plan ``plan(replicate=...)`` returns, ``partition(replicated)`` making each candidate.
+# The default replicate's budgets of plans without replicas (PlannerOptions::plain_budget_limit,
+# plain_every_up_to): every power of two up to the device count, and every count up to 16.
+_DEFAULT_PLAIN_BUDGETS = (0, 16)
 
-    The default is the faster, simulated, of the plan with one device per stage on every device
-    and the plan with replicas allowed (a tie: the one without). A replicated planning weighs
-    the plans without replicas on 1, 2, 4 and 8 devices only (csrc/planner/planner.h), so the
-    plan without them on every device is weighed here: on MMT at paper size onto 64 V100s it is
-    a 64-stage chain that uses every device and simulates 43% slower than 8 stages of 8 replicas.
+
+def _choose_replication(partition: Any, replicate: bool | None, partitioner: str) -> Any:
+    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, plain_budgets)`` making it.
+
+    The default plans with replicas allowed and weighs the plans without them on every count of
+    devices up to 16 and every power of two up to the device count (``replicate=True``: on 1, 2,
+    4 and 8, which bounds its planning time): the planner's list for more devices then holds
+    every candidate of the list for fewer, so the default never returns a slower plan for more
+    devices (csrc/planner/planner.h).
+    Before, it was the faster of the plan without replicas on every device and the plan with
+    them; the plain searches are not monotone in the device count, and DLRM at paper size got a
+    plan 23% slower on 8 V100s than on 7. Where the replicated planning refuses, the plan without
+    replicas stands.
     """
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
-    # More devices than operators: only replicas can use them.
-    if device_count > num_nodes:
-        return partition(True)
-    single = partition(False)
     try:
-        replicated = partition(True)
-    except _C.PlanningError:  # the plan without replicas stands, as it did before both were weighed
-        return single
-    faster = replicated.predicted_iteration_seconds < single.predicted_iteration_seconds * (1.0 - 1e-12)
-    return replicated if faster else single
+        return partition(True, _DEFAULT_PLAIN_BUDGETS)
+    except _C.PlanningError:
+        return partition(False)
 
 
 def sync_method(sync: Any) -> Any:

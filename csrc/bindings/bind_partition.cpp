@@ -68,7 +68,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       int max_stages, double tolerance, int seed, bool refine, bool replicate,
                                       std::optional<std::map<int, std::vector<int>>> stage_devices,
                                       const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
-                                      bool overlap, int min_devices) {
+                                      bool overlap, int min_devices, int plain_budget_limit, int plain_every_up_to) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among graph 1F1B and zero-bubble.
   p.policies = schedule == "auto"
@@ -81,6 +81,8 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
   p.min_devices = min_devices;
+  p.plain_budget_limit = plain_budget_limit;
+  p.plain_every_up_to = plain_every_up_to;
   py::gil_scoped_release release;
   return planner::plan_by_simulation(g, devices, o, p);
 }
@@ -113,10 +115,13 @@ void bind_partition(py::module_& m) {
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
+        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
-        "candidates that use at least that many devices.");
+        "candidates that use at least that many devices; with replicate, the plans without replicas are "
+        "weighed on every count of devices up to plain_every_up_to and every power of two up to "
+        "plain_budget_limit (0: up to the device count).");
 }
 
 }  // namespace graphpipe::bindings

@@ -41,19 +41,23 @@ int devices_used(const CandidatePlan& c) {
   return c.replicas.empty() ? k : std::accumulate(c.replicas.begin(), c.replicas.end(), 0);
 }
 
-// The device budgets at which the plans without replicas are made: the powers of two up to the
-// device count, and at most kPlainBudgetLimit. Not every count: the partitioners' plain searches
-// are not monotone in the budget, and a list that holds, for n devices, the plain plans of each
-// budget on this ladder only grows with n, which keeps the planner never worse with more
-// devices. The limit bounds planning time: the plain series-parallel DP onto 64 stages takes
-// about 12 s on MMT at paper size (the replicated search, which covers large budgets with its
-// replicas, about 5 s), onto 8 stages 0.4 s.
-constexpr int kPlainBudgetLimit = 8;
-
-std::vector<int> plain_budgets(int count, int max_stages) {
+// The device budgets at which the plans without replicas are made: every count up to
+// PlannerOptions::plain_every_up_to, then the powers of two up to the device count and at most
+// PlannerOptions::plain_budget_limit (0: no limit); never more than max_stages. Not every count:
+// the partitioners' plain searches are not monotone in the budget (DLRM at paper size: 10.3 ms
+// on 7 V100s, 12.7 ms on 8), and a list that holds, for n devices, the plain plans of each budget
+// of such a set only grows with n, which keeps the planner never worse with more devices. The
+// limits bound planning time where the replicated search covers the large budgets with its
+// replicas: the plain series-parallel DP onto 64 stages takes about 2.4 s on MMT at paper size,
+// onto 8 stages 0.03 s.
+std::vector<int> plain_budgets(int count, int max_stages, const PlannerOptions& planner) {
+  int top = max_stages > 0 ? std::min(count, max_stages) : count;
   std::vector<int> budgets;
-  const int top = std::min(max_stages > 0 ? std::min(count, max_stages) : count, kPlainBudgetLimit);
-  for (int b = 1; b <= top; b *= 2) budgets.push_back(b);
+  for (int b = 1; b <= std::min(top, planner.plain_every_up_to); ++b) budgets.push_back(b);
+  if (planner.plain_budget_limit > 0) top = std::min(top, planner.plain_budget_limit);
+  for (int b = 1; b <= top; b *= 2) {
+    if (b > planner.plain_every_up_to) budgets.push_back(b);
+  }
   return budgets;
 }
 
@@ -71,7 +75,7 @@ std::vector<Pool> pool_options(const cost::Devices& devices, const partition::Op
     if (plain_too) {  // first, so that a tie leaves devices idle rather than replicate for nothing
       partition::Options plain = wide;
       plain.replicate = false;
-      for (int budget : plain_budgets(devices.count, options.max_stages)) {
+      for (int budget : plain_budgets(devices.count, options.max_stages, planner)) {
         plain.max_stages = budget;
         pools.push_back({plain, policy, true, nullptr});
       }
@@ -161,6 +165,11 @@ double simulated_step(const plan::Plan& plan, const cost::Devices& devices, sche
 PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
                                  const partition::Options& options, const PlannerOptions& planner) {
   if (planner.policies.empty()) throw PlanningError("the planner needs at least one schedule to plan for");
+  if (planner.plain_budget_limit < 0 || planner.plain_every_up_to < 0) {
+    throw PlanningError("plain_budget_limit (0: no limit) and plain_every_up_to must be device counts, got " +
+                        std::to_string(planner.plain_budget_limit) + " and " +
+                        std::to_string(planner.plain_every_up_to));
+  }
   std::vector<Pool> pools = pool_options(devices, options, planner);
   // The replicated (or only) pools first. A plain pool is listed only where its floor is below
   // the best step they simulate: every candidate it would list has a bound at least its floor,

@@ -33,10 +33,12 @@
 //
 // Replicas allowed means replicas optional: with Options::replicate the one-device-per-stage
 // candidates join the list (for every partitioner but manual), made at every power-of-two device
-// budget up to the device count and at most 8 (the plain searches are not monotone in the
-// budget, and this ladder only grows; past 8 the plain DP costs seconds and the replicated search
-// covers those budgets). So allowing replicas never returns a plan that simulates slower than the
-// plan without them on 1, 2, 4 or 8 devices, as far as there are.
+// budget up to the device count and at most PlannerOptions::plain_budget_limit, 8 unless set, and
+// at every count up to plain_every_up_to, none unless set (the plain searches are not monotone in
+// the budget, and this set of budgets only grows with the device count; past 8 the plain DP costs
+// up to seconds and the replicated search covers those budgets). So allowing replicas never
+// returns a plan that simulates slower than the plan without them on any of those budgets, as far
+// as there are devices.
 //
 // Ties (equal simulated steps within a relative 1e-12) go to the candidate listed first: the
 // policies in their order, for each the plain candidates then the replicated ones (a tie leaves
@@ -65,6 +67,13 @@ struct PlannerOptions {
   // Only candidates whose stages use at least this many devices together (0: all). For a user
   // who must occupy the devices, and to measure what using them would cost.
   int min_devices = 0;
+  // With replicas allowed, the device budgets of the plans without replicas: every count up to
+  // plain_every_up_to, then the powers of two up to the device count and at most
+  // plain_budget_limit (0: no limit). The more budgets, the more plain searches may run (each
+  // only where its floor is below the best step so far). graphpipe.plan's default replicate
+  // asks for every count up to 16 and every power of two.
+  int plain_budget_limit = 8;
+  int plain_every_up_to = 0;
 };
 
 struct PlannerResult {
