@@ -131,13 +131,11 @@ def plan(
         memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
         optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
-        replicate: let a stage run on several devices as data-parallel replicas (each takes a
-            shard of every micro-batch; gradients are all-reduced once per iteration), replica
-            counts chosen with the cut, plain data parallelism and the plans without replicas
-            (on 1, 2, 4 and 8 devices) among the candidates (a tie: no replicas). ``False``: one
-            device per stage. ``None`` (default): as ``True``, with the plans without replicas
-            weighed on every count of devices up to 16 and every power of two up to the device
-            count, so that more devices never give a slower plan.
+        replicate: let stages run on several devices as data-parallel replicas (each takes a
+            shard of every micro-batch; gradients all-reduced once per iteration), with plain data
+            parallelism and the plans without replicas on 1, 2, 4 and 8 devices among the
+            candidates (a tie: no replicas). ``False``: one device per stage. ``None`` (default):
+            as ``True``, with those plans on every count up to 16 and every power of two.
         stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
             1: [2]}``; a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
@@ -171,11 +169,10 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
-    def partition(replicated: bool, plain_budgets: tuple[int, int] = (8, 0)) -> Any:
+    def partition(replicated: bool, **plain_budgets: int) -> Any:
         return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                      micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                     optimizer=optimizer, seed=seed, replicate=replicated,
-                                     plain_budget_limit=plain_budgets[0], plain_every_up_to=plain_budgets[1],
+                                     optimizer=optimizer, seed=seed, replicate=replicated, **plain_budgets,
                                      **options).plan
 
     return _choose_replication(partition, replicate, partitioner)
@@ -215,13 +212,13 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
 
 
-# The default replicate's budgets of plans without replicas (PlannerOptions::plain_budget_limit,
-# plain_every_up_to): every power of two up to the device count, and every count up to 16.
-_DEFAULT_PLAIN_BUDGETS = (0, 16)
+# The default replicate's budgets of plans without replicas (PlannerOptions): every power of
+# two up to the device count (no limit), and every count up to 16.
+_DEFAULT_PLAIN_BUDGETS = {"plain_budget_limit": 0, "plain_every_up_to": 16}
 
 
 def _choose_replication(partition: Any, replicate: bool | None, partitioner: str) -> Any:
-    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, plain_budgets)`` making it.
+    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, **plain_budgets)`` making it.
 
     The default plans with replicas allowed and weighs the plans without them on every count of
     devices up to 16 and every power of two up to the device count (``replicate=True``: on 1, 2,
@@ -236,7 +233,7 @@ def _choose_replication(partition: Any, replicate: bool | None, partitioner: str
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
     try:
-        return partition(True, _DEFAULT_PLAIN_BUDGETS)
+        return partition(True, **_DEFAULT_PLAIN_BUDGETS)
     except _C.PlanningError:
         return partition(False)
 

@@ -47,6 +47,25 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
   return std::max(slowest, f[segments[stages - 1]][1]);
 }
 
+// No chain at most as slow as a chain the DP weighs has a segment of more compute than that (a
+// segment's time is at least its compute), and the plan is such a chain: segments past it are
+// not grown. The margin covers rounding in the transfer sums, so that every chain at most that
+// slow (the plan's cut among equally fast ones too) is still weighed as before. With several
+// caps, the largest of their ceilings: the table then holds, for every cap, every entry that
+// cap's own ceiling keeps, with the same value and cut (entries at most a ceiling are exact under
+// any larger one), and the others above it, where no cap's plan lies. f's k = 1 row must be set.
+double segment_ceiling(const Problem& p, const std::vector<int>& bounds, const std::vector<int>& stage_caps,
+                       const std::vector<std::vector<double>>& f, std::vector<int>& stamps, int& stamp) {
+  const int n = static_cast<int>(p.num_nodes());
+  const int units = static_cast<int>(bounds.size()) - 1;
+  double ceiling = 0.0;
+  for (int cap : stage_caps) {
+    const int k_cap = std::min(std::max(1, std::min(cap, n)), units);
+    if (k_cap >= 2) ceiling = std::max(ceiling, equal_compute_chain(p, bounds, k_cap, f, stamps, stamp) * (1.0 + 1e-6));
+  }
+  return ceiling;
+}
+
 // The assignment of the fastest chain of at most `most` stages in sequential_assignment's table
 // (f[0][k] the slowest stage of the best chain of k stages, cut[j][k] where its first segment
 // from unit j ends): among equally fast chains the one of fewest stages. Empty when no chain fits.
@@ -129,18 +148,7 @@ std::vector<std::vector<int>> sequential_assignments(const Problem& p, const std
       }
     }
   }
-  // No chain at most as slow as a chain the DP weighs has a segment of more compute than that
-  // (a segment's time is at least its compute), and the plan is such a chain: segments past it
-  // are not grown. The margin covers rounding in the transfer sums, so that every chain at most
-  // that slow (the plan's cut among equally fast ones too) is still weighed as before. With
-  // several caps, the largest of their ceilings: the table then holds, for every cap, every
-  // entry that cap's own ceiling keeps, with the same value and cut (entries at most a ceiling
-  // are exact under any larger one), and the others above it, where no cap's plan lies.
-  double ceiling = 0.0;
-  for (int cap : stage_caps) {
-    const int k_cap = std::min(stages_of(cap), units);
-    if (k_cap >= 2) ceiling = std::max(ceiling, equal_compute_chain(p, bounds, k_cap, f, stamps, stamp) * (1.0 + 1e-6));
-  }
+  const double ceiling = segment_ceiling(p, bounds, stage_caps, f, stamps, stamp);
   // The stage counts k that the first segment j..e-1 may still improve. Once the segment's
   // compute reaches f[j][k] no longer segment can lower it (a chain's value is at least its
   // first stage's time, which is at least its compute; compute only grows with e and f[j][k]
