@@ -38,6 +38,23 @@ double simulate_step(const graphpipe::plan::Plan& plan, const cost::Devices& dev
   return sim::simulate(plan, sched::generate(plan, policy), devices).iteration_seconds;
 }
 
+// Parameters 40x those of random_sp_graph's operators (up to 160 MB each): replicas' all-reduces
+// cost more than they save, so plans without replicas on counts that are not powers of two win.
+graph::OpGraph heavy_parameters(graph::OpGraph g) {
+  graph::OpGraph heavy;
+  for (std::size_t v = 0; v < g.num_nodes(); ++v) {
+    graph::Node node = g.node(static_cast<graph::NodeId>(v));
+    node.param_bytes *= 40;
+    heavy.add_node(node);
+  }
+  for (std::size_t e = 0; e < g.num_edges(); ++e) {
+    const graph::Edge& edge = g.edge(static_cast<graph::EdgeId>(e));
+    heavy.add_edge(edge.src, edge.dst, edge.bytes);
+  }
+  heavy.trace_batch_size = 32;
+  return heavy;
+}
+
 }  // namespace
 
 TEST(PlannerRank, PredictedStepIsTheSimulation) {
@@ -175,6 +192,42 @@ TEST(PlannerRank, ReplicasAllowedIsNeverSlowerThanWithout) {
       }
     }
   }
+}
+
+// The plain budgets widened as graphpipe.plan's default widens them (every count up to
+// plain_every_up_to, every power of two with no limit): the plan is never slower than the plan
+// without replicas on any of those budgets, and never slower with more devices (the set of
+// budgets only grows). A plain plan on 3, 5 or 6 devices is weighed there, where replicate=True
+// alone weighs 1, 2, 4 and 8: with its budgets, the plans without replicas on all of 3, 5 or 6
+// devices beat the planner's on these graphs (heavy_parameters), and the test fails.
+TEST(PlannerRank, WidenedPlainBudgetsAreWeighedAndNeverSlowerWithMoreDevices) {
+  pl::PlannerOptions widened;
+  widened.plain_every_up_to = 6;
+  widened.plain_budget_limit = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = heavy_parameters(tst::random_sp_graph(300 + seed, 20));
+    double best = 0.0;
+    for (int n = 1; n <= 12; ++n) {
+      const cost::Devices devices = cost::v100(n, 4);
+      const double step =
+          pl::plan_by_simulation(g, devices, options("graphpipe", true), widened).plan.predicted_iteration_seconds;
+      for (int budget = 1; budget <= n; ++budget) {
+        const bool weighed = budget <= widened.plain_every_up_to || (budget & (budget - 1)) == 0;
+        if (!weighed) continue;
+        pt::Options plain = options("graphpipe", false);
+        plain.max_stages = budget;
+        const double without = pl::plan_by_simulation(g, devices, plain).plan.predicted_iteration_seconds;
+        EXPECT_LE(step, without * (1.0 + 1e-12)) << "seed " << seed << ", " << budget << " of " << n;
+      }
+      if (n > 1) EXPECT_LE(step, best * (1.0 + 1e-12)) << "seed " << seed << ": " << n << " devices";
+      best = n == 1 ? step : std::min(best, step);
+    }
+  }
+  pl::PlannerOptions negative;
+  negative.plain_every_up_to = -1;
+  graph::OpGraph g = heavy_parameters(tst::random_sp_graph(301, 20));
+  EXPECT_THROW(pl::plan_by_simulation(g, cost::v100(4, 4), options("graphpipe", true), negative),
+               graphpipe::PlanningError);
 }
 
 TEST(PlannerRank, PicksTheScheduleOfLeastSimulatedStep) {
