@@ -47,6 +47,9 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
   return std::max(slowest, f[segments[stages - 1]][1]);
 }
 
+// The most stages a chain under `cap` may have: at least one, at most one an operator.
+int chain_stages(const Problem& p, int cap) { return std::max(1, std::min(cap, static_cast<int>(p.num_nodes()))); }
+
 // No chain at most as slow as a chain the DP weighs has a segment of more compute than that (a
 // segment's time is at least its compute), and the plan is such a chain: segments past it are
 // not grown. The margin covers rounding in the transfer sums, so that every chain at most that
@@ -56,11 +59,10 @@ double equal_compute_chain(const Problem& p, const std::vector<int>& bounds, int
 // any larger one), and the others above it, where no cap's plan lies. f's k = 1 row must be set.
 double segment_ceiling(const Problem& p, const std::vector<int>& bounds, const std::vector<int>& stage_caps,
                        const std::vector<std::vector<double>>& f, std::vector<int>& stamps, int& stamp) {
-  const int n = static_cast<int>(p.num_nodes());
   const int units = static_cast<int>(bounds.size()) - 1;
   double ceiling = 0.0;
   for (int cap : stage_caps) {
-    const int k_cap = std::min(std::max(1, std::min(cap, n)), units);
+    const int k_cap = std::min(chain_stages(p, cap), units);
     if (k_cap >= 2) ceiling = std::max(ceiling, equal_compute_chain(p, bounds, k_cap, f, stamps, stamp) * (1.0 + 1e-6));
   }
   return ceiling;
@@ -120,9 +122,7 @@ int chain_unit_budget(int stages) { return std::max(16, static_cast<int>(std::sq
 std::vector<int> sequential_assignment(const Problem& p) { return sequential_assignments(p, {p.max_stages}).front(); }
 
 std::vector<std::vector<int>> sequential_assignments(const Problem& p, const std::vector<int>& stage_caps) {
-  const int n = static_cast<int>(p.num_nodes());
-  auto stages_of = [&](int cap) { return std::max(1, std::min(cap, n)); };
-  const int max_k = stages_of(*std::max_element(stage_caps.begin(), stage_caps.end()));
+  const int max_k = chain_stages(p, *std::max_element(stage_caps.begin(), stage_caps.end()));
   const std::vector<int> bounds = chunk_bounds(p, chain_unit_budget(max_k));
   const int units = static_cast<int>(bounds.size()) - 1;
   const int K = std::min(max_k, units);
@@ -188,7 +188,7 @@ std::vector<std::vector<int>> sequential_assignments(const Problem& p, const std
   }
   std::vector<std::vector<int>> chains;
   chains.reserve(stage_caps.size());
-  for (int cap : stage_caps) chains.push_back(fastest_chain(p, bounds, f, cut, std::min(stages_of(cap), units)));
+  for (int cap : stage_caps) chains.push_back(fastest_chain(p, bounds, f, cut, std::min(chain_stages(p, cap), units)));
   return chains;
 }
 

@@ -252,15 +252,17 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
   // The plain chains of every budget, from one table per order (plain_chains), are cut while
   // the searches run, and each budget's search takes its own when it is done (through its own
   // copy of the shared future, as threads must).
+  std::vector<Problem> rungs;  // largest budget first
   std::vector<int> caps;
-  for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) caps.push_back(std::min(problem.max_stages, *b));
+  for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) {
+    rungs.push_back(with_budget(problem, *b));
+    caps.push_back(rungs.back().max_stages);
+  }
   const Chains chains = chains_beside(request, problem, caps);
   std::vector<std::future<std::vector<CandidatePlan>>> runs;
-  for (std::size_t i = 0; i < ladder.size(); ++i) {
+  for (std::size_t i = 0; i < rungs.size(); ++i) {
     runs.push_back(std::async(std::launch::async,
-                              [this, &request, chains, i, at = with_budget(problem, ladder[ladder.size() - 1 - i])] {
-                                return layouts(request, at, chains, i);
-                              }));
+                              [this, &request, chains, i, &at = rungs[i]] { return layouts(request, at, chains, i); }));
   }
   for (auto& run : runs) {
     for (CandidatePlan& c : run.get()) {
