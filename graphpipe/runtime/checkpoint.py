@@ -301,7 +301,7 @@ def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer
             if id(p) not in names:
                 raise InputError("the optimizer holds a parameter that is not this rank's stage's: build it over "
                                  "pipe.parameters()")
-            if names[id(p)] != NO_PARAMETERS:
+            if _has_saved_state(names[id(p)]):
                 mine[names[id(p)]] = ""
     optim: dict[str, Any] = {}
     has_any = any(k.startswith(_OPTIM) for k in entries)
@@ -320,7 +320,7 @@ def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer
             optim[inner] = None
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if names[id(p)] not in mine:  # the placeholder of a rank with no parameters: nothing saved
+            if names[id(p)] not in mine:  # not _has_saved_state
                 continue
             for k in group:
                 if k != "params" and f"param_groups.{names[id(p)]}.{k}" not in optim:
@@ -328,6 +328,14 @@ def _optimizer_template(entries: Mapping[str, Any], module: nn.Module, optimizer
                                      f"it was saved with another optimizer than {type(optimizer).__name__}, or "
                                      "without this parameter")
     return optim
+
+
+def _has_saved_state(fqn: str) -> bool:
+    """Whether a checkpoint must hold the optimizer state of the parameter ``fqn``: every one but
+    the placeholder of a rank without parameters (no stage, or a parameter-free one), which only
+    exists so that torch's optimizers can be built there, never changes, and which no rank
+    without a stage saves."""
+    return fqn != NO_PARAMETERS
 
 
 def _owner(rest: str, mine: Mapping[str, Any]) -> str | None:
@@ -392,11 +400,9 @@ def _optimizer_state_from_flat(module: nn.Module, optimizer: Any, flat: Mapping[
             for k in group:
                 if k == "params":
                     continue
-                # A rank without parameters (no stage, or a parameter-free one) optimizes only a
-                # placeholder, which never changes: it keeps its own hyperparameters where the
-                # checkpoint has none (no rank saves a stage-less rank's optimizer).
+                # The placeholder keeps its own hyperparameters where the checkpoint has none.
                 key = f"param_groups.{fqn}.{k}"
-                value = flat.get(key, group[k]) if fqn == NO_PARAMETERS else flat[key]
+                value = flat[key] if _has_saved_state(fqn) else flat.get(key, group[k])
                 if k in hyper and not _equal(hyper[k], value):
                     raise InputError(f"the checkpoint's {k!r} differs between the parameters of one of this "
                                      f"optimizer's groups ({hyper[k]!r} and {value!r} at {fqn!r}): group them "
