@@ -160,11 +160,10 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
 
 // The search's shortcuts (graphpipe_dp.h) change no answer: the device floor rules out only
 // fragments that have no plan, a memory-free subtree's fragments have the same plan whatever
-// the depth after them, and a plan rebuilt from its probe's depths takes the exact search's
-// first moves. So the DP's plans are the same with each and with none: plain and
-// replicated problems, memory limits that bind on parameters or on activations (where some
-// subtrees are memory-free and others not) and that do not, on random series-parallel graphs and
-// on chains.
+// the depth after them, a plan rebuilt from its probe's depths takes the exact search's
+// first moves, and the path floor skips only moves that cannot be strictly shallower. So the DP's plans are the same
+// with each and with none: plain and replicated problems, memory limits that bind on parameters or on activations
+// (where some subtrees are memory-free and others not) and that do not, on random series-parallel graphs and on chains.
 TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
   int compared = 0, replicated = 0, without_plan = 0;
   for (int seed = 0; seed < 60; ++seed) {
@@ -198,17 +197,26 @@ TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
           p.memory_limit = 11.0 * fixed / devices;
         }
         const auto searched = pt::graphpipe_plans(
-            p, sp.tree, 1e-3, {.device_floor = false, .memory_free = false, .pinned_rebuild = false});
+            p, sp.tree, 1e-3,
+            {.device_floor = false, .memory_free = false, .pinned_rebuild = false, .path_floor = false});
         for (const pt::SearchShortcuts shortcuts :
-             {pt::SearchShortcuts{.device_floor = true, .memory_free = false, .pinned_rebuild = false},
-              pt::SearchShortcuts{.device_floor = false, .memory_free = true, .pinned_rebuild = false},
-              pt::SearchShortcuts{.device_floor = false, .memory_free = false, .pinned_rebuild = true}}) {
+             {pt::SearchShortcuts{
+                  .device_floor = true, .memory_free = false, .pinned_rebuild = false, .path_floor = false},
+              pt::SearchShortcuts{
+                  .device_floor = false, .memory_free = true, .pinned_rebuild = false, .path_floor = false},
+              pt::SearchShortcuts{
+                  .device_floor = false, .memory_free = false, .pinned_rebuild = true, .path_floor = false},
+              pt::SearchShortcuts{
+                  .device_floor = false, .memory_free = false, .pinned_rebuild = false, .path_floor = true},
+              pt::SearchShortcuts{}}) {
           const auto shortened = pt::graphpipe_plans(p, sp.tree, 1e-3, shortcuts);
           const std::string label = "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) +
                                     (replicate ? " replicated" : "") +
-                                    (shortcuts.device_floor  ? " device floor"
-                                     : shortcuts.memory_free ? " memory-free subtrees"
-                                                             : " rebuilt from depths");
+                                    (shortcuts.device_floor && shortcuts.path_floor ? " every shortcut"
+                                     : shortcuts.device_floor                       ? " device floor"
+                                     : shortcuts.memory_free                        ? " memory-free subtrees"
+                                     : shortcuts.pinned_rebuild                     ? " rebuilt from depths"
+                                                                                    : " path floor");
           ASSERT_EQ(shortened.size(), searched.size()) << label;
           for (std::size_t i = 0; i < shortened.size(); ++i) {
             EXPECT_EQ(shortened[i].assignment, searched[i].assignment) << label << " plan " << i;

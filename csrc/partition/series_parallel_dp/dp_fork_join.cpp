@@ -172,6 +172,9 @@ Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
     for (int g = 0; g < static_cast<int>(stats.size()) && i + g + 1 < length && best.depth > low; ++g) {
       const Stats& s = stats[g];
       if (too_big(s)) break;
+      // The branch's rest, then the join stage's children (q + 1..e).
+      const auto& after = suffix_path_[parent_[parent_[branch]]];
+      if (1 + path_depth(item_path_[branch][i + g + 1] + after[q + 1] - after[e + 1]) >= best.depth) continue;
       auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return branch_to_join(branch, i + g + 1, x, d, e).depth; });
       if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Group{i + g, r}};
     }

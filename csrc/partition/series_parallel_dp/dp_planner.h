@@ -180,6 +180,9 @@ class Planner {
     return e;
   }
 
+  // path_, suffix_path_ and item_path_, made once (graphpipe_dp.cpp).
+  void paths();
+
   // ---- rows (dp_rows.cpp) ----
   Stats group(const std::vector<graph::NodeId>& nodes);
   void add_levels(graph::NodeId v);
@@ -302,6 +305,20 @@ class Planner {
     while (too_few(work, n)) ++n;
     return n;
   }
+  // The least depth of a fragment holding a path of operators whose least compute (path_) sums
+  // to `path`: the path's operators lie in a chain of stages (stages are convex), and each stage
+  // meets the target with at least their least compute in it, so the chain has at least
+  // path / target stages. A move that this puts at or below the best so far is skipped
+  // unsearched: only a strictly shallower move replaces the best, so the least depth and its
+  // first move are the same. At generous targets rows are long, and most of a scan's moves
+  // leave a rest too long to beat the best (MMT at paper size onto 64 V100s, replicated).
+  int path_depth(double path) const {
+    if (!path_floor_ || !(path > 0.0)) return 0;
+    // The margin keeps a path summed in another order than its stages, or taken as a difference
+    // of suffix sums, from rounding above them.
+    const double stages = std::ceil(path * (1.0 - 1e-6) / target_);
+    return stages >= kInf ? kInf : static_cast<int>(stages);
+  }
   // Of the branches of `branch`'s parallel node other than `branch` (one of the two largest).
   double others_work(int branch) const {
     const int par = parent_[branch];
@@ -380,6 +397,13 @@ class Planner {
   std::vector<double> work_;
   std::vector<std::vector<double>> suffix_work_;
   std::vector<std::vector<double>> item_work_;  // of items_[b]'s suffixes k.., as suffix_work_
+  // The longest path of least compute (an operator's least over the replica levels within the
+  // budget) through each subtree: a series node's is its children's summed (every operator of a
+  // child reaches every one of the next, graph/series_parallel.h), a parallel node's its
+  // branches' longest. Of each series node's child suffixes i.. (the last entry 0) and each lead
+  // branch's item suffixes k.. too (path_depth()).
+  std::vector<double> path_;
+  std::vector<std::vector<double>> suffix_path_, item_path_;
   // Whether every stage made of operators of subtree t fits the memory limit, unrecomputed, with
   // as many micro-batches in flight as a stage can hold (M): the subtree's static bytes plus M x
   // (its operators' activations and every tensor its operators receive) are within the limit. A
@@ -411,6 +435,7 @@ class Planner {
   // solving them again exactly (SearchShortcuts::pinned_rebuild).
   bool pinned_rebuild_ = true;
   bool unpin_once_ = false;  // see settled()
+  bool path_floor_ = true;   // whether path_depth() bounds moves (SearchShortcuts::path_floor)
 };
 
 }  // namespace graphpipe::partition::series_parallel_dp

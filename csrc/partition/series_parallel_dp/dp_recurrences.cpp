@@ -52,6 +52,7 @@ void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>
     const Stats& s = stats[q];
     if (too_big(s)) break;
     const int p = i + q;
+    if (1 + path_depth(suffix_path_[t][p + 1]) >= best.depth) continue;  // the rest is too long
     auto [rest, r] = stage_then(s, n, d, 0, [&](int x) { return series(t, p + 1, x, d).depth; });
     if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Group{p, r}};
   }
@@ -65,7 +66,8 @@ void Planner::series_split(int t, int i, int n, int d, Entry& best) {
       least_devices(suffix_work_[t][i + 1]), std::min(n - 2, n - least_devices(work_[child_node])),
       [&](int x) { return series(t, i + 1, x, d).depth; },
       [&](int x, int rest) {
-        if (rest >= kInf || rest + 1 >= best.depth) return false;
+        // Rests come shallowest first: the child's own floor stops the scan for good.
+        if (rest >= kInf || rest + std::max(1, path_depth(path_[child_node])) >= best.depth) return false;
         const int child = solve(child_node, n - x, d + rest).depth;
         if (child < kInf && child + rest < best.depth) best = {child + rest, Split{n - x}};
         return true;
@@ -81,12 +83,16 @@ void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>&
   for (int q = i + 1; q < m && q - 1 - i < static_cast<int>(stats.size()) && best.depth > low; ++q) {
     if (too_big(stats[q - 1 - i])) break;
     if (!is_parallel(children[q])) continue;
+    // After the fork stage come at least the children after the parallel node.
+    if (1 + path_depth(suffix_path_[t][q + 1]) >= best.depth) continue;
     const auto& lead = sorted_[children[q]];
     for (int slot = 0; slot < 2; ++slot) {
       const auto& heads = fork_row(t, i, q, lead[slot]);
       for (int j = 0; j < static_cast<int>(heads.size()) && best.depth > low; ++j) {
         const Stats& s = heads[j];
         if (too_big(s)) break;
+        // The branch's rest, then the children after the parallel node.
+        if (1 + path_depth(item_path_[lead[slot]][j + 1] + suffix_path_[t][q + 1]) >= best.depth) continue;
         auto [rest, r] = stage_then(s, n, d, 1, [&](int x) { return inside(lead[slot], j + 1, x, d).depth; });
         if (rest < kInf && rest + 1 < best.depth) best = {rest + 1, Fork{q, j + 1, device_byte(slot), device_byte(r)}};
       }

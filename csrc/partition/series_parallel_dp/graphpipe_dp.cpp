@@ -42,7 +42,8 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts sh
       tree_(tree),
       stamps_(p.num_nodes(), -1),
       device_floor_(shortcuts.device_floor),
-      pinned_rebuild_(shortcuts.pinned_rebuild) {
+      pinned_rebuild_(shortcuts.pinned_rebuild),
+      path_floor_(shortcuts.path_floor) {
   const std::size_t count = tree.nodes.size();
   leaves_.resize(count);
   whole_.resize(count);
@@ -105,6 +106,39 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts sh
     const std::vector<int>& items = items_[b];
     item_work_[b].assign(items.size() + 1, 0.0);
     for (std::size_t c = items.size(); c-- > 0;) item_work_[b][c] = item_work_[b][c + 1] + work_[items[c]];
+  }
+  paths();
+}
+
+void Planner::paths() {
+  const std::size_t count = tree_.nodes.size();
+  path_.assign(count, 0.0);
+  std::vector<int> preorder{tree_.root};  // reversed, every child comes before its parent
+  for (std::size_t next = 0; next < preorder.size(); ++next) {
+    for (int c : tree_.nodes[preorder[next]].children) preorder.push_back(c);
+  }
+  for (auto it = preorder.rbegin(); it != preorder.rend(); ++it) {
+    const int t = *it;
+    const graph::SPNode& node = tree_.nodes[t];
+    if (node.kind == graph::SPNode::Kind::leaf) {
+      double least = p_.compute[node.op];
+      for (int l = 0; rep_ != nullptr && l < num_levels_; ++l) least = std::min(least, rep_->compute(l, node.op));
+      path_[t] = least;
+    }
+    for (int c : node.children) {
+      path_[t] = node.kind == graph::SPNode::Kind::series ? path_[t] + path_[c] : std::max(path_[t], path_[c]);
+    }
+  }
+  auto suffixes = [&](const std::vector<int>& parts) {
+    std::vector<double> sums(parts.size() + 1, 0.0);
+    for (std::size_t c = parts.size(); c-- > 0;) sums[c] = sums[c + 1] + path_[parts[c]];
+    return sums;
+  };
+  suffix_path_.assign(count, {});
+  item_path_.assign(count, {});
+  for (std::size_t t = 0; t < count; ++t) {
+    if (tree_.nodes[t].kind == graph::SPNode::Kind::series) suffix_path_[t] = suffixes(tree_.nodes[t].children);
+    item_path_[t] = suffixes(items_[t]);
   }
 }
 

@@ -104,6 +104,7 @@ struct SearchShortcuts {
   bool device_floor = true;    // fragments given fewer devices than their floor have no plan
   bool memory_free = true;     // d is dropped where memory cannot bind
   bool pinned_rebuild = true;  // the plans are rebuilt from their probes' depths, not solved again
+  bool path_floor = true;      // moves whose path of operators needs as many stages as the best are skipped
 };
 // graphpipe_assignments with the replica counts.
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
