@@ -425,7 +425,7 @@ class Evaluator {
   // The slowest stage (plain and split backward) and the worst memory overflow.
   void bottlenecks() {
     ev_.max_overflow = -std::numeric_limits<double>::infinity();
-    for (int s = 0; s < k_; ++s) ev_.stages[s].dispatch = 2.0 * p_.model->devices().instruction_overhead_seconds;
+    for (int s = 0; s < k_; ++s) ev_.stages[s].dispatch = stage_dispatch_seconds(p_.model->devices());
     for (int s = 0; s < k_; ++s) {
       const StageFigures& f = ev_.stages[s];
       if (f.time() > ev_.bottleneck) ev_.bottleneck = f.time();

@@ -54,10 +54,16 @@ struct StageFigures {
   // activations are held once.
   bool recompute = false;
   // The runtime's dispatch of the stage's forward and backward instructions per micro-batch
-  // (2 x cost::Devices::instruction_overhead_seconds; the simulator adds the same per task).
+  // (stage_dispatch_seconds; the simulator adds the same per task).
   double dispatch = 0.0;
   double time() const { return forward + backward + transfer + dispatch; }
 };
+
+// StageFigures::dispatch of every stage: one forward and one backward instruction per
+// micro-batch.
+inline double stage_dispatch_seconds(const cost::Devices& devices) {
+  return 2.0 * devices.instruction_overhead_seconds;
+}
 
 struct Evaluation {
   bool acyclic = false;

@@ -1,9 +1,11 @@
 #include "partition/partitioner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -380,27 +382,58 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
 
 }  // namespace
 
+namespace {
+
+// A lower bound on the compute_bound of every candidate CandidateSet lists at each micro-batch
+// size, by size: step_lower_bound's zero-bubble form. compute_bound charges each stage its
+// forward + the lesser of its whole and split backward; both hold every operator's
+// weight-gradient half, so the zero-bubble form bounds it.
+std::map<std::int64_t, double> size_floors(const graph::OpGraph& g, const cost::Devices& devices, const Options& o,
+                                           const cost::CostModel& model, const Partitioner& partitioner) {
+  Options counted = o;
+  counted.zero_bubble = true;
+  const PartitionRequest request = resolved_request(g, devices, counted, model, partitioner);
+  std::map<std::int64_t, double> floors;
+  for (std::int64_t mb : request.micro_batch_sizes) floors[mb] = step_lower_bound(request.problem(mb));
+  return floors;
+}
+
+}  // namespace
+
 double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
   const cost::CostModel model(g, devices, o.optimizer);
-  // compute_bound charges each stage its forward + the lesser of its whole and split backward;
-  // both hold every operator's weight-gradient half, so the zero-bubble form bounds it.
-  Options counted = o;
-  counted.zero_bubble = true;
-  const PartitionRequest request = resolved_request(g, devices, counted, model, *partitioner);
   double least = std::numeric_limits<double>::infinity();
-  for (std::int64_t mb : request.micro_batch_sizes) least = std::min(least, step_lower_bound(request.problem(mb)));
+  for (auto [mb, floor] : size_floors(g, devices, o, model, *partitioner)) least = std::min(least, floor);
   return least;
 }
 
-CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o)
+CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o, double listed_below)
     : graph_(g), devices_(devices), options_(o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, options_);
   model_ = std::make_unique<cost::CostModel>(g, devices, options_.optimizer);
   request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner));
   partitioner->prepare(*request_);
-  const std::vector<std::int64_t>& sizes = request_->micro_batch_sizes;
-  for (std::int64_t mb : sizes) problems_.emplace(mb, request_->problem(mb));
+  std::vector<std::int64_t> sizes;
+  const std::map<std::int64_t, double> floors = std::isfinite(listed_below)
+                                                    ? size_floors(g, devices, options_, *model_, *partitioner)
+                                                    : std::map<std::int64_t, double>{};
+  for (std::int64_t mb : request_->micro_batch_sizes) {
+    Problem problem = request_->problem(mb);
+    if (std::isfinite(listed_below)) {
+      // The bound the planner orders this candidate by: compute_bound under a split backward,
+      // pipeline_bound (at least pipeline_lower_bound) where backwards run whole.
+      double floor = floors.count(mb) != 0 ? floors.at(mb) : 0.0;
+      if (!options_.zero_bubble) floor = std::max(floor, pipeline_lower_bound(problem));
+      if (floor > listed_below * (1.0 + 1e-9)) {
+        log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
+                   std::to_string(floor) + " s is above " + std::to_string(listed_below) + " s");
+        continue;
+      }
+    }
+    sizes.push_back(mb);
+    problems_.emplace(mb, std::move(problem));
+  }
   // As partition() does: as many workers as the machine has cores, where the partitioner allows
   // it, each listing and evaluating the next size's candidates; the lists are joined in
   // ascending order of size all the same.

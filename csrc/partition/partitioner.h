@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,10 +85,14 @@ struct RankedCandidate {
 // other in a cycle are left out; the rest are ordered as partition() prefers them (predicted
 // step, then slowest stage, then smaller micro-batch, then the partitioner's order), so
 // candidates()[0] is partition()'s plan when the list is not empty. The graph and devices must
-// outlive the set.
+// outlive the set. With a finite `listed_below` (the planner passes the best step it has
+// simulated), a micro-batch size is not planned where no candidate of it could be ordered below
+// that: its floor, step_lower_bound's zero-bubble form (candidate_floor's, size by size) and,
+// where backwards run whole, pipeline_lower_bound (step_bound.h), is above it.
 class CandidateSet {
  public:
-  CandidateSet(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
+  CandidateSet(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options,
+               double listed_below = std::numeric_limits<double>::infinity());
   ~CandidateSet();
   CandidateSet(const CandidateSet&) = delete;
   CandidateSet& operator=(const CandidateSet&) = delete;

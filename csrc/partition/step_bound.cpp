@@ -98,4 +98,31 @@ double step_lower_bound(const Problem& p) {
   return least + fixed;
 }
 
+double pipeline_lower_bound(const Problem& p) {
+  const std::size_t n = p.num_nodes();
+  std::vector<double> w(n, 0.0);
+  for (std::size_t v = 0; v < n; ++v) {
+    w[v] = p.forward[v] + std::min(p.backward[v], p.backward_weight[v]);
+    if (!p.replicated()) continue;
+    const ReplicaTable& table = *p.replicas;
+    const int node = static_cast<int>(v);
+    for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
+      w[v] = std::min(
+          w[v], table.forward(level, node) + std::min(table.backward(level, node), table.backward_weight(level, node)));
+    }
+  }
+  const graph::OpGraph& g = *p.graph;
+  const auto M = static_cast<double>(p.num_micro_batches);
+  std::vector<double> until(n, 0.0);  // the longest path of w ending at v, v included
+  double bound = 0.0;
+  for (graph::NodeId v : p.order) {
+    double before = 0.0;
+    for (graph::EdgeId e : g.in_edges(v)) before = std::max(before, until[g.edge(e).src]);
+    until[v] = before + w[v];
+    bound = std::max(bound, before + M * w[v]);
+  }
+  const cost::Devices& devices = p.model->devices();
+  return bound + M * stage_dispatch_seconds(devices) + devices.step_overhead_seconds;
+}
+
 }  // namespace graphpipe::partition

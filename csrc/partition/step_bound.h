@@ -29,6 +29,18 @@ namespace graphpipe::partition {
 // device_budget devices in all (max_stages without replication).
 double step_lower_bound(const Problem& problem);
 
+// A lower bound on the pipeline_bound (partitioner.h, RankedCandidate) of every plan of
+// `problem`, whatever its cut, replica counts and placement: what a schedule whose backwards run
+// whole cannot beat. Write w(u) for operator u's forward plus the lesser of its backward and its
+// weight-gradient half, at its cheapest replica level. A plan's stage S holding v charges
+// M x (its forward + the lesser of its whole and split backward + dispatch) >= M x w(v) + the w
+// of its other operators + M x dispatch (a split backward still computes every weight gradient),
+// and the stages before S on a path of operators into v add at least their operators' forwards
+// (the forward path into S) and backwards (the backward path back from S); so pipeline_bound is
+// at least max over v of (the longest path of w into v, v left out, + M x w(v)) + M x dispatch
+// + the step's fixed cost.
+double pipeline_lower_bound(const Problem& problem);
+
 // work(v) above, for operator `node` over the replica counts of at most `max_replicas`: the least
 // of count x its time on that count's shard. Its time is its whole compute, or with `as_bound`
 // what the bound counts (under the zero-bubble closed form, its forward and weight half). The

@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -85,11 +86,12 @@ std::vector<Pool> pool_options(const cost::Devices& devices, const partition::Op
   return pools;
 }
 
-// Lists a plain pool; where it can make no plan (more stages than operators, say), it stays
-// empty: the replicated pool beside it answers.
-void list_plain(const graph::OpGraph& graph, const cost::Devices& devices, Pool& pool) {
+// Lists a plain pool, at the micro-batch sizes where a candidate could be ordered below
+// `listed_below` (the best step simulated so far: CandidateSet); where it can make no plan (more
+// stages than operators, say), it stays empty: the replicated pool beside it answers.
+void list_plain(const graph::OpGraph& graph, const cost::Devices& devices, Pool& pool, double listed_below) {
   try {
-    pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options);
+    pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options, listed_below);
   } catch (const PlanningError& e) {
     log::debug("planner: no plan without replicas on " + std::to_string(pool.options.max_stages) +
                " devices: " + e.what());
@@ -176,7 +178,8 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   // so none of them could be chosen (the search stops before them). Which plan is chosen is the
   // same as with every pool listed; the plain searches are skipped where replicas clearly win
   // (about a tenth of planning MMT at paper size onto 64 V100s, whose plain plans on up to 8
-  // devices simulate at least 4.8x slower than the best replicated one).
+  // devices simulate at least 4.8x slower than the best replicated one). A pool that is listed is
+  // planned only at the micro-batch sizes whose own floor is below that step, by the same rule.
   for (Pool& pool : pools) {
     if (!pool.plain) pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options);
   }
@@ -200,7 +203,7 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
         continue;
       }
     }
-    list_plain(graph, devices, pool);
+    list_plain(graph, devices, pool, replicated ? ranking.step(*replicated) : std::numeric_limits<double>::infinity());
   }
 
   std::size_t fitting = 0;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <set>
 #include <string>
 
 #include "common/error.h"
@@ -154,6 +156,53 @@ TEST(PlannerRank, CandidateFloorIsBelowEveryCandidate) {
       }
     }
   }
+}
+
+// A CandidateSet told the best step so far (listed_below) leaves out only micro-batch sizes none
+// of whose candidates the planner could order below it: for each size, the set listed below
+// that size's least bound (pipeline_bound where backwards run whole, compute_bound under a split
+// backward) still holds its candidate of that bound. So each size's floor, with
+// pipeline_lower_bound where backwards run whole, is at most every candidate's bound there. And
+// some sizes are left out (pipeline_lower_bound is not vacuous).
+TEST(PlannerRank, SizesListedBelowTheBestKeepEveryCandidateThatCouldWin) {
+  int sizes_checked = 0, left_out = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(90 + seed, 20);
+    g.trace_batch_size = 32;
+    for (const char* name : {"graphpipe", "sequential", "metis"}) {
+      for (bool replicate : {false, true}) {
+        for (bool zero_bubble : {false, true}) {
+          const cost::Devices devices = cost::v100(8, 4);
+          pt::Options o = options(name, replicate);
+          o.every_candidate = true;
+          o.zero_bubble = zero_bubble;
+          const pt::CandidateSet all(g, devices, o);
+          std::map<std::int64_t, const pt::RankedCandidate*> least;  // by size
+          auto bound = [&](const pt::RankedCandidate& c) { return zero_bubble ? c.compute_bound : c.pipeline_bound; };
+          for (const pt::RankedCandidate& c : all.candidates()) {
+            auto [at, fresh] = least.try_emplace(c.micro_batch_size, &c);
+            if (!fresh && bound(c) < bound(*at->second)) at->second = &c;
+          }
+          for (const auto& [mb, best] : least) {
+            const pt::CandidateSet below(g, devices, o, bound(*best));
+            const bool kept = std::any_of(below.candidates().begin(), below.candidates().end(), [&](const auto& c) {
+              return c.micro_batch_size == mb && c.layout.assignment == best->layout.assignment &&
+                     c.layout.replicas == best->layout.replicas;
+            });
+            EXPECT_TRUE(kept) << name << " seed " << seed << " replicate " << replicate << " zb " << zero_bubble
+                              << ": micro-batch size " << mb << " left out below its own least bound";
+            ++sizes_checked;
+            std::set<std::int64_t> listed;
+            for (const pt::RankedCandidate& c : below.candidates()) listed.insert(c.micro_batch_size);
+            left_out += static_cast<int>(least.size() - listed.size());
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ listed below ] %d sizes kept below their own least bound; %d sizes left out in all\n", sizes_checked,
+              left_out);
+  EXPECT_GT(left_out, 0) << "no size was left out: the test no longer covers the floors";
 }
 
 TEST(PlannerRank, NeverSlowerWithMoreDevices) {
