@@ -56,18 +56,22 @@ OperatorFloor operator_floor(const Problem& p) {
   return floor;
 }
 
-// The longest path of `time` through the graph, in the problem's topological order.
-double longest_path(const Problem& p, const std::vector<double>& time) {
+// The longest path of `time` through the graph ending at each operator, that operator included,
+// in the problem's topological order.
+std::vector<double> paths_until(const Problem& p, const std::vector<double>& time) {
   const graph::OpGraph& g = *p.graph;
-  std::vector<double> until(p.num_nodes(), 0.0);  // the longest path ending at v, v included
-  double longest = 0.0;
+  std::vector<double> until(p.num_nodes(), 0.0);
   for (graph::NodeId v : p.order) {
     double before = 0.0;
     for (graph::EdgeId e : g.in_edges(v)) before = std::max(before, until[g.edge(e).src]);
     until[v] = before + time[v];
-    longest = std::max(longest, until[v]);
   }
-  return longest;
+  return until;
+}
+
+double longest_path(const Problem& p, const std::vector<double>& time) {
+  const std::vector<double> until = paths_until(p, time);
+  return until.empty() ? 0.0 : *std::max_element(until.begin(), until.end());
 }
 
 }  // namespace
@@ -111,16 +115,10 @@ double pipeline_lower_bound(const Problem& p) {
           w[v], table.forward(level, node) + std::min(table.backward(level, node), table.backward_weight(level, node)));
     }
   }
-  const graph::OpGraph& g = *p.graph;
   const auto M = static_cast<double>(p.num_micro_batches);
-  std::vector<double> until(n, 0.0);  // the longest path of w ending at v, v included
+  const std::vector<double> until = paths_until(p, w);  // v's own w once; M times in the bound
   double bound = 0.0;
-  for (graph::NodeId v : p.order) {
-    double before = 0.0;
-    for (graph::EdgeId e : g.in_edges(v)) before = std::max(before, until[g.edge(e).src]);
-    until[v] = before + w[v];
-    bound = std::max(bound, before + M * w[v]);
-  }
+  for (std::size_t v = 0; v < n; ++v) bound = std::max(bound, until[v] + (M - 1.0) * w[v]);
   const cost::Devices& devices = p.model->devices();
   return bound + M * stage_dispatch_seconds(devices) + devices.step_overhead_seconds;
 }
