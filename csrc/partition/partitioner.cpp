@@ -380,10 +380,6 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // A lower bound on the compute_bound of every candidate CandidateSet lists at each micro-batch
 // size, by size: step_lower_bound's zero-bubble form. compute_bound charges each stage its
 // forward + the lesser of its whole and split backward; both hold every operator's

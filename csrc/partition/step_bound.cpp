@@ -38,19 +38,9 @@ OperatorFloor operator_floor(const Problem& p) {
   const std::size_t n = p.num_nodes();
   OperatorFloor floor;
   floor.time.assign(n, 0.0);
-  if (!p.replicated()) {
-    for (std::size_t v = 0; v < n; ++v) floor.time[v] = counted(p, p.forward[v], p.backward_weight[v], p.compute[v]);
-    for (double t : floor.time) floor.work += t;
-    return floor;
-  }
-  const ReplicaTable& table = *p.replicas;
   for (std::size_t v = 0; v < n; ++v) {
     const int node = static_cast<int>(v);
-    double least = std::numeric_limits<double>::infinity();
-    for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
-      least = std::min(least, level_time(p, level, node, true));
-    }
-    floor.time[v] = least;
+    floor.time[v] = operator_least_time(p, node, p.device_budget, true);
     floor.work += operator_work(p, node, p.device_budget, true);
   }
   return floor;
@@ -82,6 +72,16 @@ double operator_work(const Problem& p, int node, int max_replicas, bool as_bound
   double least = std::numeric_limits<double>::infinity();
   for (int level = 0; level < table.num_levels() && table.replicas(level) <= max_replicas; ++level) {
     least = std::min(least, table.replicas(level) * level_time(p, level, node, as_bound));
+  }
+  return least;
+}
+
+double operator_least_time(const Problem& p, int node, int max_replicas, bool as_bound) {
+  if (!p.replicated()) return level_time(p, 0, node, as_bound);
+  const ReplicaTable& table = *p.replicas;
+  double least = std::numeric_limits<double>::infinity();
+  for (int level = 0; level < table.num_levels() && table.replicas(level) <= max_replicas; ++level) {
+    least = std::min(least, level_time(p, level, node, as_bound));
   }
   return least;
 }

@@ -46,5 +46,9 @@ double pipeline_lower_bound(const Problem& problem);
 // what the bound counts (under the zero-bubble closed form, its forward and weight half). The
 // series-parallel DP's device floor (graphpipe_dp.h) uses it too.
 double operator_work(const Problem& problem, int node, int max_replicas, bool as_bound);
+// op(v) above, for operator `node` over the replica counts of at most `max_replicas`: the least
+// time of one replica, counted as operator_work counts it. The series-parallel DP's path floor
+// (dp_planner.h) uses it too.
+double operator_least_time(const Problem& problem, int node, int max_replicas, bool as_bound);
 
 }  // namespace graphpipe::partition

@@ -120,11 +120,7 @@ void Planner::paths() {
   for (auto it = preorder.rbegin(); it != preorder.rend(); ++it) {
     const int t = *it;
     const graph::SPNode& node = tree_.nodes[t];
-    if (node.kind == graph::SPNode::Kind::leaf) {
-      double least = p_.compute[node.op];
-      for (int l = 0; rep_ != nullptr && l < num_levels_; ++l) least = std::min(least, rep_->compute(l, node.op));
-      path_[t] = least;
-    }
+    if (node.kind == graph::SPNode::Kind::leaf) path_[t] = operator_least_time(p_, node.op, devices_, false);
     for (int c : node.children) {
       path_[t] = node.kind == graph::SPNode::Kind::series ? path_[t] + path_[c] : std::max(path_[t], path_[c]);
     }
