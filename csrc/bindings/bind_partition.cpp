@@ -68,7 +68,8 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       int max_stages, double tolerance, int seed, bool refine, bool replicate,
                                       std::optional<std::map<int, std::vector<int>>> stage_devices,
                                       const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
-                                      bool overlap, int min_devices, int plain_budget_limit, int plain_every_up_to) {
+                                      bool overlap, int min_devices, int plain_budget_limit, int plain_every_up_to,
+                                      bool grow_replicas) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among graph 1F1B and zero-bubble.
   p.policies = schedule == "auto"
@@ -83,6 +84,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
   p.min_devices = min_devices;
   p.plain_budget_limit = plain_budget_limit;
   p.plain_every_up_to = plain_every_up_to;
+  p.grow_replicas = grow_replicas;
   py::gil_scoped_release release;
   return planner::plan_by_simulation(g, devices, o, p);
 }
@@ -115,13 +117,14 @@ void bind_partition(py::module_& m) {
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
-        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0,
+        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0, py::arg("grow_replicas") = true,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
         "candidates that use at least that many devices; with replicate, the plans without replicas are "
         "weighed on every count of devices up to plain_every_up_to and every power of two up to "
-        "plain_budget_limit (0: up to the device count).");
+        "plain_budget_limit (0: up to the device count); grow_replicas=False skips the replica refinement by "
+        "simulation (planner/replica_refinement.h).");
 }
 
 }  // namespace graphpipe::bindings

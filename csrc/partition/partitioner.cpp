@@ -18,6 +18,7 @@
 #include "cost/cost_model.h"
 #include "partition/evaluate.h"
 #include "partition/partitioner_interface.h"
+#include "partition/placement.h"
 #include "partition/plan_build.h"
 #include "partition/problem.h"
 #include "partition/registry.h"
@@ -461,6 +462,50 @@ plan::Plan CandidateSet::build(std::size_t i) const {
                          c.layout.devices);
   plan.sync = options_.sync;
   return plan;
+}
+
+plan::Plan CandidateSet::build(std::size_t i, const std::vector<std::vector<int>>& stage_ranks) const {
+  const RankedCandidate& c = candidates_.at(i);
+  // build_plan takes ranks by the candidate's labels, and numbers stages topologically.
+  const std::vector<int>& assignment = c.layout.assignment;
+  const int labels = assignment.empty() ? 0 : *std::max_element(assignment.begin(), assignment.end()) + 1;
+  const Plan built = build(i);
+  std::vector<std::vector<int>> ranks(labels);
+  std::vector<int> replicas(labels, 1);
+  for (const plan::Stage& stage : built.stages) {
+    const int label = assignment[stage.nodes.front()];
+    ranks[label] = stage_ranks.at(stage.id);
+    replicas[label] = static_cast<int>(ranks[label].size());
+  }
+  Plan plan = build_plan(problems_.at(c.micro_batch_size), assignment, c.layout.partitioner, replicas, ranks);
+  plan.sync = options_.sync;
+  return plan;
+}
+
+std::vector<std::vector<std::vector<int>>> CandidateSet::replica_growths(std::size_t i, const plan::Plan& plan) const {
+  const RankedCandidate& c = candidates_.at(i);
+  const Problem& problem = problems_.at(c.micro_batch_size);
+  std::vector<std::vector<std::vector<int>>> growths;
+  if (!problem.replicated() || !options_.stage_devices.empty()) return growths;
+  const ReplicaTable& table = *problem.replicas;
+  std::vector<std::vector<int>> ranks;
+  int used = 0;
+  for (const plan::Stage& stage : plan.stages) {
+    ranks.push_back(stage.devices);
+    used += static_cast<int>(stage.devices.size());
+  }
+  for (std::size_t s = 0; s < ranks.size(); ++s) {
+    const int now = static_cast<int>(ranks[s].size());
+    const int level = table.level_of(now);
+    if (level + 1 >= table.num_levels()) continue;
+    const int next = table.replicas(level + 1);
+    if (used - now + next > problem.device_budget) continue;
+    std::vector<int> grown = grow_stage(devices_, ranks, static_cast<int>(s), next - now, problem.placement_ranks);
+    if (grown.empty()) continue;
+    growths.push_back(ranks);
+    growths.back()[s] = std::move(grown);
+  }
+  return growths;
 }
 
 }  // namespace graphpipe::partition

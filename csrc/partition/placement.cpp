@@ -71,4 +71,36 @@ std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const s
   return result;
 }
 
+std::vector<int> grow_stage(const cost::Devices& devices, const std::vector<std::vector<int>>& stage_ranks, int stage,
+                            int extra, int ranks) {
+  const int count = ranks > 0 ? std::min(ranks, devices.count) : devices.count;
+  std::vector<char> held(count, 0), own_node;
+  for (const auto& list : stage_ranks) {
+    for (int d : list) {
+      if (d < count) held[d] = 1;
+    }
+  }
+  std::vector<int> grown = stage_ranks.at(stage);
+  for (int d : grown) {
+    const auto node = static_cast<std::size_t>(devices.node_of(d));
+    if (own_node.size() <= node) own_node.resize(node + 1, 0);
+    own_node[node] = 1;
+  }
+  auto on_own_node = [&](int d) {
+    const auto node = static_cast<std::size_t>(devices.node_of(d));
+    return node < own_node.size() && own_node[node] != 0;
+  };
+  for (int pass = 0; pass < 2 && extra > 0; ++pass) {
+    for (int d = 0; d < count && extra > 0; ++d) {
+      if (held[d] || (pass == 0 && !on_own_node(d))) continue;
+      held[d] = 1;
+      grown.push_back(d);
+      --extra;
+    }
+  }
+  if (extra > 0) return {};
+  std::sort(grown.begin(), grown.end());
+  return grown;
+}
+
 }  // namespace graphpipe::partition

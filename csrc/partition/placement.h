@@ -31,4 +31,12 @@ std::vector<std::vector<int>> place_stages(const cost::Devices& devices, const s
                                            const std::vector<std::pair<int, int>>& edges,
                                            const std::vector<double>& edge_bytes, int ranks = 0);
 
+// Stage `stage` of a placed plan (`stage_ranks`, each stage's ranks) with `extra` more ranks,
+// taken from those no stage holds among the first `ranks` (0: all): first on the nodes the stage
+// already occupies, so that its all-reduce stays on the fast links where it can, then in rank
+// order. Returns the stage's ranks ascending; empty when too few ranks are free.
+// O(count + ranks held).
+std::vector<int> grow_stage(const cost::Devices& devices, const std::vector<std::vector<int>>& stage_ranks, int stage,
+                            int extra, int ranks = 0);
+
 }  // namespace graphpipe::partition

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "partition/partitioner.h"
+#include "planner/replica_refinement.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::planner {
@@ -40,6 +41,12 @@ struct Entry {
 int devices_used(const CandidatePlan& c) {
   const int k = c.assignment.empty() ? 0 : *std::max_element(c.assignment.begin(), c.assignment.end()) + 1;
   return c.replicas.empty() ? k : std::accumulate(c.replicas.begin(), c.replicas.end(), 0);
+}
+
+int plan_devices(const plan::Plan& plan) {
+  int used = 0;
+  for (const plan::Stage& stage : plan.stages) used += static_cast<int>(stage.devices.size());
+  return used;
 }
 
 // The device budgets at which the plans without replicas are made: every count up to
@@ -110,14 +117,15 @@ class Ranking {
 
   // The least simulated step over the listed pools' candidates that use at least min_devices,
   // ties to the one listed first; nullopt when there is none.
-  std::optional<Entry> search() {
+  std::optional<Entry> search() { return search(planner_.min_devices); }
+  std::optional<Entry> search(int min_devices) {
     std::vector<Entry> order;
     for (std::size_t p = 0; p < pools_.size(); ++p) {
       if (!pools_[p].set) continue;
       const auto& candidates = pools_[p].set->candidates();
       const bool split = pools_[p].policy == schedule::Policy::zb_graph;
       for (std::size_t i = 0; i < candidates.size(); ++i) {
-        if (devices_used(candidates[i].layout) < planner_.min_devices) continue;
+        if (devices_used(candidates[i].layout) < min_devices) continue;
         order.push_back({p, i, split ? candidates[i].compute_bound : candidates[i].pipeline_bound});
       }
     }
@@ -147,6 +155,20 @@ class Ranking {
   }
 
   plan::Plan plan(const Entry& e) const { return pools_[e.pool].set->build(e.index); }
+  // The step of a candidate already simulated.
+  double known_step(const Entry& e) const { return steps_.at({e.pool, e.index}); }
+
+  // The simulated candidate of pool `p` of least step (ties to the one listed first), if any.
+  std::optional<Entry> best_simulated(std::size_t p) const {
+    std::optional<Entry> best;
+    double best_step = 0.0;
+    for (const auto& [key, step] : steps_) {  // in (pool, index) order: the listing order
+      if (key.first != p || (best && step >= best_step * (1.0 - 1e-12))) continue;
+      best = Entry{key.first, key.second, 0.0};
+      best_step = step;
+    }
+    return best;
+  }
   std::size_t simulated() const { return steps_.size(); }
 
  private:
@@ -155,6 +177,36 @@ class Ranking {
   const PlannerOptions& planner_;
   std::map<std::pair<std::size_t, std::size_t>, double> steps_;
 };
+
+// Replica refinement (replica_refinement.h) of the best simulated candidate of each pool with
+// replicas: the result replaces the chosen plan where it simulates faster (relative 1e-12) and
+// uses at least min_devices. A candidate on fewer devices may grow past that bound, so with one
+// the search runs once more without it, to simulate the candidates the growth starts from.
+void grow_replicas(const std::vector<Pool>& pools, Ranking& ranking, const cost::Devices& devices,
+                   const PlannerOptions& planner, PlannerResult& result) {
+  if (planner.min_devices > 0) {
+    ranking.search(0);
+    result.simulated = ranking.simulated();
+  }
+  for (std::size_t p = 0; p < pools.size(); ++p) {
+    if (pools[p].plain || !pools[p].set) continue;
+    const std::optional<Entry> start = ranking.best_simulated(p);
+    if (!start) continue;
+    const double step = ranking.known_step(*start);
+    Refinement grown = refine_replicas(*pools[p].set, start->index, step, devices, pools[p].policy, planner.sim);
+    result.simulated += grown.simulated;
+    if (grown.rounds == 0 || grown.step >= result.plan.predicted_iteration_seconds * (1.0 - 1e-12) ||
+        plan_devices(grown.plan) < planner.min_devices) {
+      continue;
+    }
+    log::info("planner: " + std::to_string(grown.rounds) + " replicas grown by simulation: " + std::to_string(step) +
+              " s -> " + std::to_string(grown.step) + " s");
+    result.closed_form = grown.plan.predicted_iteration_seconds;
+    result.plan = std::move(grown.plan);
+    result.plan.schedule = std::string(schedule::policy_name(pools[p].policy));
+    result.plan.predicted_iteration_seconds = grown.step;
+  }
+}
 
 }  // namespace
 
@@ -224,6 +276,7 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
                        ranking.simulated()};
   result.plan.schedule = std::string(schedule::policy_name(pool.policy));
   result.plan.predicted_iteration_seconds = ranking.step(*chosen);
+  if (planner.grow_replicas) grow_replicas(pools, ranking, devices, planner, result);
   log::info("planner: simulated " + std::to_string(result.simulated) + " of " + std::to_string(fitting) +
             " candidates (" + std::to_string(skipped) + " plain pools ruled out by their floor); " +
             result.plan.partitioner + ", " + std::to_string(result.plan.stages.size()) + " stages, micro-batch " +

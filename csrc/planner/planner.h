@@ -74,6 +74,9 @@ struct PlannerOptions {
   // asks for every count up to 16 and every power of two.
   int plain_budget_limit = 8;
   int plain_every_up_to = 0;
+  // Grow the replicas of the best simulated candidate of each pool with replicas while the
+  // simulation rewards it (replica_refinement.h); the chosen plan gives way to a faster result.
+  bool grow_replicas = true;
 };
 
 struct PlannerResult {
