@@ -151,7 +151,9 @@ def plan(
 
     Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
     judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
-    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation.
+    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation. With
+    replicas allowed, the best replicated candidates then get more replicas on the devices left,
+    one stage at a time, while the simulation says the step gets shorter.
 
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,

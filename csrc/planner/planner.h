@@ -24,7 +24,14 @@
 // Never worse with more devices: the candidate list for a device budget holds every candidate
 // of the list for a smaller one (the partitioners' lists only grow with the budget, greedy
 // replica allocations' intermediate states included), and a candidate's simulated step depends
-// only on the devices it uses; so the least simulated step never grows with the budget.
+// only on the devices it uses; so the least simulated step over the list never grows with the
+// budget.
+//
+// Replicas granted by simulation (replica_refinement.h, PlannerOptions::grow_replicas): after
+// the ranking, the best simulated candidate of each pool with replicas grows, one stage at a
+// time, onto free ranks while the simulation rewards it, and the result replaces the chosen
+// plan where it simulates faster. Grown plans are not listed candidates, so the argument above
+// does not cover them: for them the property is tested, not proven.
 //
 // Which schedule: PlannerOptions::policies lists the schedules a plan may run under; each
 // candidate is simulated under each (from the candidates the partitioner makes for that
