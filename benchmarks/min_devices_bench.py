@@ -43,8 +43,10 @@ def main() -> None:
         for least in [0, *args.min_devices]:
             start = time.perf_counter()
             try:
+                # With the default's growth of replicas by simulation (planner/planner.h).
                 result = _C.plan_by_simulation(graph, devices, partitioner=partitioner, replicate=True,
-                                               bucket_bytes=args.bucket_mib * 2**20, min_devices=least)
+                                               bucket_bytes=args.bucket_mib * 2**20, min_devices=least,
+                                               grow_replicas=True)
             except graphpipe.PlanningError as error:
                 rows.append({"partitioner": partitioner, "min_devices": least, "error": str(error)})
                 print(f"| {partitioner} | {least} | none: {error} | | | | | | |")

@@ -11,9 +11,10 @@ table and writes JSON.
 
 ``--replicas`` compares, for MMT, DLRM and CANDLE-Uno on 8, 16, 32 and 64 V100-class GPUs with 8
 per node, three ways of using the devices when stages may be replicated (docs/design.md §4.8):
-graph+dp (``graphpipe`` with ``replicate=True``), sequential+dp (``sequential`` with
-``replicate=True``, PipeDream's planner), piper+dp (``piper`` with ``replicate=True``, Piper's
-planner without tensor parallelism) and plain data parallelism (one stage on every device, via
+graph+dp (``graphpipe`` with ``plan``'s default ``replicate``: replicas allowed, the plans
+without them weighed on every count up to 16 and every power of two, and replicas granted by
+simulation), sequential+dp (``sequential``, the same search, PipeDream's planner), piper+dp
+(``piper``, the same search, Piper's planner without tensor parallelism) and plain data parallelism (one stage on every device, via
 a manual plan). Each plan is simulated (graph-aware 1F1B; the simulator models the replicas'
 re-sharded transfers and their bucketed gradient all-reduce, here with ``--bucket-mib`` 25 MiB
 buckets, DDP's default, as a GPU run would use: ``wrap(..., bucket_bytes=)``), and the
@@ -101,9 +102,9 @@ def replicas_mode(args) -> None:
             devices = graphpipe.devices(count, args.device_kind, per_node=8)
             made = {}
             for label, kwargs in (
-                ("graph+dp", {"partitioner": "graphpipe", "replicate": True}),
-                ("sequential+dp", {"partitioner": "sequential", "replicate": True}),
-                ("piper+dp", {"partitioner": "piper", "replicate": True}),
+                ("graph+dp", {"partitioner": "graphpipe"}),
+                ("sequential+dp", {"partitioner": "sequential"}),
+                ("piper+dp", {"partitioner": "piper"}),
                 ("data parallel", {"partitioner": "manual", "manual": {"": 0},
                                    "stage_devices": {0: list(range(count))}}),
             ):

@@ -135,9 +135,9 @@ def plan(
             shard of every micro-batch; gradients all-reduced once per iteration), with plain data
             parallelism and the plans without replicas on 1, 2, 4 and 8 devices among the
             candidates (a tie: no replicas). ``False``: one device per stage. ``None`` (default):
-            as ``True``, with those plans on every count up to 16 and every power of two.
-        stage_devices: for ``partitioner="manual"``: stage -> device ids, e.g. ``{0: [0, 1],
-            1: [2]}``; a stage not named gets one device (the lowest free one).
+            also those plans on every count up to 16 and power of two, and replicas by simulation.
+        stage_devices: for ``partitioner="manual"``: stage -> device ids (``{0: [0, 1], 1: [2]}``);
+            a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
             depth against its shorter fill and drain), or ``"auto"``: 1F1B or ``zb_graph``,
             whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
@@ -151,9 +151,7 @@ def plan(
 
     Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
     judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
-    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation. With
-    replicas allowed, the best replicated candidates then get more replicas on the devices left,
-    one stage at a time, while the simulation says the step gets shorter.
+    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation.
 
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
@@ -171,10 +169,10 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
-    def partition(replicated: bool, **plain_budgets: int) -> Any:
+    def partition(replicated: bool, **search: Any) -> Any:
         return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                      micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                     optimizer=optimizer, seed=seed, replicate=replicated, **plain_budgets,
+                                     optimizer=optimizer, seed=seed, replicate=replicated, **search,
                                      **options).plan
 
     return _choose_replication(partition, replicate, partitioner)
@@ -214,17 +212,19 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
 
 
-# The default replicate's budgets of plans without replicas (PlannerOptions): every power of
-# two up to the device count (no limit), and every count up to 16.
-_DEFAULT_PLAIN_BUDGETS = {"plain_budget_limit": 0, "plain_every_up_to": 16}
+# The default replicate's widened search (PlannerOptions): the plans without replicas on every
+# power of two up to the device count (no limit) and every count up to 16, and replicas granted
+# by simulation.
+_DEFAULT_SEARCH = {"plain_budget_limit": 0, "plain_every_up_to": 16, "grow_replicas": True}
 
 
 def _choose_replication(partition: Any, replicate: bool | None, partitioner: str) -> Any:
-    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, **plain_budgets)`` making it.
+    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, **search)`` making it.
 
     The default plans with replicas allowed and weighs the plans without them on every count of
     devices up to 16 and every power of two up to the device count (``replicate=True``: on 1, 2,
-    4 and 8, which bounds its planning time): the planner's list for more devices then holds
+    4 and 8, which bounds its planning time), and grants replicas by simulation on the devices
+    the partitioners leave (``replicate=True`` does not): the planner's list for more devices then holds
     every candidate of the list for fewer, so the default never returns a slower plan for more
     devices (csrc/planner/planner.h).
     Before, it was the faster of the plan without replicas on every device and the plan with
@@ -235,7 +235,7 @@ def _choose_replication(partition: Any, replicate: bool | None, partitioner: str
     if replicate is not None or partitioner == "manual":
         return partition(bool(replicate))
     try:
-        return partition(True, **_DEFAULT_PLAIN_BUDGETS)
+        return partition(True, **_DEFAULT_SEARCH)
     except _C.PlanningError:
         return partition(False)
 

@@ -109,7 +109,8 @@ void bind_partition(py::module_& m) {
       .def_readonly("plan", &planner::PlannerResult::plan)
       .def_readonly("closed_form_seconds", &planner::PlannerResult::closed_form)
       .def_readonly("candidates", &planner::PlannerResult::candidates)
-      .def_readonly("simulated", &planner::PlannerResult::simulated);
+      .def_readonly("simulated", &planner::PlannerResult::simulated)
+      .def_readonly("growth_simulated", &planner::PlannerResult::growth_simulated);
   m.def("plan_by_simulation", &plan_simulated, py::arg("graph"), py::arg("devices"),
         py::arg("partitioner") = "graphpipe", py::arg("batch_size") = 0, py::arg("micro_batch_size") = py::none(),
         py::arg("num_micro_batches") = py::none(), py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam",
@@ -117,14 +118,14 @@ void bind_partition(py::module_& m) {
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
-        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0, py::arg("grow_replicas") = true,
+        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0, py::arg("grow_replicas") = false,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
         "candidates that use at least that many devices; with replicate, the plans without replicas are "
         "weighed on every count of devices up to plain_every_up_to and every power of two up to "
-        "plain_budget_limit (0: up to the device count); grow_replicas=False skips the replica refinement by "
-        "simulation (planner/replica_refinement.h).");
+        "plain_budget_limit (0: up to the device count); grow_replicas grants replicas by simulation at every "
+        "power-of-two budget (planner/planner.h).");
 }
 
 }  // namespace graphpipe::bindings

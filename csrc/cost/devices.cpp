@@ -113,6 +113,24 @@ void Devices::validate() const {
   }
 }
 
+Devices first_ranks(const Devices& devices, int count) {
+  if (count < 1 || count > devices.count) {
+    throw PlanningError("first_ranks: " + std::to_string(count) + " ranks of a description of " +
+                        std::to_string(devices.count));
+  }
+  Devices first = devices;
+  first.count = count;
+  const auto n = static_cast<std::size_t>(count);
+  if (first.node.size() > n) first.node.resize(n);
+  for (auto* links : {&first.link_bandwidth, &first.link_latency}) {
+    if (links->size() > n) links->resize(n);
+    for (auto& row : *links) {
+      if (row.size() > n) row.resize(n);
+    }
+  }
+  return first;
+}
+
 void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
                     double inter_bandwidth, double inter_latency) {
   if (per_node < 1) throw PlanningError("devices per node must be at least 1, found " + std::to_string(per_node));

@@ -95,6 +95,11 @@ struct Devices {
 // Fills both matrices for `count` devices grouped `per_node` to a node: pairs inside a node get
 // the intra-node link, pairs across nodes the inter-node one, the diagonal gets 0 latency and the
 // intra-node bandwidth (never used: a device does not talk to itself). Sets `node` to d / per_node.
+// The description of the first `count` ranks (1 <= count <= devices.count): their links and
+// nodes, every other figure as it is. What the same machine with fewer devices looks like; a
+// planner given it plans as for that smaller cluster. PlanningError for a count out of range.
+Devices first_ranks(const Devices& devices, int count);
+
 void set_node_links(Devices& devices, int per_node, double intra_bandwidth, double intra_latency,
                     double inter_bandwidth, double inter_latency);
 

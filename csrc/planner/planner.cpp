@@ -118,10 +118,11 @@ class Ranking {
   // The least simulated step over the listed pools' candidates that use at least min_devices,
   // ties to the one listed first; nullopt when there is none.
   std::optional<Entry> search() { return search(planner_.min_devices); }
-  std::optional<Entry> search(int min_devices) {
+  // The same over one pool's candidates only (`only`), or with another bound on the devices.
+  std::optional<Entry> search(int min_devices, std::optional<std::size_t> only = std::nullopt) {
     std::vector<Entry> order;
     for (std::size_t p = 0; p < pools_.size(); ++p) {
-      if (!pools_[p].set) continue;
+      if (!pools_[p].set || (only && p != *only)) continue;
       const auto& candidates = pools_[p].set->candidates();
       const bool split = pools_[p].policy == schedule::Policy::zb_graph;
       for (std::size_t i = 0; i < candidates.size(); ++i) {
@@ -155,20 +156,7 @@ class Ranking {
   }
 
   plan::Plan plan(const Entry& e) const { return pools_[e.pool].set->build(e.index); }
-  // The step of a candidate already simulated.
-  double known_step(const Entry& e) const { return steps_.at({e.pool, e.index}); }
 
-  // The simulated candidate of pool `p` of least step (ties to the one listed first), if any.
-  std::optional<Entry> best_simulated(std::size_t p) const {
-    std::optional<Entry> best;
-    double best_step = 0.0;
-    for (const auto& [key, step] : steps_) {  // in (pool, index) order: the listing order
-      if (key.first != p || (best && step >= best_step * (1.0 - 1e-12))) continue;
-      best = Entry{key.first, key.second, 0.0};
-      best_step = step;
-    }
-    return best;
-  }
   std::size_t simulated() const { return steps_.size(); }
 
  private:
@@ -178,34 +166,92 @@ class Ranking {
   std::map<std::pair<std::size_t, std::size_t>, double> steps_;
 };
 
-// Replica refinement (replica_refinement.h) of the best simulated candidate of each pool with
-// replicas: the result replaces the chosen plan where it simulates faster (relative 1e-12) and
-// uses at least min_devices. A candidate on fewer devices may grow past that bound, so with one
-// the search runs once more without it, to simulate the candidates the growth starts from.
-void grow_replicas(const std::vector<Pool>& pools, Ranking& ranking, const cost::Devices& devices,
-                   const PlannerOptions& planner, PlannerResult& result) {
-  if (planner.min_devices > 0) {
-    ranking.search(0);
-    result.simulated = ranking.simulated();
+// The device budgets at which replicas are grown by simulation: the powers of two up to the
+// device count. A set that only grows with the device count, as plain_budgets' does, and the
+// growth at a budget is planned on the description's first that many ranks alone, as a planner
+// given that smaller cluster would: so each budget's grown plan is the same at every larger
+// count, and growth keeps the planner never worse with more devices. (Growing the plan chosen
+// at each count did not: a better candidate on 14 devices, with none left to grow, lost to the
+// grown plan on 13; CANDLE-Uno at 256 samples per GPU.)
+std::vector<int> growth_budgets(int count) {
+  std::vector<int> budgets;
+  for (int b = 1; b <= count; b *= 2) budgets.push_back(b);
+  return budgets;
+}
+
+// Offers a plan grown within `budget` devices to the result: it replaces the chosen plan where
+// it simulates faster (relative 1e-12) and uses at least min_devices.
+void offer(Refinement grown, int budget, schedule::Policy policy, const PlannerOptions& planner,
+           PlannerResult& result) {
+  if (grown.rounds == 0 || grown.step >= result.plan.predicted_iteration_seconds * (1.0 - 1e-12) ||
+      plan_devices(grown.plan) < planner.min_devices) {
+    return;
   }
+  log::info("planner: " + std::to_string(grown.rounds) + " replicas grown by simulation within " +
+            std::to_string(budget) + " devices, on " + std::to_string(plan_devices(grown.plan)) + ": " +
+            std::to_string(grown.step) + " s");
+  result.closed_form = grown.plan.predicted_iteration_seconds;
+  result.plan = std::move(grown.plan);
+  result.plan.schedule = std::string(schedule::policy_name(policy));
+  result.plan.predicted_iteration_seconds = grown.step;
+}
+
+// Replica refinement (replica_refinement.h). For each pool with replicas and each growth budget,
+// the least simulated candidate of that pool's search on the budget's first ranks (min_devices
+// aside: it bounds the plan returned, not where growth starts) grows within them. At the device
+// count that is the pool itself; a smaller budget is searched afresh on first_ranks(devices,
+// budget) unless its floor (candidate_floor: no plan on those ranks, grown or not, simulates
+// below it) is above the best step so far. A plan grown there is the same plan on the whole
+// description: it records the whole description's devices, and is simulated on it again.
+void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, const std::vector<Pool>& pools,
+                   Ranking& ranking, const PlannerOptions& planner, PlannerResult& result) {
+  std::size_t simulated = 0;  // the growths and the smaller budgets' searches
   for (std::size_t p = 0; p < pools.size(); ++p) {
     if (pools[p].plain || !pools[p].set) continue;
-    const std::optional<Entry> start = ranking.best_simulated(p);
-    if (!start) continue;
-    const double step = ranking.known_step(*start);
-    Refinement grown = refine_replicas(*pools[p].set, start->index, step, devices, pools[p].policy, planner.sim);
-    result.simulated += grown.simulated;
-    if (grown.rounds == 0 || grown.step >= result.plan.predicted_iteration_seconds * (1.0 - 1e-12) ||
-        plan_devices(grown.plan) < planner.min_devices) {
-      continue;
+    for (int budget : growth_budgets(devices.count)) {
+      if (budget < planner.min_devices) continue;
+      if (budget == devices.count) {
+        const std::optional<Entry> start = ranking.search(0, p);
+        if (!start) continue;
+        Refinement grown =
+            refine_replicas(*pools[p].set, start->index, ranking.step(*start), devices, pools[p].policy, planner.sim);
+        simulated += grown.simulated;
+        offer(std::move(grown), budget, pools[p].policy, planner, result);
+        continue;
+      }
+      const cost::Devices first = cost::first_ranks(devices, budget);
+      std::vector<Pool> smaller(1);
+      smaller[0].options = pools[p].options;
+      smaller[0].policy = pools[p].policy;
+      try {
+        if (partition::candidate_floor(graph, first, smaller[0].options) >
+            result.plan.predicted_iteration_seconds * (1.0 + 1e-9)) {
+          continue;
+        }
+        smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options,
+                                                                   result.plan.predicted_iteration_seconds);
+      } catch (const PlanningError& e) {
+        log::debug("planner: no replicated plan on " + std::to_string(budget) + " devices to grow: " + e.what());
+        continue;
+      }
+      Ranking search(smaller, first, planner);
+      const std::optional<Entry> start = search.search(0);
+      simulated += search.simulated();
+      if (!start) continue;
+      Refinement grown =
+          refine_replicas(*smaller[0].set, start->index, search.step(*start), first, smaller[0].policy, planner.sim);
+      simulated += grown.simulated;
+      if (grown.rounds > 0) {
+        grown.plan.num_devices = devices.count;
+        grown.plan.device_nodes.clear();
+        for (int d = 0; d < devices.count; ++d) grown.plan.device_nodes.push_back(devices.node_of(d));
+        grown.step = simulated_step(grown.plan, devices, smaller[0].policy, planner.sim);
+      }
+      offer(std::move(grown), budget, smaller[0].policy, planner, result);
     }
-    log::info("planner: " + std::to_string(grown.rounds) + " replicas grown by simulation: " + std::to_string(step) +
-              " s -> " + std::to_string(grown.step) + " s");
-    result.closed_form = grown.plan.predicted_iteration_seconds;
-    result.plan = std::move(grown.plan);
-    result.plan.schedule = std::string(schedule::policy_name(pools[p].policy));
-    result.plan.predicted_iteration_seconds = grown.step;
   }
+  result.simulated = ranking.simulated();
+  result.growth_simulated = simulated;
 }
 
 }  // namespace
@@ -276,7 +322,7 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
                        ranking.simulated()};
   result.plan.schedule = std::string(schedule::policy_name(pool.policy));
   result.plan.predicted_iteration_seconds = ranking.step(*chosen);
-  if (planner.grow_replicas) grow_replicas(pools, ranking, devices, planner, result);
+  if (planner.grow_replicas) grow_replicas(graph, devices, pools, ranking, planner, result);
   log::info("planner: simulated " + std::to_string(result.simulated) + " of " + std::to_string(fitting) +
             " candidates (" + std::to_string(skipped) + " plain pools ruled out by their floor); " +
             result.plan.partitioner + ", " + std::to_string(result.plan.stages.size()) + " stages, micro-batch " +

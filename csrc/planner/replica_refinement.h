@@ -8,7 +8,7 @@
 // replicas the simulation would reward: CANDLE-Uno at paper size on 32 V100s at 256 samples per
 // GPU (2 micro-batches) got 26 devices, as the closed form's slowest stage (the top tower,
 // 7 inbound activations) could not get its next count; the last stage's replicas on the 6 left
-// shorten the simulated step by 6% (docs/results.md, "Replicas granted by simulation").
+// shorten the simulated step by 6% (docs/design.md §4.10, "Replicas granted by simulation").
 //
 // How: greedily. Each round simulates every one-step growth (CandidateSet::replica_growths: one
 // stage at its next replica count on free ranks, its own nodes' first, the other stages where

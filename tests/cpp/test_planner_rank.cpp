@@ -90,9 +90,7 @@ TEST(PlannerRank, LeastSimulatedStepOverEveryCandidate) {
     for (const char* name : {"graphpipe", "sequential"}) {
       const cost::Devices devices = cost::v100(8, 4);
       pt::Options o = options(name, true);
-      // The ranking alone: the replica refinement after it may beat every listed candidate
-      // (test_planner_refinement.cpp).
-      const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o, {.grow_replicas = false});
+      const pl::PlannerResult r = pl::plan_by_simulation(g, devices, o);
       o.every_candidate = true;
       // Replicas allowed: the replicated candidates and the one-device-per-stage ones on 1, 2,
       // 4 and 8 devices.

@@ -108,6 +108,20 @@ def test_default_never_slower_with_more_devices(name: str) -> None:
         assert steps[7][1] <= plain_seven * (1 + 1e-12)  # 8 devices: the 7-device plan, one idle
 
 
+@pytest.mark.parametrize("name", ["dlrm", "candle_uno"])
+def test_default_never_slower_with_more_devices_at_the_papers_scaling(name: str) -> None:
+    # At 8,192 samples the default grants replicas by simulation where the partitioners leave
+    # devices (planner/planner.h). Growing the plan chosen at each count broke the property
+    # (CANDLE-Uno: 67.21 ms on 13 V100s, 68.72 ms on 14; DLRM: 58.74 on 10, 60.46 on 11); growth
+    # at the powers of two, each planned on its first ranks alone, keeps it.
+    model, inputs = build_model(f"{name}:size=paper,device=meta,batch=8192")
+    graph = graphpipe.trace(model, inputs)
+    steps = [(count, graphpipe.plan(graph, graphpipe.devices(count, "v100", per_node=8),
+                                    bucket_bytes=25 * 2**20).predicted_iteration_seconds)
+             for count in range(1, 41)]
+    assert_non_increasing(steps, f"{name} default at 8192 samples")
+
+
 @pytest.mark.parametrize("name", ["mmt", "dlrm", "candle_uno"])
 def test_predicted_step_is_the_simulated_step(name: str) -> None:
     # As simulate_paper --replicas runs them: 25 MiB buckets (DDP's default on GPUs), 1F1B; and
@@ -209,9 +223,16 @@ def test_candle_uno_on_32_gpus_at_the_papers_weak_scaling_uses_them() -> None:
     assert sum(len(s.devices) for s in plan.stages) >= 28
     simulated = graphpipe.simulate(plan, devices, bucket_bytes=25 * 2**20).iteration_seconds
     assert plan.predicted_iteration_seconds == pytest.approx(simulated, rel=1e-9)
-    closed_form_replicas = _C.plan_by_simulation(graph, devices, replicate=True, bucket_bytes=25 * 2**20,
-                                                 grow_replicas=False).plan
+    closed_form_replicas = _C.plan_by_simulation(graph, devices, replicate=True, bucket_bytes=25 * 2**20).plan
     assert sum(len(s.devices) for s in closed_form_replicas.stages) < 28
     assert plan.predicted_iteration_seconds < closed_form_replicas.predicted_iteration_seconds * 0.99
     eight = graphpipe.plan(graph, graphpipe.devices(8, "v100", per_node=8), bucket_bytes=25 * 2**20)
     assert plan.predicted_iteration_seconds < eight.predicted_iteration_seconds
+    # On 40 devices the growth within the first 32 ranks is weighed too (32 is a growth budget):
+    # the same plan, described on the 40.
+    forty = graphpipe.devices(40, "v100", per_node=8)
+    wider = graphpipe.plan(graph, forty, bucket_bytes=25 * 2**20)
+    assert wider.num_devices == 40
+    assert wider.predicted_iteration_seconds <= plan.predicted_iteration_seconds * (1 + 1e-12)
+    assert wider.predicted_iteration_seconds == pytest.approx(
+        graphpipe.simulate(wider, forty, bucket_bytes=25 * 2**20).iteration_seconds, rel=1e-9)
