@@ -143,3 +143,21 @@ TEST(CostDevices, JsonErrorsNameTheField) {
   expect_error(doc, "$.format");
   EXPECT_THROW(loads_devices("{not json"), FormatError);
 }
+
+TEST(CostDevices, FirstRanksAreTheSmallerClusterOfTheSameMachines) {
+  const cost::Devices all = cost::v100(20, 8);
+  const cost::Devices first = cost::first_ranks(all, 12);
+  EXPECT_NO_THROW(first.validate());
+  EXPECT_EQ(first.count, 12);
+  const cost::Devices smaller = cost::v100(12, 8);
+  for (int a = 0; a < 12; ++a) {
+    EXPECT_EQ(first.node_of(a), smaller.node_of(a));
+    for (int b = 0; b < 12; ++b) {
+      EXPECT_DOUBLE_EQ(first.transfer_seconds(a, b, 1e6), smaller.transfer_seconds(a, b, 1e6));
+    }
+  }
+  EXPECT_DOUBLE_EQ(first.flops_per_second, all.flops_per_second);
+  EXPECT_EQ(cost::first_ranks(all, 20).count, 20);
+  EXPECT_THROW(cost::first_ranks(all, 0), graphpipe::PlanningError);
+  EXPECT_THROW(cost::first_ranks(all, 21), graphpipe::PlanningError);
+}
