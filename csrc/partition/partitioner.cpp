@@ -464,20 +464,14 @@ plan::Plan CandidateSet::build(std::size_t i) const {
   return plan;
 }
 
-plan::Plan CandidateSet::build(std::size_t i, const std::vector<std::vector<int>>& stage_ranks) const {
+plan::Plan CandidateSet::build(std::size_t i, const std::vector<std::vector<int>>& label_ranks) const {
   const RankedCandidate& c = candidates_.at(i);
-  // build_plan takes ranks by the candidate's labels, and numbers stages topologically.
-  const std::vector<int>& assignment = c.layout.assignment;
-  const int labels = assignment.empty() ? 0 : *std::max_element(assignment.begin(), assignment.end()) + 1;
-  const Plan built = build(i);
-  std::vector<std::vector<int>> ranks(labels);
-  std::vector<int> replicas(labels, 1);
-  for (const plan::Stage& stage : built.stages) {
-    const int label = assignment[stage.nodes.front()];
-    ranks[label] = stage_ranks.at(stage.id);
-    replicas[label] = static_cast<int>(ranks[label].size());
+  std::vector<int> replicas(label_ranks.size());
+  for (std::size_t label = 0; label < label_ranks.size(); ++label) {
+    replicas[label] = static_cast<int>(label_ranks[label].size());
   }
-  Plan plan = build_plan(problems_.at(c.micro_batch_size), assignment, c.layout.partitioner, replicas, ranks);
+  Plan plan =
+      build_plan(problems_.at(c.micro_batch_size), c.layout.assignment, c.layout.partitioner, replicas, label_ranks);
   plan.sync = options_.sync;
   return plan;
 }
@@ -488,10 +482,13 @@ std::vector<std::vector<std::vector<int>>> CandidateSet::replica_growths(std::si
   std::vector<std::vector<std::vector<int>>> growths;
   if (!problem.replicated() || !options_.stage_devices.empty()) return growths;
   const ReplicaTable& table = *problem.replicas;
-  std::vector<std::vector<int>> ranks;
+  // Stage s of the plan (numbered topologically by plan building) is the label of its operators.
+  std::vector<std::vector<int>> ranks(plan.stages.size());
+  std::vector<int> label(plan.stages.size());
   int used = 0;
   for (const plan::Stage& stage : plan.stages) {
-    ranks.push_back(stage.devices);
+    ranks[stage.id] = stage.devices;
+    label[stage.id] = c.layout.assignment[stage.nodes.front()];
     used += static_cast<int>(stage.devices.size());
   }
   for (std::size_t s = 0; s < ranks.size(); ++s) {
@@ -502,8 +499,9 @@ std::vector<std::vector<std::vector<int>>> CandidateSet::replica_growths(std::si
     if (used - now + next > problem.device_budget) continue;
     std::vector<int> grown = grow_stage(devices_, ranks, static_cast<int>(s), next - now, problem.placement_ranks);
     if (grown.empty()) continue;
-    growths.push_back(ranks);
-    growths.back()[s] = std::move(grown);
+    std::vector<std::vector<int>> by_label(ranks.size());
+    for (std::size_t t = 0; t < ranks.size(); ++t) by_label[label[t]] = t == s ? grown : ranks[t];
+    growths.push_back(std::move(by_label));
   }
   return growths;
 }

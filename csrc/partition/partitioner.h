@@ -100,13 +100,15 @@ class CandidateSet {
   const std::vector<RankedCandidate>& candidates() const { return candidates_; }
   // The Plan of candidates()[i], built as partition() builds its plan.
   plan::Plan build(std::size_t i) const;
-  // candidates()[i]'s layout with each stage (in build(i)'s numbering) on the given ranks.
-  plan::Plan build(std::size_t i, const std::vector<std::vector<int>>& stage_ranks) const;
-  // The placements one step from `plan` (candidates()[i] as built, or grown before): each stage
-  // in turn at its next replica count (the ReplicaTable's next level, the least count that
-  // shrinks its shard), its new ranks from those no stage holds (placement.h, grow_stage), the
-  // other stages where they are, within the device budget. Empty where replicas are not allowed
-  // (a plain pool) or the user named the stages' devices.
+  // candidates()[i]'s layout with each of its labels (CandidatePlan::assignment's) on the given
+  // ranks.
+  plan::Plan build(std::size_t i, const std::vector<std::vector<int>>& label_ranks) const;
+  // The placements one step from `plan` (candidates()[i] as built, or grown before), ranks by
+  // label as build() takes them: each stage in turn at its next replica count (the
+  // ReplicaTable's next level, the least count that shrinks its shard), its new ranks from those
+  // no stage holds (placement.h, grow_stage), the other stages where they are, within the device
+  // budget. Empty where replicas are not allowed (a plain pool) or the user named the stages'
+  // devices.
   std::vector<std::vector<std::vector<int>>> replica_growths(std::size_t i, const plan::Plan& plan) const;
 
  private:

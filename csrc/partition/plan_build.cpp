@@ -62,8 +62,7 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
   plan.batch_size = p.batch_size;
   plan.micro_batch_size = p.micro_batch_size;
   plan.num_micro_batches = p.num_micro_batches;
-  plan.num_devices = p.model->devices().count;
-  for (int d = 0; d < plan.num_devices; ++d) plan.device_nodes.push_back(p.model->devices().node_of(d));
+  record_devices(plan, p.model->devices());
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
   plan.chain = p.chain;
@@ -111,6 +110,12 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
   validate_plan(plan, g);
   fill_stage_parameters(plan, g);
   return plan;
+}
+
+void record_devices(plan::Plan& plan, const cost::Devices& devices) {
+  plan.num_devices = devices.count;
+  plan.device_nodes.assign(static_cast<std::size_t>(devices.count), 0);
+  for (int d = 0; d < devices.count; ++d) plan.device_nodes[static_cast<std::size_t>(d)] = devices.node_of(d);
 }
 
 }  // namespace graphpipe::partition

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/devices.h"
 #include "partition/evaluate.h"
 #include "partition/problem.h"
 #include "plan/plan.h"
@@ -20,5 +21,10 @@ namespace graphpipe::partition {
 // `replicas` and `devices` are by input label, as evaluate() takes them.
 plan::Plan build_plan(const Problem& problem, const std::vector<int>& assignment, const std::string& partitioner,
                       const std::vector<int>& replicas = {}, const std::vector<std::vector<int>>& devices = {});
+
+// Records `devices` as the description the plan is for (Plan::num_devices, device_nodes): what
+// build_plan does, and what a plan made on the first ranks of a larger description needs to be
+// that plan on the larger one (planner/planner.cpp).
+void record_devices(plan::Plan& plan, const cost::Devices& devices);
 
 }  // namespace graphpipe::partition

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "partition/partitioner.h"
+#include "partition/plan_build.h"
 #include "planner/replica_refinement.h"
 #include "schedule/schedule.h"
 
@@ -242,9 +243,7 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
           refine_replicas(*smaller[0].set, start->index, search.step(*start), first, smaller[0].policy, planner.sim);
       simulated += grown.simulated;
       if (grown.rounds > 0) {
-        grown.plan.num_devices = devices.count;
-        grown.plan.device_nodes.clear();
-        for (int d = 0; d < devices.count; ++d) grown.plan.device_nodes.push_back(devices.node_of(d));
+        partition::record_devices(grown.plan, devices);
         grown.step = simulated_step(grown.plan, devices, smaller[0].policy, planner.sim);
       }
       offer(std::move(grown), budget, smaller[0].policy, planner, result);
