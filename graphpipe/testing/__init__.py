@@ -75,13 +75,24 @@ def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., An
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
-              backend: str = "gloo") -> list[RankResult]:
+              backend: str = "gloo", start_method: str = "spawn") -> list[RankResult]:
     """Calls ``fn(rank, world, *args)`` on ``world`` spawned ranks; one result per rank (a rank
     that neither returned nor raised within ``timeout`` seconds reports ``TimeoutError``).
-    ``backend="nccl"`` gives rank r the GPU r (modulo the GPUs present) before joining."""
+    ``backend="nccl"`` gives rank r the GPU r (modulo the GPUs present) before joining.
+
+    ``start_method="forkserver"`` forks the ranks from a server process that imported torch and
+    graphpipe once (and ran nothing), instead of starting each interpreter afresh: for tests that
+    start many small jobs (a rank's start drops from seconds to milliseconds). The server keeps
+    the environment it started with, so a rank does not see variables set after its first use."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"run_ranks: backend must be 'gloo' or 'nccl', got {backend!r}")
-    ctx = mp.get_context("spawn")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"run_ranks: start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # torch._dynamo too: the first tensor clone of a trace imports it (seconds) through
+        # torch._disable_dynamo, and every rank would pay that again.
+        ctx.set_forkserver_preload(["graphpipe", "torch._dynamo"])
     q = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="graphpipe-ranks-") as tmp:
         store = os.path.join(tmp, "store")
