@@ -80,7 +80,7 @@ setup(
     ext_modules=[CMakeExtension("graphpipe._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy"],
+    install_requires=["torch>=2.4", "numpy", "xxhash>=3"],
     extras_require={"viz": ["matplotlib"], "test": ["pytest", "matplotlib"]},
     entry_points={"console_scripts": ["graphpipe=graphpipe.__main__:main"]},
     zip_safe=False,

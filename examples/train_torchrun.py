@@ -51,6 +51,11 @@ def mark_latest(folder: str, name: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, LATEST))
+    fd = os.open(folder, os.O_RDONLY)  # the rename itself must survive a crash
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
@@ -106,8 +111,9 @@ def main() -> None:
         if args.checkpoint_every and done % args.checkpoint_every == 0:
             name = f"step_{done}"
             pipe.save(os.path.join(args.checkpoint_dir, name), optimizer=optimizer, extra={"step": done})
-            # dcp.save returns on every rank after rank 0 wrote the metadata: the checkpoint
-            # is complete, so it may become the one to resume from.
+            # pipe.save returns on every rank only after rank 0 put the complete, flushed
+            # checkpoint in place (an atomic rename): it may become the one to resume from. A
+            # save that fails raises on every rank, so `latest` never names a failed one.
             if rank == 0:
                 mark_latest(args.checkpoint_dir, name)
 

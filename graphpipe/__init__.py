@@ -11,6 +11,7 @@ from __future__ import annotations
 from graphpipe import sync
 from graphpipe._ext import _C
 from graphpipe.errors import (
+    CheckpointError,
     FormatError,
     GraphError,
     GraphpipeError,
@@ -33,6 +34,17 @@ Devices = _C.Devices
 Schedule = _C.Schedule
 
 
+def __getattr__(name: str) -> object:
+    """``load_into_model`` and ``model_state_dict`` (graphpipe.runtime.checkpoint), imported on
+    first use: torch.distributed.checkpoint takes a second to import, which every rank, tool and
+    test would pay at ``import graphpipe``."""
+    if name in ("load_into_model", "model_state_dict"):
+        from graphpipe.runtime import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'graphpipe' has no attribute {name!r}")
+
+
 def set_log_level(level: str) -> None:
     """Sets the C++ core's log level (trace, debug, info, warn, error, off).
 
@@ -48,6 +60,7 @@ __all__ = [
     "OPTIMIZERS",
     "PARTITIONERS",
     "SCHEDULES",
+    "CheckpointError",
     "Devices",
     "FormatError",
     "GraphError",
@@ -67,6 +80,8 @@ __all__ = [
     "all_reduce_cost",
     "devices",
     "init_distributed",
+    "load_into_model",
+    "model_state_dict",
     "plan",
     "profile",
     "schedule",

@@ -24,6 +24,12 @@ class InputError(GraphpipeError, TypeError):
     """Example inputs or model outputs of a kind graphpipe cannot handle."""
 
 
+class CheckpointError(GraphpipeError):
+    """A checkpoint could not be written (``Pipeline.save``): raised on every rank, naming the
+    rank and its cause, while every rank is alive and in step. The checkpoint at the path, if
+    any, is unchanged, and the pipeline can go on training."""
+
+
 __all__ = [
     "GraphpipeError",
     "GraphError",
@@ -32,4 +38,5 @@ __all__ = [
     "ScheduleError",
     "TraceError",
     "InputError",
+    "CheckpointError",
 ]

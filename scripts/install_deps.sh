@@ -29,7 +29,7 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0
   echo "== pip: installing ${TORCH_REQ}"
   python3 -m pip install -q "${TORCH_REQ}"
 fi
-python3 -m pip install -q "numpy" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel" "pillow" "scikit-learn" "ruff==0.17.6"
+python3 -m pip install -q "numpy" "xxhash>=3" "pytest>=7" "matplotlib" "networkx" "tqdm" "setuptools>=64" "wheel" "pillow" "scikit-learn" "ruff==0.17.6"
 
 # torchvision (a test dependency: the model corpus of tests/python/test_corpus.py) in the release
 # that matches torch (torchvision 0.N+15 goes with torch 2.N). --no-deps, because its wheels

@@ -43,8 +43,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -54,14 +55,16 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from graphpipe.errors import InputError
-from graphpipe.runtime.consensus import agree
+from graphpipe.errors import CheckpointError, InputError
+from graphpipe.runtime import checksums
+from graphpipe.runtime.checkpoint_folders import new_save_id, recover, remove_leftovers, replace, staging_folder
+from graphpipe.runtime.failure import describe
 from graphpipe.runtime.stages import NO_PARAMETERS
 
 __all__ = ["save", "load", "load_into_model", "model_state_dict", "FORMAT"]
 
-#: Version of the layout above, stored in every checkpoint.
-FORMAT = 1
+#: Version of the layout above, stored in every checkpoint (2: with checksums, saved atomically).
+FORMAT = 2
 _META = "graphpipe"
 _MODEL = "model."
 _OPTIM = "optim."
@@ -73,9 +76,49 @@ def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
          extra: Mapping[str, Any] | None = None) -> None:
     """Collective over the pipeline's ranks: writes a DCP checkpoint of ``pipe`` (and
     ``optimizer``, over ``pipe.parameters()``) to the folder ``path``. ``extra`` (picklable, for
-    example a scheduler's state) is written from rank 0 and returned by :func:`load`."""
-    group = pipe._live_group()  # refuses a closed or failed pipeline
-    path = os.fspath(path)
+    example a scheduler's state) is written from rank 0 and returned by :func:`load`.
+
+    Atomic: the ranks write beside ``path`` and rank 0 replaces ``path`` only once everything is
+    written and flushed (checkpoint_folders.py), so a save that fails or is killed at any point
+    leaves ``path`` as it was. Fails together: a rank that cannot write makes every rank raise
+    ``CheckpointError`` naming it (the pipeline stays usable); a peer that dies or hangs makes
+    every rank raise ``PeerError`` or ``PipelineTimeout`` and fails the pipeline."""
+    pipe._live_group()  # refuses a closed or failed pipeline
+    path = os.path.abspath(os.fspath(path))
+    where = f"Pipeline.save({path!r})"
+    state: dict[str, Any] = {}
+    entries: dict[str, str] = {}
+    refusal: str | None = None
+    try:
+        state = _state_to_save(pipe, optimizer, extra)
+        entries = checksums.digests(state)
+    except Exception as exc:
+        refusal = f"{describe(exc)} (preparing this rank's part)"
+    proposal = new_save_id() if pipe.rank == 0 else None
+    everyone = pipe._failures.gather(pipe._live_group, (refusal, entries, proposal), f"starting {where}")
+    _refuse_together(where, [(r, v[0]) for r, v in enumerate(everyone)])
+    save_id = everyone[0][2]
+    merged, refusal = _merged_digests([v[1] for v in everyone])
+    staged = staging_folder(path, save_id)
+    if refusal is None and pipe.rank == 0:
+        refusal = _attempt(lambda: _prepare_folder(path, staged))
+    _refuse_together(where, _verdicts(pipe, refusal, where))
+    try:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(staged, sync_files=True),
+                 process_group=pipe._live_group())
+        refusal = None
+    except CheckpointException as exc:
+        refusal = _write_failure(exc)
+    except BaseException as exc:
+        raise pipe._fail(exc, f"writing {where}")  # noqa: B904 (_fail sets the cause)
+    _refuse_together(where, _verdicts(pipe, refusal, where), cleanup=staged if pipe.rank == 0 else None)
+    if pipe.rank == 0:
+        refusal = _attempt(lambda: _publish(path, staged, save_id, merged))
+    _refuse_together(where, _verdicts(pipe, refusal, where), cleanup=staged if pipe.rank == 0 else None)
+
+
+def _state_to_save(pipe: Any, optimizer: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """This rank's part of the checkpoint, as DCP's state dict (see the module docstring)."""
     lead = _is_lead(pipe)
     state: dict[str, Any] = {}
     own = pipe.state_dict()
@@ -99,9 +142,75 @@ def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
             "step_count": int(pipe.step_count),
             "extra": dict(extra) if extra is not None else {},
         })
-    os.makedirs(path, exist_ok=True)
-    # overwrite=True: saving again to a folder replaces it (torch warns unless told so).
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, overwrite=True), process_group=group)
+    return state
+
+
+def _merged_digests(per_rank: list[dict[str, str]]) -> tuple[dict[str, str], str | None]:
+    """Every rank's digests in one table. An entry two ranks write (a parameter tied across
+    stages, which DCP writes once) must have the same digest on both."""
+    merged: dict[str, str] = {}
+    for rank, entries in enumerate(per_rank):
+        for key, value in entries.items():
+            if merged.setdefault(key, value) != value:
+                return merged, (f"the entry {key!r} differs between rank {rank} and a rank before it (a tied "
+                                "parameter whose copies are not equal)")
+    return merged, None
+
+
+def _prepare_folder(path: str, staged: str) -> None:
+    """Rank 0, before the ranks write: the staging folder exists, the leftovers of dead saves
+    are gone, and ``path``, if it exists, is a folder."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{path} exists and is not a folder")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    remove_leftovers(path, keep=staged)
+    os.makedirs(staged, exist_ok=False)
+
+
+def _publish(path: str, staged: str, save_id: str, entries: Mapping[str, str]) -> None:
+    """Rank 0, after every rank's shards and DCP's metadata are written: the manifest, then the
+    staged checkpoint in place of ``path``."""
+    checksums.Manifest.of_folder(staged, entries).write(staged)
+    replace(path, staged, save_id)
+
+
+def _attempt(body: Callable[[], None]) -> str | None:
+    """Runs ``body``; its error as a refusal (None when it succeeded)."""
+    try:
+        body()
+    except Exception as exc:
+        return describe(exc)
+    return None
+
+
+def _write_failure(exc: CheckpointException) -> str:
+    """The first rank's cause of a DCP write that failed (every rank gets the same exception)."""
+    if exc.failures:
+        rank, cause = sorted(exc.failures.items())[0]
+        cause_exc = cause[0] if isinstance(cause, tuple) else cause
+        return f"writing failed on rank {rank} ({describe(cause_exc)})"
+    return f"writing failed ({describe(exc)})"
+
+
+def _verdicts(pipe: Any, refusal: str | None, where: str) -> list[tuple[int, str | None]]:
+    """Every rank's refusal (None: it succeeded), exchanged over the pipeline's group; a failure
+    of the exchange (a peer died or hangs) fails the pipeline."""
+    everyone = pipe._failures.gather(pipe._live_group, refusal, where)
+    return list(enumerate(everyone))
+
+
+def _refuse_together(where: str, verdicts: list[tuple[int, str | None]], cleanup: str | None = None) -> None:
+    """Raises the same CheckpointError on every rank when some rank refused (the pipeline stays
+    usable: every rank is alive and in step), after removing ``cleanup`` (the staged folder)."""
+    refused = [(r, v) for r, v in verdicts if v is not None]
+    if not refused:
+        return
+    if cleanup is not None:
+        shutil.rmtree(cleanup, ignore_errors=True)
+    rank, reason = refused[0]
+    others = f" (and ranks {[r for r, _ in refused[1:]]})" if len(refused) > 1 else ""
+    raise CheckpointError(f"{where} failed on rank {rank}{others}: {reason}; the checkpoint at the path, if any, "
+                          "is unchanged and the pipeline can go on training")
 
 
 def _is_lead(pipe: Any) -> bool:
@@ -173,15 +282,16 @@ def _unpickle(blob: Any, what: str) -> Any:
 def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
     """Collective over the pipeline's ranks: restores a checkpoint written by :func:`save`, under
     this plan or another, into every rank's stage (and ``optimizer``), or raises the same
-    ``InputError`` on every rank and changes nothing. Returns the ``extra`` it was saved with."""
+    ``InputError`` on every rank and changes nothing. Every entry read is checked against its
+    checksum before anything is applied. Returns the ``extra`` it was saved with."""
     group = pipe._live_group()
-    path = os.fspath(path)
+    path = os.path.abspath(os.fspath(path))
     where = f"Pipeline.load({path!r})"
     own = pipe.state_dict()
     template: dict[str, Any] | None = None
     refusal: str | None = None
     try:
-        metadata = _read_metadata(path)
+        metadata, manifest = _read_metadata(path)
         template = _template(metadata, own, pipe.module, optimizer, model_keys=pipe.model_keys)
         private_key = f"{_SYNC}rank{pipe.rank}"
         if private_key in metadata.state_dict_metadata:
@@ -189,19 +299,27 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
     except InputError as exc:
         refusal = str(exc)
     # No rank may enter DCP's collective load alone: all of them, or none.
-    agree(group, refusal, where)
+    pipe._failures.agree(pipe._live_group, where, refusal)
     assert template is not None
     loaded: dict[str, Any] = {}
     try:
-        dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
+        try:
+            dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
+        except CheckpointException as exc:
+            raise InputError(_reason(exc, path, _damaged_entry(template, path, metadata))) from exc
+        _verify(manifest, metadata, template, path)
         loaded = _checked(template, own, pipe.module, optimizer)
         private = _unpickle(template["sync"][f"rank{pipe.rank}"], "this rank's sync record") \
             if "sync" in template else None
         restore_private = _same_run(pipe, loaded["meta"], private)
-    except (Exception, CheckpointException) as exc:
-        # (DCP's CheckpointException is a BaseException: named here, or it would escape.)
+        refusal = None
+    except InputError as exc:
+        refusal = f"{exc} (found by rank {pipe.rank})"
+    except Exception as exc:
         refusal = _reason(exc, path)
-    agree(group, refusal, where)
+    except BaseException as exc:
+        raise pipe._fail(exc, f"reading {where}")  # noqa: B904 (_fail sets the cause)
+    pipe._failures.agree(pipe._live_group, where, refusal)
     # Every rank read and checked everything: apply.
     state, optim = loaded["model"], loaded["optim"]
     if restore_private and private is not None:
@@ -221,6 +339,49 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
     return dict(loaded["meta"]["extra"])
 
 
+def _verify(manifest: checksums.Manifest, metadata: Metadata, template: Mapping[str, Any], path: str) -> None:
+    """Every entry DCP read into ``template`` has its saved checksum; InputError naming the first
+    that does not, and its file."""
+    bad = manifest.mismatch(template)
+    if bad is not None:
+        key, saved, read = bad
+        raise InputError(f"the checkpoint's entry {key!r} (in {_file_of(metadata, key, path)}) is damaged: its "
+                         f"checksum is {read}, the saved one {saved}")
+
+
+def _file_of(metadata: Metadata, key: str, path: str) -> str:
+    """The file of ``path`` that holds the entry ``key`` (DCP's storage index)."""
+    for index, info in (metadata.storage_data or {}).items():
+        if getattr(index, "fqn", None) == key and hasattr(info, "relative_path"):
+            return os.path.join(path, info.relative_path)
+    return path
+
+
+def _damaged_entry(template: Mapping[str, Any], path: str, metadata: Metadata) -> str | None:
+    """After DCP failed to read: the first of this rank's entries that cannot be read alone, and
+    its file (a diagnosis on the failure path only, so that the error names the entry)."""
+    for key, _ in checksums.flatten(template):
+        head, _, rest = key.partition(".")
+        single: dict[str, Any] = {head: {rest: None}} if rest else {head: None}
+        probe = _probe_value(template, head, rest)
+        if rest:
+            single[head][rest] = probe
+        else:
+            single[head] = probe
+        try:
+            _load_alone(single, path)
+        except (Exception, CheckpointException):
+            return f"{key!r} in {_file_of(metadata, key, path)}"
+    return None
+
+
+def _probe_value(template: Mapping[str, Any], head: str, rest: str) -> Any:
+    """A fresh placeholder like the template's value of one entry (a tensor of its shape, or
+    None for a pickled value)."""
+    value = template[head][rest] if rest else template[head]
+    return torch.empty_like(value) if isinstance(value, torch.Tensor) else None
+
+
 def _same_run(pipe: Any, meta: Mapping[str, Any], private: Mapping[str, Any] | None) -> bool:
     """Whether this rank's private state (sync state, replica-own state) may be restored: only
     under the same plan and sync method. Otherwise warn: those start afresh."""
@@ -236,25 +397,32 @@ def _same_run(pipe: Any, meta: Mapping[str, Any], private: Mapping[str, Any] | N
     return same
 
 
-def _reason(exc: BaseException, path: str) -> str:
-    """One line naming what went wrong while reading, for every rank's InputError."""
+def _reason(exc: BaseException, path: str, entry: str | None = None) -> str:
+    """One line naming what went wrong while reading (and the entry, where it is known), for
+    every rank's InputError."""
+    at = f" at the entry {entry}" if entry else ""
     if isinstance(exc, CheckpointException) and exc.failures:
         rank, cause = sorted(exc.failures.items())[0]
         cause_exc = cause[0] if isinstance(cause, tuple) else cause
-        first = str(cause_exc).strip().splitlines()[0] if str(cause_exc).strip() else ""
-        return (f"reading the checkpoint {path} failed on rank {rank} ({type(cause_exc).__name__}: {first}); "
+        return (f"reading the checkpoint {path} failed on rank {rank}{at} ({describe(cause_exc)}); "
                 "a shard file is missing or damaged")
     if isinstance(exc, InputError):
         return str(exc)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"reading the checkpoint {path} failed ({type(exc).__name__}: {first}); a file is missing or damaged"
+    return f"reading the checkpoint {path} failed{at} ({describe(exc)}); a file is missing or damaged"
 
 
-def _read_metadata(path: str) -> Metadata:
+def _read_metadata(path: str) -> tuple[Metadata, checksums.Manifest]:
+    """DCP's metadata of the checkpoint ``path`` and its checksums, both checked. A save that
+    died between the two renames of the fallback replacement is undone first."""
+    try:
+        recover(path)
+    except OSError:
+        pass  # another rank put it back first
     if not os.path.isdir(path):
         raise InputError(f"no checkpoint at {path}: the folder does not exist")
+    manifest = checksums.Manifest.read(path)
     try:
-        return dcp.FileSystemReader(path).read_metadata()
+        return dcp.FileSystemReader(path).read_metadata(), manifest
     except Exception as exc:
         raise InputError(f"{path} is not a readable checkpoint: its metadata file (.metadata) is missing or "
                          f"damaged ({type(exc).__name__}: {exc})") from exc
@@ -439,6 +607,14 @@ def _load_alone(template: dict[str, Any], path: str) -> None:
         dcp.load(template, storage_reader=dcp.FileSystemReader(path), no_dist=True)
 
 
+def _read_alone(template: dict[str, Any], path: str, metadata: Metadata) -> None:
+    """:func:`_load_alone`, whose failure names the entry that could not be read."""
+    try:
+        _load_alone(template, path)
+    except CheckpointException as exc:
+        raise InputError(_reason(exc, path, _damaged_entry(template, path, metadata))) from exc
+
+
 def load_into_model(model: nn.Module, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None
                     ) -> dict[str, Any]:
     """Loads a checkpoint written by ``Pipeline.save`` into the plain, single-process ``model``
@@ -448,9 +624,10 @@ def load_into_model(model: nn.Module, path: str | os.PathLike, optimizer: torch.
     path = os.fspath(path)
     own = {k: v for k, v in model.state_dict().items()}
     try:
-        metadata = _read_metadata(path)
+        metadata, manifest = _read_metadata(path)
         template = _template(metadata, own, model, optimizer, model_keys=list(own))
-        _load_alone(template, path)
+        _read_alone(template, path, metadata)
+        _verify(manifest, metadata, template, path)
         loaded = _checked(template, own, model, optimizer)
     except InputError as exc:
         raise InputError(f"load_into_model({path!r}): {exc}") from exc
@@ -470,14 +647,15 @@ def model_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, file)``."""
     path = os.fspath(path)
     try:
-        metadata = _read_metadata(path)
+        metadata, manifest = _read_metadata(path)
         entries = metadata.state_dict_metadata
         model = {k[len(_MODEL):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
                  for k, md in entries.items() if k.startswith(_MODEL) and isinstance(md, TensorStorageMetadata)}
         if _META not in entries or not model:
             raise InputError("it is not a graphpipe checkpoint (no 'graphpipe' record or no model entries)")
         template: dict[str, Any] = {"model": model, _META: None}
-        _load_alone(template, path)
+        _read_alone(template, path, metadata)
+        _verify(manifest, metadata, template, path)
         meta = _unpickle(template[_META], "the checkpoint's graphpipe record")
     except InputError as exc:
         raise InputError(f"model_state_dict({path!r}): {exc}") from exc
