@@ -271,8 +271,6 @@ class Pipeline:
         self._saved = SavedActivations(self.module.parameters()) if record else None
         total = run_step(self, self._stage_fn(values, mbs, on_output), losses, mbs, optimizer, scaler, record)
         self.step_count += 1
-        if self.check_replicas_every is not None and self.step_count % self.check_replicas_every == 0:
-            self.check_replicas()
         return total.to(self._batches.loss_dtype(mbs))
 
     @property
@@ -307,13 +305,28 @@ class Pipeline:
 
     def check_replicas(self) -> None:
         """Collective: raises ``InputError`` on every rank when the replicas of some replicated
-        stage hold different parameters or buffers (a hash of each one's bytes, compared between
-        replicas), naming the stage, the rank and the first differing entry."""
-        mine = digests(self.module) if len(self.stage_ranks) > 1 else []
-        everyone = self._failures.gather(self._live_group, mine, "comparing the replicas")
-        problem = first_disagreement([st.ranks for st in self._cut.stages], dict(enumerate(everyone)))
+        stage hold different parameters or buffers (a checksum of each one's bytes, compared
+        between replicas), naming the stage, the rank and the first differing entry."""
+        problem = self._replica_disagreement(gradients=False)
         if problem is not None:
             raise InputError(f"Pipeline.check_replicas: {problem}")
+
+    def _replica_check_due(self) -> bool:
+        """Whether the step being run is one that ``check_replicas_every`` checks."""
+        every = self.check_replicas_every
+        return every is not None and (self.step_count + 1) % every == 0
+
+    def _local_updates(self) -> bool:
+        """Whether the replicas update on their own gradients (local SGD, QSR): their gradients
+        differ by design, and only their parameters are compared."""
+        return bool(getattr(self.sync_method, "local_updates", False))
+
+    def _replica_disagreement(self, gradients: bool) -> str | None:
+        """Collective: where some replicated stage's replicas differ (parameters, buffers and,
+        with ``gradients``, their summed gradients), in words; None when they agree."""
+        mine = digests(self.module, gradients) if len(self.stage_ranks) > 1 else []
+        everyone = self._failures.gather(self._live_group, mine, "comparing the replicas")
+        return first_disagreement([st.ranks for st in self._cut.stages], dict(enumerate(everyone)))
 
     @property
     def sync_stats(self) -> dict[str, Any]:

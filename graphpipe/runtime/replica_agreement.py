@@ -14,13 +14,13 @@ hash of each parameter's and buffer's bytes, compared between the replicas of ev
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.utils import _sync_module_states, _sync_params_and_buffers
+
+from graphpipe.runtime.checksums import digest
 
 __all__ = ["broadcast_buffers_from_first_replica", "broadcast_from_first_replica", "digests", "first_disagreement"]
 
@@ -45,12 +45,16 @@ def broadcast_buffers_from_first_replica(module: nn.Module, replica_group: Any) 
         _sync_params_and_buffers(replica_group, buffers, _BROADCAST_BUCKET_BYTES, 0)
 
 
-def digests(module: nn.Module) -> list[tuple[str, str]]:
-    """(name, hash of the bytes) of each parameter and buffer of ``module``, in module order."""
+def digests(module: nn.Module, gradients: bool = False) -> list[tuple[str, str]]:
+    """(name, checksum of the bytes) of each parameter and buffer of ``module``, in module
+    order, and with ``gradients`` of each parameter's gradient (``name.grad``), the checkpoint's
+    checksum (checksums.digest)."""
     out = []
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        out.append((name, hashlib.blake2b(data.tobytes(), digest_size=12).hexdigest()))
+        out.append((name, digest(tensor)))
+    if gradients:
+        for name, param in module.named_parameters():
+            out.append((f"{name}.grad", digest(param.grad) if param.grad is not None else "none"))
     return out
 
 

@@ -59,41 +59,61 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
     guarded = optimizer is not None and (pipe.skip_nonfinite or scaler is not None)
     StepGuard.prime(scaler, pipe.device)
     saved_buffers = StepGuard.save_buffers(pipe.module) if guarded else []
-    during = "in the pipelined forward and backward"
+    # What the step is doing, for the error that names a failure (_finish_step moves it on).
+    during = ["in the pipelined forward and backward"]
+    divergence: str | None = None
     try:
         executor = pipe._executor()
         pipe.last_timings = executor.run(fn, True, record)
-        during = "summing tied parameters' gradients"
+        during[0] = "summing tied parameters' gradients"
         if conn.shared.active:
             conn.shared.all_reduce()
         if conn.replica_sync is not None:
             begin, end = executor.my_rows(mbs)
             conn.replica_sync.after_backward((end - begin) / mbs)
-        total = torch.stack(losses).sum() if losses else torch.zeros((), device=pipe.device)
-        # One closing all-reduce (sum) of [this rank's part of the loss, its non-finite flag]:
-        # the loss stage's ranks add their parts, every other rank adds 0. Every rank sends
-        # float64 (exact for any float loss): a rank without the output does not know the
-        # loss's dtype, and a size mismatch aborts gloo.
-        flag = StepGuard.local_flag(pipe.module.parameters(), optimizer, scaler) if guarded else 0.0
-        buf = torch.stack([total.detach().to(torch.float64).reshape(()).cpu(),
-                           torch.tensor(flag, dtype=torch.float64)]).to(pipe.device)
-        if optimizer is not None and not guarded:  # local work first: the all-reduce waits for peers
-            during = "in the optimizer step"
-            optimizer.step()
-            optimizer.zero_grad()
-        during = (f"in the loss sum from rank {pipe.output_rank}" if len(pipe.output_ranks) == 1
-                  else f"in the loss sum over the loss stage's ranks {pipe.output_ranks}")
-        if pipe.world_size > 1:  # over one rank the sum is this rank's buffer: no gloo round trip
-            dist.all_reduce(buf, group=conn.pg)
-        if guarded:
-            during = "in the optimizer step"
-            pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
-        if conn.replica_sync is not None:
-            during = f"synchronising the replicas of stage {pipe.stage} ({pipe.sync_method.describe()})"
-            conn.replica_sync.after_optimizer_step()
-            broadcast_buffers_from_first_replica(pipe.module, conn.my_replica_group)
+        if pipe._replica_check_due():
+            # check_replicas_every: before the optimizer step, so a divergent step never lands.
+            during[0] = "comparing the replicas before the optimizer step"
+            divergence = pipe._replica_disagreement(gradients=not pipe._local_updates())
+        if divergence is None:
+            return _finish_step(pipe, losses, optimizer, scaler, guarded, saved_buffers, during)
     except BaseException as exc:
-        raise pipe._fail(exc, during)  # noqa: B904 (_fail sets the cause)
+        raise pipe._fail(exc, during[0])  # noqa: B904 (_fail sets the cause)
+    # Every rank found the same divergence in the same exchange: still in step, nothing applied.
+    if optimizer is not None:
+        optimizer.zero_grad()
+    raise InputError(f"Pipeline.step (check_replicas_every={pipe.check_replicas_every}): {divergence}; the "
+                     "optimizer step was not applied on any rank")
+
+
+def _finish_step(pipe: Pipeline, losses: list[torch.Tensor], optimizer: Any, scaler: Any, guarded: bool,
+                 saved_buffers: list[Any], during: list[str]) -> torch.Tensor:
+    """The rest of a step once the gradients are complete: the closing loss sum, the optimizer
+    step (or every rank skips it alike) and the replicas' sync; ``during[0]`` says which."""
+    conn = pipe._conn
+    total = torch.stack(losses).sum() if losses else torch.zeros((), device=pipe.device)
+    # One closing all-reduce (sum) of [this rank's part of the loss, its non-finite flag]:
+    # the loss stage's ranks add their parts, every other rank adds 0. Every rank sends
+    # float64 (exact for any float loss): a rank without the output does not know the
+    # loss's dtype, and a size mismatch aborts gloo.
+    flag = StepGuard.local_flag(pipe.module.parameters(), optimizer, scaler) if guarded else 0.0
+    buf = torch.stack([total.detach().to(torch.float64).reshape(()).cpu(),
+                       torch.tensor(flag, dtype=torch.float64)]).to(pipe.device)
+    if optimizer is not None and not guarded:  # local work first: the all-reduce waits for peers
+        during[0] = "in the optimizer step"
+        optimizer.step()
+        optimizer.zero_grad()
+    during[0] = (f"in the loss sum from rank {pipe.output_rank}" if len(pipe.output_ranks) == 1
+                 else f"in the loss sum over the loss stage's ranks {pipe.output_ranks}")
+    if pipe.world_size > 1:  # over one rank the sum is this rank's buffer: no gloo round trip
+        dist.all_reduce(buf, group=conn.pg)
+    if guarded:
+        during[0] = "in the optimizer step"
+        pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
+    if conn.replica_sync is not None:
+        during[0] = f"synchronising the replicas of stage {pipe.stage} ({pipe.sync_method.describe()})"
+        conn.replica_sync.after_optimizer_step()
+        broadcast_buffers_from_first_replica(pipe.module, conn.my_replica_group)
     return buf[0]
 
 
