@@ -76,6 +76,13 @@ class StepGuard:
         so that a skipped step leaves them as they were: a NaN sample would poison them."""
         return [b.detach().clone() for b in module.buffers()]
 
+    @staticmethod
+    def restore_buffers(module: torch.nn.Module, saved_buffers: list[torch.Tensor]) -> None:
+        """Puts back the buffers :meth:`save_buffers` copied (a step that does not land)."""
+        with torch.no_grad():
+            for buffer, saved in zip(module.buffers(), saved_buffers):
+                buffer.copy_(saved)
+
     def finish(self, any_bad: bool, optimizer: Any, scaler: Any, rank: int, module: torch.nn.Module,
                saved_buffers: list[torch.Tensor]) -> bool:
         """Steps or skips ``optimizer`` on the combined verdict (the same on every rank) and
@@ -89,9 +96,7 @@ class StepGuard:
         elif not any_bad:
             optimizer.step()
         if any_bad:
-            with torch.no_grad():
-                for buffer, saved in zip(module.buffers(), saved_buffers):
-                    buffer.copy_(saved)
+            self.restore_buffers(module, saved_buffers)
             self.skipped_steps += 1
             if not self._warned:
                 self._warned = True

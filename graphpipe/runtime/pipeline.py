@@ -271,6 +271,8 @@ class Pipeline:
         self._saved = SavedActivations(self.module.parameters()) if record else None
         total = run_step(self, self._stage_fn(values, mbs, on_output), losses, mbs, optimizer, scaler, record)
         self.step_count += 1
+        if self._replica_check_due(after_step=True):
+            self.check_replicas()
         return total.to(self._batches.loss_dtype(mbs))
 
     @property
@@ -307,24 +309,29 @@ class Pipeline:
         """Collective: raises ``InputError`` on every rank when the replicas of some replicated
         stage hold different parameters or buffers (a checksum of each one's bytes, compared
         between replicas), naming the stage, the rank and the first differing entry."""
-        problem = self._replica_disagreement(gradients=False)
+        problem = self._replica_disagreement(before_step=False)
         if problem is not None:
             raise InputError(f"Pipeline.check_replicas: {problem}")
 
-    def _replica_check_due(self) -> bool:
-        """Whether the step being run is one that ``check_replicas_every`` checks."""
+    def _replica_check_due(self, after_step: bool = False) -> bool:
+        """Whether ``check_replicas_every`` checks now: before the optimizer step of every N-th
+        step, where the replicas sum their gradients; at the end of it (``after_step``, the step
+        counted) where they update on their own (local SGD, QSR), whose replicas differ inside a
+        round by design."""
         every = self.check_replicas_every
-        return every is not None and (self.step_count + 1) % every == 0
+        if every is None or after_step != self._local_updates():
+            return False
+        return (self.step_count if after_step else self.step_count + 1) % every == 0
 
     def _local_updates(self) -> bool:
         """Whether the replicas update on their own gradients (local SGD, QSR): their gradients
         differ by design, and only their parameters are compared."""
         return bool(getattr(self.sync_method, "local_updates", False))
 
-    def _replica_disagreement(self, gradients: bool) -> str | None:
-        """Collective: where some replicated stage's replicas differ (parameters, buffers and,
-        with ``gradients``, their summed gradients), in words; None when they agree."""
-        mine = digests(self.module, gradients) if len(self.stage_ranks) > 1 else []
+    def _replica_disagreement(self, before_step: bool) -> str | None:
+        """Collective: where some replicated stage's replicas differ (parameters and buffers, or
+        ``before_step`` parameters and summed gradients), in words; None when they agree."""
+        mine = digests(self.module, before_step) if len(self.stage_ranks) > 1 else []
         everyone = self._failures.gather(self._live_group, mine, "comparing the replicas")
         return first_disagreement([st.ranks for st in self._cut.stages], dict(enumerate(everyone)))
 

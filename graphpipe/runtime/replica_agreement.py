@@ -45,17 +45,16 @@ def broadcast_buffers_from_first_replica(module: nn.Module, replica_group: Any) 
         _sync_params_and_buffers(replica_group, buffers, _BROADCAST_BUCKET_BYTES, 0)
 
 
-def digests(module: nn.Module, gradients: bool = False) -> list[tuple[str, str]]:
-    """(name, checksum of the bytes) of each parameter and buffer of ``module``, in module
-    order, and with ``gradients`` of each parameter's gradient (``name.grad``), the checkpoint's
-    checksum (checksums.digest)."""
-    out = []
-    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-        out.append((name, digest(tensor)))
-    if gradients:
-        for name, param in module.named_parameters():
-            out.append((f"{name}.grad", digest(param.grad) if param.grad is not None else "none"))
-    return out
+def digests(module: nn.Module, before_step: bool = False) -> list[tuple[str, str]]:
+    """(name, checksum of the bytes: the checkpoint's, checksums.digest) of each parameter and
+    buffer of ``module``, in module order. ``before_step``: of each parameter and its summed
+    gradient (``name.grad``) instead, what must agree before an optimizer step; the buffers are
+    left out there, since each replica's BatchNorm statistics are of its own rows until the
+    step's end makes them the first replica's."""
+    if before_step:
+        return [entry for name, p in module.named_parameters()
+                for entry in ((name, digest(p)), (f"{name}.grad", digest(p.grad) if p.grad is not None else "none"))]
+    return [(name, digest(tensor)) for name, tensor in [*module.named_parameters(), *module.named_buffers()]]
 
 
 def first_disagreement(stage_ranks: Sequence[Sequence[int]],

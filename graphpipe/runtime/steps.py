@@ -58,7 +58,7 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
     # Whether the optimizer waits for every rank's verdict on its gradients (nonfinite.py).
     guarded = optimizer is not None and (pipe.skip_nonfinite or scaler is not None)
     StepGuard.prime(scaler, pipe.device)
-    saved_buffers = StepGuard.save_buffers(pipe.module) if guarded else []
+    saved_buffers = StepGuard.save_buffers(pipe.module) if guarded or pipe._replica_check_due() else []
     # What the step is doing, for the error that names a failure (_finish_step moves it on).
     during = ["in the pipelined forward and backward"]
     divergence: str | None = None
@@ -74,12 +74,14 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
         if pipe._replica_check_due():
             # check_replicas_every: before the optimizer step, so a divergent step never lands.
             during[0] = "comparing the replicas before the optimizer step"
-            divergence = pipe._replica_disagreement(gradients=not pipe._local_updates())
+            divergence = pipe._replica_disagreement(before_step=True)
         if divergence is None:
             return _finish_step(pipe, losses, optimizer, scaler, guarded, saved_buffers, during)
     except BaseException as exc:
         raise pipe._fail(exc, during[0])  # noqa: B904 (_fail sets the cause)
-    # Every rank found the same divergence in the same exchange: still in step, nothing applied.
+    # Every rank found the same divergence in the same exchange: still in step, nothing applied
+    # (the forward's buffer updates undone, as for a skipped step).
+    StepGuard.restore_buffers(pipe.module, saved_buffers)
     if optimizer is not None:
         optimizer.zero_grad()
     raise InputError(f"Pipeline.step (check_replicas_every={pipe.check_replicas_every}): {divergence}; the "

@@ -114,6 +114,38 @@ def test_replicas_from_different_seeds_are_equal_after_wrap() -> None:
         assert r["drift"] is not None and "stage 0" in r["drift"] and "rank 1" in r["drift"] and "a.0.bias" in r["drift"]
 
 
+def _divergent_step_worker(rank: int, world: int) -> dict[str, Any]:
+    import graphpipe
+
+    torch.manual_seed(0)
+    model = TiedNet()
+    plan = _plan(model, {"emb": 0, "a": 0, "b": 1, "head": 1}, [[0, 1], [2]])
+    pipe = graphpipe.wrap(model, _batch(0)[0], _loss, plan=plan, timeout=60, check_replicas_every=1)
+    opt = torch.optim.SGD(list(pipe.parameters()), lr=0.1, momentum=0.9)
+    for k in range(2):
+        pipe.step(*_batch(k), optimizer=opt)  # checked before each step: equal
+    if rank == 1:  # one replica drifts between two steps
+        with torch.no_grad():
+            pipe.module.get_parameter("a.0.bias")[0] += 1e-6
+    before = _snapshot(pipe)
+    try:
+        pipe.step(*_batch(2), optimizer=opt)
+        error = None
+    except graphpipe.InputError as exc:
+        error = str(exc)
+    after = _snapshot(pipe)
+    return {"error": error, "unchanged": all(torch.equal(before[k], after[k]) for k in before),
+            "grads_zeroed": all(p.grad is None or not p.grad.any() for p in pipe.parameters())}
+
+
+def test_check_replicas_every_refuses_a_divergent_step_before_it_lands() -> None:
+    for rank, r in enumerate(_ok(run_ranks(_divergent_step_worker, 3, timeout=180))):
+        assert r["error"] is not None and "rank 1" in r["error"] and "a.0.bias" in r["error"], (rank, r["error"])
+        assert "not applied" in r["error"], r["error"]
+        assert r["unchanged"], rank  # the divergent step never landed, on any rank
+        assert r["grads_zeroed"], rank
+
+
 # ---- loads, non-finite steps, empty batches -----------------------------------------------------
 def _reference(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
