@@ -75,7 +75,6 @@ def test_every_rank_names_the_stuck_rank(tmp_path: Any, where: str, token: str) 
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
         got = r.value
-        assert got["stage"] == r.rank, "the sequential plan puts stage r on rank r"
         assert got["error"] == "PipelineTimeout", (r.rank, got)
         message = got["message"]
         # the culprit, what it was doing, and what each other rank waited for

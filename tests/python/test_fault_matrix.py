@@ -31,7 +31,9 @@ CASES_PER_RUN = 4
 
 
 def _matrix() -> list[tuple[int, str, str]]:
-    every = [(r, p, k) for r in RANKS for p in PHASES for k in KINDS]
+    # The sequential plan of this model uses 2 stages: rank 2 runs no instruction, only the
+    # loss sum and the optimizer phase.
+    every = [(r, p, k) for r in RANKS for p in PHASES for k in KINDS if r < 2 or p == "optimizer"]
     chosen = os.environ.get("GRAPHPIPE_FAULT_MATRIX", "")
     if chosen == "full":
         return every
@@ -77,7 +79,7 @@ def test_injected_fault_is_seen_everywhere(victim: int, phase: str, kind: str) -
     started = time.monotonic()
     results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", timeout=90)
     assert time.monotonic() - started < 90
-    named = f"rank {victim} is stuck" if kind == "hang" else f"rank {victim}"
+    named = f"rank {victim}: PipelineTimeout: rank {victim} is stuck" if kind == "hang" else f"rank {victim}"
     for r in results:
         if r.rank == victim and kind == "kill":
             assert not r.ok and r.error_type == "Killed", (r.error_type, r.message)
