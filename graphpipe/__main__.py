@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -84,6 +85,16 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from graphpipe.runtime.flight import diagnose_folder
+
+    if not os.path.isdir(args.folder):
+        raise ValueError(f"{args.folder} is not a folder")
+    lines, culprit = diagnose_folder(args.folder)
+    print("\n".join(lines))
+    return 0 if culprit is not None else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the graphpipe command line; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m graphpipe", description=__doc__)
@@ -125,6 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulate.add_argument("--dag", metavar="PATH", help="drawing of the stage DAG")
     simulate.add_argument("--trace", metavar="PATH", help="Chrome trace JSON (Perfetto)")
     simulate.set_defaults(run=_simulate)
+
+    diagnose = commands.add_parser(
+        "diagnose", help="read the flight recorder dumps of a failed pipeline and name the culprit rank"
+    )
+    diagnose.add_argument("folder", help="the dump folder (wrap's flight_recorder_dir, default <tmp>/graphpipe-flight)")
+    diagnose.set_defaults(run=_diagnose)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -11,12 +11,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
+#include <tuple>
 
 #include "bindings/bindings.h"
 #include "cost/gradient_buckets.h"
 #include "runtime/comm_hook.h"
 #include "runtime/errors.h"
 #include "runtime/executor.h"
+#include "runtime/fault_injection.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/gradient_buckets.h"
 #include "runtime/split_backward.h"
 #include "schedule/check.h"
@@ -190,6 +193,62 @@ void bind_gradient_buckets(py::module_& m) {
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
 }
 
+// A flight record as the dumps write it (graphpipe/runtime/flight.py): plain types only.
+py::dict flight_record_dict(const runtime::FlightRecord& r) {
+  py::dict d;
+  d["id"] = r.id;
+  d["run"] = r.run;
+  d["token"] = schedule::to_token(r.instruction);
+  d["kind"] = std::string(schedule::kind_name(r.instruction.kind));
+  d["what"] = schedule::describe(r.instruction);
+  d["stage"] = r.instruction.stage;
+  d["micro_batch"] = r.instruction.micro_batch;
+  d["edge"] = r.instruction.edge;
+  d["peers"] = r.peers;
+  d["bytes"] = r.bytes;
+  d["state"] = std::string(runtime::flight_state_name(r.state));
+  d["start"] = r.start;
+  d["end"] = r.end;
+  d["note"] = r.note;
+  return d;
+}
+
+void bind_flight_recorder(py::module_& m) {
+  py::class_<runtime::FlightRecorder, std::shared_ptr<runtime::FlightRecorder>>(
+      m, "FlightRecorder",
+      "A rank's last executor instructions and collectives (runtime/flight_recorder.h); it outlives the "
+      "executor that writes it.")
+      .def_property("capacity", &runtime::FlightRecorder::capacity, &runtime::FlightRecorder::set_capacity,
+                    "How many records are kept (0: off). Setting it drops the records kept.")
+      .def_property_readonly("run", &runtime::FlightRecorder::run, "The number of the executor's current or last run.")
+      .def(
+          "records",
+          [](const runtime::FlightRecorder& f) {
+            py::list out;
+            for (const auto& r : f.records()) out.append(flight_record_dict(r));
+            return out;
+          },
+          "The records kept, oldest first, as dicts: id, run, token, kind, what, stage, micro_batch, edge, peers, "
+          "bytes, state (posted, waiting, running, completed, failed), start, end (seconds since the epoch; end 0 "
+          "while open), note.")
+      .def(
+          "current",
+          [](const runtime::FlightRecorder& f) -> py::object {
+            auto r = f.current();
+            if (!r) return py::none();
+            return flight_record_dict(*r);
+          },
+          "The record the rank is running or waiting on now (the failed one after a failure), or None.")
+      .def(
+          "last",
+          [](const runtime::FlightRecorder& f) -> py::object {
+            auto r = f.last();
+            if (!r) return py::none();
+            return flight_record_dict(*r);
+          },
+          "The newest record, or None.");
+}
+
 void bind_executor_running(py::class_<runtime::Executor>& executor);
 
 void bind_executor(py::module_& m) {
@@ -263,6 +322,28 @@ void bind_executor_running(py::class_<runtime::Executor>& executor) {
            "Send and receive GPU tensors through CPU copies, for a backend that moves only CPU "
            "memory (Gloo), e.g. several ranks sharing one GPU (runtime/transport.h).")
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
+      .def_property_readonly("flight_recorder", &runtime::Executor::flight_recorder,
+                             "This rank's FlightRecorder (shared: keeping it does not keep the executor).")
+      .def(
+          "flight_records", [](const runtime::Executor& e) { return py::cast(e.flight_recorder()).attr("records")(); },
+          "flight_recorder.records().")
+      .def(
+          "current_instruction",
+          [](const runtime::Executor& e) { return py::cast(e.flight_recorder()).attr("current")(); },
+          "flight_recorder.current(): the instruction running or waited on now, or None.")
+      .def(
+          "set_faults",
+          [](runtime::Executor& e,
+             const std::vector<std::tuple<std::vector<schedule::OpKind>, std::string, double, std::string>>& faults) {
+            std::vector<runtime::InjectedFault> armed;
+            for (const auto& [kinds, action, seconds, label] : faults) {
+              armed.push_back({kinds, runtime::parse_fault_action(action), seconds, label});
+            }
+            e.set_faults(std::move(armed));
+          },
+          py::arg("faults"),
+          "Injected faults for the next run only: (kinds, 'raise' | 'hang' | 'kill', hang seconds, label) each, "
+          "fired before the first instruction of any of its kinds (graphpipe/runtime/faults.py).")
       .def("disconnect", &runtime::Executor::disconnect,
            "Drops the executor's handles on its process group and gradient buckets (after a "
            "failure, so that closing the groups closes this rank's connections); run() raises "
@@ -288,6 +369,7 @@ void bind_runtime(py::module_& m) {
   bind_timings(m);
   bind_split_backward(m);
   bind_gradient_buckets(m);
+  bind_flight_recorder(m);
   bind_executor(m);
 }
 

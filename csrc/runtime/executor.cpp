@@ -24,6 +24,7 @@ using schedule::OpKind;
 namespace {
 
 const std::vector<Instruction> kEmpty;
+const std::vector<int> kNoPeers;  // a compute instruction's peers in the flight recorder
 // Waits at least this long are logged as long (debug level): where the pipeline's bubbles are.
 constexpr double kLongWaitMs = 10.0;
 
@@ -39,6 +40,18 @@ std::string shape_of(const at::Tensor& t) {
 
 int tag_of(int edge, bool gradient, std::size_t k) {
   return (edge * 2 + (gradient ? 1 : 0)) * 64 + static_cast<int>(k % 64);
+}
+
+std::int64_t payload_bytes(const std::vector<TransferOp>& ops) {
+  std::int64_t bytes = 0;
+  for (const auto& op : ops) bytes += static_cast<std::int64_t>(op.tensor.nbytes());
+  return bytes;
+}
+
+std::string first_line(const char* what) {
+  std::string text(what);
+  const auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
 }
 
 }  // namespace
@@ -62,6 +75,11 @@ Executor::Executor(schedule::Schedule schedule, int rank, c10::intrusive_ptr<c10
         stage_ = s;
         replica_ = static_cast<int>(k);
       }
+    }
+  }
+  if (stage_ >= 0) {
+    for (int r : schedule_.stage_ranks[stage_]) {
+      if (r != rank_) replica_peers_.push_back(r);
     }
   }
   for (int e = 0; e < static_cast<int>(schedule_.edges.size()); ++e) {
@@ -404,17 +422,36 @@ void Executor::with_transfer_hooks(Body&& body) {
 }
 
 template <class Body>
+void Executor::recorded(FlightRecorder::Id id, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    flight_->end(id, FlightState::failed, first_line(e.what()));
+    throw;
+  } catch (...) {
+    flight_->end(id, FlightState::failed, "unknown error");
+    throw;
+  }
+}
+
+template <class Body>
 void Executor::compute(Run& run, std::size_t i, Body&& body) {
   const Instruction& ins = run.list[i];
   double start = run.record ? run.now() : 0.0;
-  {
+  // AR waits for the replicas' all-reduce; everything else computes on this rank.
+  const bool collective = ins.kind == OpKind::all_reduce && buckets_;
+  const auto id = collective ? flight_->begin(ins, FlightState::waiting, replica_peers_,
+                                              static_cast<std::int64_t>(buckets_->bytes()))
+                             : flight_->begin(ins, FlightState::running, kNoPeers, 0);
+  recorded(id, [&] {
     InstructionRange range(ins);
     if constexpr (std::is_same_v<decltype(body()), double>) {
       start = body();
     } else {
       body();
     }
-  }
+  });
+  flight_->end(id, FlightState::completed);
   if (run.record) run.timings.push_back({ins, start, run.now()});
   reap_sends(run, false);
 }
@@ -422,9 +459,13 @@ void Executor::compute(Run& run, std::size_t i, Body&& body) {
 void Executor::finish(Run& run, InFlight& f) {
   InstructionRange range(f.ins, " wait");
   const auto waited_from = std::chrono::steady_clock::now();
-  with_transfer_hooks([&] {
-    for (const auto& p : f.posted) transport_.wait(p);
+  flight_->wait(f.flight);
+  recorded(f.flight, [&] {
+    with_transfer_hooks([&] {
+      for (const auto& p : f.posted) transport_.wait(p);
+    });
   });
+  flight_->end(f.flight, FlightState::completed);
   if (run.debug) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waited_from).count();
     // A long wait is where a pipeline's bubble shows: say so above the per-transfer lines.
@@ -473,9 +514,10 @@ void Executor::post_transfer(Run& run, const Instruction& ins) {
   std::vector<at::Tensor> buffers;
   post(ins, run.train, ops, buffers);
   InFlight f{ins, {}, std::move(buffers), run.record ? run.now() : 0.0};
+  f.flight = flight_->begin(ins, FlightState::posted, schedule_.peer_ranks(ins), payload_bytes(ops));
   InstructionRange range(ins, " post");
   if (run.debug) log::debug("rank " + std::to_string(rank_) + ": posted " + where(ins));
-  with_transfer_hooks([&] { f.posted = transport_.post(std::move(ops)); });
+  recorded(f.flight, [&] { with_transfer_hooks([&] { f.posted = transport_.post(std::move(ops)); }); });
   if (schedule::is_recv(ins.kind)) {
     run.receives[Run::key(ins.kind, ins.micro_batch, ins.edge)] = std::move(f);
   } else {
@@ -490,6 +532,16 @@ void Executor::reach_transfer(Run& run, std::size_t i) {
     const auto& ahead = run.list[run.next_receive[i]];
     if (!run.posted(ahead)) post_transfer(run, ahead);
   }
+}
+
+void Executor::inject(Run& run, std::size_t i) {
+  const auto& ins = run.list[i];
+  auto fault = faults_.take(ins.kind);
+  if (!fault) return;
+  // The rank is "in" the instruction while the fault acts: a hang shows there to its peers.
+  const auto id = flight_->begin(ins, FlightState::running, kNoPeers, 0, fault->label);
+  recorded(id, [&] { fire(*fault, "rank " + std::to_string(rank_) + " " + where(ins)); });
+  flight_->end(id, FlightState::completed, fault->label);
 }
 
 void Executor::exec_recv_activation(Run& run, std::size_t i) { reach_transfer(run, i); }
@@ -612,18 +664,22 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
                 "one handler per instruction kind");
   check_ready(train);
   state_.clear();
+  flight_->start_run();
   Run run(fn, train, record);
   prepare(run);
   try {
     for (std::size_t i = 0; i < run.list.size(); ++i) {
+      if (!faults_.empty()) inject(run, i);
       (this->*kHandlers[static_cast<std::size_t>(run.list[i].kind)])(run, i);
     }
     drain(run);
   } catch (...) {
     state_.clear();
+    faults_.clear();
     if (buckets_) buckets_->abandon();
     throw;
   }
+  faults_.clear();
   state_.clear();
   return std::move(run.timings);
 }

@@ -43,6 +43,10 @@
 // Evaluation (train = false) runs only RF, F and SF, in schedule order: dropping the backward half
 // of a deadlock-free global order keeps it deadlock-free.
 //
+// Every instruction and the gradient all-reduce are recorded in a flight recorder
+// (flight_recorder.h; on by default, shared with its readers so that it outlives the executor),
+// and injected faults (fault_injection.h) fire before the first instruction of their kinds.
+//
 // The core knows no Python: the forward is a std::function, which the bindings implement by
 // calling the Python stage with the GIL held; run() is called with the GIL released.
 #pragma once
@@ -57,6 +61,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/fault_injection.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/gradient_buckets.h"
 #include "runtime/split_backward.h"
 #include "runtime/transport.h"
@@ -135,6 +141,12 @@ class Executor {
   void set_host_staging(bool on) { transport_.set_host_staging(on); }
   c10::Device device() const { return device_; }
   void set_transfer_hooks(TransferHooks hooks) { hooks_ = std::move(hooks); }
+  // The ring of this rank's last instructions (shared: a watcher or a dump may outlive the
+  // executor, e.g. after a failure closed the pipeline).
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return flight_; }
+  // Faults for the next run() only (failure tests): each fires before the first instruction of
+  // its kinds; run() forgets those left when it returns or throws.
+  void set_faults(std::vector<InjectedFault> faults) { faults_.arm(std::move(faults)); }
 
   // Runs this rank's program once; returns per-instruction timings when `record`.
   std::vector<InstructionTiming> run(const ForwardFn& forward, bool train, bool record = false);
@@ -165,6 +177,7 @@ class Executor {
     std::vector<Transport::Posted> posted;
     std::vector<at::Tensor> tensors;
     double start = 0.0;
+    FlightRecorder::Id flight = FlightRecorder::kNone;
   };
   // One run()'s state (executor.cpp): the instructions that run, the transfers in flight, the
   // timings recorded.
@@ -206,6 +219,12 @@ class Executor {
   // (from `start`, or from what body returns when it returns a time).
   template <class Body>
   void compute(Run& run, std::size_t i, Body&& body);
+  // Runs `body`; if it throws, closes flight record `id` as failed (with the error's first line)
+  // before the exception goes on.
+  template <class Body>
+  void recorded(FlightRecorder::Id id, Body&& body);
+  // Fires the injected fault due before instruction i, if any.
+  void inject(Run& run, std::size_t i);
 
   std::string where(const schedule::Instruction& ins) const;
   void post(const schedule::Instruction& ins, bool train, std::vector<TransferOp>& ops,
@@ -250,6 +269,9 @@ class Executor {
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;
   std::map<int, MicroBatchState> state_;
+  std::vector<int> replica_peers_;  // the other ranks of this rank's stage (AR's peers)
+  std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
+  FaultPlan faults_;
 };
 
 }  // namespace graphpipe::runtime

@@ -23,7 +23,7 @@ import json
 import pickle
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -57,12 +57,15 @@ def describe(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Failure:
-    """A pipeline's first failure as the store holds it: the rank it started on, the
-    exception's type name and the first line of its message."""
+    """A pipeline's first failure as the store holds it: the rank it started on (the culprit:
+    for a timeout, the rank found stuck, flight.py), the exception's type name, the first line
+    of its message, and the rank that published it (``reporter``, -1: the failing rank itself;
+    not compared)."""
 
     rank: int
     type_name: str
     message: str
+    reporter: int = field(default=-1, compare=False)
 
     @classmethod
     def of(cls, rank: int, exc: BaseException) -> Failure:
@@ -70,12 +73,17 @@ class Failure:
         return cls(rank, type(exc).__name__, _first_line(exc))
 
     def encode(self) -> bytes:
-        return json.dumps({"rank": self.rank, "type": self.type_name, "message": self.message}).encode()
+        return json.dumps({"rank": self.rank, "type": self.type_name, "message": self.message,
+                           "reporter": self.reporter}).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Failure:
         fields = json.loads(raw)
-        return cls(int(fields["rank"]), str(fields["type"]), str(fields["message"]))
+        return cls(int(fields["rank"]), str(fields["type"]), str(fields["message"]), int(fields.get("reporter", -1)))
+
+    def reported_by(self, rank: int) -> bool:
+        """Whether ``rank`` published this failure about itself (its own exception)."""
+        return self.rank == rank and self.reporter in (rank, -1)
 
     def __str__(self) -> str:
         """``rank R: Type: message``."""
@@ -123,10 +131,10 @@ class FailureBoard:
         self.world = world
         self.timeout = timeout
 
-    def publish(self, exc: BaseException) -> Failure:
-        """Records ``exc`` as the pipeline's failure unless another rank's came first; returns
-        the failure that stands."""
-        mine = Failure.of(self.rank, exc)
+    def publish(self, exc: BaseException, named: Failure | None = None) -> Failure:
+        """Records ``exc`` (or ``named``, a failure this rank found on another rank) as the
+        pipeline's failure unless another rank's came first; returns the failure that stands."""
+        mine = named if named is not None else Failure.of(self.rank, exc)
         try:
             return Failure.decode(self.store.compare_set(self.KEY, "", mine.encode()))
         except Exception:
@@ -192,6 +200,9 @@ class Failures:
         self._close = close
         #: The first failure, once the pipeline failed.
         self.cause: Failure | None = None
+        #: The pipeline's flight recording (flight.py), once connected: it names the rank a
+        #: timeout was stuck on and dumps this rank's records on a failure.
+        self.flight: Any = None
 
     def usable(self, executor: Any) -> Any:
         """``executor``, if the pipeline neither failed nor was closed (InputError otherwise)."""
@@ -214,14 +225,21 @@ class Failures:
         rank = self.board.rank
         if isinstance(exc, RuntimeError) and not isinstance(exc, _C.GraphpipeError):
             exc = collective_error(exc, rank, self.timeout, during)
-        if isinstance(exc, _C.PeerError) and not isinstance(exc, _C.PipelineTimeout):
+        named = None
+        if isinstance(exc, _C.PipelineTimeout):
+            named = self._stuck()
+        elif isinstance(exc, _C.PeerError):
             # A peer that left is a symptom, never the first cause: the rank that left is
             # about to publish why (a dead process publishes nothing, hence the bound).
-            self.board.read(wait=min(_PEER_CAUSE_GRACE_SECONDS, self.timeout))
-        cause = self.board.publish(exc)
+            if self.board.read(wait=min(_PEER_CAUSE_GRACE_SECONDS, self.timeout)) is None:
+                named = self._gone(during)
+        cause = self.board.publish(exc, named)
         self.cause = cause
         self._close()
-        if cause.rank == rank:
+        if self.flight is not None:
+            self.flight.close()
+            self.flight.dump(str(cause), describe(exc))
+        if cause.reported_by(rank):
             # Raised as it is, with no cause: `raise exc from exc` would make exc its own cause,
             # a cycle that keeps its traceback's frames (and the executor and process group in
             # their locals) alive until the garbage collector runs, so the peers blocked on
@@ -232,6 +250,27 @@ class Failures:
         error = error_type(f"rank {rank}: the pipeline failed on {cause} (seen here {during}: {describe(exc)})")
         error.__cause__ = exc  # as `raise error from exc` would
         return error
+
+    def _stuck(self) -> Failure | None:
+        """After this rank timed out: the failure of the rank found stuck (flight.py), or None
+        (no flight recording, or the waits form a cycle)."""
+        found = self.flight.diagnose() if self.flight is not None else None
+        if found is None:
+            return None
+        culprit, text = found
+        return Failure(culprit, _C.PipelineTimeout.__name__, text, reporter=self.board.rank)
+
+    def _gone(self, during: str) -> Failure | None:
+        """After a peer left without a word (killed, crashed): its failure, when this rank was
+        waiting on that one peer alone; else None."""
+        state = self.flight.state() if self.flight is not None else None
+        peers = state.get("peers") if state else None
+        if not peers or len(peers) != 1:
+            return None
+        what = f"{state['token']} ({state['what']})" if state.get("token") else state.get("what", during)
+        text = (f"rank {peers[0]} left without a word (its process died or was killed) while rank "
+                f"{self.board.rank} waited for it on {what}")
+        return Failure(peers[0], _C.PeerError.__name__, text, reporter=self.board.rank)
 
     def gather(self, group: Callable[[], Any], local: Any, during: str) -> list[Any]:
         """``local`` from every rank (all_gather_object on ``group()``, the live pipeline's

@@ -55,6 +55,15 @@ class WrapOptions:
             parameters and buffers from its first replica, and tied parameters from their first
             holder.
         capture: ``"auto"``, ``"fx"`` or ``"export"`` (see :func:`graphpipe.trace`).
+        flight_recorder_dir: the folder where each rank writes its flight recorder dump
+            (``rank<R>.json``: its last executor instructions and collectives, what it and every
+            peer was doing) when the pipeline fails; ``python -m graphpipe diagnose FOLDER``
+            reads them. Default (``None``): ``$GRAPHPIPE_FLIGHT_RECORDER_DIR`` if set, else
+            ``<tempfile.gettempdir()>/graphpipe-flight`` (on by default: written only on a
+            failure, a file per rank, replaced by the next failure's); ``""`` (or the variable
+            set to ``""`` or ``off``) writes none. The recorder itself is always on
+            (``$GRAPHPIPE_FLIGHT_RECORDER_SIZE`` records per rank, default 1024, 0: off). May
+            differ between ranks.
         plan_options: every other keyword of :func:`graphpipe.plan` (``memory_limit``,
             ``micro_batch_size``, ``optimizer``, ``manual``, ``device_kind``, ``seed``), passed
             to it unchanged. With ``plan``, planning options raise ``InputError`` (they would be
@@ -75,6 +84,7 @@ class WrapOptions:
     skip_nonfinite: bool = True
     check_replicas_every: int | None = None
     capture: str = "auto"
+    flight_recorder_dir: str | None = None
     plan_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -30,9 +30,11 @@ from torch import nn
 
 from graphpipe.errors import InputError
 from graphpipe.export_capture import check_mode, set_mode
+from graphpipe.runtime import faults
 from graphpipe.runtime.batch_prep import BatchPrep
 from graphpipe.runtime.connections import Connections, GroupMaker, check_backend
 from graphpipe.runtime.failure import FailureBoard, Failures, pipeline_store
+from graphpipe.runtime.flight import Flight, dump_dir, enable_nccl_flight_recorder
 from graphpipe.runtime.measure import SavedActivations
 from graphpipe.runtime.nonfinite import StepGuard
 from graphpipe.runtime.options import DEFAULT_TIMEOUT, WrapOptions
@@ -86,6 +88,8 @@ class Pipeline:
         self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
         self._conn = Connections()  # nothing to release until connected
         self._failures = Failures(self._board, self.timeout, lambda: self._conn.close(failing=True))
+        # GRAPHPIPE_FAULT, parsed once: a bad value fails wrap on every rank, naming it.
+        self._faults = self._board.guard(faults.from_environment)
         #: Training steps this pipeline completed (restored by :meth:`load`).
         self.step_count = 0
         self.last_timings: list[Any] = []
@@ -95,10 +99,17 @@ class Pipeline:
         self.plan = agreed.plan
         self._board.guard(lambda: self._build(agreed, model))
         backend = str(dist.get_backend(self.group)).lower()
+        folder = dump_dir(options.flight_recorder_dir)
+        if backend == "nccl":  # torch's own flight recorder, read when its group is made
+            enable_nccl_flight_recorder(folder)
         maker = GroupMaker(self._global_ranks, self.world_size == dist.get_world_size(), backend, self.timeout,
                            self._board)
         self._conn = Connections.connect(maker, self.world_size, self.schedule, self._cut, self._stage, self.module,
                                          self.sync_method, self._bucket_bytes, self.device)
+        self._flight = Flight(self._board.store, self.rank, self.world_size, self.timeout, folder,
+                              [(int(e.src), int(e.dst)) for e in self.plan.edges])
+        self._flight.attach(self._conn.executor.flight_recorder)
+        self._failures.flight = self._flight
 
     def _build(self, agreed: Agreed, model: nn.Module) -> None:
         """Cuts the traced model into the plan's stages and keeps this rank's."""
@@ -130,6 +141,8 @@ class Pipeline:
         ``torch.distributed.destroy_process_group()``: a process group that outlives the
         interpreter's shutdown through a leftover handle can abort the process. Idempotent;
         the pipeline cannot step afterwards, its parameters and state dicts stay readable."""
+        if getattr(self, "_flight", None) is not None:
+            self._flight.close()
         self._conn.close()
 
     @property

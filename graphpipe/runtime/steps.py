@@ -11,6 +11,7 @@ the optimizer steps, and the full-batch loss is the sum of every replica's part.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from graphpipe.errors import InputError
-from graphpipe.runtime import microbatch
+from graphpipe.runtime import faults, microbatch
 from graphpipe.runtime.nonfinite import StepGuard
 from graphpipe.runtime.replica_agreement import broadcast_buffers_from_first_replica
 from graphpipe.runtime.stage_call import StageFn
@@ -45,6 +46,24 @@ def loss_callback(loss_fn: Callable[[Any, Any], torch.Tensor], targets: list[Any
     return on_output
 
 
+def _activity(pipe: Pipeline, what: str, peers: list[int] | None = None) -> Any:
+    """What this rank does outside the executor, for its peers to see (flight.py)."""
+    flight = getattr(pipe, "_flight", None)
+    return flight.activity(what, peers) if flight is not None else contextlib.nullcontext()
+
+
+def _optimizer_phase(pipe: Pipeline, body: Callable[[], None]) -> None:
+    """The optimizer step (``body``), with the ``optimizer`` faults due (faults.py) first."""
+    with _activity(pipe, "in the optimizer step"):
+        faults.fire(pipe, "optimizer")
+        body()
+
+
+def _step_optimizer(optimizer: Any) -> None:
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, optimizer: Any, scaler: Any,
              record: bool) -> torch.Tensor:
     """Runs one step of ``pipe`` with the stage call ``fn``; returns the full-batch loss
@@ -62,8 +81,11 @@ def run_step(pipe: Pipeline, fn: StageFn, losses: list[torch.Tensor], mbs: int, 
     # What the step is doing, for the error that names a failure (_finish_step moves it on).
     during = ["in the pipelined forward and backward"]
     divergence: str | None = None
+    if getattr(pipe, "_flight", None) is not None:
+        pipe._flight.step = pipe.step_count
     try:
         executor = pipe._executor()
+        faults.arm(pipe, executor)
         pipe.last_timings = executor.run(fn, True, record)
         during[0] = "summing tied parameters' gradients"
         if conn.shared.active:
@@ -101,17 +123,18 @@ def _finish_step(pipe: Pipeline, losses: list[torch.Tensor], optimizer: Any, sca
     flag = StepGuard.local_flag(pipe.module.parameters(), optimizer, scaler) if guarded else 0.0
     buf = torch.stack([total.detach().to(torch.float64).reshape(()).cpu(),
                        torch.tensor(flag, dtype=torch.float64)]).to(pipe.device)
-    if optimizer is not None and not guarded:  # local work first: the all-reduce waits for peers
+    if not guarded:  # local work first: the all-reduce waits for peers
         during[0] = "in the optimizer step"
-        optimizer.step()
-        optimizer.zero_grad()
+        _optimizer_phase(pipe, lambda: _step_optimizer(optimizer) if optimizer is not None else None)
     during[0] = (f"in the loss sum from rank {pipe.output_rank}" if len(pipe.output_ranks) == 1
                  else f"in the loss sum over the loss stage's ranks {pipe.output_ranks}")
     if pipe.world_size > 1:  # over one rank the sum is this rank's buffer: no gloo round trip
-        dist.all_reduce(buf, group=conn.pg)
+        with _activity(pipe, during[0], [r for r in range(pipe.world_size) if r != pipe.rank]):
+            dist.all_reduce(buf, group=conn.pg)
     if guarded:
         during[0] = "in the optimizer step"
-        pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank, pipe.module, saved_buffers)
+        _optimizer_phase(pipe, lambda: pipe._guard.finish(bool(buf[1].item() > 0), optimizer, scaler, pipe.rank,
+                                                          pipe.module, saved_buffers))
     if conn.replica_sync is not None:
         during[0] = f"synchronising the replicas of stage {pipe.stage} ({pipe.sync_method.describe()})"
         conn.replica_sync.after_optimizer_step()

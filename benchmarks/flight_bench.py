@@ -1,0 +1,68 @@
+"""The flight recorder's cost: a training step's time with the recorder on and off, measured
+side by side (interleaved blocks of steps) on 3 CPU ranks of a small model.
+
+    python benchmarks/flight_bench.py [--model mmt:branches=4,batch=32] [--rounds 20] [--steps 5]
+
+Prints the median step time of the slowest rank with the recorder on (1024 records, the
+watcher thread running) and off (capacity 0, watcher stopped), and their ratio."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from graphpipe.testing import expect_ok, run_ranks, seeded_batches
+
+
+def _worker(rank: int, world: int, spec: str, rounds: int, steps: int) -> dict[str, list[float]]:
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    model, inputs, data = seeded_batches(spec, 1)
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec.split(":")[0]), partitioner="sequential", timeout=60)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.01)
+    batch = data[0]
+    recorder = pipe.executor.flight_recorder
+    for _ in range(5):
+        pipe.step(*batch, optimizer=opt)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    for k in range(2 * rounds):
+        mode = "on" if k % 2 == 0 else "off"
+        recorder.capacity = 1024 if mode == "on" else 0
+        paused = mode == "off"
+        if paused:  # the watcher thread is part of the cost: stopped while off
+            pipe._flight.close()
+        for _ in range(steps):
+            start = time.perf_counter()
+            pipe.step(*batch, optimizer=opt)
+            times[mode].append(time.perf_counter() - start)
+        if paused:
+            pipe._flight._stop.clear()
+            pipe._flight._thread = None
+            pipe._flight.attach(recorder)
+    pipe.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="mmt:branches=4,batch=32")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    results = expect_ok(run_ranks(_worker, 3, args.model, args.rounds, args.steps, timeout=900))
+    out: dict[str, Any] = {}
+    for mode in ("on", "off"):
+        per_step = [max(r.value[mode][i] for r in results) for i in range(len(results[0].value[mode]))]
+        out[mode] = statistics.median(per_step) * 1000
+    print(f"{args.model}, 3 ranks, {args.rounds} x {args.steps} steps each, interleaved: "
+          f"recorder on {out['on']:.2f} ms, off {out['off']:.2f} ms per step (median of the slowest rank), "
+          f"on/off {out['on'] / out['off']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Injected faults (GRAPHPIPE_FAULT=rank:step:phase:kind) over a matrix rank x phase x kind on a
+3-stage chain, timeout=3: every surviving rank raises PeerError or PipelineTimeout within the
+timeout + 5 s naming the faulty rank, the faulty rank (unless killed) names itself, nothing
+hangs, and afterwards every rank's pipeline refuses to step with InputError naming the failure.
+
+CI runs a rotation of the matrix: CASES_PER_RUN cases chosen by the day of the year, so that
+every case runs over time; GRAPHPIPE_FAULT_MATRIX=full runs all of it, GRAPHPIPE_FAULT_MATRIX=
+"1:forward:hang" (rank:phase:kind, commas between) the cases named. The save and load phases
+are not in the matrix (their faults fire in Pipeline.save / load). Nor is allreduce, which
+needs a replicated stage."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+from test_runtime_gold import make_model
+
+from graphpipe.testing import run_ranks
+
+TIMEOUT = 3.0
+STEP = 1  # the faulty step: step 0 is a good one
+RANKS = (0, 1, 2)
+PHASES = ("forward", "backward", "send", "receive", "optimizer")
+KINDS = ("raise", "hang", "kill")
+CASES_PER_RUN = 4
+
+
+def _matrix() -> list[tuple[int, str, str]]:
+    # The sequential plan of this model uses 2 stages: rank 2 runs no instruction, only the
+    # loss sum and the optimizer phase.
+    every = [(r, p, k) for r in RANKS for p in PHASES for k in KINDS if r < 2 or p == "optimizer"]
+    chosen = os.environ.get("GRAPHPIPE_FAULT_MATRIX", "")
+    if chosen == "full":
+        return every
+    if chosen:
+        return [(int(c.split(":")[0]), *c.split(":")[1:]) for c in chosen.split(",")]  # type: ignore[misc]
+    random.Random(0).shuffle(every)  # a fixed order mixing ranks, phases and kinds
+    day = datetime.date.today().timetuple().tm_yday
+    start = (day * CASES_PER_RUN) % len(every)
+    return [every[(start + k) % len(every)] for k in range(CASES_PER_RUN)]
+
+
+def _fault_worker(rank: int, world: int, fault: str) -> dict[str, Any]:
+    import torch
+
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    os.environ["GRAPHPIPE_FAULT"] = fault
+    model, example, batches = make_model("candle_uno")
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", micro_batches=4,
+                          timeout=TIMEOUT, flight_recorder_dir="")
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
+    out: dict[str, Any] = {"error": None, "steps": 0}
+    for inputs, targets in batches:
+        start = time.monotonic()
+        try:
+            pipe.step(inputs, targets, optimizer=optimizer)
+            out["steps"] += 1
+        except Exception as exc:
+            out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+            break
+    try:
+        pipe.step(*batches[0], optimizer=optimizer)
+        out["after"] = None
+    except Exception as exc:
+        out["after"] = (type(exc).__name__, str(exc))
+    pipe.close()
+    return out
+
+
+@pytest.mark.parametrize("victim,phase,kind", _matrix())
+def test_injected_fault_is_seen_everywhere(victim: int, phase: str, kind: str) -> None:
+    started = time.monotonic()
+    results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", timeout=90)
+    assert time.monotonic() - started < 90
+    named = f"rank {victim}: PipelineTimeout: rank {victim} is stuck" if kind == "hang" else f"rank {victim}"
+    for r in results:
+        if r.rank == victim and kind == "kill":
+            assert not r.ok and r.error_type == "Killed", (r.error_type, r.message)
+            continue
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        got = r.value
+        assert got["steps"] >= STEP, got  # the steps before the faulty one went through
+        assert got["error"] is not None, f"rank {r.rank} raised nothing"
+        if r.rank == victim and kind == "raise":
+            assert "injected fault GRAPHPIPE_FAULT=" in got["message"], got
+        else:
+            assert got["error"] in ("PeerError", "PipelineTimeout"), (r.rank, got)
+            assert f"the pipeline failed on {named}" in got["message"], (r.rank, got["message"])
+            if kind == "raise":
+                assert "injected fault" in got["message"], got["message"]
+            if kind == "hang":
+                assert got["error"] == "PipelineTimeout", got
+        if r.rank != victim:
+            assert got["seconds"] < TIMEOUT + 5.0, (r.rank, got)
+        # no rank goes on as if nothing happened
+        assert got["after"] is not None and got["after"][0] == "InputError", got["after"]
+        assert "stopped after a failure" in got["after"][1] and f"rank {victim}" in got["after"][1], got["after"]
+    print(f"\n{victim}:{STEP}:{phase}:{kind}: " + "; ".join(
+        f"rank {r.rank} {r.value['error']} after {r.value['seconds']:.2f} s" for r in results if r.ok))
+
+
+# ---- the switch itself, in one process -------------------------------------------------------
+
+
+def test_a_malformed_fault_is_an_input_error_naming_it() -> None:
+    from graphpipe.errors import InputError
+    from graphpipe.runtime.faults import Fault, parse
+
+    assert parse("1:0:forward:hang, 2:3:optimizer:kill") == [Fault(1, 0, "forward", "hang"),
+                                                            Fault(2, 3, "optimizer", "kill")]
+    assert parse("") == []
+    for bad, why in [("1:0:forward", "has 3 fields"), ("x:0:forward:hang", "non-negative integers"),
+                     ("1:0:sideways:hang", "unknown phase 'sideways'"), ("1:0:forward:explode", "unknown kind")]:
+        with pytest.raises(InputError, match="GRAPHPIPE_FAULT=") as err:
+            parse(bad)
+        assert why in str(err.value) and repr(bad) in str(err.value), str(err.value)
+
+
+def test_the_chain_of_waits_leads_to_the_rank_that_waits_on_nobody() -> None:
+    from graphpipe.runtime.flight import find_culprit
+
+    def waits(*peers: int) -> dict[str, Any]:
+        return {"state": "waiting", "peers": list(peers)}
+
+    running = {"state": "running", "peers": []}
+    assert find_culprit({0: waits(1), 1: waits(2), 2: running}, 0) == 2
+    assert find_culprit({0: waits(1), 1: running, 2: waits(1)}, 2) == 1
+    assert find_culprit({0: waits(1, 2), 1: waits(0, 2), 2: {"state": "idle", "peers": []}}, 0) == 2
+    assert find_culprit({0: waits(1), 1: None}, 0) == 1  # published nothing: dead or holding the GIL
+    assert find_culprit({0: waits(1), 1: waits(0)}, 0) is None  # a cycle names nobody
