@@ -55,8 +55,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+from graphpipe._ext import _C
 from graphpipe.errors import CheckpointError, InputError
-from graphpipe.runtime import checksums
+from graphpipe.runtime import checksums, faults
 from graphpipe.runtime.checkpoint_folders import new_save_id, recover, remove_leftovers, replace, staging_folder
 from graphpipe.runtime.failure import describe
 from graphpipe.runtime.stages import NO_PARAMETERS
@@ -90,6 +91,7 @@ def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
     entries: dict[str, str] = {}
     refusal: str | None = None
     try:
+        faults.fire(pipe, "save")  # GRAPHPIPE_FAULT's save phase (failure tests)
         state = _state_to_save(pipe, optimizer, extra)
         entries = checksums.digests(state)
     except Exception as exc:
@@ -104,8 +106,9 @@ def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
         refusal = _attempt(lambda: _prepare_folder(path, staged))
     _refuse_together(where, _verdicts(pipe, refusal, where))
     try:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(staged, sync_files=True),
-                 process_group=pipe._live_group())
+        with pipe._failures.waiting(f"writing {where}"):
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(staged, sync_files=True),
+                     process_group=pipe._live_group())
         refusal = None
     except CheckpointException as exc:
         refusal = _write_failure(exc)
@@ -291,6 +294,7 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
     template: dict[str, Any] | None = None
     refusal: str | None = None
     try:
+        faults.fire(pipe, "load")  # GRAPHPIPE_FAULT's load phase (failure tests)
         metadata, manifest = _read_metadata(path)
         template = _template(metadata, own, pipe.module, optimizer, model_keys=pipe.model_keys)
         private_key = f"{_SYNC}rank{pipe.rank}"
@@ -298,15 +302,22 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
             template.setdefault("sync", {})[f"rank{pipe.rank}"] = None
     except InputError as exc:
         refusal = str(exc)
+    except Exception as exc:
+        refusal = f"{describe(exc)} (on rank {pipe.rank})"
     # No rank may enter DCP's collective load alone: all of them, or none.
     pipe._failures.agree(pipe._live_group, where, refusal)
     assert template is not None
     loaded: dict[str, Any] = {}
     try:
         try:
-            dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
+            with pipe._failures.waiting(f"reading {where}"):
+                dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
         except CheckpointException as exc:
             raise InputError(_reason(exc, path, _damaged_entry(template, path, metadata))) from exc
+        except Exception as exc:
+            # DCP reports a rank's own reading errors as CheckpointException on every rank;
+            # anything else is its collectives failing (a peer died or hangs).
+            raise pipe._fail(exc, f"reading {where}")  # noqa: B904 (_fail sets the cause)
         _verify(manifest, metadata, template, path)
         loaded = _checked(template, own, pipe.module, optimizer)
         private = _unpickle(template["sync"][f"rank{pipe.rank}"], "this rank's sync record") \
@@ -315,10 +326,10 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
         refusal = None
     except InputError as exc:
         refusal = f"{exc} (found by rank {pipe.rank})"
+    except _C.PeerError:
+        raise
     except Exception as exc:
         refusal = _reason(exc, path)
-    except BaseException as exc:
-        raise pipe._fail(exc, f"reading {where}")  # noqa: B904 (_fail sets the cause)
     pipe._failures.agree(pipe._live_group, where, refusal)
     # Every rank read and checked everything: apply.
     state, optim = loaded["model"], loaded["optim"]

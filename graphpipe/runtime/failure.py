@@ -18,6 +18,7 @@ Every wait in here has the pipeline's deadline.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import pickle
@@ -262,22 +263,37 @@ class Failures:
 
     def _gone(self, during: str) -> Failure | None:
         """After a peer left without a word (killed, crashed): its failure, when this rank was
-        waiting on that one peer alone; else None."""
+        waiting on that one peer alone, or, in a collective, when exactly one other rank's
+        heartbeat stopped (flight.py); else None."""
         state = self.flight.state() if self.flight is not None else None
         peers = state.get("peers") if state else None
-        if not peers or len(peers) != 1:
+        if not peers:
             return None
+        if len(peers) != 1:
+            # Every live rank republishes its state each HEARTBEAT_SECONDS; this rank already
+            # waited the grace period for a cause, so the dead one has been silent that long.
+            peers = [r for r in self.flight.silent(_PEER_CAUSE_GRACE_SECONDS - 0.2) if r in peers]
+            if len(peers) != 1:
+                return None
         what = f"{state['token']} ({state['what']})" if state.get("token") else state.get("what", during)
         text = (f"rank {peers[0]} left without a word (its process died or was killed) while rank "
                 f"{self.board.rank} waited for it on {what}")
         return Failure(peers[0], _C.PeerError.__name__, text, reporter=self.board.rank)
+
+    def waiting(self, what: str) -> Any:
+        """A context in which this rank waits for every other rank in a collective ``what``
+        (flight.py's activity, so that a timeout there can name the rank that never came)."""
+        if self.flight is None:
+            return contextlib.nullcontext()
+        return self.flight.activity(what, [r for r in range(self.board.world) if r != self.board.rank])
 
     def gather(self, group: Callable[[], Any], local: Any, during: str) -> list[Any]:
         """``local`` from every rank (all_gather_object on ``group()``, the live pipeline's
         group); a failure of the exchange fails the pipeline."""
         everyone: list[Any] = [None] * self.board.world
         try:
-            dist.all_gather_object(everyone, local, group=group())
+            with self.waiting(during):
+                dist.all_gather_object(everyone, local, group=group())
         except BaseException as exc:
             raise self.fail(exc, during)  # noqa: B904 (fail sets the cause)
         return everyone
@@ -288,7 +304,8 @@ class Failures:
         from graphpipe.runtime.consensus import agree
 
         try:
-            agree(group(), refusal, what)
+            with self.waiting(f"agreeing on {what}"):
+                agree(group(), refusal, what)
         except InputError:
             raise
         except BaseException as exc:

@@ -11,7 +11,9 @@
   more often, so it writes to the store only in long waits (a store such as ``FileStore``
   grows with every write), and every state that matters at a timeout has lasted the timeout.
   It needs the GIL: a rank stuck in a C++ call that holds it publishes nothing new, and is
-  then named by its silence ("published no state").
+  then named by its silence ("published no state"). It also republishes an unchanged state
+  every ``HEARTBEAT_SECONDS`` (1 s; each publication carries its time, ``at``), so that a rank
+  that saw a peer leave inside a collective can tell which peer went silent (:func:`silent`).
 - When a wait times out, :meth:`Flight.diagnose` reads every rank's state and follows the
   chain of waits from this rank to the rank that waits on no peer: the culprit. Every rank
   that times out finds the same one; the failure it publishes names it, what it was doing and
@@ -42,6 +44,9 @@ DIR_ENV = "GRAPHPIPE_FLIGHT_RECORDER_DIR"
 #: How many records each rank keeps (default 1024; 0 turns the recorder off).
 SIZE_ENV = "GRAPHPIPE_FLIGHT_RECORDER_SIZE"
 _TICK_SECONDS = 0.1
+#: How often the watcher republishes an unchanged state: the proof of life that tells a peer
+#: that died from one that waits (one store write a second per rank).
+HEARTBEAT_SECONDS = 1.0
 _KEY = "flight/now/"
 _CODES = {"recv_activation": "SF", "send_activation": "RF", "recv_gradient": "SB", "send_gradient": "RB"}
 _TRANSFER_CODE = {"recv_activation": "RF", "send_activation": "SF", "recv_gradient": "RB", "send_gradient": "SB"}
@@ -191,7 +196,15 @@ class Flight:
     def publish(self, state: dict[str, Any] | None = None) -> None:
         """Publishes this rank's state (now) for its peers."""
         with contextlib.suppress(Exception):  # a store that went away: the peers learn nothing new
-            self.store.set(f"{_KEY}{self.rank}", json.dumps(state or self.state()))
+            self.store.set(f"{_KEY}{self.rank}", json.dumps(dict(state or self.state(), at=time.time())))
+
+    def silent(self, seconds: float) -> list[int]:
+        """The other ranks whose last publication is older than ``seconds`` (or who published
+        none): after a peer left, with every live rank's watcher beating each second, the one
+        that died."""
+        now = time.time()
+        return [r for r, state in self.states().items()
+                if r != self.rank and (state is None or now - float(state.get("at", 0.0)) > seconds)]
 
     def states(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last published state (None where a rank published none)."""
@@ -253,6 +266,7 @@ def _watch(ref: weakref.ref, stop: threading.Event) -> None:
     """The watcher: publishes the owner's state once it has lasted the threshold; ends when
     stopped or when the Flight is gone (it holds only a weak reference, never the executor)."""
     published: tuple | None = None
+    published_at = time.monotonic()
     seen: tuple | None = None
     seen_at = 0.0
     while not stop.wait(_TICK_SECONDS):
@@ -267,9 +281,9 @@ def _watch(ref: weakref.ref, stop: threading.Event) -> None:
         now = time.monotonic()
         if key != seen:
             seen, seen_at = key, now
-        if key != published and now - seen_at >= flight._threshold:
+        if (key != published and now - seen_at >= flight._threshold) or now - published_at >= HEARTBEAT_SECONDS:
             flight.publish(state)
-            published = key
+            published, published_at = key, now
         del flight
 
 

@@ -36,8 +36,8 @@ def _stuck_worker(rank: int, world: int, where: str, folder: str) -> dict[str, A
     from graphpipe.models import default_loss
 
     model, example, batches = make_model("candle_uno")
-    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", micro_batches=4,
-                          timeout=TIMEOUT, flight_recorder_dir=folder)
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", replicate=False,
+                          micro_batches=4, timeout=TIMEOUT, flight_recorder_dir=folder)
     calls = {"n": 0}
     if rank == STUCK and where == "forward":
         def stall_forward(module: Any, args: Any, output: Any) -> None:

@@ -2,12 +2,14 @@
 3-stage chain, timeout=3: every surviving rank raises PeerError or PipelineTimeout within the
 timeout + 5 s naming the faulty rank, the faulty rank (unless killed) names itself, nothing
 hangs, and afterwards every rank's pipeline refuses to step with InputError naming the failure.
+In the save and load phases a ``raise`` is a rank-local error with every rank alive: every rank
+raises the same CheckpointError (save) or InputError (load) naming the faulty rank, the
+checkpoint on disk is the one saved before, and the pipeline goes on training.
 
 CI runs a rotation of the matrix: CASES_PER_RUN cases chosen by the day of the year, so that
 every case runs over time; GRAPHPIPE_FAULT_MATRIX=full runs all of it, GRAPHPIPE_FAULT_MATRIX=
-"1:forward:hang" (rank:phase:kind, commas between) the cases named. The save and load phases
-are not in the matrix (their faults fire in Pipeline.save / load). Nor is allreduce, which
-needs a replicated stage."""
+"1:forward:hang" (rank:phase:kind, commas between) the cases named. The allreduce phase is not
+in it: it needs a replicated stage."""
 
 from __future__ import annotations
 
@@ -25,15 +27,14 @@ from graphpipe.testing import run_ranks
 TIMEOUT = 3.0
 STEP = 1  # the faulty step: step 0 is a good one
 RANKS = (0, 1, 2)
-PHASES = ("forward", "backward", "send", "receive", "optimizer")
+PHASES = ("forward", "backward", "send", "receive", "optimizer", "save", "load")
 KINDS = ("raise", "hang", "kill")
 CASES_PER_RUN = 4
 
 
 def _matrix() -> list[tuple[int, str, str]]:
-    # The sequential plan of this model uses 2 stages: rank 2 runs no instruction, only the
-    # loss sum and the optimizer phase.
-    every = [(r, p, k) for r in RANKS for p in PHASES for k in KINDS if r < 2 or p == "optimizer"]
+    # The last stage sends nothing forward and the first receives nothing: no such phase there.
+    every = [(r, p, k) for r in RANKS for p in PHASES for k in KINDS]
     chosen = os.environ.get("GRAPHPIPE_FAULT_MATRIX", "")
     if chosen == "full":
         return every
@@ -45,7 +46,9 @@ def _matrix() -> list[tuple[int, str, str]]:
     return [every[(start + k) % len(every)] for k in range(CASES_PER_RUN)]
 
 
-def _fault_worker(rank: int, world: int, fault: str) -> dict[str, Any]:
+def _fault_worker(rank: int, world: int, fault: str, folder: str) -> dict[str, Any]:
+    """Saves a checkpoint, then trains, saving and loading it after every step, with ``fault``
+    armed; what failed, when, what the checkpoint and the pipeline hold afterwards."""
     import torch
 
     import graphpipe
@@ -53,17 +56,28 @@ def _fault_worker(rank: int, world: int, fault: str) -> dict[str, Any]:
 
     os.environ["GRAPHPIPE_FAULT"] = fault
     model, example, batches = make_model("candle_uno")
-    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", micro_batches=4,
-                          timeout=TIMEOUT, flight_recorder_dir="")
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", replicate=False,
+                          micro_batches=4, timeout=TIMEOUT, flight_recorder_dir="")
     optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
+    path = os.path.join(folder, "ckpt")
+    pipe.save(path, optimizer=optimizer)  # step_count 0: before any fault is due
     out: dict[str, Any] = {"error": None, "steps": 0}
     for inputs, targets in batches:
         start = time.monotonic()
+        before = {k: v.clone() for k, v in pipe.state_dict().items()}
+        on_disk = graphpipe.model_state_dict(path)
         try:
             pipe.step(inputs, targets, optimizer=optimizer)
             out["steps"] += 1
+            start = time.monotonic()
+            before = {k: v.clone() for k, v in pipe.state_dict().items()}
+            pipe.save(path, optimizer=optimizer)
+            on_disk = graphpipe.model_state_dict(path)
+            pipe.load(path, optimizer=optimizer)
         except Exception as exc:
             out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+            out["disk_kept"] = _same(on_disk, graphpipe.model_state_dict(path))
+            out["state_kept"] = _same(before, pipe.state_dict())
             break
     try:
         pipe.step(*batches[0], optimizer=optimizer)
@@ -74,11 +88,34 @@ def _fault_worker(rank: int, world: int, fault: str) -> dict[str, Any]:
     return out
 
 
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _check_local_error(r: Any, victim: int, phase: str) -> None:
+    """A raise in save or load: every rank alive raises the same named error, the checkpoint and
+    the state are as before, and the pipeline trains on."""
+    got = r.value
+    expected = "CheckpointError" if phase == "save" else "InputError"
+    assert got["error"] == expected, (r.rank, got)
+    assert f"on rank {victim}" in got["message"] and "injected fault" in got["message"], got["message"]
+    assert got["seconds"] < TIMEOUT + 5.0, got
+    assert got["disk_kept"] and got["state_kept"], got
+    assert got["after"] is None, got["after"]  # still usable
+
+
 @pytest.mark.parametrize("victim,phase,kind", _matrix())
-def test_injected_fault_is_seen_everywhere(victim: int, phase: str, kind: str) -> None:
+def test_injected_fault_is_seen_everywhere(victim: int, phase: str, kind: str, tmp_path: Any) -> None:
     started = time.monotonic()
-    results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", timeout=90)
+    results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", str(tmp_path), timeout=90)
     assert time.monotonic() - started < 90
+    if kind == "raise" and phase in ("save", "load"):
+        for r in results:
+            assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+            _check_local_error(r, victim, phase)
+        return
     named = f"rank {victim}: PipelineTimeout: rank {victim} is stuck" if kind == "hang" else f"rank {victim}"
     for r in results:
         if r.rank == victim and kind == "kill":
