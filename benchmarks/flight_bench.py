@@ -9,6 +9,8 @@ watcher thread running) and off (capacity 0, watcher stopped), and their ratio."
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 from typing import Any
@@ -53,15 +55,23 @@ def main() -> None:
     parser.add_argument("--model", default="mmt:branches=4,batch=32")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", default="results/flight_recorder.json")
     args = parser.parse_args()
     results = expect_ok(run_ranks(_worker, 3, args.model, args.rounds, args.steps, timeout=900))
     out: dict[str, Any] = {}
     for mode in ("on", "off"):
         per_step = [max(r.value[mode][i] for r in results) for i in range(len(results[0].value[mode]))]
         out[mode] = statistics.median(per_step) * 1000
-    print(f"{args.model}, 3 ranks, {args.rounds} x {args.steps} steps each, interleaved: "
-          f"recorder on {out['on']:.2f} ms, off {out['off']:.2f} ms per step (median of the slowest rank), "
-          f"on/off {out['on'] / out['off']:.4f}")
+    print(f"{'recorder':<10} {'ms per step (median, slowest rank)':>36}")
+    for mode in ("on", "off"):
+        print(f"{mode:<10} {out[mode]:>36.2f}")
+    print(f"{args.model}, 3 ranks, {args.rounds} x {args.steps} steps each, interleaved: on/off "
+          f"{out['on'] / out['off']:.4f}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump({"model": args.model, "ranks": 3, "rounds": args.rounds, "steps": args.steps,
+                   "median_ms": out, "on_over_off": out["on"] / out["off"]}, f, indent=2)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
