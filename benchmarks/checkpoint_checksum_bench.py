@@ -16,8 +16,12 @@ machine's noise falls on every row alike:
 - ``dcp.load``: torch's load of this rank's entries into fresh tensors;
 - ``pipe.load``: graphpipe's load (the checks, DCP's load, every entry's checksum verified, the
   copy into the stage and the optimizer);
-- ``checksum``: computing this rank's digests alone (what verification adds to a load, and what
-  the save adds before writing).
+- ``pipe.save unchecked`` / ``pipe.load unchecked``: the same with the checksums taken out (the
+  benchmark replaces the digests with nothing and the verification with a no-op, in its own
+  processes), so the rows side by side show what the checksums cost and what the rest of
+  graphpipe's save and load cost (the exchanges, the staging folder's rename and the old
+  checkpoint's removal; the optimizer state's conversion and ``load_state_dict``);
+- ``checksum``: computing this rank's digests alone.
 
 GB/s is this rank's bytes (its tensors' and records' sizes) over the median time; the table shows
 the slowest rank's figure and each row's ratio to plain DCP. Writes results/checkpoint_checksum.json.
@@ -27,6 +31,7 @@ The files go to ``--dir`` (default: a temporary folder on the disk the results c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -35,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +52,7 @@ sys.path.insert(0, str(HERE))
 from graphpipe.testing import run_ranks  # noqa: E402
 
 DEFAULT_SPEC = "mmt:branches=4,depth=2,seq=32,hidden=512,heads=4,ffn=1024,batch=32"
-ROWS = ("dcp.save", "pipe.save", "dcp.load", "pipe.load", "checksum")
+ROWS = ("dcp.save", "pipe.save", "pipe.save unchecked", "dcp.load", "pipe.load", "pipe.load unchecked", "checksum")
 
 
 def _bytes_of(state: Any) -> int:
@@ -65,6 +71,19 @@ def _fresh_like(state: Any) -> Any:
     if isinstance(state, dict):
         return {k: _fresh_like(v) for k, v in state.items()}
     return torch.empty_like(state) if isinstance(state, torch.Tensor) else None
+
+
+@contextlib.contextmanager
+def _unchecked(checkpoint: Any, checksums: Any) -> Iterator[None]:
+    """graphpipe's save and load without checksums (no digests saved, none verified): the
+    baseline the checksums are measured against."""
+    digests, verify = checksums.digests, checkpoint._verify
+    checksums.digests = lambda state: {}
+    checkpoint._verify = lambda *args: None
+    try:
+        yield
+    finally:
+        checksums.digests, checkpoint._verify = digests, verify
 
 
 def _worker(rank: int, world: int, spec: str, root: str, rounds: int) -> dict[str, Any]:
@@ -89,28 +108,36 @@ def _worker(rank: int, world: int, spec: str, root: str, rounds: int) -> dict[st
                   optimizer=optimizer)
         state = checkpoint._state_to_save(pipe, optimizer, None)
         size = _bytes_of(state)
-        path = os.path.join(root, "graphpipe")
+        path, unchecked = os.path.join(root, "graphpipe"), os.path.join(root, "unchecked")
         pipe.save(path, optimizer=optimizer)
         times: dict[str, list[float]] = {row: [] for row in ROWS}
+        with _unchecked(checkpoint, checksums):
+            pipe.save(unchecked, optimizer=optimizer)  # so that every timed save replaces one
+        group = pipe._conn.pg
+
+        def timed(row: str, body: Callable[[], Any], plain_checks: bool = False) -> None:
+            dist.barrier()
+            with _unchecked(checkpoint, checksums) if plain_checks else contextlib.nullcontext():
+                start = time.perf_counter()
+                body()
+                times[row].append(time.perf_counter() - start)
+
         for k in range(rounds):
             plain = os.path.join(root, f"plain{k}")
-            dist.barrier()
-            start = time.perf_counter()
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(plain, sync_files=True), process_group=pipe._conn.pg)
-            times["dcp.save"].append(time.perf_counter() - start)
-            dist.barrier()
-            start = time.perf_counter()
-            pipe.save(path, optimizer=optimizer)
-            times["pipe.save"].append(time.perf_counter() - start)
+            saves = [("dcp.save", lambda plain=plain: dcp.save(
+                         state, storage_writer=dcp.FileSystemWriter(plain, sync_files=True), process_group=group), False),
+                     ("pipe.save", lambda: pipe.save(path, optimizer=optimizer), False),
+                     ("pipe.save unchecked", lambda: pipe.save(unchecked, optimizer=optimizer), True)]
             template = _fresh_like(state)
-            dist.barrier()
-            start = time.perf_counter()
-            dcp.load(template, storage_reader=dcp.FileSystemReader(plain), process_group=pipe._conn.pg)
-            times["dcp.load"].append(time.perf_counter() - start)
-            dist.barrier()
-            start = time.perf_counter()
-            pipe.load(path, optimizer=optimizer)
-            times["pipe.load"].append(time.perf_counter() - start)
+            loads = [("dcp.load", lambda plain=plain, template=template: dcp.load(
+                         template, storage_reader=dcp.FileSystemReader(plain), process_group=group), False),
+                     ("pipe.load", lambda: pipe.load(path, optimizer=optimizer), False),
+                     ("pipe.load unchecked", lambda: pipe.load(unchecked, optimizer=optimizer), True)]
+            # Each round another order, so that no row always follows the same one (the disk
+            # still flushing the previous row's writes).
+            for rows in (saves, loads):
+                for row, body, plain_checks in rows[k % 3:] + rows[:k % 3]:
+                    timed(row, body, plain_checks)
             start = time.perf_counter()
             checksums.digests(template)
             times["checksum"].append(time.perf_counter() - start)
@@ -144,11 +171,11 @@ def main() -> None:
     slowest = {row: min(p["gb_per_s"][row] for p in per_rank) for row in ROWS}
     print(f"{args.spec} on {args.world} ranks, {args.rounds} interleaved rounds; "
           f"bytes per rank: {[p['bytes'] for p in per_rank]}")
-    print(f"{'row':<10} {'GB/s (slowest rank)':>20} {'vs plain DCP':>14}")
+    print(f"{'row':<20} {'GB/s (slowest rank)':>20} {'vs plain DCP':>14}")
     for row in ROWS:
         base = slowest["dcp.save"] if "save" in row else slowest["dcp.load"]
         ratio = f"{slowest[row] / base:.2f}x" if row != "checksum" else "-"
-        print(f"{row:<10} {slowest[row]:>20.3f} {ratio:>14}")
+        print(f"{row:<20} {slowest[row]:>20.3f} {ratio:>14}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump({"spec": args.spec, "world": args.world, "rounds": args.rounds, "machine": platform.processor()

@@ -16,7 +16,7 @@
 //
 // Cost: per instruction two clock reads, one uncontended lock per state change and a copy of
 // the peer list into a slot whose vector keeps its capacity, so no allocation once the ring has
-// gone round; measured below 1% of a step (benchmarks in the report of the commit). Off with
+// gone round; benchmarks/flight_bench.py measures a step with it on and off (docs/results.md). Off with
 // capacity 0.
 #pragma once
 

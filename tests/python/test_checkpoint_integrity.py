@@ -225,6 +225,9 @@ def test_a_save_killed_at_any_point_leaves_the_old_checkpoint_or_the_new_one(tmp
             assert r.value["error"] == "PeerError", (where, r.rank, r.value)
             assert r.value["seconds"] < FAST, (where, r.rank, r.value)
         folders.append(path)
+        survivors = [r.value["seconds"] for r in results if r.rank != victim]
+        print(f"\nkilled rank {victim} at {point} {argument}: survivors raised after "
+              f"{min(survivors):.2f}-{max(survivors):.2f} s")
     resave = str(tmp_path / "kill0")
     results = run_ranks(_load_worker, WORLD, [old, new, *folders], resave, timeout=600, start_method="forkserver")
     for r in results:
