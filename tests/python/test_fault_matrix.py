@@ -8,8 +8,8 @@ checkpoint on disk is the one saved before, and the pipeline goes on training.
 
 CI runs a rotation of the matrix: CASES_PER_RUN cases chosen by the day of the year, so that
 every case runs over time; GRAPHPIPE_FAULT_MATRIX=full runs all of it, GRAPHPIPE_FAULT_MATRIX=
-"1:forward:hang" (rank:phase:kind, commas between) the cases named. The allreduce phase is not
-in it: it needs a replicated stage."""
+"1:forward:hang" (rank:phase:kind, commas between) the cases named. The allreduce phase needs a
+replicated stage: its three kinds run on every run, on a plan whose first stage has two ranks."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _matrix() -> list[tuple[int, str, str]]:
     return [every[(start + k) % len(every)] for k in range(CASES_PER_RUN)]
 
 
-def _fault_worker(rank: int, world: int, fault: str, folder: str) -> dict[str, Any]:
+def _fault_worker(rank: int, world: int, fault: str, folder: str, replicated: bool = False) -> dict[str, Any]:
     """Saves a checkpoint, then trains, saving and loading it after every step, with ``fault``
     armed; what failed, when, what the checkpoint and the pipeline hold afterwards."""
     import torch
@@ -56,8 +56,14 @@ def _fault_worker(rank: int, world: int, fault: str, folder: str) -> dict[str, A
 
     os.environ["GRAPHPIPE_FAULT"] = fault
     model, example, batches = make_model("candle_uno")
-    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), partitioner="sequential", replicate=False,
-                          micro_batches=4, timeout=TIMEOUT, flight_recorder_dir="")
+    if replicated:  # stage 0 on ranks 0 and 1 (their gradients summed: the allreduce phase), stage 1 on rank 2
+        from test_replicated_stages import replicated_plan
+
+        where: dict[str, Any] = {"plan": replicated_plan(model, example, [[0, 1], [2]], "sequential", 4)}
+    else:
+        where = {"partitioner": "sequential", "replicate": False, "micro_batches": 4}
+    pipe = graphpipe.wrap(model, example, default_loss("candle_uno"), timeout=TIMEOUT, flight_recorder_dir="",
+                          **where)
     optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
     path = os.path.join(folder, "ckpt")
     pipe.save(path, optimizer=optimizer)  # step_count 0: before any fault is due
@@ -106,10 +112,13 @@ def _check_local_error(r: Any, victim: int, phase: str) -> None:
     assert got["after"] is None, got["after"]  # still usable
 
 
-@pytest.mark.parametrize("victim,phase,kind", _matrix())
+@pytest.mark.parametrize("victim,phase,kind", _matrix() + [(1, "allreduce", k) for k in KINDS])
 def test_injected_fault_is_seen_everywhere(victim: int, phase: str, kind: str, tmp_path: Any) -> None:
+    """Every case of the rotation, and a fault in the gradient all-reduce of a replicated stage
+    (each kind, on a plan whose stage 0 runs on ranks 0 and 1)."""
     started = time.monotonic()
-    results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", str(tmp_path), timeout=90)
+    results = run_ranks(_fault_worker, 3, f"{victim}:{STEP}:{phase}:{kind}", str(tmp_path), phase == "allreduce",
+                        timeout=90)
     assert time.monotonic() - started < 90
     if kind == "raise" and phase in ("save", "load"):
         for r in results:
