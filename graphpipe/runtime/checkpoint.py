@@ -28,6 +28,14 @@ checkpoint of another model, a missing folder or shard, or a truncated file is a
 on every rank, and no rank changed anything. Every wait is a collective on the pipeline's own
 process group, which has the pipeline's timeout.
 
+Saving is atomic and checksummed, and fails together: every rank writes into a staging folder
+beside ``path`` (checkpoint_folders.py), each entry's digest goes into the manifest rank 0 writes
+last (checksums.py), and only then does rank 0 put the staging folder in place of ``path``.
+Three exchanges of verdicts (before, after DCP's write, after the replacement) make a rank's
+write error every rank's ``CheckpointError``, with every rank alive and the pipeline usable; a
+collective that fails (a peer died or hangs) fails the pipeline. ``load`` verifies every entry it
+read against the manifest before anything is applied.
+
 What is torch's: the file format, writer, reader and their collectives (``dcp.save``,
 ``dcp.load``, ``FileSystemWriter/Reader``), the deduplication of replicated tensors, and the
 FQN-keyed optimizer state (``get_optimizer_state_dict``). What is written here: which rank writes
