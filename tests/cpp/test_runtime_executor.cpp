@@ -200,7 +200,9 @@ TEST(RuntimeTransport, MissingPeerTimesOutNamingPeerAndInstruction) {
     EXPECT_NE(message.find("0RB0e0"), std::string::npos) << message;
     EXPECT_NE(message.find("edge 0"), std::string::npos) << message;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(400));
+  // At the timeout (200 ms; 203-210 ms alone), not a hang. The bound leaves room for a loaded
+  // machine: under ctest -j2 beside the planner's tests one run took 412 ms.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
 }
 
 TEST(RuntimeTransport, BrokenPeerIsPeerError) {
