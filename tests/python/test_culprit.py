@@ -28,7 +28,7 @@ from graphpipe.testing import run_ranks
 TIMEOUT = 5.0
 STUCK = 1
 STALL = 3 * TIMEOUT
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _stuck_worker(rank: int, world: int, where: str, folder: str) -> dict[str, Any]:
@@ -89,9 +89,10 @@ def test_every_rank_names_the_stuck_rank(tmp_path: Any, where: str, token: str) 
         assert got["after"][0] == "InputError" and f"rank {STUCK}: PipelineTimeout" in got["after"][1], got["after"]
     dumps = sorted(os.listdir(folder))
     assert dumps == ["rank0.json", "rank1.json", "rank2.json"], dumps
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # Run from tests/python, as the suite runs: `python -m graphpipe` then imports the installed
+    # package (with its extension), not the repository's source folder.
     run = subprocess.run([sys.executable, "-m", "graphpipe", "diagnose", folder], capture_output=True, text=True,
-                         timeout=60, env=env)
+                         timeout=60, cwd=HERE)
     assert run.returncode == 0, run.stderr
     assert f"culprit: rank {STUCK}: rank {STUCK} is running {token}" in run.stdout, run.stdout
     assert "first unmatched instruction: rank " in run.stdout, run.stdout
