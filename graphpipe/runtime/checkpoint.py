@@ -194,12 +194,20 @@ def _attempt(body: Callable[[], None]) -> str | None:
     return None
 
 
+def _first_failure(exc: CheckpointException) -> tuple[int, BaseException] | None:
+    """The lowest rank DCP reports a failure of, and that failure (every rank gets the same
+    exception); None when it names none."""
+    if not exc.failures:
+        return None
+    rank, cause = sorted(exc.failures.items())[0]
+    return rank, cause[0] if isinstance(cause, tuple) else cause
+
+
 def _write_failure(exc: CheckpointException) -> str:
-    """The first rank's cause of a DCP write that failed (every rank gets the same exception)."""
-    if exc.failures:
-        rank, cause = sorted(exc.failures.items())[0]
-        cause_exc = cause[0] if isinstance(cause, tuple) else cause
-        return f"writing failed on rank {rank} ({describe(cause_exc)})"
+    """The first rank's cause of a DCP write that failed."""
+    first = _first_failure(exc)
+    if first is not None:
+        return f"writing failed on rank {first[0]} ({describe(first[1])})"
     return f"writing failed ({describe(exc)})"
 
 
@@ -420,10 +428,9 @@ def _reason(exc: BaseException, path: str, entry: str | None = None) -> str:
     """One line naming what went wrong while reading (and the entry, where it is known), for
     every rank's InputError."""
     at = f" at the entry {entry}" if entry else ""
-    if isinstance(exc, CheckpointException) and exc.failures:
-        rank, cause = sorted(exc.failures.items())[0]
-        cause_exc = cause[0] if isinstance(cause, tuple) else cause
-        return (f"reading the checkpoint {path} failed on rank {rank}{at} ({describe(cause_exc)}); "
+    first = _first_failure(exc) if isinstance(exc, CheckpointException) else None
+    if first is not None:
+        return (f"reading the checkpoint {path} failed on rank {first[0]}{at} ({describe(first[1])}); "
                 "a shard file is missing or damaged")
     if isinstance(exc, InputError):
         return str(exc)
