@@ -1,12 +1,14 @@
 """Batch preparation: checks a batch against the example ``wrap`` traced and cuts it into the
 values each micro-batch's stage call reads (a replica: only its rows), and tells the executor
-the shapes that cross each stage edge at this micro-batch size.
+the shapes and dtypes that cross each stage edge at this micro-batch size and under the
+autocast the step runs in (shape_propagation.py).
 
 Everything here runs before anything is posted, and every rank has the whole batch, so a bad
 batch raises the same InputError on every rank and the pipeline stays in step and usable."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -14,7 +16,8 @@ import torch
 from graphpipe.errors import InputError
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.batch_check import BatchCheck
-from graphpipe.runtime.stages import EdgeLayout, StageCut, flatten_values, meta_copy, propagate_layouts
+from graphpipe.runtime.shape_propagation import AutocastState, ShapePropagation, autocast_state
+from graphpipe.runtime.stages import EdgeLayout, StageCut, flatten_values
 
 __all__ = ["BatchPrep"]
 
@@ -26,16 +29,16 @@ class BatchPrep:
                  device: torch.device, model_name: str) -> None:
         self._input_values = traced.input_values
         self._check = BatchCheck(model_name, traced.input_values(*example_args))
-        # Shape propagation runs on a copy of the traced module on the meta device (no memory).
-        self._meta = meta_copy(traced.module)
+        self._shapes = ShapePropagation(traced.module, device)
         self._static_batch = traced.static_batch
         self._model_name = model_name
         self._cut = cut
         self._num_edges = num_edges
         self.num_micro_batches = num_micro_batches
         self.device = device
-        self._layouts: dict[int, tuple[list[EdgeLayout], Any]] = {}
-        self._specs_for: int | None = None
+        # Per (micro-batch size, autocast state): the edges' layouts and the model output.
+        self._layouts: dict[tuple[int, AutocastState], tuple[list[EdgeLayout], Any]] = {}
+        self._specs_for: tuple[int, AutocastState] | None = None
         self._loss_dtypes: dict[int, torch.dtype] = {}
 
     def inputs(self, executor: Any, inputs: Any, replicated: bool) -> tuple[list[dict[str, Any]], int]:
@@ -59,11 +62,14 @@ class BatchPrep:
                 f"depends on the batch size), but a micro-batch here holds {mbs}: pass batches of "
                 f"{self.num_micro_batches} x {self._static_batch} samples, or trace with another example batch"
             )
-        if mbs not in self._layouts:
-            self._layouts[mbs] = propagate_layouts(self._meta, self._cut, self._num_edges, values[0])
-        if self._specs_for != mbs:
-            executor.set_edge_specs([layout.specs for layout in self._layouts[mbs][0]], mbs)
-            self._specs_for = mbs
+        key = (mbs, autocast_state())
+        if key not in self._layouts:
+            self._layouts[key] = self._shapes.layouts(self._cut, self._num_edges, values[0])
+            if mbs not in self._loss_dtypes:
+                self._loss_dtypes[mbs] = self._output_dtype(key, values[0])
+        if self._specs_for != key:
+            executor.set_edge_specs([layout.specs for layout in self._layouts[key][0]], mbs)
+            self._specs_for = key
         if replicated:
             # A replica reads only its rows of the model inputs (schedule/shards.h).
             begin, end = executor.my_rows(mbs)
@@ -86,13 +92,24 @@ class BatchPrep:
         return [microbatch.rows(t, begin, end) for t in targets_mb], (end - begin) / mbs
 
     def layouts(self, mbs: int) -> list[EdgeLayout]:
-        """Every stage edge's wire layout at micro-batch size ``mbs`` (after :meth:`inputs`)."""
-        return self._layouts[mbs][0]
+        """Every stage edge's wire layout at micro-batch size ``mbs`` (after :meth:`inputs`, in
+        the same autocast)."""
+        return self._layouts[(mbs, autocast_state())][0]
 
     def loss_dtype(self, mbs: int) -> torch.dtype:
-        """The dtype step() returns the loss in: the model output's floating dtype (which every
-        rank knows from shape propagation), float32 if it has none."""
-        if mbs not in self._loss_dtypes:  # once per micro-batch size: step() asks every step
-            floats = [t.dtype for t in flatten_values([self._layouts[mbs][1]]) if t.is_floating_point()]
-            self._loss_dtypes[mbs] = floats[0] if floats else torch.float32
+        """The dtype step() returns the loss in (every rank knows it, only the output stage
+        computes the loss): the model output's floating dtype without autocast, float32 if it
+        has none. Without autocast because autocast computes losses in float32 (its float32
+        list holds the losses) while the outputs it produces are often bfloat16."""
         return self._loss_dtypes[mbs]
+
+    def _output_dtype(self, key: tuple[int, AutocastState], values: dict[str, Any]) -> torch.dtype:
+        if key[1]:  # propagated under autocast: propagate once more without it
+            with contextlib.ExitStack() as plain:
+                for kind, _ in key[1]:
+                    plain.enter_context(torch.autocast(kind, enabled=False))
+                output = self._shapes.layouts(self._cut, self._num_edges, values)[1]
+        else:
+            output = self._layouts[key][1]
+        floats = [t.dtype for t in flatten_values([output]) if t.is_floating_point()]
+        return floats[0] if floats else torch.float32

@@ -4,10 +4,13 @@ types, defaults and meaning are written down."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
@@ -55,6 +58,14 @@ class WrapOptions:
             parameters and buffers from its first replica, and tied parameters from their first
             holder.
         capture: ``"auto"``, ``"fx"`` or ``"export"`` (see :func:`graphpipe.trace`).
+        autocast: ``torch.bfloat16`` or ``torch.float16``: mixed precision. Every step and
+            evaluation runs under ``torch.autocast(<the stage's device type>, autocast)``, the
+            same as wrapping ``pipe.step`` in it yourself: each stage's forward and the loss
+            compute in that precision where autocast does, activations and their gradients
+            cross the stage edges in the dtype they are produced in (half float32's bytes in
+            bf16), parameters, gradients and optimizer state keep their own dtype. ``wrap``
+            traces and plans under it too, so the planner prices the activations it moves.
+            Default (``None``): whatever autocast the caller runs ``step`` in.
         flight_recorder_dir: the folder where each rank writes its flight recorder dump
             (``rank<R>.json``: its last executor instructions and collectives, what it and every
             peer was doing) when the pipeline fails; ``python -m graphpipe diagnose FOLDER``
@@ -84,6 +95,7 @@ class WrapOptions:
     skip_nonfinite: bool = True
     check_replicas_every: int | None = None
     capture: str = "auto"
+    autocast: Any = None
     flight_recorder_dir: str | None = None
     plan_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -111,6 +123,16 @@ class WrapOptions:
         """The schedule the pipeline runs: the one asked for, or the one ``plan`` was made for
         (``schedule`` None or ``"auto"``)."""
         return plan.schedule if self.schedule in (None, "auto") else self.schedule
+
+    def autocast_context(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` on ``device``'s type in the ``autocast`` dtype (nothing when
+        unset); InputError for a dtype autocast does not compute in."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        if self.autocast not in (torch.bfloat16, torch.float16):
+            raise InputError(f"graphpipe.wrap: autocast must be torch.bfloat16, torch.float16 or None, got "
+                             f"{self.autocast!r}")
+        return torch.autocast(device.type, dtype=self.autocast)
 
     def check_every(self) -> int | None:
         """``check_replicas_every``, checked: a positive int or None."""

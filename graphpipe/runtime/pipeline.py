@@ -253,6 +253,17 @@ class Pipeline:
         return stage_call(self._stage, self._executor(), self._batches.layouts(mbs), recompute, self._saved, values,
                           on_output)
 
+    def _autocast_forward(self, stage_fn: StageFn) -> StageFn:
+        """``stage_fn`` under ``wrap(autocast=)`` (itself when unset)."""
+        if self.options.autocast is None:
+            return stage_fn
+
+        def forward(m: int, received: list[list[torch.Tensor]]) -> Any:
+            with self.options.autocast_context(self.device):
+                return stage_fn(m, received)
+
+        return forward
+
     def step(self, inputs: Any, targets: Any, *, optimizer: Any = None, scaler: Any = None,
              record: bool = False) -> torch.Tensor:
         """One training iteration over a batch; returns the full-batch loss (on every rank).
@@ -276,13 +287,17 @@ class Pipeline:
         """
         StepGuard.check_arguments(optimizer, scaler)
         executor = self._executor()
-        values, mbs = self._batches.inputs(executor, inputs, len(self.stage_ranks) > 1)
-        replicated_loss = self.rank in self.output_ranks and len(self.output_ranks) > 1
-        targets_mb, share = self._batches.targets(executor, targets, mbs, replicated_loss)
-        losses: list[torch.Tensor] = []
-        on_output = loss_callback(self.loss_fn, targets_mb, share, self.num_micro_batches, scaler, losses)
-        self._saved = SavedActivations(self.module.parameters()) if record else None
-        total = run_step(self, self._stage_fn(values, mbs, on_output), losses, mbs, optimizer, scaler, record)
+        # wrap(autocast=): the shape propagation and every stage forward (they run in this
+        # thread, the executor's forward callback too) see it; the optimizer step does not.
+        with self.options.autocast_context(self.device):
+            values, mbs = self._batches.inputs(executor, inputs, len(self.stage_ranks) > 1)
+            replicated_loss = self.rank in self.output_ranks and len(self.output_ranks) > 1
+            targets_mb, share = self._batches.targets(executor, targets, mbs, replicated_loss)
+            losses: list[torch.Tensor] = []
+            on_output = loss_callback(self.loss_fn, targets_mb, share, self.num_micro_batches, scaler, losses)
+            self._saved = SavedActivations(self.module.parameters()) if record else None
+            stage_fn = self._stage_fn(values, mbs, on_output)
+        total = run_step(self, self._autocast_forward(stage_fn), losses, mbs, optimizer, scaler, record)
         self.step_count += 1
         if self._replica_check_due(after_step=True):
             self.check_replicas()
@@ -296,8 +311,9 @@ class Pipeline:
 
     def eval_forward(self, inputs: Any) -> Any:
         """Runs the model forward on a batch (no gradients); the merged output on every rank."""
-        values, mbs = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
-        return run_eval(self, lambda on_output: self._stage_fn(values, mbs, on_output))
+        with self.options.autocast_context(self.device):
+            values, mbs = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
+        return run_eval(self, lambda on_output: self._autocast_forward(self._stage_fn(values, mbs, on_output)))
 
     # ---- measurements and replicas ---------------------------------------------------------
     @property

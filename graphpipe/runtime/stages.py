@@ -37,7 +37,6 @@ it); O(nodes + edges).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +45,11 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from graphpipe.errors import InputError, PlanningError
+from graphpipe.errors import PlanningError
 from graphpipe.trace import is_opaque_module
 
 __all__ = ["EdgeLayout", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
-           "local_module", "propagate_layouts", "stage_device", "NO_PARAMETERS"]
+           "local_module", "edge_layouts", "stage_device", "NO_PARAMETERS"]
 
 
 class _TensorSlot:
@@ -351,41 +350,11 @@ class EdgeLayout:
     trees: list[Any]                   # per value: (treespec, leaves), _SLOT where a tensor goes
 
 
-def propagate_layouts(
-    meta_gm: fx.GraphModule, graph: StageCut, num_edges: int, placeholder_values: dict[str, Any]
-) -> tuple[list[EdgeLayout], Any]:
-    """Runs ``meta_gm`` (the traced module on the meta device) on one micro-batch of inputs and
-    returns the layout of each of the plan's ``num_edges`` stage edges plus the model output
-    (meta) for the output's structure."""
-    needed = {name for st in graph.stages for vals in st.out_values.values() for name in vals}
-    values: dict[str, Any] = {}
-
-    class _Prop(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            if n.name in needed:
-                values[n.name] = value
-            return value
-
-    meta_inputs: list[Any] = []
-    for n in meta_gm.graph.nodes:
-        if n.op == "placeholder":
-            value = _to_meta(placeholder_values[n.name])
-            if str(n.target).startswith("*"):
-                meta_inputs.extend(value)
-            else:
-                meta_inputs.append(value)
-    try:
-        with torch.no_grad():
-            output = _Prop(meta_gm).run(*meta_inputs)
-    except Exception as exc:
-        raise InputError(
-            f"shape propagation of the model on the meta device failed: {exc}. graphpipe needs "
-            "the shapes of the tensors that cross stages; a model with data-dependent shapes is "
-            "not supported by the runtime"
-        ) from exc
+def edge_layouts(cut: StageCut, num_edges: int, values: Mapping[str, Any]) -> list[EdgeLayout]:
+    """The layout of each of the plan's ``num_edges`` stage edges, given the value of every node
+    a stage sends (one micro-batch's, from shape propagation: shape_propagation.py)."""
     layouts: list[EdgeLayout] = [EdgeLayout([], []) for _ in range(num_edges)]
-    for st in graph.stages:
+    for st in cut.stages:
         for e, names in st.out_values.items():
             for name in names:
                 leaves, spec = pytree.tree_flatten(values[name])
@@ -397,17 +366,7 @@ def propagate_layouts(
                     else:
                         kept.append(leaf)
                 layouts[e].trees.append((spec, kept))
-    return layouts, output
-
-
-def _to_meta(value: Any) -> Any:
-    return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
-
-
-def meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose parameters and buffers live on the meta device (no memory)."""
-    clone = copy.deepcopy(gm)
-    return clone.to("meta")
+    return layouts
 
 
 def flatten_values(values: list[Any]) -> list[torch.Tensor]:

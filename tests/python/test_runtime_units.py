@@ -13,7 +13,8 @@ import graphpipe
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.runtime import build_stages, manual_plan, merge, split
-from graphpipe.runtime.stages import flatten_values, meta_copy, propagate_layouts, unflatten_values
+from graphpipe.runtime.shape_propagation import ShapePropagation
+from graphpipe.runtime.stages import flatten_values, unflatten_values
 from graphpipe.trace import trace_module
 
 
@@ -66,7 +67,7 @@ def test_stage_modules_compose_to_the_model(name: str, world: int) -> None:
     values = dict(zip(placeholders, [tuple(inputs)] if name in ("mmt", "candle_uno") else list(inputs)))
     torch.testing.assert_close(_run_stages_in_order(graph, values), model(*inputs))
     # the wire layout round-trips every crossing value
-    layouts, out = propagate_layouts(meta_copy(traced.module), graph, len(plan.edges), values)
+    layouts, out = ShapePropagation(traced.module, torch.device("cpu")).layouts(graph, len(plan.edges), values)
     assert out.shape[0] == inputs[0].shape[0]
     for e, layout in enumerate(layouts):
         assert len(layout.trees) == sum(len(st.out_values.get(e, ())) for st in graph.stages)
