@@ -18,6 +18,7 @@ from torch import nn
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
 from graphpipe.planning import plan as make_plan
+from graphpipe.runtime import microbatch
 from graphpipe.runtime.failure import FailureBoard
 from graphpipe.runtime.microbatch import call_inputs, to_device
 from graphpipe.runtime.options import WrapOptions
@@ -39,19 +40,23 @@ class Agreed:
     plan: Any                # the C++ Plan, read and validated by the C++ loader
 
 
-def trace_model(model: nn.Module, example_inputs: Any, leaf_modules: Any, capture: str) -> tuple[Any, tuple]:
-    """The model's trace and the example's ``(args, kwargs)``. The trace runs the model once:
-    example inputs go where its parameters are (a model on a GPU may be given CPU example
-    inputs, as step() may be given CPU batches)."""
-    args, kwargs = call_inputs(example_inputs)
+def trace_model(model: nn.Module, example_args: tuple, options: WrapOptions) -> tuple[Any, tuple]:
+    """The model's trace and the example's ``(args, kwargs)`` (``example_args``, as
+    ``microbatch.call_inputs`` gives them). The trace runs the model once: example inputs go
+    where its parameters are (a model on a GPU may be given CPU example inputs, as step() may be
+    given CPU batches), under ``options.autocast`` (so the graph records the bytes of the
+    activations the steps will move)."""
+    args, kwargs = example_args
     home = next((p.device for p in model.parameters()), torch.device("cpu"))
     if home.type != "cpu":
         args, kwargs = to_device((args, kwargs), home)
+    leaf_modules = options.leaf_modules
     # SyncBatchNorm runs on CPU and over the stage's replicas (sync_batchnorm.py): one operator.
     if adopt_sync_batchnorm(model):
         leaf_modules = (*leaf_modules, StageSyncBatchNorm)
     # trace_module leaves the model's buffers (BatchNorm statistics) as they were.
-    traced = trace_module(model, args, kwargs, leaf_modules=leaf_modules, capture=capture)
+    with options.autocast_context(home):
+        traced = trace_module(model, args, kwargs, leaf_modules=leaf_modules, capture=options.capture)
     return traced, (args, kwargs)
 
 
@@ -59,10 +64,12 @@ def rendezvous(board: FailureBoard, rank: int, world_size: int, model: nn.Module
                options: WrapOptions, sync_method: SyncMethod) -> Agreed:
     """Traces the model, gets the plan (rank 0 plans unless one was given), checks that every
     rank has the same model, plan and options, and loads the plan through the C++ loader."""
-    traced, example_args = board.guard(
-        lambda: trace_model(model, example_inputs, options.leaf_modules, options.capture))
+    traced, example_args = board.guard(lambda: trace_model(model, call_inputs(example_inputs), options))
+    planning_options = options.planning(sync_method) if options.plan is None else {}
+    if _fixed_at_whole_batch(traced, example_args, planning_options):
+        traced, example_args = _capture_micro_batch(board, rank, world_size, model, traced, example_args, options,
+                                                    planning_options)
     if options.plan is None:
-        planning_options = options.planning(sync_method)
         planning = _describe_options(planning_options)
         plan = _plan_on_rank0(board, rank, world_size, traced.graph, planning_options)
     else:
@@ -78,13 +85,59 @@ def rendezvous(board: FailureBoard, rank: int, world_size: int, model: nn.Module
     return Agreed(traced=traced, example_args=example_args, plan=loaded)
 
 
+def _fixed_at_whole_batch(traced: Any, example_args: tuple, planning_options: Mapping[str, Any]) -> bool:
+    """Whether torch.export fixed the batch size at the example's (the model's code depends on
+    it) where the example is the step's whole batch: a planning ``batch_size`` of several
+    examples says the example is one micro-batch already."""
+    if traced.static_batch is None:
+        return False
+    batch = planning_options.get("batch_size")
+    return batch is None or int(batch) == traced.static_batch
+
+
+def _capture_micro_batch(board: FailureBoard, rank: int, world_size: int, model: nn.Module, traced: Any,
+                         example_args: tuple, options: WrapOptions, planning_options: dict[str, Any]) -> tuple[Any, tuple]:
+    """A model whose code depends on the batch size runs, once captured, at that batch only;
+    the pipeline runs it on micro-batches. So it is captured again on the example's first rows,
+    one micro-batch: the count given, the one the plan given was made for, or the planner's
+    choice for the whole-batch graph. The planner then plans for the whole batch."""
+    micro = options.micro_batches or getattr(options.plan, "num_micro_batches", None)
+    if micro is None and options.plan is None:
+        text = _plan_on_rank0(board, rank, world_size, traced.graph, dict(planning_options), key="whole-batch plan")
+        micro = board.guard(lambda: load_plan(text, traced.graph)).num_micro_batches
+    return board.guard(lambda: _recapture(model, traced, example_args, options, planning_options, micro))
+
+
+def _recapture(model: nn.Module, traced: Any, example_args: tuple, options: WrapOptions,
+               planning_options: dict[str, Any], micro: int | None) -> tuple[Any, tuple]:
+    name, rows = type(model).__name__, traced.static_batch
+    if micro is None:
+        raise InputError(f"{name}'s code depends on the batch size, so graphpipe captures it at the micro-batch "
+                         "size, which the plan given does not say: pass micro_batches= to wrap")
+    micro = int(micro)
+    if micro == 1:
+        return traced, example_args
+    if rows % micro != 0:
+        raise InputError(f"{name}'s code depends on the batch size, so graphpipe captures it at the micro-batch size, "
+                         f"but the example's {rows} rows do not split into {micro} micro-batches")
+    size = rows // micro
+    # The core's logger (GRAPHPIPE_LOG_LEVEL=debug shows it), the one the planner logs through.
+    _C.log("debug", f"{name}: torch.export fixed the batch size at the example's {rows} rows (the model's code "
+                    f"depends on it); captured again at the micro-batch size, on the example's first {size} rows")
+    if options.plan is None:
+        planning_options["micro_batches"] = micro
+        planning_options.setdefault("batch_size", rows)
+    return trace_model(model, microbatch.rows(example_args, 0, size), options)
+
+
 def _load_runnable(text: str, graph: Any, world_size: int, micro_batches: int | None) -> Any:
     loaded = load_plan(text, graph)
     check_runnable(loaded, world_size, micro_batches)
     return loaded
 
 
-def _plan_on_rank0(board: FailureBoard, rank: int, world_size: int, graph: Any, options: dict[str, Any]) -> str:
+def _plan_on_rank0(board: FailureBoard, rank: int, world_size: int, graph: Any, options: dict[str, Any],
+                   key: str = "plan") -> str:
     """Rank 0 plans through :func:`graphpipe.plan` (the one front door to the partitioners, with
     every option it takes; ``devices`` defaults to one per rank of the group) and shares the
     plan's JSON text through the store, so every rank runs the same one (and a planning error
@@ -97,8 +150,8 @@ def _plan_on_rank0(board: FailureBoard, rank: int, world_size: int, graph: Any, 
             value = ("ok", made.to_json(graph))
         except Exception as exc:
             value = ("error", f"{type(exc).__name__}: {exc}")
-        board.share("plan", value)
-    status, value = board.collect("plan", ranks=[0], what="plan")[0]
+        board.share(key, value)
+    status, value = board.collect(key, ranks=[0], what=key)[0]
     if status != "ok":
         raise PlanningError(f"partitioning on rank 0 failed: {value}")
     return value
@@ -122,6 +175,7 @@ def _description(traced: Any, model: nn.Module, plan_text: str, options: WrapOpt
         "timeout": float(options.timeout),
         "sync method": repr(sync_method),
         "skip_nonfinite": bool(options.skip_nonfinite),
+        "autocast": str(options.autocast),
         "check_replicas_every": options.check_replicas_every,
     }
 

@@ -68,8 +68,7 @@ def train(name: str, partitioner: str, schedule: str, manual: tuple[tuple[str, i
     from graphpipe.trace import trace
 
     case = hm.build(name, STEPS)
-    # batch_size: the step's batch, which LLaVA's example (one micro-batch) is not
-    planning: dict[str, Any] = {"partitioner": partitioner, "batch_size": hm.BATCH}
+    planning: dict[str, Any] = {"partitioner": partitioner}
     if manual is not None:
         # operators no rule names go to their earliest consumer's stage (manual_plan)
         planning = {"plan": manual_plan(trace(case.model, (), case.example), dict(manual), hm.MICRO_BATCHES)}
