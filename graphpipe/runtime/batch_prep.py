@@ -91,10 +91,11 @@ class BatchPrep:
         begin, end = executor.my_rows(mbs)
         return [microbatch.rows(t, begin, end) for t in targets_mb], (end - begin) / mbs
 
-    def layouts(self, mbs: int) -> list[EdgeLayout]:
-        """Every stage edge's wire layout at micro-batch size ``mbs`` (after :meth:`inputs`, in
-        the same autocast)."""
-        return self._layouts[(mbs, autocast_state())][0]
+    def layouts(self) -> list[EdgeLayout]:
+        """Every stage edge's wire layout for the batch :meth:`inputs` prepared last (its
+        micro-batch size, in the autocast it ran in)."""
+        assert self._specs_for is not None, "inputs() prepares a batch first"
+        return self._layouts[self._specs_for][0]
 
     def loss_dtype(self, mbs: int) -> torch.dtype:
         """The dtype step() returns the loss in (every rank knows it, only the output stage

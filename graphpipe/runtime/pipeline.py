@@ -244,13 +244,12 @@ class Pipeline:
             self.executor.set_parameters(list(chosen))
 
     # ---- running -----------------------------------------------------------------------------
-    def _stage_fn(self, values: list[dict[str, Any]], mbs: int,
-                  on_output: Callable[[int, Any], torch.Tensor | None]) -> StageFn:
-        """The executor's F callback for this rank (stage_call.py)."""
+    def _stage_fn(self, values: list[dict[str, Any]], on_output: Callable[[int, Any], torch.Tensor | None]) -> StageFn:
+        """The executor's F callback for this rank (stage_call.py), for the batch prepared last."""
         if self._stage is None:
             return no_stage
         recompute = bool(self.plan.stages[self._stage.index].recompute)
-        return stage_call(self._stage, self._executor(), self._batches.layouts(mbs), recompute, self._saved, values,
+        return stage_call(self._stage, self._executor(), self._batches.layouts(), recompute, self._saved, values,
                           on_output)
 
     def _autocast_forward(self, stage_fn: StageFn) -> StageFn:
@@ -296,7 +295,7 @@ class Pipeline:
             losses: list[torch.Tensor] = []
             on_output = loss_callback(self.loss_fn, targets_mb, share, self.num_micro_batches, scaler, losses)
             self._saved = SavedActivations(self.module.parameters()) if record else None
-            stage_fn = self._stage_fn(values, mbs, on_output)
+            stage_fn = self._stage_fn(values, on_output)
         total = run_step(self, self._autocast_forward(stage_fn), losses, mbs, optimizer, scaler, record)
         self.step_count += 1
         if self._replica_check_due(after_step=True):
@@ -312,8 +311,8 @@ class Pipeline:
     def eval_forward(self, inputs: Any) -> Any:
         """Runs the model forward on a batch (no gradients); the merged output on every rank."""
         with self.options.autocast_context(self.device):
-            values, mbs = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
-        return run_eval(self, lambda on_output: self._autocast_forward(self._stage_fn(values, mbs, on_output)))
+            values, _ = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
+        return run_eval(self, lambda on_output: self._autocast_forward(self._stage_fn(values, on_output)))
 
     # ---- measurements and replicas ---------------------------------------------------------
     @property
