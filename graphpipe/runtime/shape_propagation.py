@@ -68,10 +68,11 @@ class ShapePropagation:
         self._mode = FakeTensorMode()
         with self._mode:
             # Fake state on the stage's device (the device autocast dispatches by), made once.
+            # One entry per tensor: functional_call ties the other names of a tied parameter
+            # (GPT-2's embedding and LM head) to it, as they are tied in the model.
             self._state = {
                 name: self._fake(t)
-                for name, t in [*self._runner.named_parameters(remove_duplicate=False),
-                                *self._runner.named_buffers(remove_duplicate=False)]
+                for name, t in [*self._runner.named_parameters(), *self._runner.named_buffers()]
             }
 
     def _fake(self, t: torch.Tensor) -> torch.Tensor:
