@@ -29,7 +29,10 @@ because torch has none: QSR's period rule (below), top-k with error feedback and
 all-reduce (C++, ``csrc/runtime``).
 
 Each method also describes itself to the cost model (``cost_method()``, a ``_C.SyncMethod``), so
-that ``graphpipe.plan(..., sync=...)`` and ``graphpipe.simulate`` price what will run.
+that ``graphpipe.plan(..., sync=...)`` and ``graphpipe.simulate`` price what will run, and makes
+the communication hook its replicas run on the gradient buckets (``gradient_hook()``, None for
+the local methods). So a method is one class here, and the runtime (runtime/replica_sync.py)
+asks it rather than testing which one it is; docs/extending.md lists the rest a new one needs.
 """
 
 from __future__ import annotations
@@ -38,11 +41,25 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["AllReduce", "LocalSGD", "PowerSGD", "QSR", "SyncMethod", "TopK", "named", "parse", "qsr_period"]
+__all__ = ["AllReduce", "GradientHook", "LocalSGD", "PowerSGD", "QSR", "SyncMethod", "TopK", "named", "parse",
+           "qsr_period"]
+
+
+@dataclass
+class GradientHook:
+    """The communication hook a gradient method's replicas run on every gradient bucket
+    (a ``_C.CommHook``), and the state a resumed run needs from it: saved under ``state_key``
+    (None: it keeps none) by ``state_dict()`` and given back to ``load_state_dict()``."""
+
+    hook: Any
+    state_key: str | None = None
+    state_dict: Any = None
+    load_state_dict: Any = None
 
 
 class SyncMethod(ABC):
@@ -54,6 +71,12 @@ class SyncMethod(ABC):
     @abstractmethod
     def cost_method(self) -> _C.SyncMethod:
         """This method as the cost model and the simulator price it."""
+
+    def gradient_hook(self, group: Any, hierarchy: tuple[Any, Any] | None) -> GradientHook | None:
+        """The hook that sums the replicas' gradients, bucket by bucket, over ``group`` (the
+        replicas' counting process group; ``hierarchy``: this rank's (intra-node, inter-node)
+        groups, None when the replicas share a node). None: the replicas update locally."""
+        return None
 
     def round_length(self, lr: float) -> int:
         """Local methods: the local steps of a round that starts at learning rate ``lr``."""
@@ -79,6 +102,15 @@ class AllReduce(SyncMethod):
 
     def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="all_reduce", hierarchical=self.hierarchical)
+
+    def gradient_hook(self, group: Any, hierarchy: tuple[Any, Any] | None) -> GradientHook:
+        if not self.hierarchical:
+            return GradientHook(_C.all_reduce_hook())
+        if hierarchy is None:
+            raise InputError("AllReduce(hierarchical=True): this stage's replicas lie on one node, "
+                             "so there is no hierarchy to use")
+        # The buckets count the hook's traffic on these groups with their own.
+        return GradientHook(_C.hierarchical_all_reduce_hook(*hierarchy))
 
     def describe(self) -> str:
         return "all-reduce (hierarchical)" if self.hierarchical else "all-reduce"
@@ -180,6 +212,10 @@ class TopK(SyncMethod):
     def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="top_k", ratio=float(self.ratio))
 
+    def gradient_hook(self, group: Any, hierarchy: tuple[Any, Any] | None) -> GradientHook:
+        hook = _C.topk_hook(self.ratio)  # its residuals (error feedback) carry over a resume
+        return GradientHook(hook, "residuals", hook.state_dict, hook.load_state_dict)
+
     def describe(self) -> str:
         return f"top-k {self.ratio:g}"
 
@@ -205,6 +241,23 @@ class PowerSGD(SyncMethod):
 
     def cost_method(self) -> _C.SyncMethod:
         return _C.SyncMethod(kind="power_sgd", rank=self.rank, min_compression_rate=self.min_compression_rate)
+
+    def gradient_hook(self, group: Any, hierarchy: tuple[Any, Any] | None) -> GradientHook:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=self.rank,
+                                       start_powerSGD_iter=self.start_iter,
+                                       min_compression_rate=self.min_compression_rate, random_seed=self.seed)
+        # A resumed run needs its error feedback, warm-start factors, random generator and
+        # iteration count: every slot but the group.
+        slots = [slot for slot in type(state).__slots__ if slot != "process_group"]
+
+        def load(saved: dict[str, Any]) -> None:
+            for slot, value in saved.items():
+                setattr(state, slot, value)
+
+        return GradientHook(_C.python_comm_hook(state, powersgd.powerSGD_hook), "powersgd",
+                            lambda: {slot: getattr(state, slot) for slot in slots}, load)
 
     def describe(self) -> str:
         return f"PowerSGD rank {self.rank}"

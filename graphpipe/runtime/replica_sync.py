@@ -29,7 +29,7 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
-from graphpipe.sync import AllReduce, PowerSGD, SyncMethod, TopK
+from graphpipe.sync import SyncMethod
 
 __all__ = ["ReplicaSync"]
 
@@ -56,35 +56,13 @@ class ReplicaSync:
         self.steps = 0
         self.syncs = 0
         self._round_left = 0  # local methods: steps left in the current round (0: one starts)
-        self._powersgd_state: Any = None
-        self._hook: Any = None
-        if method.local_updates:
-            return
-        if isinstance(method, AllReduce):
-            if method.hierarchical:
-                if hierarchy is None:
-                    raise InputError("AllReduce(hierarchical=True): this stage's replicas lie on one node, "
-                                     "so there is no hierarchy to use")
-                # The buckets count the hook's traffic on these groups with their own.
-                self._hook = _C.hierarchical_all_reduce_hook(*hierarchy)
-            else:
-                self._hook = _C.all_reduce_hook()
-        elif isinstance(method, TopK):
-            self._hook = _C.topk_hook(method.ratio)
-        elif isinstance(method, PowerSGD):
-            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-
-            self._powersgd_state = powersgd.PowerSGDState(
-                process_group=self.group,
-                matrix_approximation_rank=method.rank,
-                start_powerSGD_iter=method.start_iter,
-                min_compression_rate=method.min_compression_rate,
-                random_seed=method.seed,
-            )
-            self._hook = _C.python_comm_hook(self._powersgd_state, powersgd.powerSGD_hook)
-        else:
-            raise InputError(f"unknown sync method {method!r}")
-        self.buckets = _C.GradientBuckets(parameters, self.group, timeout, bucket_bytes, hook=self._hook)
+        # The method's hook on the gradient buckets (graphpipe/sync.py); None: local updates.
+        self._hook = method.gradient_hook(self.group, hierarchy)
+        if self._hook is None and not method.local_updates:
+            raise InputError(f"sync method {method!r} makes no gradient hook and does not update locally: "
+                             "a SyncMethod must do one of the two (graphpipe/sync.py)")
+        if self._hook is not None:
+            self.buckets = _C.GradientBuckets(parameters, self.group, timeout, bucket_bytes, hook=self._hook.hook)
 
     # ---- per step --------------------------------------------------------------------------
     def before_step(self, optimizer: Any) -> None:
@@ -140,12 +118,13 @@ class ReplicaSync:
         generator and iteration count)."""
         state: dict[str, Any] = {"method": repr(self.method), "steps": self.steps, "syncs": self.syncs,
                                  "round_left": self._round_left}
-        if isinstance(self.method, TopK):
-            state["residuals"] = self._hook.state_dict()
-        if self._powersgd_state is not None:
-            state["powersgd"] = {slot: getattr(self._powersgd_state, slot)
-                                 for slot in type(self._powersgd_state).__slots__ if slot != "process_group"}
+        key = self._hook_state_key()
+        if key is not None:
+            state[key] = self._hook.state_dict()
         return state
+
+    def _hook_state_key(self) -> str | None:
+        return self._hook.state_key if self._hook is not None else None
 
     def state_refusal(self, state: Any) -> str | None:
         """Why ``state`` cannot be restored here (None: it can), checked before anything is set."""
@@ -153,8 +132,8 @@ class ReplicaSync:
             return f"sync state must be a dict (sync_state_dict()), got a {type(state).__name__}"
         if state.get("method") != repr(self.method):
             return f"sync state was saved for {state.get('method')}, this pipeline runs {self.method!r}"
-        needed = ["steps", "syncs", "round_left"] + (["residuals"] if isinstance(self.method, TopK) else []) + (
-            ["powersgd"] if self._powersgd_state is not None else [])
+        key = self._hook_state_key()
+        needed = ["steps", "syncs", "round_left"] + ([key] if key is not None else [])
         lacking = [k for k in needed if k not in state]
         if lacking:
             return f"sync state lacks {lacking}"
@@ -165,11 +144,9 @@ class ReplicaSync:
         if refusal is not None:
             raise InputError(refusal)
         self.steps, self.syncs, self._round_left = state["steps"], state["syncs"], state["round_left"]
-        if isinstance(self.method, TopK):
-            self._hook.load_state_dict(state["residuals"])
-        if self._powersgd_state is not None:
-            for slot, value in state["powersgd"].items():
-                setattr(self._powersgd_state, slot, value)
+        key = self._hook_state_key()
+        if key is not None:
+            self._hook.load_state_dict(state[key])
 
 
 def sync_state_refusal(sync: ReplicaSync | None, state: Any, rank: int) -> str | None:
