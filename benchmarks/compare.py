@@ -192,7 +192,7 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 def _with_wait(step: Any, seconds: float) -> Any:
     """``step`` followed by a wait (emulation: the stage's simulated optimizer step)."""
-    from graphpipe.testing.emulate import wait
+    from graphpipe.emulation import wait
 
     def emulated(x: Any, y: Any) -> float:
         loss = step(x, y)
@@ -212,7 +212,7 @@ def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, mode
     optimizer = torch.optim.SGD(params, lr=LR) if params else None
     stage = next((s.id for s in pipe.plan.stages if rank in s.devices), None)
     if emulate is not None and stage is not None:
-        from graphpipe.testing.emulate import EmulatedOptimizer, emulate_stage
+        from graphpipe.emulation import EmulatedOptimizer, emulate_stage
 
         emulate_stage(pipe, scale=emulate)
         # The optimizer step is a wait of the simulated one, where the runtime steps it.
@@ -240,7 +240,7 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
     if run.front_end:
         from baselines.torch_pipeline_frontend import make_stepper as frontend_stepper
 
-        from graphpipe.testing.emulate import EmulatedStage
+        from graphpipe.emulation import EmulatedStage
 
         forward, backward = run.stage_seconds[rank]
         wrapper = None if emulate is None else (lambda m: EmulatedStage(m, emulate * forward, emulate * backward))
@@ -253,7 +253,7 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
     example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
     stage = stages[rank]
     if emulate is not None:  # the same waits as graphpipe's emulated stages, from the same cost model
-        from graphpipe.testing.emulate import EmulatedStage
+        from graphpipe.emulation import EmulatedStage
 
         forward, backward = run.stage_seconds[rank]
         stage = EmulatedStage(stage, emulate * forward, emulate * backward)

@@ -13,7 +13,7 @@ backward. Prints a table and writes results/replica_bench.json.
 Four ranks on this 2-core machine share two cores, so real compute runs about twice as slowly as
 the single-process profile says. By default the compute is therefore emulated, as in compare.py:
 each stage's forward and backward wait the profiled time of a device ``--slowdown`` times slower
-than a core (graphpipe.testing.emulate); transfers and the all-reduce stay real (of the real
+than a core (graphpipe.emulation); transfers and the all-reduce stay real (of the real
 gradient sizes). The runtime's own costs per instruction and per step are measured with four
 ranks at once (graphpipe.calibration.runtime_costs; between emulated waits when the compute is
 emulated, as compare.py --emulate does) and go into the device description, which the simulator
@@ -78,7 +78,7 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, bucket_b
     with graphpipe.wrap(model, example, default_loss(name), plan=plan_json, timeout=120,
                         bucket_bytes=bucket_bytes) as pipe:
         if emulate is not None:
-            from graphpipe.testing.emulate import emulate_stage
+            from graphpipe.emulation import emulate_stage
 
             emulate_stage(pipe, scale=emulate)  # the plan's (slowed) times, or 0
         opt = torch.optim.SGD(list(pipe.parameters()), lr=LR)

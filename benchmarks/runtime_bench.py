@@ -112,9 +112,9 @@ def _worker(rank: int, world: int, spec: str, plan_json: str, steps: int, warmup
 
 def _emulate_zero(pipe: Any) -> None:
     """Every stage of ``pipe`` emulated at zero seconds, from wherever this build keeps the
-    emulation (graphpipe.testing.emulate; graphpipe.runtime.emulate before)."""
+    emulation (graphpipe.emulation; graphpipe.runtime.emulate before)."""
     try:
-        from graphpipe.testing.emulate import emulate_stage
+        from graphpipe.emulation import emulate_stage
     except ImportError:
         from graphpipe.runtime.emulate import emulate_stage
     emulate_stage(pipe, 0.0, 0.0)

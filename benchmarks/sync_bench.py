@@ -124,7 +124,7 @@ def _train(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
     with graphpipe.wrap(model, (data[0][0],), nn.functional.cross_entropy, plan=plan_json, timeout=120,
                         sync=method) as pipe:
         if emulate:
-            from graphpipe.testing.emulate import emulate_stage
+            from graphpipe.emulation import emulate_stage
 
             emulate_stage(pipe, scale=1.0)
         optimizer = torch.optim.SGD(list(pipe.parameters()), lr=lr, momentum=MOMENTUM)
@@ -207,7 +207,7 @@ def _timed(rank: int, world: int, method: SyncMethod, plan_json: str, hidden: in
     """Emulated compute (``scale`` x the plan's times), real communication: per-step seconds."""
     import torch.distributed as dist
 
-    from graphpipe.testing.emulate import emulate_stage
+    from graphpipe.emulation import emulate_stage
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

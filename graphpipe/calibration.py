@@ -129,7 +129,7 @@ def _check_pairs(what: str) -> None:
 
 
 def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any) -> list[Any]:
-    from graphpipe.testing import run_ranks
+    from graphpipe.local_ranks import run_ranks
 
     results = run_ranks(fn, concurrency, *args, timeout=timeout)
     failed = [r for r in results if not r.ok]
@@ -148,8 +148,8 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     import torch.distributed as dist
 
     import graphpipe
+    from graphpipe.emulation import emulate_stage
     from graphpipe.models import build_model, default_loss
-    from graphpipe.testing.emulate import emulate_stage
 
     groups = [dist.new_group([r]) for r in range(world)]  # collective: every rank creates every group
     torch.manual_seed(0)

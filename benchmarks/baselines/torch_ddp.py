@@ -115,7 +115,7 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, forward_seconds: float, backward_seconds: float, token: torch.Tensor,
                 *params: torch.Tensor) -> torch.Tensor:
-        from graphpipe.testing.emulate import wait
+        from graphpipe.emulation import wait
 
         wait(forward_seconds)
         ctx.backward_seconds = backward_seconds
@@ -124,7 +124,7 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        from graphpipe.testing.emulate import wait
+        from graphpipe.emulation import wait
 
         wait(ctx.backward_seconds)
         return (None, None, grad, *[torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.specs])
@@ -211,7 +211,7 @@ def make_stepper(
         if optimizer is not None:
             optimizer.step()
         else:
-            from graphpipe.testing.emulate import wait
+            from graphpipe.emulation import wait
 
             wait(optimizer_wait or 0.0)
         total = (local.detach() * (rows / batch)).reshape(1)

@@ -163,7 +163,7 @@ def make_stepper(
         if optimizer is not None:
             optimizer.step()
         else:
-            from graphpipe.testing.emulate import wait
+            from graphpipe.emulation import wait
 
             wait(optimizer_wait or 0.0)
         dist.all_reduce(total)

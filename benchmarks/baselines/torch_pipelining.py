@@ -282,7 +282,7 @@ class GradsAsExample(nn.Module):
     gradient as a constant and sends back ``None`` for it. If this stage then produces that
     output *with* a gradient history, its backward passes the ``None`` to
     ``torch.autograd.backward`` for a non-scalar tensor and fails ("Failed to run stage
-    backward"). An emulated stage (:class:`graphpipe.testing.emulate.EmulatedStage`) does just
+    backward"). An emulated stage (:class:`graphpipe.emulation.EmulatedStage`) does just
     that: every float output of its waiting autograd function requires grad, including the
     ones that the real stage passes through without a history (model inputs relayed down the
     chain, integer indices carried as float64). Detaching those outputs makes the stage keep the
@@ -426,7 +426,7 @@ def _check_worker(rank: int, world: int, store_path: str, spec: str, schedule: s
         example = stage_examples(stages, tuple(inputs), micro_batches)[rank]
         stage: nn.Module = stages[rank]
         if emulate is not None:  # as compare.py --emulate does: waits and zeros instead of compute
-            from graphpipe.testing.emulate import EmulatedStage
+            from graphpipe.emulation import EmulatedStage
 
             stage = EmulatedStage(stage, emulate, 2 * emulate)
         losses, _ = train_rank(stage, rank, world, batches, default_loss(spec), micro_batches, schedule,

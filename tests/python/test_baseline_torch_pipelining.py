@@ -70,8 +70,8 @@ def test_grads_as_example_detaches_what_the_example_does_not_differentiate() -> 
         stage_examples,
     )
 
+    from graphpipe.emulation import EmulatedStage
     from graphpipe.testing import seeded_batches
-    from graphpipe.testing.emulate import EmulatedStage
     from graphpipe.trace import trace_module
 
     model, inputs, _ = seeded_batches("mmt:branches=2,depth=1", 1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.testing.emulate import EmulatedStage, wait
+from graphpipe.emulation import EmulatedStage, wait
 
 
 def test_wait_never_returns_early() -> None:
@@ -53,8 +53,8 @@ def _emulated_pipeline(rank: int, world: int) -> dict:
     stage module becomes an EmulatedStage, the split backward's W gets its anchor, and a step
     (zero-bubble schedule, so W runs) still runs every transfer and returns a loss."""
     import graphpipe
+    from graphpipe.emulation import emulate_stage
     from graphpipe.runtime.plan import manual_plan
-    from graphpipe.testing.emulate import emulate_stage
     from graphpipe.trace import trace_module
 
     torch.manual_seed(0)
@@ -155,7 +155,7 @@ class _FakeClock:
     copy), so a test reads where the CPU work of a replicated backward lands."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, stage: EmulatedStage) -> None:
-        from graphpipe.testing import emulate
+        from graphpipe import emulation as emulate
 
         self.now = 0.0
         self.waits: list[float] = []
@@ -239,7 +239,7 @@ def test_unreplicated_stage_leaves_the_real_parameters_alone() -> None:
 
 
 def test_emulated_optimizer_waits_and_drops_gradients() -> None:
-    from graphpipe.testing.emulate import EmulatedOptimizer
+    from graphpipe.emulation import EmulatedOptimizer
 
     p = nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)
@@ -256,8 +256,8 @@ def _replicated_overlap(rank: int, world: int) -> dict:
     backward (the recorded all_reduce instruction ends later than it starts, and the time from
     the backward's end to the all-reduce's end is shorter than the all-reduce alone)."""
     import graphpipe
+    from graphpipe.emulation import emulate_stage
     from graphpipe.runtime.plan import manual_plan
-    from graphpipe.testing.emulate import emulate_stage
     from graphpipe.trace import trace_module
 
     torch.manual_seed(0)
