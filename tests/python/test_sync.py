@@ -12,7 +12,10 @@ single-process reference on the same batches:
 - ``TopK`` below ratio 1 and PowerSGD hand fewer bytes to the collectives, and the measured bytes
   equal the cost model's (``_C.sync_payload_bytes``);
 - checkpoints: 3 steps, save (parameters, optimizer, sync state), a new pipeline loads them and
-  runs 3 more: equal to 6 uninterrupted steps, for every stateful method.
+  runs 3 more: equal to 6 uninterrupted steps, for every stateful method;
+- a method written outside graphpipe (``FP16Compress`` below, docs/extending.md's example: one
+  class, torch's fp16 compression hook) runs: half the all-reduce's bytes, and float16 rounding
+  away from the exact sum.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import pytest
 import torch
 from torch import nn
 
-from graphpipe.sync import QSR, AllReduce, LocalSGD, PowerSGD, TopK, qsr_period
+from graphpipe._ext import _C
+from graphpipe.sync import QSR, AllReduce, GradientHook, LocalSGD, PowerSGD, SyncMethod, TopK, qsr_period
 from graphpipe.testing import run_cases, run_ranks
 
 BATCH, MICRO_BATCHES, STEPS, LR = 8, 2, 6, 0.1
@@ -55,6 +59,22 @@ def cosine(step: int) -> float:
     return 0.5 * LR * (1 + math.cos(math.pi * step / STEPS))
 
 
+class FP16Compress(SyncMethod):
+    """Every step, the replicas' gradients summed in float16 (torch's DDP hook): a sync method
+    defined here, as a user would, to show that one class is all the runtime needs."""
+
+    def cost_method(self) -> _C.SyncMethod:
+        return _C.SyncMethod(kind="all_reduce")  # priced as the float32 all-reduce: an upper bound
+
+    def gradient_hook(self, group: Any, hierarchy: Any) -> GradientHook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return GradientHook(_C.python_comm_hook(group, default_hooks.fp16_compress_hook))
+
+    def __repr__(self) -> str:
+        return "FP16Compress()"
+
+
 def sync_method(name: str) -> Any:
     return {
         "allreduce": "allreduce",
@@ -66,6 +86,7 @@ def sync_method(name: str) -> Any:
         "local3": LocalSGD(3),
         "qsr": QSR(base_period=1, alpha=0.12),
         "powersgd": PowerSGD(rank=1, start_iter=3),
+        "fp16": FP16Compress(),
     }[name]
 
 
@@ -148,7 +169,7 @@ def checkpoint_case(name: str, placement: str) -> dict[str, Any]:
 
 EXACT = [("allreduce", "2x2"), ("all_reduce", "2x2"), ("hierarchical", "dp4"), ("topk1", "2x2"), ("local1", "2x2")]
 LOCAL = [("local3", "2x2"), ("qsr", "2x2")]
-LOSSY = [("topk", "2x2"), ("powersgd", "2x2")]
+LOSSY = [("topk", "2x2"), ("powersgd", "2x2"), ("fp16", "2x2")]
 STATEFUL = ["local3", "qsr", "topk", "powersgd"]
 
 
@@ -336,6 +357,18 @@ def test_lossy_methods_send_fewer_bytes_and_train() -> None:
             got = _case(r, (name, "2x2"))
             assert all(math.isfinite(v) for v in got["losses"])
             assert got["stats"]["bytes"] < exact["stats"]["bytes"], (name, got["stats"], exact["stats"])
+
+
+def test_a_method_defined_outside_graphpipe_runs() -> None:
+    ref = single_process()
+    for r in results():
+        exact, got = _case(r, ("allreduce", "2x2")), _case(r, ("fp16", "2x2"))
+        assert got["stats"]["method"] == "FP16Compress()"
+        assert got["stats"]["bytes"] * 2 == exact["stats"]["bytes"], (got["stats"], exact["stats"])
+        for k, v in got["params"].items():  # float16 sums: near the exact training...
+            torch.testing.assert_close(v, ref[k], rtol=1e-2, atol=1e-3)
+        # ...but not equal to it: the hook ran
+        assert any(not torch.equal(v, exact["params"][k]) for k, v in got["params"].items())
 
 
 def test_powersgd_sums_exactly_before_its_start_iteration() -> None:
