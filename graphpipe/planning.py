@@ -11,15 +11,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 from graphpipe.sync import named as named_sync
-from graphpipe.trace import trace
+from graphpipe.trace import autocast_for, trace
 
 __all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "sync_method", "PARTITIONERS", "DEVICE_KINDS",
-           "OPTIMIZERS"]
+           "OPTIMIZERS", "PRECISIONS"]
 
 #: Partitioner names accepted by :func:`plan`, as the C++ registry lists them.
 PARTITIONERS: tuple[str, ...] = tuple(_C.partitioner_names())
@@ -27,6 +28,8 @@ PARTITIONERS: tuple[str, ...] = tuple(_C.partitioner_names())
 DEVICE_KINDS: tuple[str, ...] = tuple(_C.device_presets())
 #: Optimizers the cost model prices (their state counts toward memory).
 OPTIMIZERS: tuple[str, ...] = tuple(_C.optimizer_names())
+#: Compute precisions the cost model prices (``plan(dtype=...)``, ``OpGraph.compute_dtype``).
+PRECISIONS: tuple[str, ...] = tuple(_C.precision_names())
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
@@ -115,6 +118,7 @@ def plan(
     schedule: str = "1f1b",
     sync: Any = None,
     bucket_bytes: float | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -143,15 +147,13 @@ def plan(
             whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
         sync: how replicated stages will synchronise (see :func:`sync_method`): a
             ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
-            of every gradient. Each replicated stage is charged that method's cost per step
-            (local SGD's averaging amortised over its period; top-k's and PowerSGD's smaller
-            collectives and their compression compute). The plan records it (``plan.sync``).
-        bucket_bytes: the gradient bucket size replicated stages will run with (as given to
-            ``wrap``; default the runtime's): the planner simulates its candidates with it.
+            of every gradient. Each replicated stage is charged that method's cost per step (local
+            SGD's averaging amortised; top-k's and PowerSGD's collectives and compression) (``plan.sync``).
+        bucket_bytes: the gradient bucket size replicated stages will run with (``wrap``'s).
+        dtype: the precision training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
 
-    Every candidate the partitioner makes (at every micro-batch size, fitting in memory) is
-    judged by simulating it under ``schedule`` (csrc/planner/planner.h): the plan of least
-    simulated step is returned; its ``predicted_iteration_seconds`` is that simulation.
+    Every candidate the partitioner makes (any micro-batch size, fitting in memory) is simulated
+    under ``schedule`` (csrc/planner/planner.h); the fastest is returned, its step that simulation.
 
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
@@ -160,8 +162,9 @@ def plan(
     Raises:
         PlanningError: zero devices, more devices than operators (``replicate=False``), a model
             that does not fit (with the shortfall), a bad manual mapping or ``stage_devices``.
+        InputError: an unknown ``dtype``, or a graph traced in another (_graph_of).
     """
-    graph = _graph_of(model_or_graph, example_inputs)
+    graph = _graph_of(model_or_graph, example_inputs, _precision(dtype))
     described = _devices_of(devices, device_kind)
     # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
@@ -178,13 +181,43 @@ def plan(
     return _choose_replication(partition, replicate, partitioner)
 
 
-def _graph_of(model_or_graph: nn.Module | Any, example_inputs: Any) -> Any:
-    """The ``OpGraph`` to plan: the model traced with ``example_inputs``, or the graph given."""
+def _precision(dtype: str | torch.dtype | None) -> str | None:
+    """``plan(dtype=...)`` as a name of ``PRECISIONS`` (None: not given)."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name not in PRECISIONS:
+        raise InputError(f"dtype {dtype!r} is not a precision the planner prices: choose {', '.join(PRECISIONS)}")
+    return name
+
+
+def _graph_of(model_or_graph: nn.Module | Any, example_inputs: Any, precision: str | None = None) -> Any:
+    """The ``OpGraph`` to plan, computing in ``precision`` (None: as given or as called).
+
+    A model is traced with ``example_inputs`` under ``torch.autocast(dtype=precision)`` for
+    ``bfloat16``/``float16`` (autocast off for ``float32``), so that its graph records the
+    activations autocast makes (``graph.compute_dtype``), and the planner prices them and the
+    devices' rate for that precision (a GPU preset's tensor-core rate). A graph given must have
+    been traced in ``precision``: InputError otherwise (no silent approximation), as for a model
+    on a device autocast does not run on (meta) or one whose parameters' dtype differs.
+    """
     if isinstance(model_or_graph, nn.Module):
         if example_inputs is None:
             raise InputError("plan(model, ...) needs example_inputs to trace the model")
-        return trace(model_or_graph, example_inputs)
+        with autocast_for(model_or_graph, precision):
+            graph = trace(model_or_graph, example_inputs)
+        if precision is not None and graph.compute_dtype != precision:
+            raise InputError(f"plan(dtype={precision!r}): {type(model_or_graph).__name__} computes in "
+                             f"{graph.compute_dtype} (its parameters' dtype); convert it to "
+                             f"{precision} or plan it with dtype={graph.compute_dtype!r}")
+        return graph
     if isinstance(model_or_graph, _C.OpGraph):
+        if precision is not None and model_or_graph.compute_dtype != precision:
+            raise InputError(
+                f"plan(dtype={precision!r}) was given a graph traced in {model_or_graph.compute_dtype}: its "
+                f"activation bytes are those of {model_or_graph.compute_dtype}. Trace the model under "
+                f"torch.autocast(device_type, dtype=torch.{precision}) (or pass the model with dtype=), "
+                "so that the graph records what the model computes")
         return model_or_graph
     raise InputError(f"plan needs an nn.Module or an OpGraph, got {type(model_or_graph).__name__}")
 

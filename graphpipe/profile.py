@@ -22,6 +22,10 @@ an operator timed alone faster than in the real run (hot caches) applies to both
 How a stage's halves follow from its operators' is the C++ core's rule
 (partition/backward_halves.h).
 
+The measurement runs in the precision the graph was traced in (``graph.compute_dtype``): under
+``torch.autocast`` for bfloat16 or float16, autocast off otherwise, so a graph traced under
+autocast gets the times of its reduced-precision operators.
+
 The partitioner reads the resulting curve to choose micro-batch sizes: per-sample cost usually
 falls as the batch grows, because every operator call carries a fixed overhead.
 """
@@ -40,7 +44,7 @@ from torch.utils import _pytree as pytree
 
 from graphpipe._ext import _C
 from graphpipe.errors import GraphError, InputError
-from graphpipe.trace import iter_tensors, trace_module
+from graphpipe.trace import autocast_for, iter_tensors, trace_module
 
 __all__ = ["profile"]
 
@@ -275,7 +279,8 @@ def profile(
         The same graph, with ``Node.profile`` filled in (one ``ProfileSample`` per batch size).
 
     Raises:
-        GraphError: the graph was not traced from this model (its operators differ).
+        GraphError: the graph was not traced from this model (its operators differ), or not in
+            the precision the model computes in here.
         InputError: bad batch sizes or device.
     """
     sizes = list(batch_sizes)
@@ -287,10 +292,13 @@ def profile(
     model = model.to(dev)
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
 
-    traced = trace_module(model, _to(example_inputs, dev), _to(example_kwargs, dev), leaf_modules=leaf_modules)
-    if traced.graph.fingerprint() != graph.fingerprint():
+    precision = autocast_for(model, graph.compute_dtype)  # the precision the graph was traced in
+    with precision:
+        traced = trace_module(model, _to(example_inputs, dev), _to(example_kwargs, dev), leaf_modules=leaf_modules)
+    if traced.graph.fingerprint() != graph.fingerprint() or traced.graph.compute_dtype != graph.compute_dtype:
         raise GraphError(
-            "profile: the graph does not match the model (its operators or edges differ); "
+            "profile: the graph does not match the model (its operators or edges differ, or it computes in "
+            f"{traced.graph.compute_dtype} where the graph was traced in {graph.compute_dtype}); "
             "profile the graph that graphpipe.trace returned for this same model"
         )
     # The runs accumulate into parameter gradients and, in training mode, update buffers such as
@@ -298,9 +306,10 @@ def profile(
     saved_grads = {p: p.grad for p in model.parameters()}
     saved_buffers = [(buf, buf.detach().clone()) for buf in model.buffers()]
     results: dict[int, list[Any]] = {i: [] for i in range(graph.num_nodes)}
-    for b in sizes:
-        for node_id, sample in _profile_batch(traced, b, sync, warmup, repeats):
-            results[node_id].append(sample)
+    with autocast_for(model, graph.compute_dtype):
+        for b in sizes:
+            for node_id, sample in _profile_batch(traced, b, sync, warmup, repeats):
+                results[node_id].append(sample)
     for p, grad in saved_grads.items():
         p.grad = grad
     with torch.no_grad():

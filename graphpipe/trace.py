@@ -16,11 +16,15 @@ the offending line and says how to fix it.
 Quantities are recorded per sample: the batch size is the leading dimension of the first tensor
 in ``example_inputs``. Shapes, output bytes and FLOPs come from one run of the traced graph on
 the example inputs (``torch.utils.flop_counter.FlopCounterMode``, read before and after each
-node), so a model on the ``meta`` device is measured without allocating its tensors.
+node), so a model on the ``meta`` device is measured without allocating its tensors. That run
+happens in the calling thread: traced under ``torch.autocast(dtype=torch.bfloat16)``, the bytes
+recorded are those of the bfloat16 activations, and the graph's ``compute_dtype`` says so (the
+cost model then prices the devices' bfloat16 rate; ``compute_dtype`` below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
 import operator
@@ -40,7 +44,7 @@ from graphpipe._ext import _C
 from graphpipe.errors import InputError, TraceError
 from graphpipe.export_capture import eval_mismatch, export_capture
 
-__all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors", "CAPTURES"]
+__all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors", "compute_dtype", "autocast_for", "CAPTURES"]
 
 #: How ``trace`` captures a model: torch.fx, falling back to torch.export ("auto"), or either alone.
 CAPTURES = ("auto", "fx", "export")
@@ -525,6 +529,7 @@ def trace_module(
     graph = _C.OpGraph()
     graph.model_name = type(model).__name__
     graph.trace_batch_size = batch
+    graph.compute_dtype = compute_dtype(model, args, kwargs)
     traced = TracedModel(
         module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized,
         capture="fx" if exported is None else "export",
@@ -539,6 +544,44 @@ def trace_module(
     _add_edges(model, gm, traced, recorder, batch)
     graph.validate()
     return traced
+
+
+def compute_dtype(model: nn.Module, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    """The precision ``model`` computes in when run here and now, as ``OpGraph.compute_dtype`` names it.
+
+    The dtype of an autocast active in this thread for the device the model runs on (its first
+    parameter's, else its first input tensor's, device type), else the dtype of its first
+    floating parameter (of its first floating input tensor for a model without any), else
+    ``"float32"``. An unknown precision raises the core's GraphError when set on the graph.
+    """
+    floating_params = [p for p in model.parameters() if p.is_floating_point()]
+    tensors = list(iter_tensors((tuple(args), dict(kwargs or {}))))
+    device = floating_params[0].device if floating_params else (tensors[0].device if tensors else torch.device("cpu"))
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return str(torch.get_autocast_dtype(device.type)).removeprefix("torch.")
+    floating = floating_params or [t for t in tensors if t.is_floating_point()]
+    return str(floating[0].dtype).removeprefix("torch.") if floating else "float32"
+
+
+def autocast_for(model: nn.Module, precision: str | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` in ``precision`` on the model's device type for bfloat16 or float16;
+    autocast turned off for float32 and float64 (the model computes in its parameters' dtype);
+    nothing to do for None (the model runs as called).
+
+    Raises:
+        InputError: a 16-bit precision for a model on a device autocast does not run on (meta).
+    """
+    first = next((p for p in model.parameters() if p.is_floating_point()), None)
+    device_type = first.device.type if first is not None else "cpu"
+    if precision not in ("bfloat16", "float16"):
+        if precision is None or device_type not in ("cpu", "cuda"):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, enabled=False)
+    if device_type not in ("cpu", "cuda"):
+        raise InputError(f"torch.autocast does not run on {device_type} tensors, so {type(model).__name__} cannot "
+                         f"be traced computing in {precision} there: convert the model with "
+                         f"model.to(torch.{precision}), or trace it on cpu or cuda")
+    return torch.autocast(device_type, dtype=getattr(torch, precision))
 
 
 def _capture(model: nn.Module, args: tuple, kwargs: dict[str, Any], leaf_modules: Iterable[str | type[nn.Module]],

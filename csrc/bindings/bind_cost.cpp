@@ -9,6 +9,7 @@
 #include "cost/devices_json.h"
 #include "cost/in_flight.h"
 #include "cost/presets.h"
+#include "graph/precision.h"
 
 namespace py = pybind11;
 
@@ -25,7 +26,15 @@ void bind_devices(py::module_& m) {
       .def_readwrite("name", &Devices::name)
       .def_readwrite("count", &Devices::count)
       .def_readwrite("memory_bytes", &Devices::memory_bytes)
-      .def_readwrite("flops_per_second", &Devices::flops_per_second)
+      .def_readwrite("flops_per_second", &Devices::flops_per_second, "Sustained dense float32 FLOP/s of one device.")
+      .def_readwrite("bfloat16_flops_per_second", &Devices::bfloat16_flops_per_second,
+                     "Sustained dense bfloat16 FLOP/s (0: the float32 rate applies).")
+      .def_readwrite("float16_flops_per_second", &Devices::float16_flops_per_second,
+                     "Sustained dense float16 FLOP/s (0: the float32 rate applies).")
+      .def(
+          "flops_for",
+          [](const Devices& d, const std::string& dtype) { return d.flops_for(graph::parse_precision(dtype)); },
+          py::arg("dtype"), "The analytic compute rate of a model computing in `dtype` (cost/devices.h).")
       .def_readwrite("memory_bandwidth", &Devices::memory_bandwidth)
       .def_readwrite("op_overhead_seconds", &Devices::op_overhead_seconds)
       .def_readwrite("instruction_overhead_seconds", &Devices::instruction_overhead_seconds)
@@ -53,6 +62,8 @@ void bind_devices(py::module_& m) {
           py::arg("inter_latency"))
       .def_static("v100", &cost::v100, py::arg("count"), py::arg("per_node") = 4,
                   "V100-class GPUs, documented constants (16 GiB, NVLink 2 / EDR InfiniBand).")
+      .def_static("a100", &cost::a100, py::arg("count"), py::arg("per_node") = 8,
+                  "A100-class GPUs, documented constants (80 GiB, NVLink 3 / HDR InfiniBand).")
       .def_static("h100", &cost::h100, py::arg("count"), py::arg("per_node") = 8,
                   "H100-class GPUs, documented constants (80 GiB, NVLink 4 / NDR InfiniBand).")
       .def_static("cpu_rank", &cost::cpu_rank, py::arg("count"), py::arg("measure") = true, py::arg("per_node") = 0,
@@ -112,6 +123,8 @@ void bind_cost_functions(py::module_& m) {
       "Cost of summing `bytes` over the devices in `group`: 'ring', 'hierarchical' or the 'best' of both.");
   m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
   m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");
+  m.def("precision_names", &graph::precision_names,
+        "Names of the compute precisions the cost model prices (OpGraph.compute_dtype).");
   m.def(
       "optimizer_state_factor",
       [](const std::string& name) { return cost::optimizer_state_factor(cost::parse_optimizer(name)); },

@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 #include "graph/graph_json.h"
 #include "graph/op_graph.h"
+#include "graph/precision.h"
 #include "graph/series_parallel.h"
 
 namespace py = pybind11;
@@ -168,6 +169,12 @@ void bind_op_graph(py::module_& m) {
           "Series-parallel decomposition (see graph/series_parallel.h).")
       .def_readwrite("model_name", &OpGraph::model_name)
       .def_readwrite("trace_batch_size", &OpGraph::trace_batch_size)
+      .def_property(
+          "compute_dtype", [](const OpGraph& g) { return graph::to_string(g.compute_precision); },
+          [](OpGraph& g, const std::string& name) { g.compute_precision = graph::parse_precision(name); },
+          "The precision the model computes in ('float32', 'bfloat16', 'float16', 'float64'): the autocast "
+          "dtype the trace ran under, else the parameters' (graph/precision.h). Setting an unknown name raises "
+          "GraphError.")
       .def(
           "to_json", [](const OpGraph& g, int indent) { return graph::dumps(g, indent); }, py::arg("indent") = -1)
       .def_static("from_json", &graph::loads, py::arg("text"))

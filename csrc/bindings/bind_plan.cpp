@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "graph/precision.h"
 #include "plan/plan.h"
 #include "plan/plan_format.h"
 #include "plan/plan_io.h"
@@ -89,6 +90,12 @@ void bind_plan(py::module_& m) {
       .def_readwrite("chain", &Plan::chain)
       .def_readwrite("schedule", &Plan::schedule)
       .def_readwrite("sync", &Plan::sync, "The sync method the plan was priced for (SyncMethod).")
+      .def_property(
+          "compute_dtype", [](const Plan& p) { return graph::to_string(p.precision); },
+          [](Plan& p, const std::string& name) { p.precision = graph::parse_precision(name); },
+          "The precision the plan was priced in ('float32', 'bfloat16', ...): its graph's compute precision.")
+      .def_readwrite("compute_flops_per_second", &Plan::compute_flops_per_second,
+                     "The analytic compute rate the plan was priced at (0: not recorded).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
       .def(
           "to_string", [](const Plan& p, const graph::OpGraph& g) { return plan::to_string(p, g); }, py::arg("graph"),

@@ -48,6 +48,7 @@ CostModel::CostModel(const graph::OpGraph& graph, Devices devices, Optimizer opt
   devices_.validate();
   link_bandwidth_ = devices_.slowest_link_bandwidth();
   link_latency_ = devices_.slowest_link_latency();
+  flops_per_second_ = devices_.flops_for(graph.compute_precision);
 }
 
 bool CostModel::is_profiled(graph::NodeId node) const { return !graph_->node(node).profile.empty(); }
@@ -57,7 +58,7 @@ double CostModel::analytic_work(graph::NodeId id, std::int64_t b) const {
   double in_bytes = 0.0;
   for (graph::EdgeId e : graph_->in_edges(id)) in_bytes += graph_->edge(e).bytes;
   double bytes = static_cast<double>(n.param_bytes) + (in_bytes + n.output_bytes) * b;
-  return std::max(n.forward_flops * b / devices_.flops_per_second, bytes / devices_.memory_bandwidth);
+  return std::max(n.forward_flops * b / flops_per_second_, bytes / devices_.memory_bandwidth);
 }
 
 double CostModel::input_share(graph::NodeId id) const {

@@ -10,6 +10,10 @@
 //     backward = 2 x forward, the usual ratio for dense layers.
 //   - analytic otherwise: forward = op_overhead + max(flops*b / FLOP/s, bytes(b) / memory BW)
 //     with bytes(b) = param_bytes + (inputs + output)*b, backward = op_overhead + 2 x that work.
+//     FLOP/s is the devices' rate for the graph's compute precision (Devices::flops_for: a GPU's
+//     tensor-core rate for a model traced under bfloat16 or float16 autocast); the activation
+//     bytes are the trace's, already 2 per element then. A measured profile stays as measured
+//     (graphpipe/profile.py times the operators under the autocast the graph was traced in).
 //     The fixed overhead is why small micro-batches cost more per sample. Graph inputs (op
 //     "input") cost nothing.
 // The backward's two halves as a zero-bubble runtime runs them (docs/design.md §5.1): I, the
@@ -60,6 +64,8 @@ class CostModel {
   const graph::OpGraph& graph() const { return *graph_; }
   const Devices& devices() const { return devices_; }
   Optimizer optimizer() const { return optimizer_; }
+  // The analytic compute rate: the devices' rate for the graph's compute precision.
+  double flops_per_second() const { return flops_per_second_; }
 
   double forward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
   double backward_seconds(graph::NodeId node, std::int64_t micro_batch) const;
@@ -100,6 +106,7 @@ class CostModel {
   Optimizer optimizer_;
   double link_bandwidth_;
   double link_latency_;
+  double flops_per_second_;
 };
 
 }  // namespace graphpipe::cost

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "common/error.h"
 
@@ -24,6 +25,13 @@ void require_positive(double value, const char* field) {
 }
 
 }  // namespace
+
+double Devices::flops_for(graph::Precision precision) const {
+  double rate = 0.0;
+  if (precision == graph::Precision::bfloat16) rate = bfloat16_flops_per_second;
+  if (precision == graph::Precision::float16) rate = float16_flops_per_second;
+  return rate > 0.0 ? rate : flops_per_second;
+}
 
 double Devices::slowest_link_bandwidth() const {
   double slowest = std::numeric_limits<double>::infinity();
@@ -52,6 +60,13 @@ void Devices::validate() const {
   }
   require_positive(memory_bytes, "memory_bytes");
   require_positive(flops_per_second, "flops_per_second");
+  for (auto [rate, field] : {std::pair{bfloat16_flops_per_second, "bfloat16_flops_per_second"},
+                             std::pair{float16_flops_per_second, "float16_flops_per_second"}}) {
+    if (!(rate >= 0.0) || !std::isfinite(rate)) {
+      throw PlanningError(std::string("devices.") + field +
+                          " must be a non-negative number (0: the float32 rate), found " + number(rate));
+    }
+  }
   require_positive(memory_bandwidth, "memory_bandwidth");
   require_positive(relative_speed, "relative_speed");
   if (!(instruction_overhead_seconds >= 0.0) || !(step_overhead_seconds >= 0.0)) {

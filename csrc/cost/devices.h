@@ -7,7 +7,7 @@
 // names each device's node, which a hierarchical all-reduce (cost/all_reduce.h) needs.
 //
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
-// throughputs and off-diagonal bandwidths > 0; latencies and the overhead >= 0;
+// throughputs and off-diagonal bandwidths > 0 (the 16-bit rates >= 0, 0: not given); latencies and the overhead >= 0;
 // relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth;
 // extra_tensor_seconds, where set, a finite number >= 0; `node` is
 // empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
@@ -21,13 +21,21 @@
 #include <string>
 #include <vector>
 
+#include "graph/precision.h"
+
 namespace graphpipe::cost {
 
 struct Devices {
   std::string name;  // preset or file name, for reports
   int count = 1;
-  double memory_bytes = 0.0;         // capacity of each device
-  double flops_per_second = 0.0;     // sustained dense throughput of one device
+  double memory_bytes = 0.0;      // capacity of each device
+  double flops_per_second = 0.0;  // sustained dense float32 throughput of one device
+  // Sustained dense throughput in bfloat16 and in float16 (a GPU's tensor cores), what a model
+  // computing in that precision (graph::Precision, the traced autocast dtype) is priced at. 0:
+  // no rate of its own, the float32 rate applies (a CPU rank, whose bfloat16 speed only a
+  // profile measures; a V100's bfloat16, which has no tensor cores). flops_for picks the rate.
+  double bfloat16_flops_per_second = 0.0;
+  double float16_flops_per_second = 0.0;
   double memory_bandwidth = 0.0;     // bytes per second of one device's memory
   double op_overhead_seconds = 0.0;  // fixed cost of launching one operator
   // The runtime's own costs, measured by a calibration (benchmarks/compare.py; 0 when not
@@ -79,6 +87,10 @@ struct Devices {
   double extra_tensor_cost(int src, int dst) const {
     return extra_tensor_seconds ? *extra_tensor_seconds : link_latency[src][dst];
   }
+
+  // The analytic compute rate of a model computing in `precision`: its 16-bit rate where given,
+  // else flops_per_second (float64 too: no preset gives a float64 rate).
+  double flops_for(graph::Precision precision) const;
 
   // Whether the collective figures are given (a positive bandwidth).
   bool has_collective_link() const { return collective_bandwidth_bytes_per_second > 0.0; }

@@ -22,6 +22,9 @@ nlohmann::json to_json(const Devices& d) {
                      {"link_bandwidth", d.link_bandwidth},
                      {"link_latency", d.link_latency}};
   if (!d.node.empty()) doc["node"] = d.node;
+  // absent: no rate of its own, the float32 rate (cost/devices.h)
+  if (d.bfloat16_flops_per_second > 0.0) doc["bfloat16_flops_per_second"] = d.bfloat16_flops_per_second;
+  if (d.float16_flops_per_second > 0.0) doc["float16_flops_per_second"] = d.float16_flops_per_second;
   if (d.extra_tensor_seconds) doc["extra_tensor_seconds"] = *d.extra_tensor_seconds;  // absent: unmeasured
   if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
     doc["collective_latency_seconds"] = d.collective_latency_seconds;
@@ -80,12 +83,14 @@ Devices devices_from_json(const nlohmann::json& doc) {
   d.memory_bandwidth = positive(doc, "memory_bandwidth");
   d.op_overhead_seconds = jf::non_negative<double>(doc, "op_overhead_seconds", "$");
   // Optional: files written before the runtime costs (or the collective link) were measured
-  // read as unmeasured (0).
+  // read as unmeasured (0); files without the 16-bit rates price every precision at the float32 one.
   for (auto [key, field] :
        {std::pair{"instruction_overhead_seconds", &d.instruction_overhead_seconds},
         std::pair{"step_overhead_seconds", &d.step_overhead_seconds},
         std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
-        std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second}}) {
+        std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second},
+        std::pair{"bfloat16_flops_per_second", &d.bfloat16_flops_per_second},
+        std::pair{"float16_flops_per_second", &d.float16_flops_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
   }
   if (doc.contains("extra_tensor_seconds")) {  // optional: absent, each extra tensor costs a latency

@@ -70,15 +70,24 @@ double measure_bandwidth() {
 
 namespace {
 
+// A GPU's compute rates, sustained dense FLOP/s: float32, bfloat16 and float16 (0: none of its own).
+struct Rates {
+  double float32;
+  double bfloat16;
+  double float16;
+};
+
 // A GPU preset: per-device figures plus NVLink-class links inside a node, slower ones across.
-Devices gpu(const char* name, int count, int per_node, double memory, double flops, double bandwidth, double overhead,
+Devices gpu(const char* name, int count, int per_node, double memory, Rates rates, double bandwidth, double overhead,
             double intra_bw, double intra_lat, double inter_bw, double inter_lat) {
   check_count(count);
   Devices d;
   d.name = name;
   d.count = count;
   d.memory_bytes = memory;
-  d.flops_per_second = flops;
+  d.flops_per_second = rates.float32;
+  d.bfloat16_flops_per_second = rates.bfloat16;
+  d.float16_flops_per_second = rates.float16;
   d.memory_bandwidth = bandwidth;
   d.op_overhead_seconds = overhead;
   set_node_links(d, per_node, intra_bw, intra_lat, inter_bw, inter_lat);
@@ -88,12 +97,21 @@ Devices gpu(const char* name, int count, int per_node, double memory, double flo
 
 }  // namespace
 
+// Half of each datasheet peak (dense, no sparsity; presets.h): A100-SXM4 19.5 TFLOP/s float32
+// (TF32's 156 is off in PyTorch's matrix products by default), 312 bfloat16 and float16;
+// V100-SXM2 125 float16 tensor-core (no bfloat16 tensor cores); H100-SXM 989 bfloat16 and
+// float16. V100 and H100 keep their former single rate, the tensor-core one, for float32 too
+// (presets.h says why).
 Devices v100(int count, int per_node) {
-  return gpu("v100", count, per_node, 16 * GiB, 62.5e12, 900e9, 10e-6, 50e9, 5e-6, 12.5e9, 10e-6);
+  return gpu("v100", count, per_node, 16 * GiB, {62.5e12, 0.0, 62.5e12}, 900e9, 10e-6, 50e9, 5e-6, 12.5e9, 10e-6);
+}
+
+Devices a100(int count, int per_node) {
+  return gpu("a100", count, per_node, 80 * GiB, {9.75e12, 156e12, 156e12}, 2.039e12, 5e-6, 300e9, 3e-6, 25e9, 8e-6);
 }
 
 Devices h100(int count, int per_node) {
-  return gpu("h100", count, per_node, 80 * GiB, 495e12, 3.35e12, 5e-6, 450e9, 3e-6, 50e9, 8e-6);
+  return gpu("h100", count, per_node, 80 * GiB, {495e12, 495e12, 495e12}, 3.35e12, 5e-6, 450e9, 3e-6, 50e9, 8e-6);
 }
 
 Devices cpu_rank(int count, bool measure, int per_node) {
@@ -123,10 +141,11 @@ Devices cpu_rank(int count, bool measure, int per_node) {
   return d;
 }
 
-std::vector<std::string> preset_names() { return {"cpu", "v100", "h100"}; }
+std::vector<std::string> preset_names() { return {"cpu", "v100", "a100", "h100"}; }
 
 Devices preset(const std::string& name, int count, int per_node) {
   if (name == "v100") return per_node > 0 ? v100(count, per_node) : v100(count);
+  if (name == "a100") return per_node > 0 ? a100(count, per_node) : a100(count);
   if (name == "h100") return per_node > 0 ? h100(count, per_node) : h100(count);
   if (name == "cpu") return cpu_rank(count, true, per_node);
   throw PlanningError("unknown device preset '" + name + "': the presets are " + list_names(preset_names()));

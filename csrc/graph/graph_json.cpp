@@ -53,6 +53,7 @@ json to_json(const OpGraph& graph) {
           {"schema_version", kSchemaVersion},
           {"model", graph.model_name},
           {"trace_batch_size", graph.trace_batch_size},
+          {"compute_dtype", to_string(graph.compute_precision)},
           {"nodes", nodes},
           {"edges", edges}};
 }
@@ -139,6 +140,14 @@ OpGraph from_json(const json& document) {
   graph.model_name = jf::get<std::string>(document, "model", "$");
   graph.trace_batch_size = jf::get<std::int64_t>(document, "trace_batch_size", "$");
   if (graph.trace_batch_size < 1) throw FormatError("$.trace_batch_size: must be at least 1");
+  // Optional: graphs written before the precision was recorded computed in float32.
+  if (document.contains("compute_dtype")) {
+    try {
+      graph.compute_precision = parse_precision(jf::get<std::string>(document, "compute_dtype", "$"));
+    } catch (const GraphError& e) {
+      throw FormatError(std::string("$.compute_dtype: ") + e.what());
+    }
+  }
   const json& nodes = jf::array(jf::field(document, "nodes", "$"), "$.nodes");
   const json& edges = jf::array(jf::field(document, "edges", "$"), "$.edges");
   try {

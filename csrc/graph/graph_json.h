@@ -1,7 +1,7 @@
 // JSON form of an OpGraph (schema "graphpipe.opgraph", version kSchemaVersion).
 //
 //   {"format": "graphpipe.opgraph", "schema_version": 1, "model": "...",
-//    "trace_batch_size": 8,
+//    "trace_batch_size": 8, "compute_dtype": "float32",
 //    "nodes": [{"name", "op", "target", "module", "forward_flops", "param_bytes", "params",
 //               "shared_params", "param_shapes", "buffer_bytes", "output_bytes", "is_input", "is_output",
 //               "profile": [{"batch_size", "forward_seconds", "backward_seconds",
@@ -12,6 +12,8 @@
 //
 // "param_shapes" ([{"name", "shape", "dtype", "element_size", "requires_grad"}], one per owned
 // parameter) is optional when reading: files written before it existed load without shapes.
+// "compute_dtype" (graph/precision.h) is optional too: files written before it existed computed in
+// float32.
 //
 // Loading validates everything: the format tag and version, every field's presence and type,
 // ranges (no negative bytes, edge ends in range), and the graph invariants of op_graph.h. A bad

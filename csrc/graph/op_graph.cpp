@@ -310,7 +310,7 @@ std::string OpGraph::summary() const {
   out << "  outputs: " << names(outputs()) << "\n";
   out << "  forward GFLOPs per sample: " << total_forward_flops() / 1e9
       << ", parameters: " << static_cast<double>(total_param_bytes()) / (1 << 20) << " MiB"
-      << ", traced at batch " << trace_batch_size << "\n";
+      << ", traced at batch " << trace_batch_size << " in " << to_string(compute_precision) << "\n";
   try {
     auto order = topological_order();
     // Width: the most nodes that share one depth level, a quick view of the branching.

@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "graph/precision.h"
+
 namespace graphpipe::graph {
 
 using NodeId = std::int32_t;
@@ -150,6 +152,11 @@ class OpGraph {
 
   std::string model_name;             // free text, e.g. the model class
   std::int64_t trace_batch_size = 1;  // batch size of the example inputs
+  // The precision the model computes in (graph/precision.h): the autocast dtype the trace ran
+  // under, else the dtype of the model's floating parameters. The recorded output and edge bytes
+  // are already those of activations in it; the cost model picks the device's compute rate by it.
+  // Not part of the fingerprint: a plan made for another precision is the same cut.
+  Precision compute_precision = Precision::float32;
 
  private:
   void check_node(NodeId id) const {

@@ -63,6 +63,8 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
   plan.micro_batch_size = p.micro_batch_size;
   plan.num_micro_batches = p.num_micro_batches;
   record_devices(plan, p.model->devices());
+  plan.precision = g.compute_precision;
+  plan.compute_flops_per_second = p.model->flops_per_second();
   plan.memory_limit_bytes = p.memory_limit;
   plan.optimizer = cost::to_string(p.model->optimizer());
   plan.chain = p.chain;

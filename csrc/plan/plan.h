@@ -115,6 +115,13 @@ struct Plan {
   // "zb_graph", ...): the one its predicted step simulated, and what graphpipe.simulate and
   // graphpipe.wrap run by default. The planner picks it where asked to (PlannerOptions::policies).
   std::string schedule = "1f1b";
+  // The precision the graph computes in (OpGraph::compute_precision, graph/precision.h), which
+  // set the activation and transfer bytes, and the analytic compute rate it was priced at
+  // (cost::CostModel::flops_per_second: the devices' 16-bit rate for bfloat16 or float16 where
+  // they give one; 0: not recorded, plans written before it was). Measured operator times are
+  // as profiled, whatever the rate. Shown in the plan's table.
+  graph::Precision precision = graph::Precision::float32;
+  double compute_flops_per_second = 0.0;
   // The stages run as a chain in list order (the sequential baseline): stage i waits for stage
   // i - 1 even where no operator edge joins them (skip tensors are forwarded), so depth is the
   // stage count and in-flight counts are chain positions. `edges` still lists only the stage

@@ -66,6 +66,18 @@ std::string module_list(const Stage& st) {
   return text + (st.modules.size() > 4 ? ", ..." : "");
 }
 
+// "precision bfloat16: activations and transfers 2 bytes/element, analytic compute at 156
+// TFLOP/s (the devices' bfloat16 rate); profiled operators as measured".
+std::string precision_line(const Plan& plan) {
+  const std::string name = graph::to_string(plan.precision);
+  std::string text = "  precision " + name + ": activations and transfers " +
+                     std::to_string(graph::element_size(plan.precision)) + " bytes/element";
+  if (plan.compute_flops_per_second > 0.0) {
+    text += ", analytic compute at " + format("%.4g", plan.compute_flops_per_second / 1e12) + " TFLOP/s";
+  }
+  return text + "; profiled operators as measured\n";
+}
+
 std::string render(const Plan& plan, const graph::OpGraph* g) {
   std::ostringstream out;
   out << "Plan (" << plan.partitioner << "): " << plan.stages.size() << " stages on " << plan.num_devices << " devices"
@@ -75,6 +87,7 @@ std::string render(const Plan& plan, const graph::OpGraph* g) {
   out << "  bottleneck " << format("%.4g", plan.bottleneck_seconds_per_sample * 1e3) << " ms/sample, predicted step "
       << format("%.4g", plan.predicted_iteration_seconds * 1e3) << " ms, memory limit "
       << bytes(plan.memory_limit_bytes) << "\n";
+  out << precision_line(plan);
   // Device lists of replicated stages are longer than one rank: the column grows to fit.
   std::size_t dev_width = 5;
   std::size_t node_width = 5;

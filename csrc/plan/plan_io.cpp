@@ -56,6 +56,8 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
           {"optimizer", plan.optimizer},
           {"chain", plan.chain},
           {"schedule", plan.schedule},
+          {"compute_dtype", graph::to_string(plan.precision)},
+          {"compute_flops_per_second", plan.compute_flops_per_second},
           {"sync", cost::to_json(plan.sync)},
           {"stages", stages},
           {"edges", edges}};
@@ -102,6 +104,17 @@ Plan plan_header_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.chain = jf::get<bool>(doc, "chain", "$");
   // Optional: plans written before they recorded their schedule were made for 1F1B.
   if (doc.contains("schedule")) plan.schedule = jf::get<std::string>(doc, "schedule", "$");
+  // Optional: plans written before they recorded their precision were priced in float32.
+  if (doc.contains("compute_dtype")) {
+    try {
+      plan.precision = graph::parse_precision(jf::get<std::string>(doc, "compute_dtype", "$"));
+    } catch (const GraphError& e) {
+      throw FormatError(std::string("$.compute_dtype: ") + e.what());
+    }
+  }
+  if (doc.contains("compute_flops_per_second")) {
+    plan.compute_flops_per_second = jf::non_negative<double>(doc, "compute_flops_per_second", "$");
+  }
   // Optional: plans written before sync methods existed were made for the all-reduce.
   if (doc.contains("sync")) {
     try {

@@ -7,6 +7,8 @@
 //    "device_nodes": [0, 0, 1, 1] (Plan::device_nodes; optional when reading: unknown), "depth": 3,
 //    "bottleneck_seconds_per_sample": ..., "predicted_iteration_seconds": ...,
 //    "memory_limit_bytes": ..., "optimizer": "adam", "chain": false,
+//    "compute_dtype": "bfloat16", "compute_flops_per_second": ... (Plan::precision and its rate;
+//    optional when reading: float32, 0),
 //    "sync": {"kind": "all_reduce", ...} (cost/sync_method.h; optional when reading: all_reduce),
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
 //                "backward_seconds", "backward_input_seconds", "backward_weight_seconds",
