@@ -2,31 +2,38 @@
 applied on all of them or on none.
 
 Each rank checks its own part first and changes nothing; then the ranks exchange their verdicts
-(one ``all_gather_object`` over the pipeline's group, whose collectives have the pipeline's
-deadline) and either every rank applies its part or every rank raises the same ``InputError``
-naming the first rank that refused and why. Without it a load that failed on one rank left that
-rank unchanged and the others loaded, and training went on with a mixed model.
+(``Failures.agree``: one ``all_gather_object`` over the pipeline's group, whose collectives have
+the pipeline's deadline, and whose failure fails the pipeline like any other collective's) and
+either every rank applies its part or every rank raises the same ``InputError`` naming the first
+rank that refused and why. Without it a load that failed on one rank left that rank unchanged and
+the others loaded, and training went on with a mixed model. This module is the verdict's wording,
+for the agreements (:func:`check`) and for the checkpoint's refusals (:func:`refusals`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch.distributed as dist
+from collections.abc import Sequence
 
 from graphpipe.errors import InputError
 
-__all__ = ["agree"]
+__all__ = ["check", "refusals"]
 
 
-def agree(group: Any, refusal: str | None, what: str) -> None:
-    """Collective over ``group``: returns when no rank refused; otherwise raises, on every rank,
-    ``InputError`` naming every refusing rank and the first one's reason. ``refusal`` is this
-    rank's reason to refuse (None: it agrees); ``what`` names the operation ("load_state_dict")."""
-    verdicts: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(verdicts, refusal, group=group)
+def refusals(verdicts: Sequence[str | None]) -> str | None:
+    """``on rank R (and ranks [...]): reason``, the first refusing rank's reason, for every
+    rank's verdict (None: it agrees); None when no rank refused."""
     refused = [(r, v) for r, v in enumerate(verdicts) if v is not None]
-    if refused:
-        first_rank, reason = refused[0]
-        others = f" (and ranks {[r for r, _ in refused[1:]]})" if len(refused) > 1 else ""
-        raise InputError(f"{what} refused on rank {first_rank}{others}: {reason}; no rank changed anything")
+    if not refused:
+        return None
+    first_rank, reason = refused[0]
+    others = f" (and ranks {[r for r, _ in refused[1:]]})" if len(refused) > 1 else ""
+    return f"on rank {first_rank}{others}: {reason}"
+
+
+def check(verdicts: Sequence[str | None], what: str) -> None:
+    """Returns when no rank refused; otherwise raises ``InputError`` naming every refusing rank
+    and the first one's reason (the same on every rank, which all hold the same verdicts).
+    ``what`` names the operation ("load_state_dict")."""
+    refused = refusals(verdicts)
+    if refused is not None:
+        raise InputError(f"{what} refused {refused}; no rank changed anything")

@@ -31,8 +31,9 @@ import torch.distributed as dist
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
+from graphpipe.runtime import consensus
 
-__all__ = ["Failure", "FailureBoard", "Failures", "collective_error", "describe", "pipeline_store"]
+__all__ = ["Collective", "Failure", "FailureBoard", "Failures", "collective_error", "describe", "pipeline_store"]
 
 _POLL_SECONDS = 0.02
 # How long a rank that saw a peer leave waits for that peer's cause before publishing its own
@@ -280,33 +281,62 @@ class Failures:
                 f"{self.board.rank} waited for it on {what}")
         return Failure(peers[0], _C.PeerError.__name__, text, reporter=self.board.rank)
 
-    def waiting(self, what: str) -> Any:
-        """A context in which this rank waits for every other rank in a collective ``what``
-        (flight.py's activity, so that a timeout there can name the rank that never came)."""
+    def activity(self, what: str, peers: list[int] | None = None) -> Any:
+        """A context in which this rank does ``what`` outside the executor, waiting for ``peers``
+        (flight.py's activity, so that a timeout there can name the rank that never came);
+        nothing before the pipeline is connected."""
         if self.flight is None:
             return contextlib.nullcontext()
-        return self.flight.activity(what, [r for r in range(self.board.world) if r != self.board.rank])
+        return self.flight.activity(what, peers)
+
+    def waiting(self, what: str) -> Any:
+        """:meth:`activity` waiting for every other rank (a collective ``what``)."""
+        return self.activity(what, [r for r in range(self.board.world) if r != self.board.rank])
+
+    def collective(self, what: str) -> Collective:
+        """The one way a collective part of the pipeline fails together (a step, an evaluation,
+        a checkpoint's DCP collectives, every exchange of verdicts): any error raised inside
+        ``with failures.collective(what) as part:`` fails the pipeline (:meth:`fail`) and leaves
+        as what :meth:`fail` returns. ``part.what`` says what the part is doing, for the error
+        that names a failure; set it as the part moves on."""
+        return Collective(self, what)
 
     def gather(self, group: Callable[[], Any], local: Any, during: str) -> list[Any]:
         """``local`` from every rank (all_gather_object on ``group()``, the live pipeline's
-        group); a failure of the exchange fails the pipeline."""
+        group, taken before the exchange: it refuses a failed or closed pipeline); a failure of
+        the exchange fails the pipeline."""
         everyone: list[Any] = [None] * self.board.world
-        try:
-            with self.waiting(during):
-                dist.all_gather_object(everyone, local, group=group())
-        except BaseException as exc:
-            raise self.fail(exc, during)  # noqa: B904 (fail sets the cause)
+        group()  # refuses a failed or closed pipeline before the exchange
+        # The group is not kept in a local: this frame is in a failure's traceback, and a handle
+        # held there would keep the group, and so this rank's connections, open (see fail).
+        with self.collective(during), self.waiting(during):
+            dist.all_gather_object(everyone, local, group=group())
         return everyone
 
     def agree(self, group: Callable[[], Any], what: str, refusal: str | None) -> None:
-        """consensus.agree over ``group()``: an InputError (every rank refuses) keeps the
-        pipeline usable; a failure of the exchange itself fails the pipeline."""
-        from graphpipe.runtime.consensus import agree
+        """Every rank's verdict on ``what`` (``refusal``: this rank's reason to refuse, None: it
+        agrees), exchanged by :meth:`gather`: returns when no rank refused, otherwise raises the
+        same InputError on every rank (consensus.py), which keeps the pipeline usable; a failure
+        of the exchange itself fails the pipeline."""
+        consensus.check(self.gather(group, refusal, f"agreeing on {what}"), what)
 
-        try:
-            with self.waiting(f"agreeing on {what}"):
-                agree(group(), refusal, what)
-        except InputError:
-            raise
-        except BaseException as exc:
-            raise self.fail(exc, f"agreeing on {what}")  # noqa: B904 (fail sets the cause)
+
+class Collective:
+    """A collective part of a pipeline (:meth:`Failures.collective`); ``what`` it is doing now."""
+
+    def __init__(self, failures: Failures, what: str) -> None:
+        self._failures = failures
+        self.what = what
+
+    def __enter__(self) -> Collective:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
+        # An error after the pipeline failed (a nested part that failed it, a refusal of the
+        # failed pipeline) is already the failure's report: it leaves as it is.
+        if exc is None or self._failures.cause is not None:
+            return False
+        error = self._failures.fail(exc, self.what)
+        if error is exc:  # this rank's own error, raised as it is (see Failures.fail)
+            return False
+        raise error
