@@ -106,14 +106,14 @@ def _worker(rank: int, world: int, spec: str, root: str, rounds: int) -> dict[st
         g = torch.Generator().manual_seed(1)
         pipe.step(model.example_inputs(batch, generator=g), model.example_targets(batch, generator=g),
                   optimizer=optimizer)
-        state = checkpoint._state_to_save(pipe, optimizer, None)
+        state = checkpoint._state_to_save(pipe._checkpoint_parts(), optimizer, None)
         size = _bytes_of(state)
         path, unchecked = os.path.join(root, "graphpipe"), os.path.join(root, "unchecked")
         pipe.save(path, optimizer=optimizer)
         times: dict[str, list[float]] = {row: [] for row in ROWS}
         with _unchecked(checkpoint, checksums):
             pipe.save(unchecked, optimizer=optimizer)  # so that every timed save replaces one
-        group = pipe._conn.pg
+        group = pipe._link.conn.pg
 
         def timed(row: str, body: Callable[[], Any], plain_checks: bool = False) -> None:
             dist.barrier()

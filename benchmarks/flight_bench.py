@@ -37,15 +37,15 @@ def _worker(rank: int, world: int, spec: str, rounds: int, steps: int) -> dict[s
         recorder.capacity = 1024 if mode == "on" else 0
         paused = mode == "off"
         if paused:  # the watcher thread is part of the cost: stopped while off
-            pipe._flight.close()
+            pipe._link.flight.close()
         for _ in range(steps):
             start = time.perf_counter()
             pipe.step(*batch, optimizer=opt)
             times[mode].append(time.perf_counter() - start)
         if paused:
-            pipe._flight._stop.clear()
-            pipe._flight._thread = None
-            pipe._flight.attach(recorder)
+            pipe._link.flight._stop.clear()
+            pipe._link.flight._thread = None
+            pipe._link.flight.attach(recorder)
     pipe.close()
     return times
 

@@ -21,7 +21,7 @@ plain single-process model:
   sync method, optimizer class, ``step_count`` and the caller's ``extra``.
 
 Loading is all-or-nothing on every rank. Each rank checks the checkpoint's metadata against what
-it holds, the ranks agree (``consensus.agree``) before any enters DCP's collective load, each
+it holds, the ranks agree (``Link.agree``) before any enters DCP's collective load, each
 loads into fresh tensors (never into its module or optimizer), checks what it read, and the ranks
 agree again; only then does any rank copy into its parameters, optimizer and sync state. A
 checkpoint of another model, a missing folder or shard, or a truncated file is an ``InputError``
@@ -33,8 +33,9 @@ beside ``path`` (checkpoint_folders.py), each entry's digest goes into the manif
 last (checksums.py), and only then does rank 0 put the staging folder in place of ``path``.
 Three exchanges of verdicts (before, after DCP's write, after the replacement) make a rank's
 write error every rank's ``CheckpointError``, with every rank alive and the pipeline usable; a
-collective that fails (a peer died or hangs) fails the pipeline. ``load`` verifies every entry it
-read against the manifest before anything is applied.
+collective that fails (a peer died or hangs), DCP's own included, fails the pipeline
+(``Link.collective``, the one way every collective part fails together). ``load`` verifies
+every entry it read against the manifest before anything is applied.
 
 What is torch's: the file format, writer, reader and their collectives (``dcp.save``,
 ``dcp.load``, ``FileSystemWriter/Reader``), the deduplication of replicated tensors, and the
@@ -54,6 +55,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,14 +65,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from graphpipe._ext import _C
 from graphpipe.errors import CheckpointError, InputError
-from graphpipe.runtime import checksums, faults
+from graphpipe.runtime import checksums, consensus
 from graphpipe.runtime.checkpoint_folders import new_save_id, recover, remove_leftovers, replace, staging_folder
+from graphpipe.runtime.connections import Link
 from graphpipe.runtime.failure import describe
-from graphpipe.runtime.stages import NO_PARAMETERS
+from graphpipe.runtime.faults import Injector
+from graphpipe.runtime.process_group import Ranks
+from graphpipe.runtime.stages import NO_PARAMETERS, LocalStage
+from graphpipe.runtime.state_dicts import ModelFacts
+from graphpipe.sync import SyncMethod
 
-__all__ = ["save", "load", "load_into_model", "model_state_dict", "FORMAT"]
+__all__ = ["Parts", "save", "load", "load_into_model", "model_state_dict", "FORMAT"]
 
 #: Version of the layout above, stored in every checkpoint (2: with checksums, saved atomically).
 FORMAT = 2
@@ -80,77 +86,119 @@ _OPTIM = "optim."
 _SYNC = "sync."
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What a checkpoint writes and restores of one rank of a pipeline, and what it runs on: the
+    pipeline's ``link`` (its group, and failing together), this rank's stage (``local``) and the
+    model's names (``facts``), where the rank sits (``ranks``), the plan and graph (the
+    fingerprint), the sync method, the fault injector, and the steps done (``step_count``).
+    ``Pipeline.save`` and ``Pipeline.load`` make one per call."""
+
+    link: Link
+    local: LocalStage
+    facts: ModelFacts
+    ranks: Ranks
+    plan: Any
+    graph: Any
+    sync_method: SyncMethod
+    faults: Injector
+    step_count: int
+
+    @property
+    def module(self) -> nn.Module:
+        return self.local.module
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's shard under the plain model's names."""
+        return self.facts.state_dict(self.local.module)
+
+    def is_lead(self) -> bool:
+        """Whether this rank writes its stage's shared state: the stage's first rank."""
+        ranks = self.local.ranks
+        return bool(ranks) and ranks[0] == self.ranks.rank
+
+    def fingerprint(self) -> str:
+        """A digest of the plan's JSON (stages, devices, micro-batches): a rank of another plan is
+        another replica or stage, whose private state would be wrong here."""
+        return hashlib.sha256(self.plan.to_json(self.graph).encode()).hexdigest()
+
+
 # ---- saving ---------------------------------------------------------------------------------
-def save(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None,
+def save(parts: Parts, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None,
          extra: Mapping[str, Any] | None = None) -> None:
-    """Collective over the pipeline's ranks: writes a DCP checkpoint of ``pipe`` (and
-    ``optimizer``, over ``pipe.parameters()``) to the folder ``path``. ``extra`` (picklable, for
-    example a scheduler's state) is written from rank 0 and returned by :func:`load`.
+    """Collective over the pipeline's ranks: writes a DCP checkpoint of every rank's ``parts``
+    (and ``optimizer``, over the stage's parameters) to the folder ``path``. ``extra``
+    (picklable, for example a scheduler's state) is written from rank 0 and returned by
+    :func:`load`.
 
     Atomic: the ranks write beside ``path`` and rank 0 replaces ``path`` only once everything is
     written and flushed (checkpoint_folders.py), so a save that fails or is killed at any point
     leaves ``path`` as it was. Fails together: a rank that cannot write makes every rank raise
     ``CheckpointError`` naming it (the pipeline stays usable); a peer that dies or hangs makes
     every rank raise ``PeerError`` or ``PipelineTimeout`` and fails the pipeline."""
-    pipe._live_group()  # refuses a closed or failed pipeline
+    link = parts.link
+    link.group()  # refuses a closed or failed pipeline
     path = os.path.abspath(os.fspath(path))
     where = f"Pipeline.save({path!r})"
+    lead = parts.rank == 0
     state: dict[str, Any] = {}
     entries: dict[str, str] = {}
     refusal: str | None = None
     try:
-        faults.fire(pipe, "save")  # GRAPHPIPE_FAULT's save phase (failure tests)
-        state = _state_to_save(pipe, optimizer, extra)
+        parts.faults.fire("save", parts.step_count)  # GRAPHPIPE_FAULT's save phase (failure tests)
+        state = _state_to_save(parts, optimizer, extra)
         entries = checksums.digests(state)
     except Exception as exc:
         refusal = f"{describe(exc)} (preparing this rank's part)"
-    proposal = new_save_id() if pipe.rank == 0 else None
-    everyone = pipe._failures.gather(pipe._live_group, (refusal, entries, proposal), f"starting {where}")
-    _refuse_together(where, [(r, v[0]) for r, v in enumerate(everyone)])
+    proposal = new_save_id() if lead else None
+    everyone = link.gather((refusal, entries, proposal), f"starting {where}")
+    _refuse_together(where, [v[0] for v in everyone])
     save_id = everyone[0][2]
     merged, refusal = _merged_digests([v[1] for v in everyone])
     staged = staging_folder(path, save_id)
-    if refusal is None and pipe.rank == 0:
+    if refusal is None and lead:
         refusal = _attempt(lambda: _prepare_folder(path, staged))
-    _refuse_together(where, _verdicts(pipe, refusal, where))
-    try:
-        with pipe._failures.waiting(f"writing {where}"):
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(staged, sync_files=True),
-                     process_group=pipe._live_group())
-        refusal = None
-    except CheckpointException as exc:
-        refusal = _write_failure(exc)
-    except BaseException as exc:
-        raise pipe._fail(exc, f"writing {where}")  # noqa: B904 (_fail sets the cause)
-    _refuse_together(where, _verdicts(pipe, refusal, where), cleanup=staged if pipe.rank == 0 else None)
-    if pipe.rank == 0:
-        refusal = _attempt(lambda: _publish(path, staged, save_id, merged))
-    _refuse_together(where, _verdicts(pipe, refusal, where), cleanup=staged if pipe.rank == 0 else None)
-
-
-def _state_to_save(pipe: Any, optimizer: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """This rank's part of the checkpoint, as DCP's state dict (see the module docstring)."""
-    lead = _is_lead(pipe)
-    state: dict[str, Any] = {}
-    own = pipe.state_dict()
+    _refuse_together(where, link.gather(refusal, where))
+    # DCP's collectives (its planning and its write) are one collective part: a rank's own write
+    # error is a refusal, any other failure in them fails the pipeline.
+    with link.collective(f"writing {where}"), link.waiting(f"writing {where}"):
+        try:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(staged, sync_files=True), process_group=link.group())
+            refusal = None
+        except CheckpointException as exc:
+            refusal = _write_failure(exc)
+    _refuse_together(where, link.gather(refusal, where), cleanup=staged if lead else None)
     if lead:
+        refusal = _attempt(lambda: _publish(path, staged, save_id, merged))
+    _refuse_together(where, link.gather(refusal, where), cleanup=staged if lead else None)
+
+
+def _state_to_save(parts: Parts, optimizer: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """This rank's part of the checkpoint, as DCP's state dict (see the module docstring)."""
+    state: dict[str, Any] = {}
+    own = parts.state_dict()
+    if parts.is_lead():
         # A replicated stage's replicas hold the same parameters (or, for local methods, the
         # same ones at a round's end): one copy, the lead's, is what other plans load.
         state["model"] = {k: v.detach() for k, v in own.items()}
         if optimizer is not None:
-            state["optim"] = _flat_optimizer_state(pipe.module, optimizer)
-    private = _private_state(pipe, optimizer, own)
+            state["optim"] = _flat_optimizer_state(parts.module, optimizer)
+    private = _private_state(parts, optimizer, own)
     if private is not None:
-        state["sync"] = {f"rank{pipe.rank}": _pickle(private)}
-    if pipe.rank == 0:
+        state["sync"] = {f"rank{parts.rank}": _pickle(private)}
+    if parts.rank == 0:
         state[_META] = _pickle({
             "format": FORMAT,
-            "model_keys": pipe.model_keys,
-            "plan": _plan_fingerprint(pipe),
-            "world_size": pipe.world_size,
-            "sync_method": repr(pipe.sync_method),
+            "model_keys": list(parts.facts.state_keys),
+            "plan": parts.fingerprint(),
+            "world_size": parts.ranks.world_size,
+            "sync_method": repr(parts.sync_method),
             "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "step_count": int(pipe.step_count),
+            "step_count": int(parts.step_count),
             "extra": dict(extra) if extra is not None else {},
         })
     return state
@@ -211,52 +259,35 @@ def _write_failure(exc: CheckpointException) -> str:
     return f"writing failed ({describe(exc)})"
 
 
-def _verdicts(pipe: Any, refusal: str | None, where: str) -> list[tuple[int, str | None]]:
-    """Every rank's refusal (None: it succeeded), exchanged over the pipeline's group; a failure
-    of the exchange (a peer died or hangs) fails the pipeline."""
-    everyone = pipe._failures.gather(pipe._live_group, refusal, where)
-    return list(enumerate(everyone))
-
-
-def _refuse_together(where: str, verdicts: list[tuple[int, str | None]], cleanup: str | None = None) -> None:
-    """Raises the same CheckpointError on every rank when some rank refused (the pipeline stays
-    usable: every rank is alive and in step), after removing ``cleanup`` (the staged folder)."""
-    refused = [(r, v) for r, v in verdicts if v is not None]
-    if not refused:
+def _refuse_together(where: str, verdicts: list[str | None], cleanup: str | None = None) -> None:
+    """Raises the same CheckpointError on every rank when some rank refused (every rank's
+    verdict, None: it succeeded; the pipeline stays usable: every rank is alive and in step),
+    after removing ``cleanup`` (the staged folder)."""
+    refused = consensus.refusals(verdicts)
+    if refused is None:
         return
     if cleanup is not None:
         shutil.rmtree(cleanup, ignore_errors=True)
-    rank, reason = refused[0]
-    others = f" (and ranks {[r for r, _ in refused[1:]]})" if len(refused) > 1 else ""
-    raise CheckpointError(f"{where} failed on rank {rank}{others}: {reason}; the checkpoint at the path, if any, "
-                          "is unchanged and the pipeline can go on training")
+    raise CheckpointError(f"{where} failed {refused}; the checkpoint at the path, if any, is unchanged and the "
+                          "pipeline can go on training")
 
 
-def _is_lead(pipe: Any) -> bool:
-    """Whether this rank writes its stage's shared state: the stage's first rank."""
-    ranks = pipe.stage_ranks
-    return bool(ranks) and ranks[0] == pipe.rank
-
-
-def _replicated(pipe: Any) -> bool:
-    return len(pipe.stage_ranks) > 1
-
-
-def _private_state(pipe: Any, optimizer: Any, own: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
+def _private_state(parts: Parts, optimizer: Any, own: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
     """This rank's own part: sync state, and on a replicated stage the state its replicas do not
     share. None when it has nothing of its own."""
-    sync = pipe.sync_state_dict()
-    if not sync and not _replicated(pipe):
+    sync = parts.link.sync_state()
+    replicated = parts.local.replicated
+    if not sync and not replicated:
         return None
     private: dict[str, Any] = {"sync": sync}
-    if _replicated(pipe):
-        params = {n for n, _ in pipe.module.named_parameters()}
-        local = bool(getattr(pipe.sync_method, "local_updates", False))
+    if replicated:
+        params = {n for n, _ in parts.module.named_parameters()}
+        local = bool(getattr(parts.sync_method, "local_updates", False))
         # Buffers always (each replica's statistics are of its own rows); parameters and the
         # optimizer only for local methods, whose replicas drift apart inside a round.
         private["state"] = {k: v.detach().clone() for k, v in own.items() if local or k not in params}
         if local and optimizer is not None:
-            private["optim"] = _flat_optimizer_state(pipe.module, optimizer)
+            private["optim"] = _flat_optimizer_state(parts.module, optimizer)
     return private
 
 
@@ -278,12 +309,6 @@ def _flat_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -
     return dict(get_optimizer_state_dict(module, optimizer, options=options))
 
 
-def _plan_fingerprint(pipe: Any) -> str:
-    """A digest of the plan's JSON (stages, devices, micro-batches): a rank of another plan is
-    another replica or stage, whose private state would be wrong here."""
-    return hashlib.sha256(pipe.plan.to_json(pipe.graph).encode()).hexdigest()
-
-
 def _pickle(value: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(value, buffer)
@@ -298,55 +323,60 @@ def _unpickle(blob: Any, what: str) -> Any:
 
 
 # ---- loading --------------------------------------------------------------------------------
-def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+def load(parts: Parts, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None
+         ) -> tuple[dict[str, Any], int]:
     """Collective over the pipeline's ranks: restores a checkpoint written by :func:`save`, under
     this plan or another, into every rank's stage (and ``optimizer``), or raises the same
     ``InputError`` on every rank and changes nothing. Every entry read is checked against its
-    checksum before anything is applied. Returns the ``extra`` it was saved with."""
-    group = pipe._live_group()
+    checksum before anything is applied. Returns the ``extra`` it was saved with, and its step
+    count."""
+    link, rank = parts.link, parts.rank
+    link.group()  # refuses a closed or failed pipeline
     path = os.path.abspath(os.fspath(path))
     where = f"Pipeline.load({path!r})"
-    own = pipe.state_dict()
+    own = parts.state_dict()
     template: dict[str, Any] | None = None
     refusal: str | None = None
     try:
-        faults.fire(pipe, "load")  # GRAPHPIPE_FAULT's load phase (failure tests)
+        parts.faults.fire("load", parts.step_count)  # GRAPHPIPE_FAULT's load phase (failure tests)
         metadata, manifest = _read_metadata(path)
-        template = _template(metadata, own, pipe.module, optimizer, model_keys=pipe.model_keys)
-        private_key = f"{_SYNC}rank{pipe.rank}"
+        template = _template(metadata, own, parts.module, optimizer, model_keys=list(parts.facts.state_keys))
+        private_key = f"{_SYNC}rank{rank}"
         if private_key in metadata.state_dict_metadata:
-            template.setdefault("sync", {})[f"rank{pipe.rank}"] = None
+            template.setdefault("sync", {})[f"rank{rank}"] = None
     except InputError as exc:
         refusal = str(exc)
     except Exception as exc:
-        refusal = f"{describe(exc)} (on rank {pipe.rank})"
+        refusal = f"{describe(exc)} (on rank {rank})"
     # No rank may enter DCP's collective load alone: all of them, or none.
-    pipe._failures.agree(pipe._live_group, where, refusal)
+    link.agree(where, refusal)
     assert template is not None
-    loaded: dict[str, Any] = {}
-    try:
+    # DCP's collective read is one collective part: a rank's own reading error (DCP reports it
+    # as CheckpointException on every rank) is a refusal, anything else is its collectives
+    # failing (a peer died or hangs), which fails the pipeline.
+    unread: str | None = None
+    with link.collective(f"reading {where}"), link.waiting(f"reading {where}"):
         try:
-            with pipe._failures.waiting(f"reading {where}"):
-                dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=group)
+            dcp.load(template, storage_reader=dcp.FileSystemReader(path), process_group=link.group())
         except CheckpointException as exc:
-            raise InputError(_reason(exc, path, _damaged_entry(template, path, metadata))) from exc
-        except Exception as exc:
-            # DCP reports a rank's own reading errors as CheckpointException on every rank;
-            # anything else is its collectives failing (a peer died or hangs).
-            raise pipe._fail(exc, f"reading {where}")  # noqa: B904 (_fail sets the cause)
+            unread = _reason(exc, path, _damaged_entry(template, path, metadata))
+    loaded: dict[str, Any] = {}
+    private: Mapping[str, Any] | None = None
+    restore_private = False
+    try:
+        if unread is not None:
+            raise InputError(unread)
         _verify(manifest, metadata, template, path)
-        loaded = _checked(template, own, pipe.module, optimizer)
-        private = _unpickle(template["sync"][f"rank{pipe.rank}"], "this rank's sync record") \
+        loaded = _checked(template, own, parts.module, optimizer)
+        private = _unpickle(template["sync"][f"rank{rank}"], "this rank's sync record") \
             if "sync" in template else None
-        restore_private = _same_run(pipe, loaded["meta"], private)
+        restore_private = _same_run(parts, loaded["meta"], private)
         refusal = None
     except InputError as exc:
-        refusal = f"{exc} (found by rank {pipe.rank})"
-    except _C.PeerError:
-        raise
+        refusal = f"{exc} (found by rank {rank})"
     except Exception as exc:
         refusal = _reason(exc, path)
-    pipe._failures.agree(pipe._live_group, where, refusal)
+    link.agree(where, refusal)
     # Every rank read and checked everything: apply.
     state, optim = loaded["model"], loaded["optim"]
     if restore_private and private is not None:
@@ -355,15 +385,14 @@ def load(pipe: Any, path: str | os.PathLike, optimizer: torch.optim.Optimizer | 
             optim = private["optim"]
     _copy_into(own, state)
     if optimizer is not None and optim is not None:
-        _load_flat_optimizer_state(pipe.module, optimizer, optim)
+        _load_flat_optimizer_state(parts.module, optimizer, optim)
     if restore_private:
         # Collective (it agrees over the pipeline's group): every rank takes part, those with no
         # record of their own (no replicated stage, or no stage) with an empty state. Before,
         # only the ranks with a record called it, and they waited for the others until the
         # timeout, on any plan that replicates some stages and not others.
-        pipe.load_sync_state_dict(private["sync"] if private is not None else {})
-    pipe.step_count = int(loaded["meta"]["step_count"])
-    return dict(loaded["meta"]["extra"])
+        link.load_sync_state(private["sync"] if private is not None else {}, "Pipeline.load_sync_state_dict")
+    return dict(loaded["meta"]["extra"]), int(loaded["meta"]["step_count"])
 
 
 def _verify(manifest: checksums.Manifest, metadata: Metadata, template: Mapping[str, Any], path: str) -> None:
@@ -409,15 +438,16 @@ def _probe_value(template: Mapping[str, Any], head: str, rest: str) -> Any:
     return torch.empty_like(value) if isinstance(value, torch.Tensor) else None
 
 
-def _same_run(pipe: Any, meta: Mapping[str, Any], private: Mapping[str, Any] | None) -> bool:
+def _same_run(parts: Parts, meta: Mapping[str, Any], private: Mapping[str, Any] | None) -> bool:
     """Whether this rank's private state (sync state, replica-own state) may be restored: only
     under the same plan and sync method. Otherwise warn: those start afresh."""
-    same = meta.get("plan") == _plan_fingerprint(pipe) and meta.get("sync_method") == repr(pipe.sync_method)
-    if not same and (private is not None or pipe.sync_state_dict()):
+    method = parts.sync_method
+    same = meta.get("plan") == parts.fingerprint() and meta.get("sync_method") == repr(method)
+    if not same and (private is not None or parts.link.sync_state()):
         warnings.warn(
             f"graphpipe checkpoint: saved under another plan or sync method ({meta.get('sync_method')}, "
-            f"{meta.get('world_size')} ranks) than this pipeline's ({pipe.sync_method!r}, {pipe.world_size} "
-            f"ranks): rank {pipe.rank} loads the shared parameters and optimizer state, and its sync method's "
+            f"{meta.get('world_size')} ranks) than this pipeline's ({method!r}, {parts.ranks.world_size} "
+            f"ranks): rank {parts.rank} loads the shared parameters and optimizer state, and its sync method's "
             "state (local rounds, residuals, replica statistics) starts afresh",
             stacklevel=3,
         )

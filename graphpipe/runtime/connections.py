@@ -1,5 +1,7 @@
 """A pipeline's connections: its own process group, the executor over it, and the groups that
-tied parameters and replicated stages synchronise over.
+tied parameters and replicated stages synchronise over (:class:`Connections`); and the
+:class:`Link`, those connections as everything collective uses them: usable until the pipeline
+fails or is closed, every collective on them failing together (failure.py).
 
 Every rank makes every group, in the same order (torch names groups by the order they are
 made, process_group.py), members and others alike; each group is the pipeline's own, so that
@@ -12,6 +14,7 @@ import atexit
 import gc
 import os
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,16 +24,16 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
-from graphpipe.runtime.failure import FailureBoard
+from graphpipe.runtime.failure import Collective, FailureBoard, Failures
 from graphpipe.runtime.process_group import new_process_group
 from graphpipe.runtime.replica_agreement import broadcast_from_first_replica
-from graphpipe.runtime.replica_sync import ReplicaSync
+from graphpipe.runtime.replica_sync import ReplicaSync, sync_state_refusal
 from graphpipe.runtime.shared_params import SharedParameterSync
 from graphpipe.runtime.stages import StageCut, StageModule
 from graphpipe.runtime.sync_batchnorm import bind_sync_batchnorm
 from graphpipe.sync import SyncMethod
 
-__all__ = ["Connections", "GroupMaker", "check_backend"]
+__all__ = ["Connections", "GroupMaker", "Link", "check_backend"]
 
 # The process groups of the last cleanly closed pipeline, kept until the next clean close or the
 # interpreter's exit. Why: a collective's completion callback (torch's PowerSGD hook, the
@@ -213,3 +216,84 @@ class Connections:
             gc.collect()  # the group closes its connections when its last handle goes
         else:
             _parked[:] = groups  # releases, on this (the main) thread, the groups parked before
+
+
+class Link:
+    """A pipeline's connections as its collectives use them (a step, an evaluation, a checkpoint,
+    every exchange of verdicts): the executor and the group of a usable pipeline, and the one way
+    to fail together (``Failures.collective``), which closes these connections.
+
+    ``failures`` is made here over ``board``; ``conn`` (empty until :meth:`connect`) and
+    ``flight`` come once the pipeline is connected."""
+
+    def __init__(self, board: FailureBoard, timeout: float) -> None:
+        self.conn = Connections()  # nothing to release until connected
+        self.failures = Failures(board, timeout, self._close_failing)
+
+    def _close_failing(self) -> None:
+        self.conn.close(failing=True)
+
+    def connect(self, conn: Connections, flight: Any) -> None:
+        """Takes the connections made for the pipeline, and its flight recording (flight.py),
+        which watches the executor's recorder."""
+        self.conn = conn
+        flight.attach(conn.executor.flight_recorder)
+        self.failures.flight = flight
+
+    @property
+    def rank(self) -> int:
+        return self.failures.board.rank
+
+    @property
+    def flight(self) -> Any:
+        """The pipeline's flight recording (None before it is connected)."""
+        return self.failures.flight
+
+    def executor(self) -> Any:
+        """The executor of a usable pipeline: InputError after a failure or a close."""
+        return self.failures.usable(self.conn.executor)
+
+    def group(self) -> Any:
+        """The pipeline's process group for collectives outside the executor (a usable
+        pipeline's: InputError after a failure or a close)."""
+        self.executor()
+        return self.conn.pg
+
+    def collective(self, what: str) -> Collective:
+        """``Failures.collective``: any error inside fails the pipeline on every rank."""
+        return self.failures.collective(what)
+
+    def activity(self, what: str, peers: list[int] | None = None) -> Any:
+        """What this rank does outside the executor, waiting for ``peers`` (flight.py)."""
+        return self.failures.activity(what, peers)
+
+    def waiting(self, what: str) -> Any:
+        """:meth:`activity` waiting for every other rank."""
+        return self.failures.waiting(what)
+
+    def gather(self, local: Any, during: str) -> list[Any]:
+        """``local`` from every rank, on every rank (``Failures.gather`` over :meth:`group`)."""
+        return self.failures.gather(self.group, local, during)
+
+    def agree(self, what: str, refusal: str | None) -> None:
+        """Every rank's verdict on ``what`` (``Failures.agree`` over :meth:`group`): returns when
+        none refused, else the same InputError on every rank."""
+        self.failures.agree(self.group, what, refusal)
+
+    def sync_state(self) -> dict[str, Any]:
+        """This rank's replica sync state (empty without a replicated stage)."""
+        sync = self.conn.replica_sync
+        return sync.state_dict() if sync is not None else {}
+
+    def load_sync_state(self, state: Mapping[str, Any], what: str) -> None:
+        """Collective: restores :meth:`sync_state`'s state on every rank, or, if any rank's does
+        not fit, on none (every rank raises InputError naming it)."""
+        self.agree(what, sync_state_refusal(self.conn.replica_sync, state, self.rank))
+        if self.conn.replica_sync is not None:
+            self.conn.replica_sync.load_state_dict(dict(state))
+
+    def close(self) -> None:
+        """Releases the connections and stops the flight recording (a clean close)."""
+        if self.failures.flight is not None:
+            self.failures.flight.close()
+        self.conn.close()

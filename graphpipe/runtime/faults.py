@@ -13,22 +13,24 @@ The value is parsed once, in ``wrap`` (:func:`from_environment`): a malformed on
 ``InputError`` naming it. The executor phases fire inside the C++ executor, before the first
 instruction of their kinds in that step's run: Python decides which ``OpKind``\\ s each phase
 means (:data:`EXECUTOR_PHASES`) and hands the executor only "these kinds, this action" for the
-run (:func:`arm`). The other phases fire where the pipeline calls :func:`fire`.
+run (:meth:`Injector.arm`). The other phases fire where the pipeline calls :meth:`Injector.fire`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError
 
-__all__ = ["ENV", "EXECUTOR_PHASES", "KINDS", "PHASES", "Fault", "InjectedFault", "arm", "fire",
-           "from_environment", "hang_seconds", "parse"]
+__all__ = ["ENV", "EXECUTOR_PHASES", "KINDS", "PHASES", "Fault", "InjectedFault", "Injector", "from_environment",
+           "hang_seconds", "parse"]
 
 #: The environment variable read by :func:`from_environment`.
 ENV = "GRAPHPIPE_FAULT"
@@ -103,37 +105,43 @@ def hang_seconds(timeout: float) -> float:
     return min(2.0 * float(timeout) + 5.0, _MAX_HANG_SECONDS)
 
 
-def _due(pipe: Any, phase: str | None = None) -> list[Fault]:
-    faults: list[Fault] = getattr(pipe, "_faults", None) or []
-    return [f for f in faults if f.rank == pipe.rank and f.step == pipe.step_count
-            and (phase is None or f.phase == phase)]
+class Injector:
+    """One rank's faults (:func:`from_environment`, parsed once in ``wrap``), fired where they are
+    due. ``activity(what)`` is a context that tells the peers what this rank does (flight.py),
+    so that a hung rank still says so."""
 
+    def __init__(self, faults: list[Fault], rank: int, timeout: float,
+                 activity: Callable[[str], Any] | None = None) -> None:
+        self.faults = list(faults)
+        self.rank = rank
+        self.timeout = float(timeout)
+        self._activity = activity
 
-def fire(pipe: Any, phase: str) -> None:
-    """Fires the faults due now on this rank of ``pipe`` in the Python ``phase`` (``optimizer``,
-    ``save``, ``load``, ...): raises :class:`InjectedFault`, sleeps, or kills this process."""
-    for fault in _due(pipe, phase):
-        what = f"injected fault {ENV}={fault} on rank {pipe.rank}, step {pipe.step_count}, phase {phase}"
-        if fault.kind == "raise":
-            raise InjectedFault(what)
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        flight = getattr(pipe, "_flight", None)
-        if flight is not None:  # the hung rank still says what it is doing (flight.py)
-            with flight.activity(f"hanging ({what})"):
-                time.sleep(hang_seconds(pipe.timeout))
-        else:
-            time.sleep(hang_seconds(pipe.timeout))
+    def _due(self, step: int, phase: str | None = None) -> list[Fault]:
+        return [f for f in self.faults if f.rank == self.rank and f.step == step
+                and (phase is None or f.phase == phase)]
 
+    def fire(self, phase: str, step: int) -> None:
+        """Fires the faults due at ``step`` (the pipeline's ``step_count``) on this rank in the
+        Python ``phase`` (``optimizer``, ``save``, ``load``): raises :class:`InjectedFault`,
+        sleeps, or kills this process."""
+        for fault in self._due(step, phase):
+            what = f"injected fault {ENV}={fault} on rank {self.rank}, step {step}, phase {phase}"
+            if fault.kind == "raise":
+                raise InjectedFault(what)
+            if fault.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            with self._activity(f"hanging ({what})") if self._activity is not None else contextlib.nullcontext():
+                time.sleep(hang_seconds(self.timeout))
 
-def arm(pipe: Any, executor: Any) -> None:
-    """Gives ``executor`` the faults of its executor phases due in this step on this rank (for
-    its next run only; none clears them)."""
-    armed = []
-    for fault in _due(pipe):
-        kinds = EXECUTOR_PHASES.get(fault.phase)
-        if kinds is None:
-            continue
-        label = f"injected fault {ENV}={fault} on rank {pipe.rank}, step {pipe.step_count}"
-        armed.append(([getattr(_C.OpKind, k) for k in kinds], fault.kind, hang_seconds(pipe.timeout), label))
-    executor.set_faults(armed)
+    def arm(self, executor: Any, step: int) -> None:
+        """Gives ``executor`` the faults of its executor phases due at ``step`` on this rank (for
+        its next run only; none clears them)."""
+        armed = []
+        for fault in self._due(step):
+            kinds = EXECUTOR_PHASES.get(fault.phase)
+            if kinds is None:
+                continue
+            label = f"injected fault {ENV}={fault} on rank {self.rank}, step {step}"
+            armed.append(([getattr(_C.OpKind, k) for k in kinds], fault.kind, hang_seconds(self.timeout), label))
+        executor.set_faults(armed)

@@ -10,19 +10,23 @@ group, the backward through torch::autograd), and the full-batch loss is returne
 The plan is a C++ ``Plan`` on every rank, loaded from the same JSON text by the C++ loader, and
 the schedule is the C++ ``Schedule`` that ``graphpipe.simulate`` predicts.
 
-This module is the facade; each concern has its module in graphpipe/runtime/:
-``options.py`` (WrapOptions, declared once), ``rendezvous.py`` (trace, plan on rank 0, agreement
-across ranks, plan loading), ``stages.py`` (the traced model cut into the plan's stages),
-``connections.py`` (process groups, executor, replicas' sync), ``batch_prep.py`` (batch checks,
+This module is the facade; each concern has its module in graphpipe/runtime/ (docs/design.md
+§7.6), and none of them reaches back into ``Pipeline``: ``options.py`` (WrapOptions, declared
+once), ``rendezvous.py`` (trace, plan on rank 0, agreement across ranks, plan loading),
+``process_group.py`` (``Ranks``, the pipeline's groups), ``stages.py`` (the traced model cut
+into the plan's stages, ``LocalStage``), ``state_dicts.py`` (``ModelFacts``, state dicts),
+``connections.py`` (process groups, executor, replicas' sync; ``Link``, those as collectives
+use them), ``failure.py`` (failing together, one way), ``batch_prep.py`` (batch checks,
 micro-batches, wire layouts), ``stage_call.py`` (the callback the executor calls for F),
-``steps.py`` (the collective part of a step), ``failure.py`` (failing together),
-``state_dicts.py`` and ``checkpoint.py`` (state dicts, DCP checkpoints).
+``steps.py`` (the collective part of a step: ``Steps``, with ``nonfinite.py``'s guard,
+``faults.py``'s injector and ``replica_check.py``), ``checkpoint.py`` (DCP checkpoints, from a
+``checkpoint.Parts``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,36 +36,39 @@ from graphpipe.errors import InputError
 from graphpipe.export_capture import check_mode, set_mode
 from graphpipe.runtime import faults
 from graphpipe.runtime.batch_prep import BatchPrep
-from graphpipe.runtime.connections import Connections, GroupMaker, check_backend
-from graphpipe.runtime.failure import FailureBoard, Failures, pipeline_store
+from graphpipe.runtime.connections import Connections, GroupMaker, Link, check_backend
+from graphpipe.runtime.failure import FailureBoard, pipeline_store
 from graphpipe.runtime.flight import Flight, dump_dir, enable_nccl_flight_recorder
-from graphpipe.runtime.measure import SavedActivations
+from graphpipe.runtime.measure import SavedActivations, tasks_from_timings
 from graphpipe.runtime.nonfinite import StepGuard
 from graphpipe.runtime.options import DEFAULT_TIMEOUT, WrapOptions
 from graphpipe.runtime.plan import stage_ranks
-from graphpipe.runtime.process_group import global_ranks
+from graphpipe.runtime.process_group import Ranks
 from graphpipe.runtime.rendezvous import Agreed, rendezvous
-from graphpipe.runtime.replica_agreement import digests, first_disagreement
-from graphpipe.runtime.replica_sync import sync_state_refusal
+from graphpipe.runtime.replica_check import ReplicaCheck
 from graphpipe.runtime.stage_call import StageFn, no_stage, stage_call
-from graphpipe.runtime.stages import (
-    NO_PARAMETERS,
-    StageModule,
-    build_stages,
-    keep_local_stage,
-    local_module,
-    stage_device,
-)
-from graphpipe.runtime.state_dicts import load_refusal, stage_state_dict, state_aliases
-from graphpipe.runtime.steps import loss_callback, run_eval, run_step
+from graphpipe.runtime.stages import NO_PARAMETERS, LocalStage, build_stages, stage_device
+from graphpipe.runtime.state_dicts import ModelFacts, load_refusal
+from graphpipe.runtime.steps import Steps, loss_callback
 from graphpipe.simulation import schedule as generate_schedule
+from graphpipe.sync import SyncMethod
 from graphpipe.sync import parse as parse_sync
+
+if TYPE_CHECKING:  # checkpoint.py is imported on first use: torch.distributed.checkpoint is slow to import
+    from graphpipe.runtime.checkpoint import Parts
 
 __all__ = ["DEFAULT_TIMEOUT", "WrapOptions", "Pipeline", "wrap"]
 
 class Pipeline:
     """One rank's share of a pipelined model. Build it with :func:`wrap` (which takes the same
-    arguments): ``options`` a :class:`WrapOptions`, or its fields as keywords."""
+    arguments): ``options`` a :class:`WrapOptions`, or its fields as keywords.
+
+    What it holds, each for one thing: ``options``, ``group`` and where this rank sits
+    (``_ranks``); the plan, its graph and schedule; the facts kept from the trace (``_facts``,
+    the model's names and capture); this rank's stage (``_local``); the batch preparation
+    (``_batches``); the link (``_link``: connections, executor and failing together); and the
+    collective part of a step (``_steps``, which holds the step guard, the fault injector and the
+    replica check). Values derived from the options are read from ``options``."""
 
     def __init__(self, model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
                  options: WrapOptions | None = None, **keywords: Any) -> None:
@@ -73,66 +80,105 @@ class Pipeline:
             )
         self.options = options
         self.group = options.group if options.group is not None else dist.distributed_c10d._get_default_group()
-        self.rank = dist.get_rank(self.group)
-        self.world_size = dist.get_world_size(self.group)
+        self._ranks = ranks = Ranks.of(self.group)
         self.loss_fn = loss_fn
-        self.timeout = float(options.timeout)
-        self._bucket_bytes = options.bucket_size()
-        self.sync_method = parse_sync(options.sync)
-        self.skip_nonfinite = bool(options.skip_nonfinite)
-        self.check_replicas_every = options.check_every()
-        self._guard = StepGuard()
-        self._global_ranks = global_ranks(self.group)
+        # Checked here, before anything is exchanged (each raises InputError naming its option).
+        bucket_bytes = options.bucket_size()
+        sync_method = parse_sync(options.sync)
+        options.check_every()
         # Everything rank-local is guarded: a rank that fails publishes its cause, and the others,
         # polling the store in the exchanges, raise naming it instead of waiting.
-        self._board = FailureBoard(pipeline_store(self._global_ranks), self.rank, self.world_size, self.timeout)
-        self._conn = Connections()  # nothing to release until connected
-        self._failures = Failures(self._board, self.timeout, lambda: self._conn.close(failing=True))
+        board = FailureBoard(pipeline_store(list(ranks.global_ranks)), ranks.rank, ranks.world_size, self.timeout)
+        self._link = Link(board, self.timeout)
         # GRAPHPIPE_FAULT, parsed once: a bad value fails wrap on every rank, naming it.
-        self._faults = self._board.guard(faults.from_environment)
+        injector = faults.Injector(board.guard(faults.from_environment), ranks.rank, self.timeout,
+                                   self._link.activity)
         #: Training steps this pipeline completed (restored by :meth:`load`).
         self.step_count = 0
         self.last_timings: list[Any] = []
-        self._saved: SavedActivations | None = None
-        agreed = rendezvous(self._board, self.rank, self.world_size, model, example_inputs, options, self.sync_method)
+        agreed = rendezvous(board, ranks.rank, ranks.world_size, model, example_inputs, options, sync_method)
         self.graph = agreed.traced.graph
         self.plan = agreed.plan
-        self._board.guard(lambda: self._build(agreed, model))
+        board.guard(lambda: self._build(agreed, model))
         backend = str(dist.get_backend(self.group)).lower()
         folder = dump_dir(options.flight_recorder_dir)
         if backend == "nccl":  # torch's own flight recorder, read when its group is made
             enable_nccl_flight_recorder(folder)
-        maker = GroupMaker(self._global_ranks, self.world_size == dist.get_world_size(), backend, self.timeout,
-                           self._board)
-        self._conn = Connections.connect(maker, self.world_size, self.schedule, self._cut, self._stage, self.module,
-                                         self.sync_method, self._bucket_bytes, self.device)
-        self._flight = Flight(self._board.store, self.rank, self.world_size, self.timeout, folder,
-                              [(int(e.src), int(e.dst)) for e in self.plan.edges])
-        self._flight.attach(self._conn.executor.flight_recorder)
-        self._failures.flight = self._flight
+        maker = GroupMaker(list(ranks.global_ranks), ranks.world_size == dist.get_world_size(), backend,
+                           self.timeout, board)
+        conn = Connections.connect(maker, ranks.world_size, self.schedule, self._local.cut, self._local.stage,
+                                   self._local.module, sync_method, bucket_bytes, self.device)
+        self._link.connect(conn, Flight(board.store, ranks.rank, ranks.world_size, self.timeout, folder,
+                                        [(int(e.src), int(e.dst)) for e in self.plan.edges]))
+        del conn
+        replicas = ReplicaCheck(options.check_every(), bool(getattr(sync_method, "local_updates", False)),
+                                self._link, self._local)
+        self._steps = Steps(self._link, self._local, ranks, self.device, sync_method, bool(options.skip_nonfinite),
+                            StepGuard(), injector, replicas)
 
     def _build(self, agreed: Agreed, model: nn.Module) -> None:
         """Cuts the traced model into the plan's stages and keeps this rank's."""
         traced = agreed.traced
-        self.num_micro_batches = int(self.plan.num_micro_batches)
-        # The schedule asked for, or (None, "auto") the one the plan was made for.
-        self.schedule_kind = self.options.schedule_for(self.plan)
         # The very call graphpipe.simulate makes: the executor runs the schedule it predicts.
         self.schedule = generate_schedule(self.plan, self.schedule_kind)
         cut = build_stages(traced.module, self.plan, traced.graph)
-        self._stage: StageModule | None = keep_local_stage(cut, model, self.rank)
-        self.module: nn.Module = local_module(self._stage)
-        self.output_ranks = list(cut.stages[cut.output_stage].ranks)
-        self._cut = cut
-        self.device = stage_device(self.module, self.options.device)
-        check_backend(self.device, self._stage is not None, str(dist.get_backend(self.group)).lower())
+        self._local = LocalStage.keep(cut, model, self.rank)
+        self.device = stage_device(self._local.module, self.options.device)
+        check_backend(self.device, self._local.stage is not None, str(dist.get_backend(self.group)).lower())
+        self._facts = ModelFacts.of(model, traced)
         self._batches = BatchPrep(traced, agreed.example_args, cut, len(self.plan.edges), self.num_micro_batches,
-                                  self.device, type(model).__name__)
-        self._captured_training = traced.captured_training
-        self._eval_problem = traced.eval_problem
-        self._model_name = type(model).__name__
-        self._state_keys = list(model.state_dict().keys())
-        self._aliases = state_aliases(model)
+                                  self.device, self._facts.name)
+
+    # ---- where it runs, and what the options say ----------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This rank in the pipeline's group."""
+        return self._ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the pipeline's group."""
+        return self._ranks.world_size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait of the pipeline may take (``wrap(timeout=)``)."""
+        return float(self.options.timeout)
+
+    @property
+    def sync_method(self) -> SyncMethod:
+        """How replicated stages synchronise (``wrap(sync=)`` as a method)."""
+        return self._steps.sync_method
+
+    @property
+    def skip_nonfinite(self) -> bool:
+        """Whether a step with non-finite gradients on some stage is skipped on every rank."""
+        return bool(self.options.skip_nonfinite)
+
+    @property
+    def check_replicas_every(self) -> int | None:
+        """``wrap(check_replicas_every=)``: every how many steps the replicas are compared."""
+        return self.options.check_every()
+
+    @property
+    def num_micro_batches(self) -> int:
+        """The plan's number of micro-batches per step."""
+        return int(self.plan.num_micro_batches)
+
+    @property
+    def schedule_kind(self) -> str:
+        """The schedule asked for, or (None, "auto") the one the plan was made for."""
+        return self.options.schedule_for(self.plan)
+
+    @property
+    def module(self) -> nn.Module:
+        """The module this rank runs: its stage's (a placeholder without one)."""
+        return self._local.module
+
+    @property
+    def output_ranks(self) -> list[int]:
+        """The ranks of the stage that computes the model output (and the loss)."""
+        return self._local.output_ranks
 
     # ---- lifetime and failure --------------------------------------------------------------
     def close(self) -> None:
@@ -141,9 +187,7 @@ class Pipeline:
         ``torch.distributed.destroy_process_group()``: a process group that outlives the
         interpreter's shutdown through a leftover handle can abort the process. Idempotent;
         the pipeline cannot step afterwards, its parameters and state dicts stay readable."""
-        if getattr(self, "_flight", None) is not None:
-            self._flight.close()
-        self._conn.close()
+        self._link.close()
 
     @property
     def closed(self) -> bool:
@@ -159,26 +203,13 @@ class Pipeline:
     @property
     def executor(self) -> Any:
         """This rank's ``graphpipe._C.Executor`` (None once closed)."""
-        return self._conn.executor
+        return self._link.conn.executor
 
     @property
     def gradient_buckets(self) -> Any:
         """This rank's replicated stage's ``_C.GradientBuckets`` (None without one, or with a
         local sync method)."""
-        return self._conn.buckets
-
-    def _executor(self) -> Any:
-        """The executor of a usable pipeline: InputError after a failure or :meth:`close`."""
-        return self._failures.usable(self.executor)
-
-    def _live_group(self) -> Any:
-        """The pipeline's process group for collectives outside a step (a usable pipeline's)."""
-        self._executor()
-        return self._conn.pg
-
-    def _fail(self, exc: BaseException, during: str) -> BaseException:
-        """Fails the pipeline after ``exc`` (failure.py); returns what to raise."""
-        return self._failures.fail(exc, during)
+        return self._link.conn.buckets
 
     # ---- parameters, modes and the stage ---------------------------------------------------
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
@@ -195,8 +226,9 @@ class Pipeline:
         """Puts this rank's stage in training (or eval) mode. A torch.export capture switches its
         dropout, attention dropout and batch norm operators (docs/capture.md); InputError where
         the capture cannot run the mode (captured in eval, or branching on self.training)."""
-        check_mode(self._captured_training, self._eval_problem, self._model_name, mode)
-        if self._captured_training:  # the exported operators' mode (export_capture.set_mode)
+        facts = self._facts
+        check_mode(facts.captured_training, facts.eval_problem, facts.name, mode)
+        if facts.captured_training:  # the exported operators' mode (export_capture.set_mode)
             set_mode(self.module, bool(mode))
         self.module.train(mode)
         return self
@@ -207,12 +239,12 @@ class Pipeline:
     @property
     def stage(self) -> int:
         """Index of the stage this rank runs (-1 when it holds none)."""
-        return self._stage.index if self._stage is not None else -1
+        return self._local.index
 
     @property
     def stage_ranks(self) -> list[int]:
         """The ranks that run this rank's stage, its first replica first ([] when it holds none)."""
-        return [int(r) for r in self._stage.ranks] if self._stage is not None else []
+        return self._local.ranks
 
     @property
     def output_rank(self) -> int:
@@ -222,11 +254,11 @@ class Pipeline:
     @property
     def model_keys(self) -> list[str]:
         """The plain model's ``state_dict`` keys, in its order (aliases included)."""
-        return list(self._state_keys)
+        return list(self._facts.state_keys)
 
     def schedule_table(self) -> str:
         """The schedule as a table (one row per rank)."""
-        return self._executor().schedule_table()
+        return self._link.executor().schedule_table()
 
     def swap_stage_module(self, make: Callable[[nn.Module], nn.Module],
                           weights: Callable[[nn.Module], Iterable[nn.Parameter]] | None = None) -> None:
@@ -235,9 +267,9 @@ class Pipeline:
         ``graphpipe.testing.emulate``. The new module must take and return what the old one
         did. ``weights(new_module)``: what a split backward's W computes the gradients of
         (default: the new module's trainable parameters)."""
-        if self._stage is None:
+        if self._local.stage is None:
             return
-        self._stage.module = self.module = make(self._stage.module)
+        self._local.swap(make(self._local.module))
         if self.executor is not None:
             chosen = weights(self.module) if weights is not None else (
                 p for p in self.module.parameters() if p.requires_grad)
@@ -245,21 +277,20 @@ class Pipeline:
 
     # ---- running -----------------------------------------------------------------------------
     def _stage_fn(self, values: list[dict[str, Any]], on_output: Callable[[int, Any], torch.Tensor | None]) -> StageFn:
-        """The executor's F callback for this rank (stage_call.py), for the batch prepared last."""
-        if self._stage is None:
+        """The executor's F callback for this rank (stage_call.py), for the batch prepared last,
+        under ``wrap(autocast=)``."""
+        stage = self._local.stage
+        if stage is None:
             return no_stage
-        recompute = bool(self.plan.stages[self._stage.index].recompute)
-        return stage_call(self._stage, self._executor(), self._batches.layouts(), recompute, self._saved, values,
-                          on_output)
-
-    def _autocast_forward(self, stage_fn: StageFn) -> StageFn:
-        """``stage_fn`` under ``wrap(autocast=)`` (itself when unset)."""
+        recompute = bool(self.plan.stages[stage.index].recompute)
+        fn = stage_call(stage, self._link.executor(), self._batches.layouts(), recompute, self._steps.saved, values,
+                        on_output)
         if self.options.autocast is None:
-            return stage_fn
+            return fn
 
         def forward(m: int, received: list[list[torch.Tensor]]) -> Any:
             with self.options.autocast_context(self.device):
-                return stage_fn(m, received)
+                return fn(m, received)
 
         return forward
 
@@ -285,20 +316,21 @@ class Pipeline:
         update are the same on every stage.
         """
         StepGuard.check_arguments(optimizer, scaler)
-        executor = self._executor()
+        executor = self._link.executor()
         # wrap(autocast=): the shape propagation and every stage forward (they run in this
         # thread, the executor's forward callback too) see it; the optimizer step does not.
         with self.options.autocast_context(self.device):
-            values, mbs = self._batches.inputs(executor, inputs, len(self.stage_ranks) > 1)
+            values, mbs = self._batches.inputs(executor, inputs, self._local.replicated)
             replicated_loss = self.rank in self.output_ranks and len(self.output_ranks) > 1
             targets_mb, share = self._batches.targets(executor, targets, mbs, replicated_loss)
             losses: list[torch.Tensor] = []
             on_output = loss_callback(self.loss_fn, targets_mb, share, self.num_micro_batches, scaler, losses)
-            self._saved = SavedActivations(self.module.parameters()) if record else None
+            self._steps.saved = SavedActivations(self.module.parameters()) if record else None
             stage_fn = self._stage_fn(values, on_output)
-        total = run_step(self, self._autocast_forward(stage_fn), losses, mbs, optimizer, scaler, record)
+        del executor
+        total = self._steps.run(stage_fn, losses, mbs, optimizer, scaler, record, self.step_count, self.last_timings)
         self.step_count += 1
-        if self._replica_check_due(after_step=True):
+        if self._steps.replicas.due(self.step_count, after_step=True):
             self.check_replicas()
         return total.to(self._batches.loss_dtype(mbs))
 
@@ -306,87 +338,66 @@ class Pipeline:
     def skipped_steps(self) -> int:
         """Optimizer steps skipped on every rank because some stage's gradients were NaN or
         infinite (see :meth:`step`)."""
-        return self._guard.skipped_steps
+        return self._steps.guard.skipped_steps
 
     def eval_forward(self, inputs: Any) -> Any:
         """Runs the model forward on a batch (no gradients); the merged output on every rank."""
         with self.options.autocast_context(self.device):
-            values, _ = self._batches.inputs(self._executor(), inputs, len(self.stage_ranks) > 1)
-        return run_eval(self, lambda on_output: self._autocast_forward(self._stage_fn(values, on_output)))
+            values, _ = self._batches.inputs(self._link.executor(), inputs, self._local.replicated)
+        return self._steps.eval(lambda on_output: self._stage_fn(values, on_output), self.num_micro_batches)
 
     # ---- measurements and replicas ---------------------------------------------------------
     @property
     def peak_saved_activation_bytes(self) -> int:
         """The most bytes autograd held for this rank's backward at any time during the last
         ``step(..., record=True)`` (its stashed activations; parameters not counted)."""
-        return self._saved.peak if self._saved is not None else 0
+        saved = self._steps.saved
+        return saved.peak if saved is not None else 0
 
     def measured_tasks(self, gather: bool = True) -> list[dict[str, Any]]:
         """The last ``step(..., record=True)`` as graphpipe.viz task dicts: this rank's, or
         (``gather=True``, a collective) every rank's merged, on every rank."""
-        from graphpipe.runtime.measure import tasks_from_timings
-
         edges = [(int(e.src), int(e.dst)) for e in self.plan.edges]
         local = tasks_from_timings(self.last_timings, self.rank, edges, stage_ranks(self.plan))
         if not gather:
             return local
-        everyone = self._failures.gather(self._live_group, local, "gathering measured tasks")
+        everyone = self._link.gather(local, "gathering measured tasks")
         return [t for tasks in everyone for t in (tasks or [])]
 
     def check_replicas(self) -> None:
         """Collective: raises ``InputError`` on every rank when the replicas of some replicated
         stage hold different parameters or buffers (a checksum of each one's bytes, compared
         between replicas), naming the stage, the rank and the first differing entry."""
-        problem = self._replica_disagreement(before_step=False)
-        if problem is not None:
-            raise InputError(f"Pipeline.check_replicas: {problem}")
-
-    def _replica_check_due(self, after_step: bool = False) -> bool:
-        """Whether ``check_replicas_every`` checks now: before the optimizer step of every N-th
-        step, where the replicas sum their gradients; at the end of it (``after_step``, the step
-        counted) where they update on their own (local SGD, QSR), whose replicas differ inside a
-        round by design."""
-        every = self.check_replicas_every
-        if every is None or after_step != self._local_updates():
-            return False
-        return (self.step_count if after_step else self.step_count + 1) % every == 0
-
-    def _local_updates(self) -> bool:
-        """Whether the replicas update on their own gradients (local SGD, QSR): their gradients
-        differ by design, and only their parameters are compared."""
-        return bool(getattr(self.sync_method, "local_updates", False))
-
-    def _replica_disagreement(self, before_step: bool) -> str | None:
-        """Collective: where some replicated stage's replicas differ (parameters and buffers, or
-        ``before_step`` parameters and summed gradients), in words; None when they agree."""
-        mine = digests(self.module, before_step) if len(self.stage_ranks) > 1 else []
-        everyone = self._failures.gather(self._live_group, mine, "comparing the replicas")
-        return first_disagreement([st.ranks for st in self._cut.stages], dict(enumerate(everyone)))
+        self._steps.replicas.check()
 
     @property
     def sync_stats(self) -> dict[str, Any]:
         """This rank's replica sync so far: the method, steps, synchronisations and the bytes
         it handed to the replicas' collectives (measured); empty unless the rank holds a
         replicated stage."""
-        return self._conn.replica_sync.stats() if self._conn.replica_sync is not None else {}
+        sync = self._link.conn.replica_sync
+        return sync.stats() if sync is not None else {}
 
     def sync_state_dict(self) -> dict[str, Any]:
         """This rank's sync state (local SGD's step and QSR's round, top-k's residuals,
         PowerSGD's error feedback and factors), for a checkpoint: save it with the parameters and
         the optimizer's state, and a resumed run continues exactly as an uninterrupted one."""
-        return self._conn.replica_sync.state_dict() if self._conn.replica_sync is not None else {}
+        return self._link.sync_state()
 
     def load_sync_state_dict(self, state: Mapping[str, Any]) -> None:
         """Collective: restores :meth:`sync_state_dict`'s state (of the same rank and sync
         method), on every rank or, if any rank's state does not fit, on none (every rank raises
         ``InputError`` naming it)."""
-        sync = self._conn.replica_sync
-        refusal = sync_state_refusal(sync, state, self.rank)
-        self._failures.agree(self._live_group, "Pipeline.load_sync_state_dict", refusal)
-        if sync is not None:
-            sync.load_state_dict(dict(state))
+        self._link.load_sync_state(state, "Pipeline.load_sync_state_dict")
 
     # ---- state dicts and checkpoints (state_dicts.py, checkpoint.py) -----------------------
+    def _checkpoint_parts(self) -> Parts:
+        """What checkpoint.py writes and restores of this rank, and what it runs on."""
+        from graphpipe.runtime.checkpoint import Parts
+
+        return Parts(self._link, self._local, self._facts, self._ranks, self.plan, self.graph,
+                                self.sync_method, self._steps.faults, self.step_count)
+
     def save(self, path: str, optimizer: Any = None, extra: Mapping[str, Any] | None = None) -> None:
         """Collective: writes a torch.distributed.checkpoint (DCP) checkpoint to the folder
         ``path`` (graphpipe/runtime/checkpoint.py): each rank its stage's parameters, buffers and
@@ -394,28 +405,29 @@ class Pipeline:
         ``extra``."""
         from graphpipe.runtime.checkpoint import save
 
-        save(self, path, optimizer=optimizer, extra=extra)
+        save(self._checkpoint_parts(), path, optimizer=optimizer, extra=extra)
 
     def load(self, path: str, optimizer: Any = None) -> dict[str, Any]:
         """Collective: restores a checkpoint written by :meth:`save`, under this plan or
         another one, on every rank or on none; returns the ``extra`` it was saved with."""
         from graphpipe.runtime.checkpoint import load
 
-        return load(self, path, optimizer=optimizer)
+        extra, self.step_count = load(self._checkpoint_parts(), path, optimizer=optimizer)
+        return extra
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's shard: its stage's parameters and buffers under the original names (the
         entries of the original model's ``state_dict`` that this stage holds)."""
-        return stage_state_dict(self.module, self._state_keys, self._aliases)
+        return self._facts.state_dict(self.module)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict gathered from every rank (on every rank), in the
         original model's key order."""
         local = {k: v.detach().cpu() for k, v in self.state_dict().items()}
         merged: dict[str, torch.Tensor] = {}
-        for shard in self._failures.gather(self._live_group, local, "gathering the state dict"):
+        for shard in self._link.gather(local, "gathering the state dict"):
             merged.update(shard or {})
-        return {k: merged[k] for k in self._state_keys if k in merged}
+        return {k: merged[k] for k in self._facts.state_keys if k in merged}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Collective: loads this rank's entries from a shard or a full state dict (original
@@ -424,7 +436,7 @@ class Pipeline:
         check fails, every rank raises ``InputError`` naming that rank and entry, and no rank has
         changed anything."""
         own = self.state_dict()
-        self._failures.agree(self._live_group, "Pipeline.load_state_dict", load_refusal(own, state, strict, self.rank))
+        self._link.agree("Pipeline.load_state_dict", load_refusal(own, state, strict, self.rank))
         self.module.load_state_dict({k: state[k] for k in own if k in state}, strict=False)
 
 

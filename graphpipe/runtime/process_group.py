@@ -24,6 +24,7 @@ waiting on each other forever when used carelessly.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from graphpipe.errors import InputError
 from graphpipe.runtime.failure import FailureBoard
 
-__all__ = ["global_ranks", "new_process_group"]
+__all__ = ["Ranks", "global_ranks", "new_process_group"]
 
 #: Names of groups this process created with local synchronization (torch never reuses a name
 #: safely; see the module docstring).
@@ -83,6 +84,25 @@ def new_process_group(
             )
         _local_names_used.add(name)
     return dist.new_group(global_ranks, timeout=deadline, backend=backend, use_local_synchronization=True)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process sits in a pipeline: its ``rank`` in the pipeline's group, the group's
+    ``world_size``, and the default group's rank of every pipeline rank (``global_ranks``, what
+    torch's collectives on the pipeline's group name their sources by)."""
+
+    rank: int
+    world_size: int
+    global_ranks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, group: Any) -> Ranks:
+        return cls(dist.get_rank(group), dist.get_world_size(group), tuple(global_ranks(group)))
+
+    def others(self) -> list[int]:
+        """Every pipeline rank but this one."""
+        return [r for r in range(self.world_size) if r != self.rank]
 
 
 def global_ranks(group: Any) -> list[int]:

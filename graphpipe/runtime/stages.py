@@ -48,7 +48,7 @@ from torch.utils import _pytree as pytree
 from graphpipe.errors import PlanningError
 from graphpipe.trace import is_opaque_module
 
-__all__ = ["EdgeLayout", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
+__all__ = ["EdgeLayout", "LocalStage", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
            "local_module", "edge_layouts", "stage_device", "NO_PARAMETERS"]
 
 
@@ -331,6 +331,48 @@ def local_module(stage: StageModule | None) -> torch.nn.Module:
     if not any(True for _ in module.parameters()):
         module.register_parameter(NO_PARAMETERS, torch.nn.Parameter(torch.empty(0), requires_grad=False))
     return module
+
+
+@dataclass
+class LocalStage:
+    """This rank's share of a cut: its stage (None when it runs none), the module it runs (the
+    stage's, or :func:`local_module`'s placeholder), and the cut, whose other stages' modules
+    are gone (:func:`keep_local_stage`)."""
+
+    cut: StageCut
+    stage: StageModule | None
+    module: torch.nn.Module
+
+    @classmethod
+    def keep(cls, cut: StageCut, model: torch.nn.Module, rank: int) -> LocalStage:
+        """``rank``'s share of ``cut`` (dropping every other stage's module)."""
+        stage = keep_local_stage(cut, model, rank)
+        return cls(cut, stage, local_module(stage))
+
+    @property
+    def index(self) -> int:
+        """The stage's index (-1 without one)."""
+        return self.stage.index if self.stage is not None else -1
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that run this stage, its lead replica first ([] without one)."""
+        return [int(r) for r in self.stage.ranks] if self.stage is not None else []
+
+    @property
+    def replicated(self) -> bool:
+        """Whether several ranks run this stage (data parallel over its rows)."""
+        return len(self.ranks) > 1
+
+    @property
+    def output_ranks(self) -> list[int]:
+        """The ranks of the stage that computes the model output (and the loss)."""
+        return list(self.cut.stages[self.cut.output_stage].ranks)
+
+    def swap(self, module: torch.nn.Module) -> None:
+        """Runs ``module`` in place of the stage's module (a rank with a stage only)."""
+        assert self.stage is not None
+        self.stage.module = self.module = module
 
 
 def stage_device(module: torch.nn.Module, device: Any) -> torch.device:

@@ -210,7 +210,7 @@ def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
     # torch's PowerSGD hook holds its state's: released on the group's own Gloo worker thread,
     # the last handle would destroy the group there and abort the process ("Resource deadlock
     # avoided"); parked, it is not the last.
-    group = first._conn.pg
+    group = first._link.conn.pg
     slow = dist.all_reduce(torch.ones(1), group=group, async_op=True).get_future().then(
         lambda done, group=group: (time.sleep(0.3), done.value())[1])
     del group
@@ -220,7 +220,7 @@ def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
     del slow
     time.sleep(0.3)  # the callback's closure is released on the worker thread meanwhile
     out = {"parked": [type(g).__name__ for g in connections._parked],
-           "live_after_close": sorted(id(c) == id(first._conn) for c in connections._live.values())}
+           "live_after_close": sorted(id(c) == id(first._link.conn) for c in connections._live.values())}
     connections._release_at_exit()
     out["second_closed"] = second.closed
     out["parked_after_exit"] = len(connections._parked)
