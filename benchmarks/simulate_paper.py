@@ -9,6 +9,16 @@ table and writes JSON.
 
     python benchmarks/simulate_paper.py [--devices 8 16 32] [--batch 256] [--out results/simulate_paper.json]
 
+``--dtype float32 bfloat16`` prices each model in every precision given, side by side in one run
+(a second table: each precision's graphpipe step and its speedup over sequential, and the 16-bit
+step against float32's). A 16-bit precision traces the model as mixed-precision training runs
+it: float32 parameters, the forward under ``torch.autocast("cpu", dtype)`` (CPU autocast's
+operator lists), so its activations and stage transfers are those of the autocast dtype; the
+planner prices the device's rate for it (``--device-kind a100``: 312 TFLOP/s bfloat16 against
+19.5 float32, halved as every preset rate is; a V100 has float16 tensor cores but none for
+bfloat16). autocast does not run on the meta device, so these models are built on fake CPU
+tensors (``FakeTensorMode``: shapes without memory) instead.
+
 ``--replicas`` compares, for MMT, DLRM and CANDLE-Uno on 8, 16, 32 and 64 V100-class GPUs with 8
 per node, three ways of using the devices when stages may be replicated (docs/design.md §4.8):
 graph+dp (``graphpipe`` with ``plan``'s default ``replicate``: replicas allowed, the plans
@@ -34,6 +44,9 @@ import json
 import os
 import time
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 import graphpipe
 from graphpipe.models import build_model
 
@@ -52,6 +65,35 @@ def first_stage_memory(plan) -> float:
 
 
 REPLICA_MODELS = ("mmt", "dlrm", "candle_uno")
+
+
+def traced(name: str, batch: int, dtype: str) -> object:
+    """The model's graph at ``batch`` computing in ``dtype``: float32 on the meta device; a 16-bit
+    dtype on fake CPU tensors under ``torch.autocast("cpu", dtype)`` (autocast skips meta)."""
+    spec = f"{MODELS[name]},batch={batch}"
+    if dtype == "float32":
+        return graphpipe.trace(*build_model(spec))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, inputs = build_model(spec.replace("device=meta", "device=cpu"))
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        return graphpipe.trace(model, inputs)
+
+
+def print_precisions(rows: list[dict], dtypes: list[str]) -> None:
+    """Each precision's graphpipe step and speedup over sequential per model and GPU count, and
+    each 16-bit step's speedup over float32's (same run, same devices)."""
+    if len(dtypes) < 2:
+        return
+    print()
+    print("| model | GPUs | " + " | ".join(f"{d} step ms (vs sequential)" for d in dtypes) + " | " +
+          " | ".join(f"{d} vs {dtypes[0]}" for d in dtypes[1:]) + " |")
+    print("|" + "---|" * (2 + 2 * len(dtypes) - 1))
+    graph = {(r["model"], r["gpus"], r["dtype"]): r for r in rows if r["partitioner"].startswith("graphpipe")}
+    for model, gpus in dict.fromkeys((r["model"], r["gpus"]) for r in rows):
+        cells = [graph[model, gpus, d] for d in dtypes]
+        steps = [f"{c['iteration_seconds'] * 1e3:.2f} ({c['ratio_vs_sequential']:.2f}x)" for c in cells]
+        speedups = [f"{cells[0]['iteration_seconds'] / c['iteration_seconds']:.2f}x" for c in cells[1:]]
+        print(f"| {model} | {gpus} | " + " | ".join(steps) + " | " + " | ".join(speedups) + " |")
 
 
 #: The GraphPipe paper's speedups over PipeDream and Piper on 32 GPUs (Jeon et al., ASPLOS 2025).
@@ -155,6 +197,37 @@ def replicas_mode(args) -> None:
     print(f"wrote {out}")
 
 
+def pipelines_compared(graph: object, name: str, count: int, dtype: str, device_kind: str) -> list[dict]:
+    """The sequential and graphpipe pipelines of ``graph`` on ``count`` devices (one device a
+    stage), simulated: one printed and returned row each."""
+    devices = graphpipe.devices(count, device_kind)
+    results = {}
+    for partitioner in ("sequential", "graphpipe"):
+        start = time.perf_counter()
+        plan = graphpipe.plan(graph, devices, partitioner, replicate=False)  # pipelines, one device a stage
+        seconds = time.perf_counter() - start
+        results[partitioner] = (plan, graphpipe.simulate(plan, devices), seconds)
+    base = results["sequential"][1].samples_per_second
+    rows = []
+    for plan, sim, seconds in results.values():
+        row = {
+            "model": name, "gpus": count, "dtype": plan.compute_dtype, "partitioner": plan.partitioner,
+            "stages": plan.num_stages, "depth": plan.depth,
+            "micro_batches": plan.num_micro_batches, "micro_batch_size": plan.micro_batch_size,
+            "samples_per_second": sim.samples_per_second, "iteration_seconds": sim.iteration_seconds,
+            "ratio_vs_sequential": sim.samples_per_second / base,
+            "first_stage_memory_bytes": first_stage_memory(plan),
+            "bottleneck_seconds_per_sample": plan.bottleneck_seconds_per_sample,
+            "plan_seconds": seconds,
+        }
+        rows.append(row)
+        print(f"| {name} | {count} | {dtype} | {row['partitioner']} | {row['stages']} | {row['depth']} | "
+              f"{row['micro_batches']} x {row['micro_batch_size']} | {row['samples_per_second']:.1f} | "
+              f"{row['ratio_vs_sequential']:.2f}x | {row['first_stage_memory_bytes'] / 2**30:.2f} | "
+              f"{seconds:.2f} |", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32])
@@ -162,7 +235,9 @@ def main() -> None:
     parser.add_argument("--batch-per-gpu", type=int, default=0,
                         help="--replicas: the mini-batch is this many samples per GPU at every GPU count (the "
                              "GraphPipe paper's weak scaling: its mini-batch grows with the GPUs); 0: --batch")
-    parser.add_argument("--device-kind", default="v100")
+    parser.add_argument("--device-kind", default="v100", help="a device preset: " + ", ".join(graphpipe.DEVICE_KINDS))
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                        help="the precisions to price each model in, side by side (16-bit: traced under autocast)")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--out", default="results/simulate_paper.json")
     parser.add_argument("--bucket-mib", type=float, default=25.0,
@@ -174,43 +249,20 @@ def main() -> None:
         replicas_mode(args)
         return
     rows = []
-    header = ("| model | GPUs | partitioner | stages | depth | micro-batches | samples/s | vs sequential "
+    header = ("| model | GPUs | dtype | partitioner | stages | depth | micro-batches | samples/s | vs sequential "
               "| first-stage memory GiB | plan s |")
     print(header)
-    print("|" + "---|" * 10)
+    print("|" + "---|" * 11)
     for name in args.models:
-        model, inputs = build_model(f"{MODELS[name]},batch={args.batch}")
-        graph = graphpipe.trace(model, inputs)
-        for count in args.devices:
-            devices = graphpipe.devices(count, args.device_kind)
-            results = {}
-            for partitioner in ("sequential", "graphpipe"):
-                start = time.perf_counter()
-                plan = graphpipe.plan(graph, devices, partitioner, replicate=False)  # pipelines, one device a stage
-                seconds = time.perf_counter() - start
-                sim = graphpipe.simulate(plan, devices)
-                results[partitioner] = (plan, sim, seconds)
-            base = results["sequential"][1].samples_per_second
-            for plan, sim, seconds in results.values():
-                row = {
-                    "model": name, "gpus": count, "partitioner": plan.partitioner,
-                    "stages": plan.num_stages, "depth": plan.depth,
-                    "micro_batches": plan.num_micro_batches, "micro_batch_size": plan.micro_batch_size,
-                    "samples_per_second": sim.samples_per_second,
-                    "ratio_vs_sequential": sim.samples_per_second / base,
-                    "first_stage_memory_bytes": first_stage_memory(plan),
-                    "bottleneck_seconds_per_sample": plan.bottleneck_seconds_per_sample,
-                    "plan_seconds": seconds,
-                }
-                rows.append(row)
-                print(f"| {name} | {count} | {row['partitioner']} | {row['stages']} | {row['depth']} | "
-                      f"{row['micro_batches']} x {row['micro_batch_size']} | {row['samples_per_second']:.1f} | "
-                      f"{row['ratio_vs_sequential']:.2f}x | {row['first_stage_memory_bytes'] / 2**30:.2f} | "
-                      f"{seconds:.2f} |", flush=True)
+        for dtype in args.dtype:
+            graph = traced(name, args.batch, dtype)
+            for count in args.devices:
+                rows.extend(pipelines_compared(graph, name, count, dtype, args.device_kind))
+    print_precisions(rows, args.dtype)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "simulate_paper", "device_kind": args.device_kind, "batch": args.batch,
-                   "simulated": True, "rows": rows}, f, indent=1)
+                   "dtypes": args.dtype, "simulated": True, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
 
 
