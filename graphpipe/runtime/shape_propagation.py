@@ -10,13 +10,15 @@ autocast the caller is in. Fake rather than meta tensors because autocast dispat
 it casts on CPU and CUDA tensors, and does nothing on meta ones, which would declare float32
 where bfloat16 arrives.
 
-The parameters and buffers are swapped for fake ones for the run only
-(``torch.func.functional_call``), so nothing is copied and the model's own buffers (batch norm's
-running statistics) are not touched.
+It runs on a copy of the traced module whose state is on the meta device (so the hooks users
+register on the stage modules afterwards do not run, and no data is copied); its parameters and
+buffers are swapped for fake ones on the stage's device for the run
+(``torch.func.functional_call``), so nothing is allocated and no buffer is written.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -63,7 +65,7 @@ class ShapePropagation:
     """Runs one traced module on fake tensors to find the layout of every stage edge."""
 
     def __init__(self, traced: fx.GraphModule, device: torch.device) -> None:
-        self._runner = _Runner(traced)
+        self._runner = _Runner(_meta_copy(traced))
         self._device = device
         self._mode = FakeTensorMode()
         with self._mode:
@@ -104,6 +106,18 @@ class ShapePropagation:
                 "not supported by the runtime"
             ) from exc
         return edge_layouts(cut, num_edges, values), output
+
+
+def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose parameters and buffers are on the meta device, made without copying
+    their data. A copy, because the run must not call the hooks users register on the stage
+    modules after wrap (the stage modules hold the traced module's submodules)."""
+    memo: dict[int, Any] = {}
+    for t in [*gm.parameters(), *gm.buffers()]:
+        meta = t.detach().to("meta")
+        memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
+            t, torch.nn.Parameter) else meta
+    return copy.deepcopy(gm, memo)
 
 
 def _fake_input(value: Any) -> Any:
