@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -401,13 +403,32 @@ struct Executor::Run {
   bool posted(const Instruction& ins) const { return receives.count(key(ins.kind, ins.micro_batch, ins.edge)) > 0; }
 };
 
-// Indexed by schedule::OpKind (instruction.h's order).
-const Executor::Handler Executor::kHandlers[] = {
-    &Executor::exec_recv_activation, &Executor::exec_forward,    &Executor::exec_send_activation,
-    &Executor::exec_recv_gradient,   &Executor::exec_backward,   &Executor::exec_send_gradient,
-    &Executor::exec_optimizer_step,  &Executor::exec_all_reduce, &Executor::exec_backward_input,
-    &Executor::exec_backward_weight,
-};
+// One case per schedule::OpKind (the header says why a switch).
+void Executor::dispatch(Run& run, std::size_t i) {
+  switch (run.list[i].kind) {
+    case OpKind::recv_activation:
+      return exec_recv_activation(run, i);
+    case OpKind::forward:
+      return exec_forward(run, i);
+    case OpKind::send_activation:
+      return exec_send_activation(run, i);
+    case OpKind::recv_gradient:
+      return exec_recv_gradient(run, i);
+    case OpKind::backward:
+      return exec_backward(run, i);
+    case OpKind::send_gradient:
+      return exec_send_gradient(run, i);
+    case OpKind::optimizer_step:
+      return exec_optimizer_step(run, i);
+    case OpKind::all_reduce:
+      return exec_all_reduce(run, i);
+    case OpKind::backward_input:
+      return exec_backward_input(run, i);
+    case OpKind::backward_weight:
+      return exec_backward_weight(run, i);
+  }
+  throw std::logic_error("executor: instruction of unknown kind " + std::to_string(static_cast<int>(run.list[i].kind)));
+}
 
 template <class Body>
 void Executor::with_transfer_hooks(Body&& body) {
@@ -660,8 +681,6 @@ void Executor::drain(Run& run) {
 }
 
 std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bool record) {
-  static_assert(std::size(kHandlers) == static_cast<std::size_t>(OpKind::backward_weight) + 1,
-                "one handler per instruction kind");
   check_ready(train);
   state_.clear();
   flight_->start_run();
@@ -670,7 +689,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   try {
     for (std::size_t i = 0; i < run.list.size(); ++i) {
       if (!faults_.empty()) inject(run, i);
-      (this->*kHandlers[static_cast<std::size_t>(run.list[i].kind)])(run, i);
+      dispatch(run, i);
     }
     drain(run);
   } catch (...) {

@@ -182,10 +182,10 @@ class Executor {
   // One run()'s state (executor.cpp): the instructions that run, the transfers in flight, the
   // timings recorded.
   struct Run;
-  // What one instruction kind does (run()'s dispatch table, one entry per schedule::OpKind):
-  // called with the index of the instruction in the run's list.
-  using Handler = void (Executor::*)(Run&, std::size_t);
-  static const Handler kHandlers[];
+  // Runs instruction `i` of the run's list: a switch over schedule::OpKind, one case per kind
+  // naming its handler below, so that reordering or adding a kind cannot dispatch to another
+  // kind's handler (a kind without a case fails the build: -Werror=switch).
+  void dispatch(Run& run, std::size_t i);
 
   void exec_recv_activation(Run& run, std::size_t i);  // RF
   void exec_forward(Run& run, std::size_t i);          // F
