@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import graphpipe
 from graphpipe import models
+from graphpipe._ext import _C
 from graphpipe.errors import GraphpipeError
 from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS
 from graphpipe.simulation import SCHEDULES
@@ -117,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("model", help="model spec (see inspect)")
     plan.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
     plan.add_argument("--device-kind", default="cpu", help=f"{', '.join(DEVICE_KINDS)} or a devices .json (default cpu)")
-    plan.add_argument("--partitioner", default="graphpipe", choices=[p for p in PARTITIONERS if p != "manual"])
+    placed_by_planner = [p for p in PARTITIONERS if not _C.partitioner_places_by_user(p)]
+    plan.add_argument("--partitioner", default="graphpipe", choices=placed_by_planner)
     plan.add_argument("--micro-batches", type=int, help="fix the number of micro-batches")
     plan.add_argument("--memory-limit", help="bytes per device, e.g. 16GiB (default: device memory)")
     plan.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)

@@ -265,7 +265,7 @@ def _choose_replication(partition: Any, replicate: bool | None, partitioner: str
     plan 23% slower on 8 V100s than on 7. Where the replicated planning refuses, the plan without
     replicas stands.
     """
-    if replicate is not None or partitioner == "manual":
+    if replicate is not None or _C.partitioner_places_by_user(partitioner):
         return partition(bool(replicate))
     try:
         return partition(True, **_DEFAULT_SEARCH)

@@ -9,6 +9,7 @@
 
 #include "bindings/bindings.h"
 #include "partition/partitioner.h"
+#include "partition/registry.h"
 #include "plan/plan.h"
 #include "planner/planner.h"
 
@@ -71,10 +72,9 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
                                       bool overlap, int min_devices, int plain_budget_limit, int plain_every_up_to,
                                       bool grow_replicas) {
   planner::PlannerOptions p;
-  // "auto": the planner picks the schedule too, among graph 1F1B and zero-bubble.
-  p.policies = schedule == "auto"
-                   ? std::vector<schedule::Policy>{schedule::Policy::one_f_one_b, schedule::Policy::zb_graph}
-                   : std::vector<schedule::Policy>{schedule::parse_policy(schedule)};
+  // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
+  p.policies = schedule == "auto" ? schedule::planner_policies()
+                                  : std::vector<schedule::Policy>{schedule::parse_policy(schedule)};
   // zero_bubble is set per policy by the planner.
   partition::Options o =
       make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit, optimizer, manual,
@@ -102,6 +102,8 @@ void bind_partition(py::module_& m) {
         "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
         "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");
   m.def("partitioner_names", &partition::partitioner_names);
+  m.def("partitioner_places_by_user", &partition::places_by_user, py::arg("name"),
+        "Whether the partitioner registered as `name` places stages as the user says (manual).");
   py::class_<planner::PlannerResult>(m, "PlannerResult",
                                      "plan_by_simulation's answer: the plan (predicted step = its simulation), "
                                      "the closed form's step of the same plan, and how many candidates fit and "

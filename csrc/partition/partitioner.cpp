@@ -79,9 +79,10 @@ void check_graph_and_devices(const graph::OpGraph& g, const cost::Devices& devic
 }
 
 void check_search_options(const Options& o) {
-  if (!o.stage_devices.empty() && o.partitioner != "manual") {
-    throw PlanningError("stage_devices is for the manual partitioner; " + o.partitioner +
-                        " chooses replica counts itself with replicate=True");
+  if (!o.stage_devices.empty() && !places_by_user(o.partitioner)) {
+    throw PlanningError(
+        "stage_devices is for a partitioner that places stages as the user says (the manual partitioner); " +
+        o.partitioner + " chooses replica counts itself with replicate=True");
   }
   if (o.max_stages < 0) throw PlanningError("max_stages must not be negative");
   if (!(o.tolerance > 0.0)) throw PlanningError("the binary-search tolerance must be positive");

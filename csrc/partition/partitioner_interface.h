@@ -71,6 +71,11 @@ class Partitioner {
   // count and in-flight counts by chain position, whatever the operator edges say.
   virtual bool plans_chains() const { return false; }
 
+  // Whether the user places the stages (the manual partitioner): the planner then runs it as
+  // asked, weighing no plans without replicas beside it, and only such a partitioner takes
+  // Options::stage_devices.
+  virtual bool places_by_user() const { return false; }
+
   // Whether plan() may run for several micro-batch sizes at once, on threads (it keeps no state
   // between sizes, or guards what it keeps): partition() then plans the sizes side by side.
   virtual bool plans_sizes_at_once() const { return false; }

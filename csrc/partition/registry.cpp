@@ -52,4 +52,6 @@ std::unique_ptr<Partitioner> make_partitioner(const std::string& name) {
   throw PlanningError("unknown partitioner '" + name + "': choose " + list_names(partitioner_names(), " or "));
 }
 
+bool places_by_user(const std::string& name) { return make_partitioner(name)->places_by_user(); }
+
 }  // namespace graphpipe::partition

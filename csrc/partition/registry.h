@@ -21,6 +21,10 @@ namespace graphpipe::partition {
 // "unknown partitioner '<name>': choose <every registered name>".
 std::unique_ptr<Partitioner> make_partitioner(const std::string& name);
 
+// Partitioner::places_by_user() of the partitioner registered as `name` (the same error for an
+// unknown one): the trait the planner and graphpipe.plan ask instead of comparing names.
+bool places_by_user(const std::string& name);
+
 // partitioner_names() (declared in partitioner.h, where the bindings find it) lists the
 // registered names in the order above.
 

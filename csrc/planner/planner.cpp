@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
+#include "partition/registry.h"
 #include "planner/replica_refinement.h"
 #include "schedule/schedule.h"
 
@@ -75,12 +76,13 @@ std::vector<int> plain_budgets(int count, int max_stages, const PlannerOptions& 
 // candidates too, at each budget of plain_budgets.
 std::vector<Pool> pool_options(const cost::Devices& devices, const partition::Options& options,
                                const PlannerOptions& planner) {
-  const bool plain_too = options.replicate && options.partitioner != "manual" && options.stage_devices.empty();
+  const bool plain_too =
+      options.replicate && !partition::places_by_user(options.partitioner) && options.stage_devices.empty();
   std::vector<Pool> pools;
   for (schedule::Policy policy : planner.policies) {
     partition::Options wide = options;
     wide.every_candidate = true;
-    wide.zero_bubble = policy == schedule::Policy::zb_graph;
+    wide.zero_bubble = schedule::traits(policy).splits_backward;
     if (plain_too) {  // first, so that a tie leaves devices idle rather than replicate for nothing
       partition::Options plain = wide;
       plain.replicate = false;
@@ -125,7 +127,7 @@ class Ranking {
     for (std::size_t p = 0; p < pools_.size(); ++p) {
       if (!pools_[p].set || (only && p != *only)) continue;
       const auto& candidates = pools_[p].set->candidates();
-      const bool split = pools_[p].policy == schedule::Policy::zb_graph;
+      const bool split = schedule::traits(pools_[p].policy).splits_backward;
       for (std::size_t i = 0; i < candidates.size(); ++i) {
         if (devices_used(candidates[i].layout) < min_devices) continue;
         order.push_back({p, i, split ? candidates[i].compute_bound : candidates[i].pipeline_bound});
@@ -307,7 +309,7 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   for (const Pool& pool : pools) fitting += pool.set ? pool.set->candidates().size() : 0;
   if (fitting == 0) {  // raises partition()'s error, which says why nothing fits
     partition::Options first = options;
-    first.zero_bubble = planner.policies.front() == schedule::Policy::zb_graph;
+    first.zero_bubble = schedule::traits(planner.policies.front()).splits_backward;
     return {partition::partition(graph, devices, first), 0.0, 0, 0};
   }
   const std::optional<Entry> chosen = ranking.search();  // again, over the plain pools listed too

@@ -38,35 +38,46 @@ void check_plan_shape(const Plan& plan) {
 
 }  // namespace
 
+const std::vector<PolicyTraits>& policies() {
+  static const std::vector<PolicyTraits> rows = {
+      {.policy = Policy::one_f_one_b, .name = "1f1b", .planner_weighs = true},
+      {.policy = Policy::fill_drain, .name = "fill_drain", .whole_batch_in_flight = true},
+      {.policy = Policy::one_f_one_b_greedy, .name = "1f1b_greedy", .greedy = true},
+      {.policy = Policy::zb_graph, .name = "zb_graph", .greedy = true, .splits_backward = true, .planner_weighs = true},
+  };
+  return rows;
+}
+
+const PolicyTraits& traits(Policy policy) {
+  for (const PolicyTraits& row : policies()) {
+    if (row.policy == policy) return row;
+  }
+  throw PlanningError("schedule policy " + std::to_string(static_cast<int>(policy)) + " has no row in policies()");
+}
+
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
-  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy, Policy::zb_graph}) {
-    names.emplace_back(policy_name(p));
-  }
+  for (const PolicyTraits& row : policies()) names.emplace_back(row.name);
   return names;
 }
 
 Policy parse_policy(std::string_view name) {
   if (name == "gpipe") return Policy::fill_drain;
-  for (Policy p : {Policy::one_f_one_b, Policy::fill_drain, Policy::one_f_one_b_greedy, Policy::zb_graph}) {
-    if (name == policy_name(p)) return p;
+  for (const PolicyTraits& row : policies()) {
+    if (name == row.name) return row.policy;
   }
   throw PlanningError("unknown schedule kind '" + std::string(name) + "' (expected " + list_names(policy_names()) +
                       ")");
 }
 
-std::string_view policy_name(Policy policy) {
-  switch (policy) {
-    case Policy::fill_drain:
-      return "fill_drain";
-    case Policy::one_f_one_b:
-      return "1f1b";
-    case Policy::one_f_one_b_greedy:
-      return "1f1b_greedy";
-    case Policy::zb_graph:
-      return "zb_graph";
+std::string_view policy_name(Policy policy) { return traits(policy).name; }
+
+std::vector<Policy> planner_policies() {
+  std::vector<Policy> weighed;
+  for (const PolicyTraits& row : policies()) {
+    if (row.planner_weighs) weighed.push_back(row.policy);
   }
-  return "?";
+  return weighed;
 }
 
 std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
@@ -121,7 +132,7 @@ std::vector<int> stages_to_sink(const Plan& plan) {
 std::vector<int> in_flight_limits(const Plan& plan, Policy policy) {
   const int M = static_cast<int>(plan.num_micro_batches);
   std::vector<int> limits = stages_to_sink(plan);
-  for (int& w : limits) w = policy == Policy::fill_drain ? M : std::min(w, M);
+  for (int& w : limits) w = traits(policy).whole_batch_in_flight ? M : std::min(w, M);
   return limits;
 }
 

@@ -73,13 +73,31 @@ namespace graphpipe::schedule {
 
 enum class Policy { fill_drain, one_f_one_b, one_f_one_b_greedy, zb_graph };
 
-// The policies' names, in the order users read them: "1f1b", "fill_drain", "1f1b_greedy",
+// What a policy is, asked of it rather than compared by name: kPolicies (generate.cpp) holds one
+// row per Policy, the one list that the names, the parser, the list scheduler, the planner and
+// the bindings read. A new schedule is an enum value, its row, and what the list scheduler does
+// differently for it (docs/extending.md).
+struct PolicyTraits {
+  Policy policy;
+  std::string_view name;               // what users write: "1f1b", "fill_drain", "1f1b_greedy", "zb_graph"
+  bool greedy = false;                 // a rank runs whatever is ready instead of waiting for 1F1B's order
+  bool splits_backward = false;        // backwards as I (input gradients) and W (weight gradients)
+  bool whole_batch_in_flight = false;  // every micro-batch's forward before any backward
+  bool planner_weighs = false;         // schedule="auto": the planner weighs plans under it
+};
+
+// Every policy's row, in the order users read them: "1f1b", "fill_drain", "1f1b_greedy",
 // "zb_graph".
+const std::vector<PolicyTraits>& policies();
+const PolicyTraits& traits(Policy policy);
+// The policies' names, in policies()' order.
 std::vector<std::string> policy_names();
 // A name from policy_names() (or "gpipe", fill_drain's other name); throws PlanningError naming
 // the choices.
 Policy parse_policy(std::string_view name);
 std::string_view policy_name(Policy policy);
+// What schedule="auto" weighs: the policies whose planner_weighs is set.
+std::vector<Policy> planner_policies();
 
 // Ranks of each stage (its devices, lead first); throws ScheduleError when a stage has no device
 // or two stages share a rank, PlanningError when the plan's stages or edges are malformed.

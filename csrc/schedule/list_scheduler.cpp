@@ -125,8 +125,8 @@ ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<
     : plan_(plan),
       S_(static_cast<int>(plan.stages.size())),
       M_(static_cast<int>(plan.num_micro_batches)),
-      greedy_(policy == Policy::one_f_one_b_greedy || policy == Policy::zb_graph),
-      split_(policy == Policy::zb_graph),
+      greedy_(traits(policy).greedy),
+      split_(traits(policy).splits_backward),
       source_weights_wait_(source_weights_wait),
       unsplit_(std::move(unsplit)),
       limit_(in_flight_limits(plan, policy)),
@@ -338,7 +338,7 @@ Schedule ListScheduler::run() {
 Schedule list_schedule(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of) {
   ListScheduler scheduler(plan, policy, ranks_of);
   Schedule schedule = scheduler.run();
-  if (policy != Policy::zb_graph) return schedule;
+  if (!traits(policy).splits_backward) return schedule;
   // On a stage with no stage upstream, an I's gradients go nowhere: its W waits for the next I
   // only so that the forward that I unlocks starts sooner. Whether that pays depends on the
   // stage times (a first stage whose whole backward is W, e.g. a Transformer's embedding and

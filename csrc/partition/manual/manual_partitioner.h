@@ -20,6 +20,7 @@ class ManualPartitioner final : public Partitioner {
  public:
   static constexpr std::string_view kName = "manual";
 
+  bool places_by_user() const override { return true; }
   void prepare(const PartitionRequest& request) override;
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
 
