@@ -6,7 +6,8 @@ they must be exactly what the sending stage produces. Under ``torch.autocast`` t
 the model's parameters say: a linear layer's output is bfloat16 under bf16 autocast, a layer norm's
 stays float32. So the traced model runs once per (micro-batch size, autocast state) on fake
 tensors (``FakeTensorMode``: real dtypes, real devices, no memory, no compute) inside whatever
-autocast the caller is in. Fake rather than meta tensors because autocast dispatches by device:
+autocast the caller is in; without autocast, on the meta copy alone (the dtypes are the model's
+own there, and a process's first FakeTensorMode costs seconds). Fake rather than meta tensors because autocast dispatches by device:
 it casts on CPU and CUDA tensors, and does nothing on meta ones, which would declare float32
 where bfloat16 arrives.
 
@@ -18,6 +19,7 @@ buffers are swapped for fake ones on the stage's device for the run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -67,15 +69,23 @@ class ShapePropagation:
     def __init__(self, traced: fx.GraphModule, device: torch.device) -> None:
         self._runner = _Runner(_meta_copy(traced))
         self._device = device
-        self._mode = FakeTensorMode()
-        with self._mode:
-            # Fake state on the stage's device (the device autocast dispatches by), made once.
-            # One entry per tensor: functional_call ties the other names of a tied parameter
-            # (GPT-2's embedding and LM head) to it, as they are tied in the model.
-            self._state = {
-                name: self._fake(t)
-                for name, t in [*self._runner.named_parameters(), *self._runner.named_buffers()]
-            }
+        # Made at the first propagation under autocast: a process's first FakeTensorMode costs
+        # seconds of imports, which every rank of every pipeline without autocast would pay.
+        self._mode: FakeTensorMode | None = None
+        self._state: dict[str, torch.Tensor] = {}
+
+    def _fake_state(self) -> tuple[FakeTensorMode, dict[str, torch.Tensor]]:
+        if self._mode is None:
+            self._mode = FakeTensorMode()
+            with self._mode:
+                # Fake state on the stage's device (the device autocast dispatches by), made
+                # once. One entry per tensor: functional_call ties the other names of a tied
+                # parameter (GPT-2's embedding and LM head) to it, as they are tied in the model.
+                self._state = {
+                    name: self._fake(t)
+                    for name, t in [*self._runner.named_parameters(), *self._runner.named_buffers()]
+                }
+        return self._mode, self._state
 
     def _fake(self, t: torch.Tensor) -> torch.Tensor:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=self._device)
@@ -87,18 +97,25 @@ class ShapePropagation:
         output (fake) for its structure and dtype."""
         needed = {name for st in cut.stages for vals in st.out_values.values() for name in vals}
         values: dict[str, Any] = {}
+        # Without autocast the dtypes are the model's own, and the meta copy's run gives them
+        # for free; under autocast only fake tensors on the stage's device see its casts.
+        fake = bool(autocast_state())
+        mode, state = self._fake_state() if fake else (None, {})
         inputs: list[Any] = []
-        with self._mode:
+        with mode if mode is not None else contextlib.nullcontext():
             for n in self._runner.traced.graph.nodes:
                 if n.op == "placeholder":
-                    value = pytree.tree_map(_fake_input, placeholder_values[n.name])
+                    value = pytree.tree_map(_fake_input if fake else _meta_input, placeholder_values[n.name])
                     if str(n.target).startswith("*"):
                         inputs.extend(value)
                     else:
                         inputs.append(value)
         try:
-            with self._mode, torch.no_grad():
-                output = torch.func.functional_call(self._runner, self._state, (needed, values, *inputs))
+            with mode if mode is not None else contextlib.nullcontext(), torch.no_grad():
+                if fake:
+                    output = torch.func.functional_call(self._runner, state, (needed, values, *inputs))
+                else:
+                    output = self._runner(needed, values, *inputs)
         except Exception as exc:
             raise InputError(
                 f"shape propagation of the model on fake tensors failed: {exc}. graphpipe needs "
@@ -118,6 +135,10 @@ def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
         memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
             t, torch.nn.Parameter) else meta
     return copy.deepcopy(gm, memo)
+
+
+def _meta_input(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
 def _fake_input(value: Any) -> Any:
