@@ -315,3 +315,11 @@ def test_bf16_autocast_halves_the_bytes_that_cross_stage_edges() -> None:
     sent32, sent16 = sum(g["bytes"] for g in f32), sum(g["bytes"] for g in bf16)
     assert sent32 > 0
     assert sent16 * 2 == sent32, (sent32, sent16)
+
+
+def test_an_autocast_dtype_autocast_cannot_compute_in_is_named() -> None:
+    from graphpipe import InputError, WrapOptions
+
+    for bad in (torch.float64, torch.int8, "bf16"):
+        with pytest.raises(InputError, match="autocast must be torch.bfloat16, torch.float16 or None"):
+            WrapOptions(autocast=bad).autocast_context(torch.device("cpu"))
