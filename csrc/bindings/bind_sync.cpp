@@ -11,6 +11,7 @@
 #include "bindings/bindings.h"
 #include "cost/gradient_buckets.h"
 #include "cost/sync_cost.h"
+#include "cost/sync_kind.h"
 #include "cost/sync_method.h"
 #include "plan/plan.h"
 
@@ -25,18 +26,8 @@ namespace {
 std::string method_repr(const SyncMethod& s) {
   std::ostringstream out;
   out << "SyncMethod(kind='" << cost::to_string(s.kind) << "'";
-  switch (s.kind) {
-    case cost::SyncKind::all_reduce:
-      break;
-    case cost::SyncKind::local_sgd:
-      out << ", period=" << s.period;
-      break;
-    case cost::SyncKind::top_k:
-      out << ", ratio=" << s.ratio;
-      break;
-    case cost::SyncKind::power_sgd:
-      out << ", rank=" << s.rank << ", min_compression_rate=" << s.min_compression_rate;
-      break;
+  for (const cost::SyncArgument& argument : cost::sync_kind_model(s.kind).arguments(s)) {
+    out << ", " << argument.name << "=" << argument.value;
   }
   if (s.hierarchical) out << ", hierarchical=True";
   out << ")";

@@ -6,6 +6,7 @@
 #include "cost/all_gather.h"
 #include "cost/gradient_buckets.h"
 #include "cost/rings.h"
+#include "cost/sync_kind.h"
 
 namespace graphpipe::cost {
 
@@ -36,61 +37,9 @@ AllReduceCost GroupPricer::all_gather(double bytes) const {
   return hierarchical_ ? hierarchical_all_gather(*devices_, group_, bytes) : ring_all_gather(*devices_, group_, bytes);
 }
 
-namespace {
-
-// Memory-bound work: `bytes` of traffic over the memory bandwidth, plus `launches` kernels.
-double memory_seconds(const Devices& devices, double bytes, double launches) {
-  const double traffic = devices.memory_bandwidth > 0.0 ? bytes / devices.memory_bandwidth : 0.0;
-  return traffic + launches * devices.op_overhead_seconds;
-}
-
-void add(BucketCost& cost, const AllReduceCost& collective, double bytes) {
-  cost.payload_bytes += bytes;
-  cost.collectives += 1.0;
-  cost.comm_seconds += collective.seconds;
-  cost.intra_node_bytes += collective.intra_node_bytes_per_device;
-  cost.inter_node_bytes += collective.inter_node_bytes_per_device;
-}
-
-}  // namespace
-
 BucketCost price_bucket(const SyncMethod& method, const SyncLoad& load, const CollectivePricer& pricer) {
-  BucketCost cost;
-  const int d = pricer.replicas();
-  if (d < 2 || load.tensors <= 0.0) return cost;
-  const Devices& devices = pricer.devices();
-  const double e = load.element_size();
-  switch (method.kind) {
-    case SyncKind::all_reduce:
-      add(cost, pricer.all_reduce(load.bytes), pricer.all_reduce_payload(load.numel, load.element_size()));
-      break;
-    case SyncKind::top_k: {
-      // As the runtime computes it: k = ceil(ratio x n) (at least one entry of a non-empty bucket).
-      const double k = std::ceil(method.ratio * load.numel);
-      // Values and positions packed into one all-gather per bucket.
-      const double position = top_k_position_bytes(load.numel);
-      add(cost, pricer.all_gather(k * (e + position)), k * (e + position));
-      const double traffic =
-          kTopKBucketPasses * load.bytes + k * (e + position) + static_cast<double>(d) * k * (3.0 * e + position);
-      cost.compute_seconds = memory_seconds(devices, traffic, kTopKBucketLaunches);
-      break;
-    }
-    case SyncKind::power_sgd: {
-      const double u = load.uncompressed_numel * e, p = load.p_numel * e, q = load.q_numel * e;
-      add(cost, pricer.all_reduce(u), u);
-      add(cost, pricer.all_reduce(p), p);
-      add(cost, pricer.all_reduce(q), q);
-      cost.compute_seconds =
-          load.compress_seconds + memory_seconds(devices, kPowerSgdBucketPasses * load.bytes + 4.0 * u,
-                                                 kPowerSgdBucketLaunches + load.uncompressed_tensors);
-      break;
-    }
-    case SyncKind::local_sgd:
-      add(cost, pricer.all_reduce(load.bytes), load.bytes);
-      cost.compute_seconds = memory_seconds(devices, kAverageTraffic * load.bytes, kAverageLaunches + load.tensors);
-      break;
-  }
-  return cost;
+  if (pricer.replicas() < 2 || load.tensors <= 0.0) return {};
+  return sync_kind_model(method.kind).price_bucket(method, load, pricer);
 }
 
 double amortisation(const SyncMethod& method) { return method.local_updates() ? 1.0 / method.period : 1.0; }

@@ -112,6 +112,8 @@ struct BucketCost {
   double seconds() const { return compute_seconds + comm_seconds; }
 };
 
+// One bucket's price: the kind's SyncKindModel::price_bucket (cost/sync_kinds.cpp holds the
+// arithmetic above, one class per kind); nothing for fewer than two replicas or an empty bucket.
 BucketCost price_bucket(const SyncMethod& method, const SyncLoad& bucket, const CollectivePricer& pricer);
 
 struct SyncCost {

@@ -1,6 +1,6 @@
 #include "cost/sync_load.h"
 
-#include "cost/power_sgd.h"
+#include "cost/sync_kind.h"
 
 namespace graphpipe::cost {
 
@@ -35,17 +35,7 @@ SyncLoad tensor_load(const SyncMethod& method, const graph::ParamShape& tensor, 
   load.numel = static_cast<double>(tensor.numel());
   load.bytes = static_cast<double>(tensor.bytes());
   load.tensors = 1.0;
-  if (method.kind == SyncKind::power_sgd) {
-    const PowerSgdMatrix m = power_sgd_matrix(tensor.shape, method.rank, method.min_compression_rate);
-    if (m.compressed) {
-      load.p_numel = static_cast<double>(m.p_numel());
-      load.q_numel = static_cast<double>(m.q_numel());
-      load.compress_seconds = power_sgd_matrix_seconds(m, tensor.element_size, devices);
-    } else {
-      load.uncompressed_numel = load.numel;
-      load.uncompressed_tensors = 1.0;
-    }
-  }
+  sync_kind_model(method.kind).add_tensor_load(method, tensor, devices, load);
   return load;
 }
 

@@ -1,87 +1,45 @@
 #include "cost/sync_method.h"
 
-#include <cmath>
-#include <sstream>
-
 #include "common/error.h"
 #include "common/json_fields.h"
+#include "cost/sync_kind.h"
 
 namespace graphpipe::cost {
 
 namespace jf = json_fields;
 
-std::string to_string(SyncKind kind) {
-  switch (kind) {
-    case SyncKind::all_reduce:
-      return "all_reduce";
-    case SyncKind::local_sgd:
-      return "local_sgd";
-    case SyncKind::top_k:
-      return "top_k";
-    case SyncKind::power_sgd:
-      return "power_sgd";
-  }
-  return "?";
-}
+std::string to_string(SyncKind kind) { return std::string(sync_kind_model(kind).name()); }
 
-std::vector<std::string> sync_kind_names() { return {"all_reduce", "local_sgd", "top_k", "power_sgd"}; }
+std::vector<std::string> sync_kind_names() {
+  std::vector<std::string> names;
+  for (SyncKind kind : all_sync_kinds()) names.push_back(to_string(kind));
+  return names;
+}
 
 SyncKind parse_sync_kind(const std::string& name) {
-  if (name == "all_reduce" || name == "allreduce") return SyncKind::all_reduce;
-  if (name == "local_sgd" || name == "localsgd") return SyncKind::local_sgd;
-  if (name == "top_k" || name == "topk") return SyncKind::top_k;
-  if (name == "power_sgd" || name == "powersgd") return SyncKind::power_sgd;
-  throw PlanningError("unknown sync method kind '" + name + "': choose all_reduce, local_sgd, top_k or power_sgd");
+  for (SyncKind kind : all_sync_kinds()) {
+    const SyncKindModel& model = sync_kind_model(kind);
+    if (name == model.name()) return kind;
+    for (std::string_view alias : model.aliases()) {
+      if (name == alias) return kind;
+    }
+  }
+  std::string choices;
+  for (const std::string& known : sync_kind_names()) choices += (choices.empty() ? "" : ", ") + known;
+  throw PlanningError("unknown sync method kind '" + name + "': choose one of " + choices);
 }
 
-void SyncMethod::validate() const {
-  const std::string what = "sync method " + to_string(kind) + ": ";
-  switch (kind) {
-    case SyncKind::all_reduce:
-      break;
-    case SyncKind::local_sgd:
-      if (!(period >= 1.0) || !std::isfinite(period)) {
-        throw PlanningError(what + "period must be a finite number of steps >= 1, got " + std::to_string(period));
-      }
-      break;
-    case SyncKind::top_k:
-      if (!(ratio > 0.0 && ratio <= 1.0)) {
-        throw PlanningError(what + "ratio must be in (0, 1], got " + std::to_string(ratio));
-      }
-      break;
-    case SyncKind::power_sgd:
-      if (rank < 1) throw PlanningError(what + "rank must be at least 1, got " + std::to_string(rank));
-      if (!(min_compression_rate > 0.0) || !std::isfinite(min_compression_rate)) {
-        throw PlanningError(what + "min_compression_rate must be a positive number, got " +
-                            std::to_string(min_compression_rate));
-      }
-      break;
-  }
-}
+bool SyncMethod::local_updates() const { return sync_kind_model(kind).local_updates(); }
+
+void SyncMethod::validate() const { sync_kind_model(kind).validate(*this, "sync method " + to_string(kind) + ": "); }
 
 std::string SyncMethod::describe() const {
-  std::ostringstream text;
-  text << to_string(kind);
   std::string args;
-  std::ostringstream value;
-  switch (kind) {
-    case SyncKind::all_reduce:
-      break;
-    case SyncKind::local_sgd:
-      value << "period=" << period;
-      break;
-    case SyncKind::top_k:
-      value << "ratio=" << ratio;
-      break;
-    case SyncKind::power_sgd:
-      value << "rank=" << rank;
-      if (min_compression_rate != 2.0) value << ", min_compression_rate=" << min_compression_rate;
-      break;
+  for (const SyncArgument& argument : sync_kind_model(kind).arguments(*this)) {
+    if (argument.in_summary) args += (args.empty() ? "" : ", ") + argument.name + "=" + argument.value;
   }
-  args = value.str();
   if (hierarchical) args += args.empty() ? "hierarchical" : ", hierarchical";
-  if (!args.empty()) text << "(" << args << ")";
-  return text.str();
+  return to_string(kind) + (args.empty() ? "" : "(" + args + ")");
 }
 
 nlohmann::json to_json(const SyncMethod& m) {

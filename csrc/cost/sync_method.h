@@ -27,10 +27,13 @@
 
 namespace graphpipe::cost {
 
-enum class SyncKind { all_reduce, local_sgd, top_k, power_sgd };
+// Each kind is described once, by its SyncKindModel (cost/sync_kind.h, cost/sync_kinds.cpp).
+// `end` is not a kind: it marks the end of the list for all_sync_kinds().
+enum class SyncKind { all_reduce, local_sgd, top_k, power_sgd, end };
 
-// "all_reduce", "local_sgd", "top_k", "power_sgd"; parse_sync_kind is the inverse (it also reads
-// "allreduce", "localsgd", "topk", "powersgd") and throws PlanningError naming the choices.
+// The kind's name ("all_reduce", "local_sgd", "top_k", "power_sgd"); parse_sync_kind is the
+// inverse (it also reads each kind's aliases: "allreduce", "localsgd", "topk", "powersgd") and
+// throws PlanningError naming the choices.
 std::string to_string(SyncKind kind);
 SyncKind parse_sync_kind(const std::string& name);
 std::vector<std::string> sync_kind_names();
@@ -48,8 +51,8 @@ struct SyncMethod {
   // "all_reduce", "local_sgd(period=4)", "top_k(ratio=0.01)", "power_sgd(rank=2)", with
   // ", hierarchical" inside the parentheses when forced.
   std::string describe() const;
-  // Replicas average parameters instead of summing gradients (local_sgd).
-  bool local_updates() const { return kind == SyncKind::local_sgd; }
+  // Replicas average parameters instead of summing gradients (local_sgd): the kind's trait.
+  bool local_updates() const;
   bool operator==(const SyncMethod&) const = default;
 };
 

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "cost/sync_cost.h"
+#include "cost/sync_kind.h"
 
 namespace graphpipe::partition {
 
@@ -76,8 +77,8 @@ void set_sync(Problem& p, const cost::SyncMethod& method) {
     const graph::Node& n = g.node(static_cast<graph::NodeId>(v));
     p.total_param_bytes += static_cast<double>(n.param_bytes);
     if (n.param_bytes > 0 && n.param_shapes.empty()) {
-      if (method.kind == cost::SyncKind::power_sgd) {
-        throw PlanningError("PowerSGD is priced by the shapes of the parameters, and operator " +
+      if (cost::sync_kind_model(method.kind).needs_shapes()) {
+        throw PlanningError(method.describe() + " is priced by the shapes of the parameters, and operator " +
                             graph::describe(g, static_cast<graph::NodeId>(v)) +
                             " has parameter bytes without shapes (a graph traced before shapes were recorded): trace "
                             "the model again with graphpipe.trace");

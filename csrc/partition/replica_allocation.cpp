@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cost/sync_kind.h"
 #include "partition/evaluate.h"
 
 namespace graphpipe::partition {
@@ -22,7 +23,8 @@ double replica_stage_time(const Problem& p, int level, double compute, double tr
 double sync_estimate(const Problem& p, int d, double params) {
   const ReplicaTable& table = *p.replicas;
   // The default all-reduce of every parameter byte: the estimate the planner always used.
-  if (p.sync.kind == cost::SyncKind::all_reduce && !p.sync.hierarchical && p.sync_total.bytes == p.total_param_bytes) {
+  if (cost::sync_kind_model(p.sync.kind).plain_all_reduce() && !p.sync.hierarchical &&
+      p.sync_total.bytes == p.total_param_bytes) {
     return table.all_reduce_estimate(d, params);
   }
   if (d <= 1 || params <= 0.0 || p.total_param_bytes <= 0.0) return 0.0;

@@ -14,6 +14,7 @@
 #include "cost/power_sgd.h"
 #include "cost/presets.h"
 #include "cost/sync_cost.h"
+#include "cost/sync_kind.h"
 #include "cost/sync_method.h"
 
 namespace gc = graphpipe::cost;
@@ -93,6 +94,32 @@ TEST(CostSync, MethodJsonRoundTripsAndDescribes) {
   bad["rank"] = -1;
   EXPECT_THROW(gc::sync_method_from_json(bad, "$"), PlanningError);
   EXPECT_EQ(gc::parse_sync_kind("topk"), gc::SyncKind::top_k);
+}
+
+TEST(CostSync, EveryKindIsDescribedOnceAndParsesBack) {
+  // The registry names each kind of the enum, by the name its model gives, and the parser reads
+  // every name and alias back; an unknown name lists them all.
+  const std::vector<gc::SyncKind> kinds = gc::all_sync_kinds();
+  ASSERT_EQ(kinds.size(), 4u);
+  for (gc::SyncKind kind : kinds) {
+    const gc::SyncKindModel& model = gc::sync_kind_model(kind);
+    EXPECT_EQ(gc::to_string(kind), model.name());
+    EXPECT_EQ(gc::parse_sync_kind(std::string(model.name())), kind);
+    for (std::string_view alias : model.aliases()) EXPECT_EQ(gc::parse_sync_kind(std::string(alias)), kind);
+    gc::SyncMethod m;
+    m.kind = kind;
+    EXPECT_NO_THROW(m.validate());
+    EXPECT_EQ(m.describe().rfind(model.name(), 0), 0u) << m.describe();
+  }
+  EXPECT_TRUE(gc::sync_kind_model(gc::SyncKind::local_sgd).local_updates());
+  EXPECT_TRUE(gc::sync_kind_model(gc::SyncKind::power_sgd).needs_shapes());
+  EXPECT_THROW(gc::sync_kind_model(gc::SyncKind::end), PlanningError);
+  try {
+    gc::parse_sync_kind("fp8");
+    FAIL() << "an unknown kind was parsed";
+  } catch (const PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce, local_sgd, top_k, power_sgd"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CostSync, BucketsFollowTheRuntimesRule) {
