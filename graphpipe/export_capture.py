@@ -51,9 +51,10 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from graphpipe.capture import Capture, FrontEnd, ModeSwitch, copy_tensors, input_leaves, redirect_inplace_uses
 from graphpipe.errors import InputError, TraceError
 
-__all__ = ["MODE_ARG", "ExportedCapture", "eval_mismatch", "export_capture", "set_mode"]
+__all__ = ["MODE_ARG", "ExportFrontEnd", "ExportModes", "ExportedCapture", "eval_mismatch", "export_capture", "set_mode"]
 
 
 @dataclass
@@ -184,6 +185,49 @@ def eval_mismatch(model: nn.Module, module: fx.GraphModule, values: list[Any], a
             return (f"output {i} of {name} in eval mode differs from its training capture with dropout and batch norm "
                     "switched to eval: the model's Python code branches on self.training beyond them")
     return None
+
+
+class ExportModes(ModeSwitch):
+    """A torch.export capture's mode switch: ``check_mode`` and ``set_mode`` on the mode it was
+    captured in (``training``), ``eval_problem`` (eval_mismatch's finding) and the operators that
+    depend on the mode (``mode_ops``, for messages)."""
+
+    def __init__(self, training: bool, eval_problem: str | None, mode_ops: list[str]) -> None:
+        self.training = training
+        self.eval_problem = eval_problem
+        self.mode_ops = mode_ops
+
+    def check(self, model_name: str, training: bool) -> None:
+        check_mode(self.training, self.eval_problem, model_name, training)
+
+    def switch(self, module: nn.Module, training: bool) -> None:
+        if self.training:  # a capture in eval mode has no training values to switch to
+            set_mode(module, training)
+
+
+class ExportFrontEnd(FrontEnd):
+    """``export_capture`` behind the capture interface (graphpipe/capture.py): its in-place
+    writes redirected, the placeholders' values as the leaves of the example, and for a capture
+    in training mode the check that eval mode computes what the plain model does."""
+
+    name = "export"
+    title = "torch.export"
+
+    def capture(self, model: nn.Module, args: tuple, kwargs: dict[str, Any], *,
+                leaf_modules: Any = (), specialized: Any = None) -> Capture:
+        exported = export_capture(model, args, kwargs)
+        gm = exported.module
+        redirect_inplace_uses(gm)
+        gm.recompile()
+        name = type(model).__name__
+        values = (pytree.tree_leaves((args, kwargs)) if exported.input_spec is None
+                  else input_leaves(exported.input_spec, args, kwargs, name))
+        eval_problem = None
+        if exported.training:
+            eval_problem = eval_mismatch(model, gm, [copy_tensors(v) for v in values], copy_tensors(tuple(args)),
+                                         copy_tensors(dict(kwargs)))
+        return Capture(module=gm, values=values, modes=ExportModes(exported.training, eval_problem, exported.mode_ops),
+                       input_spec=exported.input_spec, static_batch=exported.static_batch, outputs_checked=True)
 
 
 def _dynamic_batch(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:

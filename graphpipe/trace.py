@@ -1,17 +1,14 @@
 """Turns an ``nn.Module`` into the C++ operator DAG (``OpGraph``) with FLOPs, bytes and parameters.
 
-Two captures. torch.fx first: ``torch.fx.symbolic_trace`` keeps the model's own granularity
-(one node per leaf-module call such as ``nn.Linear``, with the parameters it owns and the module's
-qualified name), which is the unit a pipeline stage is cut from; its ``GraphModule`` is what
-``torch.fx.passes.split_module`` splits into stage modules later; and it needs no real data, so
-paper-size models traced on the ``meta`` device cost no memory. ``torch.export`` lowers to ATen
-operators (several times more nodes, parameters lifted to inputs), which would make every later
-layer work harder for no gain where fx works. Where fx cannot follow the model's Python (most
-Hugging Face ``transformers`` models), ``torch.export`` (non-strict) captures it instead
-(``graphpipe/export_capture.py``), as an fx GraphModule of ATen operators that keeps parameter
-names and each operator's owning module. ``capture="fx"`` or ``"export"`` forces one.
-Data-dependent Python control flow is rejected by both; we turn fx's error into one that names
-the offending line and says how to fix it.
+Two capture front ends, behind one interface (``graphpipe/capture.py``) and listed once in
+``FRONT_ENDS``: torch.fx first (``graphpipe/fx_capture.py``), which keeps the model's own
+granularity (one node per leaf-module call, the unit a stage is cut from) and needs no real data.
+``torch.export`` lowers to ATen operators (several times more nodes, parameters lifted to
+inputs), which would make every later layer work harder for no gain where fx works; where fx
+cannot follow the model's Python (most Hugging Face ``transformers`` models), ``torch.export``
+(non-strict) captures it instead (``graphpipe/export_capture.py``), as an fx GraphModule of ATen
+operators that keeps parameter names and each operator's owning module. ``capture="fx"`` or
+``"export"`` forces one.
 
 Quantities are recorded per sample: the batch size is the leading dimension of the first tensor
 in ``example_inputs``. Shapes, output bytes and FLOPs come from one run of the traced graph on
@@ -26,10 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import linecache
 import operator
-import os
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,16 +35,18 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from graphpipe import _flops  # noqa: F401  (registers missing FLOP formulas)
 from graphpipe._ext import _C
+from graphpipe.capture import Capture, FrontEnd, ModeSwitch, copy_tensors, input_leaves, user_frame
 from graphpipe.errors import InputError, TraceError
-from graphpipe.export_capture import eval_mismatch, export_capture
+from graphpipe.export_capture import ExportFrontEnd
+from graphpipe.fx_capture import FxFrontEnd
 
 __all__ = ["trace", "TracedModel", "trace_module", "batch_size_of", "iter_tensors", "compute_dtype", "autocast_for", "CAPTURES"]
 
-#: How ``trace`` captures a model: torch.fx, falling back to torch.export ("auto"), or either alone.
-CAPTURES = ("auto", "fx", "export")
-
-_GRAPHPIPE_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+#: The capture front ends, by ``capture=`` name, in the order ``capture="auto"`` tries them: the one
+#: list a new front end joins (graphpipe/capture.py).
+FRONT_ENDS: dict[str, FrontEnd] = {front_end.name: front_end for front_end in (FxFrontEnd(), ExportFrontEnd())}
+#: How ``trace`` captures a model: each front end in turn until one captures it ("auto"), or one alone.
+CAPTURES = ("auto", *FRONT_ENDS)
 
 
 @dataclass
@@ -65,19 +61,14 @@ class TracedModel:
     #: forward() arguments fixed at trace time (None and Python scalars): name -> value. A call
     #: with another value would run code the trace never saw, so the runtime refuses it.
     specialized: dict[str, Any] = field(default_factory=dict)
-    #: "fx" or "export": which capture made ``module``
+    #: the name of the front end that made ``module`` (a key of FRONT_ENDS)
     capture: str = "fx"
-    #: export captures: the pytree structure of ``(args, kwargs)``, whose leaves are the placeholders
+    #: the pytree structure of ``(args, kwargs)`` whose leaves are the placeholders (None: one
+    #: placeholder per forward parameter)
     input_spec: Any = None
-    #: export captures: the mode the program was captured in (a training capture switches its
-    #: dropout and batch norm, export_capture.set_mode; other ``self.training`` branches are
-    #: fixed), and the operators that depend on it
-    captured_training: bool | None = None
-    mode_ops: list[str] = field(default_factory=list)
-    #: export captures in training mode: why the capture switched to eval would compute something
-    #: else than the model in eval mode (a Python branch on ``self.training``), None if it agrees
-    eval_problem: str | None = None
-    #: export captures whose model code depends on the batch size: the only batch it runs at
+    #: what switching a stage module between training and eval takes (capture.ModeSwitch)
+    modes: ModeSwitch = field(default_factory=ModeSwitch)
+    #: the only batch size the capture runs at (the model's code depends on it), None if any
     static_batch: int | None = None
     signature: Any = None
     model_name: str = ""
@@ -118,7 +109,7 @@ class TracedModel:
                 )
         placeholders = self._placeholder_names()
         if self.input_spec is not None:
-            return dict(zip(placeholders, _exported_leaves(self.input_spec, tuple(args), kwargs, self.model_name)))
+            return dict(zip(placeholders, input_leaves(self.input_spec, tuple(args), kwargs, self.model_name)))
         values: list[Any] = []
         for name, param in self.signature.parameters.items():
             if param.kind is inspect.Parameter.VAR_POSITIONAL:
@@ -128,141 +119,10 @@ class TracedModel:
         return dict(zip(placeholders, values))
 
 
-def _exported_leaves(spec: Any, args: tuple, kwargs: dict[str, Any], model_name: str) -> list[Any]:
-    """The leaves of ``(args, kwargs)`` in the order of an export capture's placeholders."""
-    from torch.utils import _pytree as pytree
-
-    keys = list(spec.children()[1].context) if spec.num_children == 2 else []
-    if set(kwargs) != set(keys):
-        raise InputError(
-            f"{model_name} was captured with keyword inputs {sorted(keys)} and is now given {sorted(kwargs)}; "
-            "pass the same inputs, positionally or by keyword, as the traced example"
-        )
-    leaves, given = pytree.tree_flatten((args, {k: kwargs[k] for k in keys}))
-    if given != spec:
-        raise InputError(
-            f"{model_name}'s inputs are structured differently than the traced example's: "
-            f"{' '.join(str(given).split())} instead of {' '.join(str(spec).split())}"
-        )
-    return leaves
-
-
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return repr(value)
-
-
-class _Tracer(fx.Tracer):
-    """fx tracer that keeps user-named modules (or module classes) opaque, records buffers read
-    directly in ``forward`` as ``get_attr`` nodes under their own names, and records the grad
-    mode each operator was traced under.
-
-    Why each: fx by default runs ``self.buffer.clone()`` eagerly during tracing and stores the
-    result as an anonymous ``_tensor_constantN`` (the buffer then leaves ``state_dict`` and stops
-    following updates); and fx does not record ``torch.no_grad()`` / ``torch.inference_mode()``
-    blocks at all, so without the mode in ``node.meta["grad_enabled"]`` the stages would compute
-    gradients that single-process training never computes.
-    """
-
-    proxy_buffer_attributes = True
-
-    def __init__(self, leaf_modules: Iterable[str | type[nn.Module]] = ()) -> None:
-        super().__init__()
-        self._leaf_names = {m for m in leaf_modules if isinstance(m, str)}
-        self._leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self._leaf_names:
-            return True
-        if self._leaf_types and isinstance(m, self._leaf_types):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
-        node = super().create_node(*args, **kwargs)
-        # A no_grad()/inference_mode() block really switches the mode while tracing (its
-        # __enter__ runs), so the current mode is the mode the operator runs under.
-        node.meta["grad_enabled"] = torch.is_grad_enabled()
-        return node
-
-
-def _setitem(target: torch.Tensor, key: Any, value: Any) -> torch.Tensor:
-    """``target[key] = value`` as an operator that returns the tensor it wrote to, so that the
-    operators after it can read the written tensor through a graph edge."""
-    target[key] = value
-    return target
-
-
-def _proxy_setitem(self: fx.Proxy, key: Any, value: Any) -> None:
-    # fx proxies do not support item assignment (`x[:, 0] = 0` raises TypeError): record it as a
-    # _setitem operator; _redirect_inplace_uses then points the later readers of `x` at it.
-    self.tracer.create_proxy("call_function", _setitem, (self, key, value), {})
-
-
-#: Python's augmented assignments; fx traces `x += y` on a proxy as `x = x + y` (a new tensor),
-#: but a leaf module or torch function may still be called with these.
-_INPLACE_OPERATORS = frozenset({
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
-    operator.irshift, operator.imatmul, _setitem,
-})
-
-
-def mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether ``node`` writes into the tensor it gets as first argument (and returns it):
-    ``x.add_(y)``, ``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``torch.relu_(x)``,
-    ``x[i] = v``."""
-    if node.op == "call_method":
-        name = str(node.target)
-        return name.endswith("_") and not name.startswith("_")
-    if node.op == "call_module":
-        return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
-    if node.op != "call_function":
-        return False
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    if isinstance(target, torch._ops.OpOverload) and schema is not None:
-        # an ATen operator (torch.export captures): its schema says what it writes
-        first = schema.arguments[0] if schema.arguments else None
-        return first is not None and first.alias_info is not None and first.alias_info.is_write
-    if target in _INPLACE_OPERATORS:
-        return True
-    name = getattr(target, "__name__", "")
-    if name.endswith("_") and not name.startswith("_") and getattr(torch, name, None) is target:
-        return True
-    if getattr(torch.nn.functional, name, None) is target:
-        try:
-            bound = inspect.signature(target).bind(*node.args, **node.kwargs)
-        except (TypeError, ValueError):
-            return False
-        return bound.arguments.get("inplace") is True
-    return False
-
-
-def is_opaque_module(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """A call of a user module kept whole (``leaf_modules``): what it does to its inputs is
-    unknown, so it is treated as possibly writing into them."""
-    if node.op != "call_module":
-        return False
-    return not type(gm.get_submodule(str(node.target))).__module__.startswith("torch.nn")
-
-
-def _redirect_inplace_uses(gm: fx.GraphModule) -> None:
-    """Points every operator that reads a tensor *after* an in-place write to it at the writing
-    operator. In one process the two names are the same tensor; in the graph the edge now says
-    that the reader depends on the write, so a partition that puts them on different stages
-    sends the written value (and no plan can run the reader before the write). Readers before
-    the write keep the old edge: they see the value as it was, on any stage."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for node in list(gm.graph.nodes):
-        if not node.args or not isinstance(node.args[0], fx.Node) or not mutates_first_argument(gm, node):
-            continue
-        node.meta["inplace"] = True
-        written = node.args[0]
-        for user in list(written.users):
-            if user is not node and order[user] > order[node]:
-                user.replace_input_with(written, node)
 
 
 def iter_tensors(value: Any) -> Iterable[torch.Tensor]:
@@ -325,64 +185,6 @@ def batch_size_of(example_inputs: Sequence[Any], example_kwargs: Mapping[str, An
     raise InputError("example_inputs contain no tensor: graphpipe needs at least one batched tensor")
 
 
-def _user_frame(exc: BaseException) -> str:
-    """'file:line: code' of the innermost frame of the user's code in a traceback."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        path = os.path.abspath(frame.filename)
-        if path.startswith(_TORCH_DIR) or path.startswith(_GRAPHPIPE_DIR + os.sep + "trace.py"):
-            continue
-        code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-        return f"{frame.filename}:{frame.lineno}: `{code}`"
-    return "an unknown location"
-
-
-def _symbolic_trace(
-    model: nn.Module, leaf_modules: Iterable[Any], specialized: Mapping[str, Any]
-) -> fx.GraphModule:
-    tracer = _Tracer(leaf_modules)
-    had_setitem = "__setitem__" in vars(fx.Proxy)
-    fx.Proxy.__setitem__ = _proxy_setitem  # type: ignore[method-assign]
-    try:
-        # Traced under grad mode whatever the caller's mode, so that only the model's own
-        # no_grad() blocks mark operators as gradient-free.
-        with torch.enable_grad():
-            graph = tracer.trace(model, concrete_args=dict(specialized) or None)
-    except Exception as exc:  # fx raises many types; all become TraceError
-        where = _user_frame(exc)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "control flow" in message or "iteration" in message or "len(" in message or isinstance(
-            exc, fx.proxy.TraceError
-        ):
-            hint = (
-                "Data-dependent Python control flow (an `if`/`while` on a tensor value, "
-                "iterating over or taking len() of a tensor) cannot be captured in a static "
-                "operator graph. Fix: express it with tensor operations (torch.where, masking), "
-                "or keep the submodule that contains it opaque with "
-                "graphpipe.trace(..., leaf_modules=['<qualified module name>'])."
-            )
-        else:
-            hint = (
-                "Fix: make the construct traceable by torch.fx, or keep the submodule that "
-                "contains it opaque with graphpipe.trace(..., leaf_modules=['<qualified module name>'])."
-            )
-        raise TraceError(
-            f"cannot trace {type(model).__name__}: {message} (at {where}). {hint}"
-        ) from exc
-    finally:
-        if not had_setitem:
-            del fx.Proxy.__setitem__
-    # fx guards each specialised argument with an assert operator; the runtime checks them
-    # before anything runs instead (they are not work to place on a stage).
-    for node in list(graph.nodes):
-        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
-            graph.erase_node(node)
-    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
-    _redirect_inplace_uses(gm)
-    gm.recompile()
-    return gm
-
-
 def _specialized_arguments(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     """forward() arguments that are None or Python scalars in the example: fx fixes them at
     these values (so `if mask is not None:` or `if flag:` trace as the example takes them)."""
@@ -399,31 +201,6 @@ def _specialized_arguments(model: nn.Module, args: tuple, kwargs: dict) -> dict[
         if value is None or isinstance(value, (bool, int, float, str)):
             fixed[name] = value
     return fixed
-
-
-def _placeholder_values(
-    gm: fx.GraphModule, model: nn.Module, args: tuple, kwargs: dict
-) -> list[Any]:
-    """Positional values for Interpreter.run, in placeholder order (varargs flattened)."""
-    try:
-        bound = inspect.signature(model.forward).bind(*args, **kwargs)
-    except TypeError as exc:
-        raise InputError(
-            f"example inputs do not match {type(model).__name__}.forward: {exc}"
-        ) from exc
-    bound.apply_defaults()
-    # Placeholders follow forward()'s parameters in order (fx renames a specialised one, e.g.
-    # `mask` becomes `mask_1`, so names cannot be matched).
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values: list[Any] = []
-    for _node, (name, param) in zip(placeholders, inspect.signature(model.forward).parameters.items()):
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            raise InputError(f"{type(model).__name__}.forward takes **{name}; pass keyword inputs by name")
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            values.extend(bound.arguments.get(name, ()))
-        else:
-            values.append(bound.arguments.get(name))
-    return values
 
 
 def _target_name(gm: fx.GraphModule, node: fx.Node) -> str:
@@ -511,20 +288,19 @@ def trace_module(
     (profiling, splitting into stage modules).
     """
     args, kwargs = _check_inputs(model, example_inputs, example_kwargs)
-    if capture not in CAPTURES:
-        raise InputError(f"capture must be one of {list(CAPTURES)}, got {capture!r}")
-    if capture == "export" and tuple(leaf_modules):
-        raise InputError("leaf_modules apply to the torch.fx capture only; drop them or use capture='fx'")
+    if capture != "auto" and capture not in FRONT_ENDS:
+        raise InputError(f"capture must be one of {['auto', *FRONT_ENDS]}, got {capture!r}")
+    if capture != "auto" and tuple(leaf_modules) and not FRONT_ENDS[capture].takes_leaf_modules:
+        takers = [f for f in FRONT_ENDS.values() if f.takes_leaf_modules]
+        raise InputError(f"leaf_modules apply to the {' and '.join(f.title for f in takers)} capture only; drop them "
+                         f"or use capture={takers[0].name!r}")
     batch = batch_size_of(args, kwargs)
     specialized = _specialized_arguments(model, args, kwargs)
-    gm, exported, values = _capture(model, args, kwargs, leaf_modules, capture, specialized)
+    front_end, captured = _capture(model, args, kwargs, leaf_modules, capture, specialized)
+    gm, values = captured.module, captured.values
     recorder = _measure(model, gm, values)
-    if exported is None:  # torch.export checked the outputs are pytrees of tensors itself
+    if not captured.outputs_checked:
         _check_outputs(recorder.outputs)
-    eval_problem = None
-    if exported is not None and exported.training:
-        eval_problem = eval_mismatch(model, gm, [_copy_tensors(v) for v in values], _copy_tensors(tuple(args)),
-                                     _copy_tensors(dict(kwargs)))
 
     graph = _C.OpGraph()
     graph.model_name = type(model).__name__
@@ -532,13 +308,9 @@ def trace_module(
     graph.compute_dtype = compute_dtype(model, args, kwargs)
     traced = TracedModel(
         module=gm, graph=graph, placeholder_values=values, batch_size=batch, specialized=specialized,
-        capture="fx" if exported is None else "export",
-        input_spec=exported.input_spec if exported is not None else None,
-        captured_training=exported.training if exported is not None else None,
-        mode_ops=exported.mode_ops if exported is not None else [],
-        eval_problem=eval_problem,
-        static_batch=exported.static_batch if exported is not None else None,
-        signature=inspect.signature(model.forward), model_name=type(model).__name__,
+        capture=front_end, input_spec=captured.input_spec, modes=captured.modes,
+        static_batch=captured.static_batch, signature=inspect.signature(model.forward),
+        model_name=type(model).__name__,
     )
     _add_nodes(model, gm, traced, recorder, batch)
     _add_edges(model, gm, traced, recorder, batch)
@@ -585,32 +357,28 @@ def autocast_for(model: nn.Module, precision: str | None) -> contextlib.Abstract
 
 
 def _capture(model: nn.Module, args: tuple, kwargs: dict[str, Any], leaf_modules: Iterable[str | type[nn.Module]],
-             capture: str, specialized: Any) -> tuple[fx.GraphModule, Any, list[Any]]:
-    """The captured graph module, the export capture (None for fx) and the placeholders' values:
-    torch.fx first, torch.export where fx cannot follow the model (unless ``capture`` says)."""
-    exported = None
-    if capture == "export":
-        exported = export_capture(model, args, kwargs)
+             capture: str, specialized: Any) -> tuple[str, Capture]:
+    """The name of the front end that captured the model and its capture: the front end
+    ``capture`` names, or for "auto" the first in FRONT_ENDS that captures the model (only those
+    that take leaf modules, when some are given); a TraceError names every front end's reason
+    when none does."""
+    if capture != "auto":
+        front_ends = [FRONT_ENDS[capture]]
     else:
+        front_ends = [f for f in FRONT_ENDS.values() if f.takes_leaf_modules or not tuple(leaf_modules)]
+    errors: list[tuple[FrontEnd, TraceError]] = []
+    for front_end in front_ends:
         try:
-            gm = _symbolic_trace(model, leaf_modules, specialized)
-        except TraceError as fx_error:
-            if capture == "fx" or tuple(leaf_modules):
-                raise
-            try:
-                exported = export_capture(model, args, kwargs)
-            except TraceError as export_error:
-                raise TraceError(f"{fx_error} torch.export failed too: {export_error}") from export_error
-    if exported is None:
-        return gm, None, _placeholder_values(gm, model, args, kwargs)
-    gm = exported.module
-    _redirect_inplace_uses(gm)
-    gm.recompile()
-    from torch.utils import _pytree as pytree
-
-    values = pytree.tree_leaves((args, kwargs)) if exported.input_spec is None else _exported_leaves(
-        exported.input_spec, args, kwargs, type(model).__name__)
-    return gm, exported, values
+            captured = front_end.capture(model, args, kwargs, leaf_modules=leaf_modules, specialized=specialized)
+        except TraceError as error:
+            errors.append((front_end, error))
+            continue
+        return front_end.name, captured
+    if len(errors) == 1:
+        raise errors[0][1]
+    first = errors[0][1]
+    rest = " ".join(f"{front_end.title} failed too: {error}" for front_end, error in errors[1:])
+    raise TraceError(f"{first} {rest}") from errors[-1][1]
 
 
 def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> _Recorder:
@@ -626,13 +394,13 @@ def _measure(model: nn.Module, gm: fx.GraphModule, values: list[Any]) -> _Record
         # ...and with the random generators put back: the run draws dropout masks, and a rank's
         # later draws must be those the untraced model would have made.
         with torch.random.fork_rng(devices=[]), torch.no_grad(), counter:
-            recorder.run(*[_copy_tensors(v) for v in values])
+            recorder.run(*[copy_tensors(v) for v in values])
     except InputError:
         raise
     except Exception as exc:
         raise TraceError(
             f"running the traced {type(model).__name__} on the example inputs failed: {exc} "
-            f"(at {_user_frame(exc)}). Check that example_inputs are what forward() expects."
+            f"(at {user_frame(exc)}). Check that example_inputs are what forward() expects."
         ) from exc
     finally:
         with torch.no_grad():
@@ -728,16 +496,6 @@ def _add_edges(model: nn.Module, gm: fx.GraphModule, traced: TracedModel, record
             marked += 1
     if marked == 0:
         raise TraceError(f"{type(model).__name__} returns no value computed from its operators")
-
-
-def _copy_tensors(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copy_tensors(v) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _copy_tensors(v) for k, v in value.items()}
-    return value
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:

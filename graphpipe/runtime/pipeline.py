@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch import nn
 
 from graphpipe.errors import InputError
-from graphpipe.export_capture import check_mode, set_mode
 from graphpipe.runtime import faults
 from graphpipe.runtime.batch_prep import BatchPrep
 from graphpipe.runtime.connections import Connections, GroupMaker, Link, check_backend
@@ -223,13 +222,13 @@ class Pipeline:
         return ((n, p) for n, p in self.module.named_parameters() if n != NO_PARAMETERS)
 
     def train(self, mode: bool = True) -> Pipeline:
-        """Puts this rank's stage in training (or eval) mode. A torch.export capture switches its
-        dropout, attention dropout and batch norm operators (docs/capture.md); InputError where
-        the capture cannot run the mode (captured in eval, or branching on self.training)."""
-        facts = self._facts
-        check_mode(facts.captured_training, facts.eval_problem, facts.name, mode)
-        if facts.captured_training:  # the exported operators' mode (export_capture.set_mode)
-            set_mode(self.module, bool(mode))
+        """Puts this rank's stage in training (or eval) mode, as its capture front end switches
+        it (a torch.export capture switches its dropout, attention dropout and batch norm
+        operators, docs/capture.md); InputError where the capture cannot run the mode (captured
+        in eval, or branching on self.training)."""
+        modes = self._facts.modes
+        modes.check(self._facts.name, bool(mode))
+        modes.switch(self.module, bool(mode))
         self.module.train(mode)
         return self
 

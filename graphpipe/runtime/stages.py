@@ -45,8 +45,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from graphpipe.capture import is_opaque_module
 from graphpipe.errors import PlanningError
-from graphpipe.trace import is_opaque_module
 
 __all__ = ["EdgeLayout", "LocalStage", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
            "local_module", "edge_layouts", "stage_device", "NO_PARAMETERS"]

@@ -5,11 +5,13 @@ folder checkpoints are checkpoint.py's)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from graphpipe.capture import ModeSwitch
 
 __all__ = ["ModelFacts", "load_refusal", "stage_state_dict", "state_aliases"]
 
@@ -18,20 +20,17 @@ __all__ = ["ModelFacts", "load_refusal", "stage_state_dict", "state_aliases"]
 class ModelFacts:
     """What a pipeline keeps of the plain model it wrapped, once its stage is cut: the model's
     class ``name``, its ``state_dict`` keys in order and the aliases among them (the names every
-    state dict and checkpoint is written under), and how it was captured (``captured_training``:
-    None for an fx capture, else the mode torch.export ran in; ``eval_problem``: why a training
-    capture cannot run in eval mode, export_capture.check_mode)."""
+    state dict and checkpoint is written under), and what switching its stage between training
+    and eval takes (``modes``: the capture front end's ``ModeSwitch``, graphpipe/capture.py)."""
 
     name: str
     state_keys: tuple[str, ...]
     aliases: Mapping[str, tuple[str, ...]]
-    captured_training: bool | None = None
-    eval_problem: str | None = None
+    modes: ModeSwitch = field(default_factory=ModeSwitch)
 
     @classmethod
     def of(cls, model: nn.Module, traced: Any) -> ModelFacts:
-        return cls(type(model).__name__, tuple(model.state_dict().keys()), state_aliases(model),
-                   traced.captured_training, traced.eval_problem)
+        return cls(type(model).__name__, tuple(model.state_dict().keys()), state_aliases(model), traced.modes)
 
     def state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The entries of the plain model's state dict that the stage ``module`` holds."""

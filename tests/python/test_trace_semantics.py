@@ -76,9 +76,9 @@ def test_inplace_writes_become_edges() -> None:
     traced = trace_module(model, (torch.ones(2, 4),))
     nodes = {n.name: n for n in traced.module.graph.nodes}
     inplace = [n.name for n in traced.module.graph.nodes if n.meta.get("inplace")]
-    assert inplace == ["_setitem", "mul_", "act"]
+    assert inplace == ["setitem", "mul_", "act"]
     # each reader after a write reads the write, not the tensor's older name
-    assert nodes["mul_"].args[0] is nodes["_setitem"]
+    assert nodes["mul_"].args[0] is nodes["setitem"]
     assert nodes["fc"].args[0] is nodes["mul_"]
     add = next(n for n in traced.module.graph.nodes if n.target is operator.add)
     assert add.args[0] is nodes["act"]
