@@ -8,7 +8,7 @@ from graphpipe._ext import _C
 from graphpipe.planning import devices as make_devices
 from graphpipe.planning import sync_method
 
-__all__ = ["schedule", "simulate", "SCHEDULES"]
+__all__ = ["schedule", "schedule_for", "simulate", "SCHEDULES"]
 
 #: Schedule kinds, as the C++ generator lists them: graph-aware 1F1B, GPipe's fill-drain, and
 #: 1F1B's greedy variant.
@@ -20,6 +20,26 @@ def schedule(plan: Any, kind: str = "1f1b") -> Any:
     result = _C.Schedule.generate(plan, kind)
     result.validate()
     return result
+
+
+def schedule_for(plan: Any, kind: Any) -> Any:
+    """The schedule ``plan`` runs under ``kind``: a name from ``SCHEDULES`` generates it, a
+    ``Schedule`` (generated and edited, read back with ``Schedule.parse``/``load``, or built from
+    programs) is checked to be well formed, deadlock-free and made for ``plan``. What
+    ``simulate`` predicts and ``wrap`` runs is this one schedule.
+
+    Raises:
+        ScheduleError: a schedule made for another plan (naming the first difference), one
+            that is malformed, or one that can deadlock (naming the blocked ranks).
+    """
+    if not isinstance(kind, _C.Schedule):
+        return schedule(plan, kind)
+    kind.validate()
+    kind.check_fits(plan)
+    verdict = kind.check()
+    if not verdict.ok:
+        raise _C.ScheduleError(f"the given schedule can deadlock: {verdict}")
+    return kind
 
 
 def simulate(
@@ -60,7 +80,7 @@ def simulate(
     if devices is None:
         devices = make_devices(plan.num_devices, device_kind)
     kind = plan.schedule if schedule_kind is None else schedule_kind
-    sched = kind if isinstance(kind, _C.Schedule) else schedule(plan, kind)
+    sched = schedule_for(plan, kind)
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
     method = sync_method(sync) if sync is not None else None
     return _C.simulate(plan, sched, devices, overlap=overlap, bucket_bytes=buckets, sync=method,

@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 #include "plan/plan.h"
 #include "schedule/check.h"
+#include "schedule/fits_plan.h"
 #include "schedule/generate.h"
 #include "schedule/schedule_json.h"
 #include "schedule/shards.h"
@@ -140,6 +141,9 @@ void bind_schedule_class(py::module_& m) {
            "Replays the programs with matched sends and receives (blocking model of "
            "schedule/check.h): ok, or per stuck rank the instruction it blocks on.")
       .def("validate", &schedule::validate)
+      .def("check_fits", &schedule::check_fits, py::arg("plan"),
+           "Raises ScheduleError naming the first difference unless this schedule was made for `plan` "
+           "(its stages, edges, micro-batch count and stage ranks; schedule/fits_plan.h).")
       .def_readonly("kind", &Schedule::kind)
       .def_readonly("num_micro_batches", &Schedule::num_micro_batches)
       .def_readonly("stage_ranks", &Schedule::stage_ranks)

@@ -10,6 +10,7 @@
 #include "cost/reshard.h"
 #include "cost/sync_cost.h"
 #include "schedule/check.h"
+#include "schedule/fits_plan.h"
 #include "schedule/generate.h"
 
 namespace graphpipe::sim {
@@ -59,25 +60,7 @@ double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
 }
 
 void check_inputs(const Plan& plan, const Schedule& s, const cost::Devices& devices) {
-  if (static_cast<int>(plan.stages.size()) != s.num_stages()) {
-    throw ScheduleError("the schedule has " + std::to_string(s.num_stages()) + " stages but the plan has " +
-                        std::to_string(plan.stages.size()));
-  }
-  if (plan.edges.size() != s.edges.size()) {
-    throw ScheduleError("the schedule has " + std::to_string(s.edges.size()) + " stage edges but the plan has " +
-                        std::to_string(plan.edges.size()));
-  }
-  for (std::size_t e = 0; e < plan.edges.size(); ++e) {
-    if (plan.edges[e].src != s.edges[e].src || plan.edges[e].dst != s.edges[e].dst) {
-      throw ScheduleError("stage edge " + std::to_string(e) + " is " + std::to_string(plan.edges[e].src) + "->" +
-                          std::to_string(plan.edges[e].dst) + " in the plan but " + std::to_string(s.edges[e].src) +
-                          "->" + std::to_string(s.edges[e].dst) + " in the schedule: was it made for another plan?");
-    }
-  }
-  if (s.num_micro_batches != plan.num_micro_batches) {
-    throw ScheduleError("the schedule has " + std::to_string(s.num_micro_batches) + " micro-batches but the plan has " +
-                        std::to_string(plan.num_micro_batches));
-  }
+  schedule::check_fits(s, plan);
   const auto R = static_cast<std::size_t>(s.num_ranks());
   if (devices.count < s.num_ranks() || devices.link_latency.size() < R || devices.link_bandwidth.size() < R) {
     throw PlanningError("the schedule uses " + std::to_string(R) + " ranks but the devices '" + devices.name +

@@ -32,8 +32,11 @@ class WrapOptions:
         partitioner: a name from ``graphpipe.PARTITIONERS`` (rank 0 plans with
             :func:`graphpipe.plan`).
         schedule: a name from ``graphpipe.SCHEDULES``, or ``"auto"``: the planner picks graph
-            1F1B or ``zb_graph`` with the plan. Default (``None``): the schedule the plan was made
-            for (``plan.schedule``; a plan made here is made for ``1f1b``).
+            1F1B or ``zb_graph`` with the plan; or a ``Schedule`` made for ``plan`` (generated
+            and edited, parsed, loaded, built from programs: checked to fit the plan and not to
+            deadlock, ``graphpipe.simulation.schedule_for``), which needs ``plan=``. Default
+            (``None``): the schedule the plan was made for (``plan.schedule``; a plan made here
+            is made for ``1f1b``).
         micro_batches: number of micro-batches per step (default: the partitioner's choice).
         plan: a Plan (graphpipe.plan, graphpipe.runtime.manual_plan), plan JSON text or file, or
             the JSON form as a dict; read and validated by the C++ loader (Plan.from_json) on
@@ -83,7 +86,7 @@ class WrapOptions:
 
     group: Any = None
     partitioner: str = "graphpipe"
-    schedule: str | None = None
+    schedule: str | Any | None = None  # a name, or a _C.Schedule
     micro_batches: int | None = None
     plan: Any = None
     timeout: float = DEFAULT_TIMEOUT
@@ -119,10 +122,25 @@ class WrapOptions:
             raise InputError(f"graphpipe.wrap: bucket_bytes must be positive, got {self.bucket_bytes!r}")
         return size
 
-    def schedule_for(self, plan: Any) -> str:
-        """The schedule the pipeline runs: the one asked for, or the one ``plan`` was made for
-        (``schedule`` None or ``"auto"``)."""
+    def schedule_for(self, plan: Any) -> Any:
+        """The schedule the pipeline runs: the ``Schedule`` or name asked for, or the name of the
+        one ``plan`` was made for (``schedule`` None or ``"auto"``)."""
+        if self.given_schedule():
+            return self.schedule
         return plan.schedule if self.schedule in (None, "auto") else self.schedule
+
+    def given_schedule(self) -> bool:
+        """A ``Schedule`` was given (not a name); InputError without the plan it was made for."""
+        if not isinstance(self.schedule, _C.Schedule):
+            return False
+        if self.plan is None:
+            raise InputError("graphpipe.wrap: a Schedule is made for a plan, and none was given: pass the plan it was "
+                             "made for as plan=, or a schedule name")
+        return True
+
+    def schedule_name(self) -> str | None:
+        """The schedule's name (a given ``Schedule``'s kind), None for the plan's."""
+        return self.schedule.kind if self.given_schedule() else self.schedule
 
     def autocast_context(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` on ``device``'s type in the ``autocast`` dtype (nothing when
@@ -146,7 +164,7 @@ class WrapOptions:
         plans for the schedule that will run (zb_graph's shorter bubbles) and for the sync
         method its replicated stages will use (the default needs no say)."""
         options = dict(self.plan_options, partitioner=self.partitioner, devices=self.devices,
-                       micro_batches=self.micro_batches, schedule=self.schedule or "1f1b")
+                       micro_batches=self.micro_batches, schedule=self.schedule_name() or "1f1b")
         if sync_method != AllReduce():
             options["sync"] = sync_method
         return options

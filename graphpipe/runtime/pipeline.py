@@ -49,7 +49,7 @@ from graphpipe.runtime.stage_call import StageFn, no_stage, stage_call
 from graphpipe.runtime.stages import NO_PARAMETERS, LocalStage, build_stages, stage_device
 from graphpipe.runtime.state_dicts import ModelFacts, load_refusal
 from graphpipe.runtime.steps import Steps, loss_callback
-from graphpipe.simulation import schedule as generate_schedule
+from graphpipe.simulation import schedule_for
 from graphpipe.sync import SyncMethod
 from graphpipe.sync import parse as parse_sync
 
@@ -119,7 +119,7 @@ class Pipeline:
         """Cuts the traced model into the plan's stages and keeps this rank's."""
         traced = agreed.traced
         # The very call graphpipe.simulate makes: the executor runs the schedule it predicts.
-        self.schedule = generate_schedule(self.plan, self.schedule_kind)
+        self.schedule = schedule_for(self.plan, self.options.schedule_for(self.plan))
         cut = build_stages(traced.module, self.plan, traced.graph)
         self._local = LocalStage.keep(cut, model, self.rank)
         self.device = stage_device(self._local.module, self.options.device)
@@ -166,8 +166,9 @@ class Pipeline:
 
     @property
     def schedule_kind(self) -> str:
-        """The schedule asked for, or (None, "auto") the one the plan was made for."""
-        return self.options.schedule_for(self.plan)
+        """The name of the schedule this pipeline runs (``self.schedule.kind``): the one asked
+        for, the one the plan was made for, or a given ``Schedule``'s kind."""
+        return str(self.schedule.kind)
 
     @property
     def module(self) -> nn.Module:

@@ -170,7 +170,7 @@ def _description(traced: Any, model: nn.Module, plan_text: str, options: WrapOpt
         # ignored without a word.
         "planning options": planning,
         "plan": plan_text,
-        "schedule": options.schedule,
+        "schedule": options.schedule.to_json() if options.given_schedule() else options.schedule,
         "micro_batches": options.micro_batches,
         "timeout": float(options.timeout),
         "sync method": repr(sync_method),
