@@ -172,13 +172,10 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
 
-    def partition(replicated: bool, **search: Any) -> Any:
-        return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
-                                     micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                     optimizer=optimizer, seed=seed, replicate=replicated, **search,
-                                     **options).plan
-
-    return _choose_replication(partition, replicate, partitioner)
+    # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
+    return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
+                                 micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
+                                 optimizer=optimizer, seed=seed, replicate=replicate, **options).plan
 
 
 def _precision(dtype: str | torch.dtype | None) -> str | None:
@@ -243,34 +240,6 @@ def _stage_device_lists(stage_devices: Mapping[int, Sequence[int]] | None) -> di
     if not isinstance(stage_devices, Mapping):
         raise InputError(f"stage_devices must map stage numbers to lists of device ids, got {type(stage_devices).__name__}")
     return {int(stage): [int(d) for d in ids] for stage, ids in stage_devices.items()}
-
-
-# The default replicate's widened search (PlannerOptions): the plans without replicas on every
-# power of two up to the device count (no limit) and every count up to 16, and replicas granted
-# by simulation.
-_DEFAULT_SEARCH = {"plain_budget_limit": 0, "plain_every_up_to": 16, "grow_replicas": True}
-
-
-def _choose_replication(partition: Any, replicate: bool | None, partitioner: str) -> Any:
-    """The plan ``plan(replicate=...)`` returns, ``partition(replicated, **search)`` making it.
-
-    The default plans with replicas allowed and weighs the plans without them on every count of
-    devices up to 16 and every power of two up to the device count (``replicate=True``: on 1, 2,
-    4 and 8, which bounds its planning time), and grants replicas by simulation on the devices
-    the partitioners leave (``replicate=True`` does not): the planner's list for more devices then holds
-    every candidate of the list for fewer, so the default never returns a slower plan for more
-    devices (csrc/planner/planner.h).
-    Before, it was the faster of the plan without replicas on every device and the plan with
-    them; the plain searches are not monotone in the device count, and DLRM at paper size got a
-    plan 23% slower on 8 V100s than on 7. Where the replicated planning refuses, the plan without
-    replicas stands.
-    """
-    if replicate is not None or _C.partitioner_places_by_user(partitioner):
-        return partition(bool(replicate))
-    try:
-        return partition(True, **_DEFAULT_SEARCH)
-    except _C.PlanningError:
-        return partition(False)
 
 
 def sync_method(sync: Any) -> Any:

@@ -2,7 +2,7 @@
 refactoring can be checked to change none of them: run it before and after, then compare.
 
 For the paper-size models (traced on the meta device), on V100-class clusters of 8 and 16
-devices: every partitioner except ``manual``, replicas allowed and not, and every sync method's
+devices: every partitioner except ``manual``, replicas allowed, not, and the default search, and every sync method's
 pricing (all-reduce, hierarchical all-reduce, local SGD, top-k, PowerSGD); for each plan, its
 JSON, every schedule policy's instruction lists and the simulated step.
 
@@ -44,9 +44,9 @@ def outputs(model_names: list[str], device_counts: list[int]) -> dict[str, objec
         graph = graphpipe.trace(model, example)
         for devices in device_counts:
             for partitioner in [p for p in graphpipe.PARTITIONERS if p != "manual"]:
-                for replicate in (False, True):
+                for replicate in (False, True, None):
                     for sync_name, method in SYNC_METHODS.items():
-                        if not replicate and sync_name != "all_reduce":
+                        if replicate is False and sync_name != "all_reduce":
                             continue  # without replicas no sync is priced
                         key = f"{model_name}/{devices}/{partitioner}/replicate={replicate}/{sync_name}"
                         results[key] = case(graph, devices, partitioner, replicate, method)
@@ -54,7 +54,7 @@ def outputs(model_names: list[str], device_counts: list[int]) -> dict[str, objec
     return results
 
 
-def case(graph: object, devices: int, partitioner: str, replicate: bool, method: object) -> dict[str, object]:
+def case(graph: object, devices: int, partitioner: str, replicate: bool | None, method: object) -> dict[str, object]:
     """One plan's JSON, its schedules and their simulated steps, or the error it raised."""
     try:
         plan = graphpipe.plan(graph, devices, partitioner, device_kind="v100", replicate=replicate, sync=method)

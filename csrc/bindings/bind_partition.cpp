@@ -11,6 +11,7 @@
 #include "partition/partitioner.h"
 #include "partition/registry.h"
 #include "plan/plan.h"
+#include "planner/default_search.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -61,16 +62,14 @@ plan::Plan partition_graph(const graph::OpGraph& g, const cost::Devices& devices
 }
 
 // plan_by_simulation(): the same arguments, plus the schedule and the simulator's options.
-planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devices& devices,
-                                      const std::string& partitioner, std::int64_t batch_size,
-                                      std::optional<std::int64_t> micro_batch_size,
-                                      std::optional<std::int64_t> num_micro_batches, std::optional<double> memory_limit,
-                                      const std::string& optimizer, std::optional<partition::ManualMapping> manual,
-                                      int max_stages, double tolerance, int seed, bool refine, bool replicate,
-                                      std::optional<std::map<int, std::vector<int>>> stage_devices,
-                                      const std::string& schedule, const cost::SyncMethod& sync, double bucket_bytes,
-                                      bool overlap, int min_devices, int plain_budget_limit, int plain_every_up_to,
-                                      bool grow_replicas) {
+planner::PlannerResult plan_simulated(
+    const graph::OpGraph& g, const cost::Devices& devices, const std::string& partitioner, std::int64_t batch_size,
+    std::optional<std::int64_t> micro_batch_size, std::optional<std::int64_t> num_micro_batches,
+    std::optional<double> memory_limit, const std::string& optimizer, std::optional<partition::ManualMapping> manual,
+    int max_stages, double tolerance, int seed, bool refine, std::optional<bool> replicate,
+    std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
+    const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
+    int plain_every_up_to, bool grow_replicas) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
   p.policies = schedule == "auto" ? schedule::planner_policies()
@@ -78,7 +77,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
   // zero_bubble is set per policy by the planner.
   partition::Options o =
       make_options(partitioner, batch_size, micro_batch_size, num_micro_batches, memory_limit, optimizer, manual,
-                   max_stages, tolerance, seed, refine, replicate, stage_devices, false, sync);
+                   max_stages, tolerance, seed, refine, replicate.value_or(false), stage_devices, false, sync);
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
   p.min_devices = min_devices;
@@ -86,7 +85,7 @@ planner::PlannerResult plan_simulated(const graph::OpGraph& g, const cost::Devic
   p.plain_every_up_to = plain_every_up_to;
   p.grow_replicas = grow_replicas;
   py::gil_scoped_release release;
-  return planner::plan_by_simulation(g, devices, o, p);
+  return planner::plan_with_replication(g, devices, o, p, replicate);
 }
 
 }  // namespace
@@ -120,14 +119,18 @@ void bind_partition(py::module_& m) {
         py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
         py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
         py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
-        py::arg("plain_budget_limit") = 8, py::arg("plain_every_up_to") = 0, py::arg("grow_replicas") = false,
+        py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
+        py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
+        py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
         "candidates that use at least that many devices; with replicate, the plans without replicas are "
         "weighed on every count of devices up to plain_every_up_to and every power of two up to "
         "plain_budget_limit (0: up to the device count); grow_replicas grants replicas by simulation at every "
-        "power-of-two budget (planner/planner.h).");
+        "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
+        "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
+        "given are then replaced).");
 }
 
 }  // namespace graphpipe::bindings
