@@ -20,7 +20,7 @@ from graphpipe.errors import (
     ScheduleError,
     TraceError,
 )
-from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
+from graphpipe.planner import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, WrapOptions, init_distributed, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate

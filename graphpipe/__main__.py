@@ -11,7 +11,7 @@ import graphpipe
 from graphpipe import models
 from graphpipe._ext import _C
 from graphpipe.errors import GraphpipeError
-from graphpipe.planning import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS
+from graphpipe.planner import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS
 from graphpipe.simulation import SCHEDULES
 
 

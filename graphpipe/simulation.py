@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from graphpipe._ext import _C
-from graphpipe.planning import devices as make_devices
-from graphpipe.planning import sync_method
+from graphpipe.planner import devices as make_devices
+from graphpipe.planner import sync_method
 
 __all__ = ["schedule", "schedule_for", "simulate", "SCHEDULES"]
 

@@ -48,7 +48,7 @@ double pipeline_lower_bound(const Problem& problem);
 double operator_work(const Problem& problem, int node, int max_replicas, bool as_bound);
 // op(v) above, for operator `node` over the replica counts of at most `max_replicas`: the least
 // time of one replica, counted as operator_work counts it. The series-parallel DP's path floor
-// (dp_planner.h) uses it too.
+// (dp_solver.h) uses it too.
 double operator_least_time(const Problem& problem, int node, int max_replicas, bool as_bound);
 
 }  // namespace graphpipe::partition

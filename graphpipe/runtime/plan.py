@@ -18,7 +18,7 @@ from typing import Any
 
 from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
-from graphpipe.planning import plan as make_plan
+from graphpipe.planner import plan as make_plan
 
 __all__ = ["plan_json", "load_plan", "manual_plan", "check_runnable", "stage_ranks"]
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from graphpipe._ext import _C
 from graphpipe.errors import InputError, PlanningError
-from graphpipe.planning import plan as make_plan
+from graphpipe.planner import plan as make_plan
 from graphpipe.runtime import microbatch
 from graphpipe.runtime.failure import FailureBoard
 from graphpipe.runtime.microbatch import call_inputs, to_device

@@ -302,10 +302,10 @@ def test_bad_sync_arguments_are_named() -> None:
 
 
 def test_sync_names_are_the_cpp_parsers() -> None:
-    """wrap (graphpipe.sync.parse) and plan (planning.sync_method) read names with one rule, the
+    """wrap (graphpipe.sync.parse) and plan (planner.sync_method) read names with one rule, the
     C++ parser's: both spellings of the all-reduce are accepted by both."""
     import graphpipe.sync as sync
-    from graphpipe.planning import sync_method as plan_sync
+    from graphpipe.planner import sync_method as plan_sync
 
     for name in ("allreduce", "all_reduce"):
         assert sync.parse(name) == AllReduce()

@@ -156,7 +156,7 @@ def test_plan_and_simulate_price_the_sync_method() -> None:
     replicas = lambda p: max(len(s.devices) for s in p.stages)  # noqa: E731
     for sync in (_C.SyncMethod(kind="power_sgd", rank=1), _LocalSGD(64)):
         plan = graphpipe.plan(graph, devices, replicate=True, sync=sync)
-        assert plan.sync == graphpipe.planning.sync_method(sync)
+        assert plan.sync == graphpipe.planner.sync_method(sync)
         assert plan.predicted_iteration_seconds < plain.predicted_iteration_seconds, (sync, str(plan))
         assert replicas(plan) > replicas(plain), str(plan)
         back = _C.Plan.from_json(plan.to_json(graph), graph)

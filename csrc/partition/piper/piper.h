@@ -1,4 +1,4 @@
-// Piper's planner (Tarnawski et al., "Piper: Multidimensional Planner for DNN Parallelization",
+// Piper's partitioning algorithm (Tarnawski et al., "Piper: Multidimensional Planner for DNN Parallelization",
 // NeurIPS 2021), the second replicated baseline beside PipeDream's (sequential/pipedream.h).
 //
 // Piper's two-level DP. The outer level runs over the down-sets (ideals) of the layer graph: a
@@ -12,9 +12,9 @@
 // graphpipe has no tensor parallelism, so the inner level reduces to data parallelism only: a
 // stage's configuration is its replica count d (the least d of each shard size, ReplicaTable's
 // levels) and, where it fits only so, activation recomputation (recompute.h's rule, the one
-// every planner and the evaluation share). Stage time and sync are the cost layer's
+// every partitioner and the evaluation share). Stage time and sync are the cost layer's
 // (replica_stage_time: compute at the replica's shard, its share of the crossing tensors, the
-// stage's sync estimate amortised over the micro-batches), as in PipeDream's planner.
+// stage's sync estimate amortised over the micro-batches), as in PipeDream's partitioner.
 //
 //   T(I, m) = least slowest stage of a chain covering all but the down-set I with at most m
 //             devices

@@ -1,6 +1,6 @@
-// The series-parallel DP's fork and join fragments (dp_planner.h, graphpipe_dp.h): what follows
+// The series-parallel DP's fork and join fragments (dp_solver.h, graphpipe_dp.h): what follows
 // a fork stage (inside), and a branch whose last stage also holds the join (branch_to_join).
-#include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/series_parallel_dp/dp_solver.h"
 
 namespace graphpipe::partition::series_parallel_dp {
 
@@ -10,7 +10,7 @@ namespace graphpipe::partition::series_parallel_dp {
 // The join (the first series child after the parallel node) either starts its own stages
 // (open), or shares a stage with the tail of the same branch (join) or of the other of the two
 // largest branches (cross), or with the fork branch's rest and the whole other one (close).
-Entry Planner::inside(int branch, int k, int n, int d) {
+Entry Solver::inside(int branch, int k, int n, int d) {
   if (n < 1 || too_few(inside_work(branch, k), n)) return {};
   const std::uint64_t memo_key = fragment(kInside, parent_[parent_[branch]], branch, k, n, d);
   int low, high;
@@ -34,7 +34,7 @@ Entry Planner::inside(int branch, int k, int n, int d) {
 // Open: the series after the parallel node on n_r devices (only the least n_r of each depth it
 // reaches can be best: the rest of the devices go to the branches), the fork branch's rest and
 // the other branches beside each other before it.
-void Planner::inside_open(int branch, int k, int n, int d, Entry& best) {
+void Solver::inside_open(int branch, int k, int n, int d, Entry& best) {
   const int par = parent_[branch];
   const int t = parent_[par];
   const int q = slot_[par];
@@ -64,7 +64,7 @@ void Planner::inside_open(int branch, int k, int n, int d, Entry& best) {
 // of `tail` and children q+1..e; the stages of `tail` before it run beside the other branches,
 // which feed the join stage. The join stage holds child q+1 alone or all the following children
 // that fit (not every count in between: each would be another copy of branch_to_join's states).
-void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best) {
+void Solver::inside_join(int branch, int tail, int k, int n, int d, Entry& best) {
   const int par = parent_[branch];
   const int t = parent_[par];
   const int q = slot_[par];
@@ -123,7 +123,7 @@ void Planner::inside_join(int branch, int tail, int k, int n, int d, Entry& best
 
 // Close: the join stage holds the fork branch's rest, the whole other largest branch and
 // children q+1..e; only the smaller branches run between the fork and the join stage.
-void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
+void Solver::inside_close(int branch, int k, int n, int d, Entry& best) {
   const int par = parent_[branch];
   const int t = parent_[par];
   const int q = slot_[par];
@@ -152,7 +152,7 @@ void Planner::inside_close(int branch, int k, int n, int d, Entry& best) {
 
 // Items i.. of `branch` on n devices, its last stage also holding the series children q+1..e
 // after its parallel node (the join stage), with d stages after that stage.
-Entry Planner::branch_to_join(int branch, int i, int n, int d, int e) {
+Entry Solver::branch_to_join(int branch, int i, int n, int d, int e) {
   if (n < 1 || too_few(to_join_work(branch, i, e), n)) return {};
   const std::uint64_t to_join = fragment(kToJoin, parent_[parent_[branch]], branch, i, n, d);
   const std::pair<std::uint64_t, std::uint64_t> k{to_join, static_cast<std::uint64_t>(e)};

@@ -1,10 +1,10 @@
-// The series-parallel DP's rebuild (dp_planner.h): the plan of the target last solved, following
+// The series-parallel DP's rebuild (dp_solver.h): the plan of the target last solved, following
 // each fragment's first move (dp_steps.h) through the memo; a fragment whose bounds pinned its
 // depth has no move there, and is searched for it (with_move). Stage labels are handed out in the
 // order the stages are met; rebuilt_replicas_ records each label's replica count.
 #include <variant>
 
-#include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/series_parallel_dp/dp_solver.h"
 
 namespace graphpipe::partition::series_parallel_dp {
 
@@ -19,7 +19,7 @@ JoinAt join_at(const Step& step) {
 
 }  // namespace
 
-std::vector<int> Planner::rebuild() {
+std::vector<int> Solver::rebuild() {
   std::vector<int> assignment(p_.num_nodes(), -1);
   rebuilt_replicas_.clear();
   int next_label = 0;
@@ -28,16 +28,16 @@ std::vector<int> Planner::rebuild() {
 }
 
 // A new stage label, recording its replica count.
-int Planner::take(int& next, int replicas) {
+int Solver::take(int& next, int replicas) {
   rebuilt_replicas_.push_back(replicas);
   return next++;
 }
 
-void Planner::label(int t, int stage, std::vector<int>& assignment) const {
+void Solver::label(int t, int stage, std::vector<int>& assignment) const {
   for (graph::NodeId v : leaves_[t]) assignment[v] = stage;
 }
 
-void Planner::rebuild_solve(int t, int n, int d, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_solve(int t, int n, int d, std::vector<int>& assignment, int& next) {
   d = cap(d);
   const Entry e = with_move([&] { return solve(t, n, d); });
   if (const auto* whole = std::get_if<WholeStage>(&e.step)) {
@@ -49,7 +49,7 @@ void Planner::rebuild_solve(int t, int n, int d, std::vector<int>& assignment, i
   }
 }
 
-void Planner::rebuild_series(int t, int i, int n, int d, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_series(int t, int i, int n, int d, std::vector<int>& assignment, int& next) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return;
   const Entry e = with_move([&] { return series(t, i, n, d); });
@@ -71,7 +71,7 @@ void Planner::rebuild_series(int t, int i, int n, int d, std::vector<int>& assig
   }
 }
 
-void Planner::rebuild_inside(int branch, int k, int n, int d, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_inside(int branch, int k, int n, int d, std::vector<int>& assignment, int& next) {
   const Entry e = with_move([&] { return inside(branch, k, n, d); });
   const int par = parent_[branch];
   const int t = parent_[par];
@@ -111,7 +111,7 @@ void Planner::rebuild_inside(int branch, int k, int n, int d, std::vector<int>& 
   if (last_child + 1 < m) rebuild_series(t, last_child + 1, after_devices, d, assignment, next);
 }
 
-void Planner::rebuild_others(int branch, int n, int d, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_others(int branch, int n, int d, std::vector<int>& assignment, int& next) {
   const int par = parent_[branch];
   if (sorted_[par][0] == branch) {
     rebuild_parallel(par, 1, n, d, assignment, next);
@@ -128,7 +128,7 @@ void Planner::rebuild_others(int branch, int n, int d, std::vector<int>& assignm
   rebuild_parallel(par, 2, n - n1, d, assignment, next);
 }
 
-void Planner::rebuild_to_join(int branch, int i, int n, int d, int e, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_to_join(int branch, int i, int n, int d, int e, std::vector<int>& assignment, int& next) {
   const Entry r = with_move([&] { return branch_to_join(branch, i, n, d, e); });
   const auto& items = items_[branch];
   if (const auto* join = std::get_if<JoinStage>(&r.step)) {
@@ -149,7 +149,7 @@ void Planner::rebuild_to_join(int branch, int i, int n, int d, int e, std::vecto
   }
 }
 
-void Planner::rebuild_parallel(int t, int j, int n, int d, std::vector<int>& assignment, int& next) {
+void Solver::rebuild_parallel(int t, int j, int n, int d, std::vector<int>& assignment, int& next) {
   const auto& branches = sorted_[t];
   if (j == static_cast<int>(branches.size())) return;
   const Entry e = with_move([&] { return parallel(t, j, n, d); });

@@ -1,12 +1,12 @@
 // The series-parallel DP's recurrences over whole subtrees, series suffixes and parallel
-// suffixes (dp_planner.h; the fork and join fragments are in dp_fork_join.cpp). Each returns the
+// suffixes (dp_solver.h; the fork and join fragments are in dp_fork_join.cpp). Each returns the
 // least depth of its fragment on n devices with d stages after it, and its first move.
-#include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/series_parallel_dp/dp_solver.h"
 
 namespace graphpipe::partition::series_parallel_dp {
 
 // Subtree t: as one stage, or decomposed into its series or parallel fragment.
-Entry Planner::solve(int t, int n, int d) {
+Entry Solver::solve(int t, int n, int d) {
   if (n < 1 || too_few(work_[t], n)) return {};
   d = cap(d);
   const std::uint64_t k = fragment(kSolve, t, t, 0, n, d);
@@ -27,7 +27,7 @@ Entry Planner::solve(int t, int n, int d) {
 
 // Series node t's children i.. : a group of children as one stage, child i decomposed, or a
 // fork stage.
-Entry Planner::series(int t, int i, int n, int d) {
+Entry Solver::series(int t, int i, int n, int d) {
   const auto& children = tree_.nodes[t].children;
   if (i == static_cast<int>(children.size())) return {0, Nothing{}};
   if (n < 1 || too_few(suffix_work_[t][i], n)) return {};
@@ -47,7 +47,7 @@ Entry Planner::series(int t, int i, int n, int d) {
 // Children i..p as one stage, then p+1.. on the devices it leaves. The scan stops once the best
 // reaches `low`, the fragment's least depth (bound()): no later group can be shallower, and a
 // group only replaces the best when strictly shallower, so the move is the same.
-void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
+void Solver::series_groups(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
   for (int q = 0; q < static_cast<int>(stats.size()) && best.depth > low; ++q) {
     const Stats& s = stats[q];
     if (too_big(s)) break;
@@ -60,7 +60,7 @@ void Planner::series_groups(int t, int i, int n, int d, const std::vector<Stats>
 
 // Child i decomposed: it gets the devices the rest does not need for each depth the rest can
 // reach.
-void Planner::series_split(int t, int i, int n, int d, Entry& best) {
+void Solver::series_split(int t, int i, int n, int d, Entry& best) {
   const int child_node = tree_.nodes[t].children[i];
   levels(
       least_devices(suffix_work_[t][i + 1]), std::min(n - 2, n - least_devices(work_[child_node])),
@@ -76,7 +76,7 @@ void Planner::series_split(int t, int i, int n, int d, Entry& best) {
 
 // Fork: children i..q-1 and the head of one of parallel child q's two largest branches as one
 // stage; the rest of q starts after it (inside()).
-void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
+void Solver::series_forks(int t, int i, int n, int d, const std::vector<Stats>& stats, int low, Entry& best) {
   if (n < 2 || best.depth <= 2) return;  // a fork stage has at least one stage after it
   const auto& children = tree_.nodes[t].children;
   const int m = static_cast<int>(children.size());
@@ -102,7 +102,7 @@ void Planner::series_forks(int t, int i, int n, int d, const std::vector<Stats>&
 
 // Parallel node t's sorted branches j.. : a run of branches sharing one stage, or branch j on
 // its own devices beside the rest.
-Entry Planner::parallel(int t, int j, int n, int d) {
+Entry Solver::parallel(int t, int j, int n, int d) {
   const auto& branches = sorted_[t];
   const int count = static_cast<int>(branches.size());
   if (j == count) return {0, Nothing{}};
@@ -135,7 +135,7 @@ Entry Planner::parallel(int t, int j, int n, int d) {
 
 // Least depth of the branches of `branch`'s parallel node other than `branch` (one of the two
 // largest) on n devices.
-int Planner::others(int branch, int n, int d) {
+int Solver::others(int branch, int n, int d) {
   const int par = parent_[branch];
   if (sorted_[par][0] == branch) return parallel(par, 1, n, d).depth;
   if (n < 1 || too_few(others_work(branch), n)) return kInf;

@@ -1,4 +1,4 @@
-// The series-parallel DP's stage test (dp_planner.h): whether a stage meets the probe's target
+// The series-parallel DP's stage test (dp_solver.h): whether a stage meets the probe's target
 // and fits in memory, and on how many replicas. The one place where plain and replicated
 // problems differ: replicas_to_fit() answers 1 or 0 devices on a plain problem, the least
 // replica count on a replicated one, and the recurrences use only it (and stage_then, built on it).
@@ -6,19 +6,19 @@
 
 #include "partition/recompute.h"
 #include "partition/replica_allocation.h"
-#include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/series_parallel_dp/dp_solver.h"
 
 namespace graphpipe::partition::series_parallel_dp {
 
 // Whether a stage of figures s meets the target and fits with `in_flight_count` micro-batches,
 // recomputed where it fits only so (recompute.h; then its time has the forward once more).
 // Monotone in in_flight_count, as the recurrences assume.
-bool Planner::fits(const Stats& s, int in_flight_count) const {
+bool Solver::fits(const Stats& s, int in_flight_count) const {
   return stage_fits(s.time, s.forward, s.static_bytes, s.act_bytes, s.input_bytes, in_flight_count, p_.memory_limit,
                     target_);
 }
 
-int Planner::replicas_to_fit(const Stats& s, int in_flight_count, int n) const {
+int Solver::replicas_to_fit(const Stats& s, int in_flight_count, int n) const {
   if (rep_) return need(s, in_flight_count, n);
   return n >= 1 && fits(s, in_flight_count) ? 1 : 0;
 }
@@ -28,7 +28,7 @@ int Planner::replicas_to_fit(const Stats& s, int in_flight_count, int n) const {
 // rule says (recompute.h; a replica holds its shard's activations and received tensors, and
 // recomputed runs its shard's forward once more; replica_allocation.h says how a replica is
 // timed); 0 when none does. Grows with in_flight_count (the rule is monotone in it).
-int Planner::need(const Stats& s, int in_flight_count, int n) const {
+int Solver::need(const Stats& s, int in_flight_count, int n) const {
   if (num_levels_ > 64) {  // more levels than a mask holds (micro-batches of thousands of rows)
     for (int l = 0; l < num_levels_ && rep_->replicas(l) <= n; ++l) {
       const double fraction = rep_->row_fraction(l);
@@ -67,12 +67,12 @@ int Planner::need(const Stats& s, int in_flight_count, int n) const {
 // A replica's time at level l (forward, backward, its share of the transfers, the amortised
 // sync), and its forward alone: what recomputation runs again (evaluate.cpp takes level 0 as
 // the problem's own figures).
-double Planner::level_time(const Stats& s, int l) const {
+double Solver::level_time(const Stats& s, int l) const {
   const double compute = l == 0 ? s.compute : arena_[s.levels + l];
   return replica_stage_time(p_, l, compute, s.time - s.compute, s.cross_bytes, s.params);
 }
 
-const double* Planner::level_times(const Stats& s) const {
+const double* Solver::level_times(const Stats& s) const {
   if (s.times < 0) {
     s.times = static_cast<std::int64_t>(level_times_.size());
     for (int l = 0; l < num_levels_; ++l) level_times_.push_back(level_time(s, l));
@@ -83,7 +83,7 @@ const double* Planner::level_times(const Stats& s) const {
   return &level_times_[s.times];
 }
 
-double Planner::level_forward(const Stats& s, int l) const {
+double Solver::level_forward(const Stats& s, int l) const {
   return l == 0 ? s.forward : arena_[s.levels + num_levels_ + l];
 }
 

@@ -2,11 +2,11 @@
 // best plan starts, one struct per move, so that the rebuild can follow it. Replica counts are
 // the stage's devices: 1 where the problem is not replicated.
 //
-// Device and replica counts are at most 255 (the planner's device cap, Planner::devices_), so the
+// Device and replica counts are at most 255 (the solver's device cap, Solver::devices_), so the
 // largest moves hold them in a byte: an Entry is 20 bytes and a memo slot 32 (dp_memo.h), half a
 // cache line, where the DP's time goes mostly to memo look-ups that miss the cache.
 //
-// Fragments (dp_planner.h): solve (a whole subtree), series (children i.. of a series node),
+// Fragments (dp_solver.h): solve (a whole subtree), series (children i.. of a series node),
 // parallel (sorted branches j.. of a parallel node), inside (after a fork stage), to_join (a
 // branch's items i.. whose last stage also holds the join), others (the branches of a parallel
 // node but one of its two largest).
@@ -20,7 +20,7 @@ namespace graphpipe::partition::series_parallel_dp {
 
 inline constexpr int kInf = 1 << 20;
 
-// A device or replica count held in a move's byte. The planner caps devices at 255, so a count
+// A device or replica count held in a move's byte. The solver caps devices at 255, so a count
 // outside 0..255 is a bug in the DP, caught here in debug builds rather than stored wrapped.
 constexpr std::uint8_t device_byte(int count) {
   assert(count >= 0 && count <= 255);

@@ -1,5 +1,5 @@
 // The series-parallel DP's search over targets and its public functions (graphpipe_dp.h); the
-// planner's other parts are listed in dp_planner.h.
+// solver's other parts are listed in dp_solver.h.
 #include "partition/series_parallel_dp/graphpipe_dp.h"
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "partition/evaluate.h"
-#include "partition/series_parallel_dp/dp_planner.h"
+#include "partition/series_parallel_dp/dp_solver.h"
 #include "partition/step_bound.h"
 
 namespace graphpipe::partition {
@@ -18,7 +18,7 @@ namespace series_parallel_dp {
 namespace {
 
 // Whether every stage made of some of `nodes` fits the memory limit unrecomputed with as many
-// micro-batches in flight as any stage holds (M; dp_planner.h, memory_free_): a stage's static
+// micro-batches in flight as any stage holds (M; dp_solver.h, memory_free_): a stage's static
 // bytes are its operators', and its activations its operators' and the tensors they receive, so
 // all of nodes' bytes, with every tensor they receive, bound every such stage's.
 bool memory_never_binds(const Problem& p, const std::vector<graph::NodeId>& nodes) {
@@ -37,7 +37,7 @@ bool memory_never_binds(const Problem& p, const std::vector<graph::NodeId>& node
 
 }  // namespace
 
-Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts)
+Solver::Solver(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts)
     : p_(p),
       tree_(tree),
       stamps_(p.num_nodes(), -1),
@@ -110,7 +110,7 @@ Planner::Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts sh
   paths();
 }
 
-void Planner::paths() {
+void Solver::paths() {
   const std::size_t count = tree_.nodes.size();
   path_.assign(count, 0.0);
   std::vector<int> preorder{tree_.root};  // reversed, every child comes before its parent
@@ -138,7 +138,7 @@ void Planner::paths() {
   }
 }
 
-std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
+std::vector<ReplicatedAssignment> Solver::run(double tolerance) {
   std::optional<double> least;
   std::vector<double> picks;
   int main_probes = 0;
@@ -191,7 +191,7 @@ std::vector<ReplicatedAssignment> Planner::run(double tolerance) {
   return plans;
 }
 
-int Planner::probe(double target) {
+int Solver::probe(double target) {
   auto [it, fresh] = seen_.try_emplace(target, 0);
   if (fresh) {
     ++probes_;
@@ -206,7 +206,7 @@ int Planner::probe(double target) {
   return it->second;
 }
 
-std::optional<double> Planner::least_target(double tolerance) {
+std::optional<double> Solver::least_target(double tolerance) {
   double lo = 0.0;
   // With replicas an operator's time can shrink to its time on the smallest shard.
   for (std::size_t v = 0; v < p_.num_nodes(); ++v) {
@@ -243,7 +243,7 @@ std::optional<double> Planner::least_target(double tolerance) {
   return hi;
 }
 
-std::vector<double> Planner::shallower_targets(double least, double tolerance) {
+std::vector<double> Solver::shallower_targets(double least, double tolerance) {
   // The step is (M + depth - 1) x slowest stage, so a plan one stage shallower pays for a
   // slightly slower stage. For each depth h below the least target's, the least target reaching
   // h is found by bisection (bracketed by the targets probed so far), but only below the target
@@ -286,26 +286,26 @@ std::vector<double> Planner::shallower_targets(double least, double tolerance) {
   return picks;
 }
 
-Planner::BoundsInForce::BoundsInForce(Planner& planner, double target, Bounds bounds) : planner_(planner) {
+Solver::BoundsInForce::BoundsInForce(Solver& solver, double target, Bounds bounds) : solver_(solver) {
   if (bounds == Bounds::own) {  // the nearest of all: its depths are the depths at the target
-    const Depths& own = planner_.depths_.at(target);
-    planner_.lower_.push_back(&own);
-    planner_.upper_.push_back(&own);
+    const Depths& own = solver_.depths_.at(target);
+    solver_.lower_.push_back(&own);
+    solver_.upper_.push_back(&own);
   }
   if (bounds != Bounds::none) {
-    const auto above = planner_.depths_.upper_bound(target);
-    for (auto it = above; it != planner_.depths_.end(); ++it) planner_.lower_.push_back(&it->second);
-    for (auto it = std::make_reverse_iterator(above); it != planner_.depths_.rend(); ++it)
-      if (it->first < target) planner_.upper_.push_back(&it->second);
+    const auto above = solver_.depths_.upper_bound(target);
+    for (auto it = above; it != solver_.depths_.end(); ++it) solver_.lower_.push_back(&it->second);
+    for (auto it = std::make_reverse_iterator(above); it != solver_.depths_.rend(); ++it)
+      if (it->first < target) solver_.upper_.push_back(&it->second);
   }
 }
 
-Planner::BoundsInForce::~BoundsInForce() {
-  planner_.lower_.clear();
-  planner_.upper_.clear();
+Solver::BoundsInForce::~BoundsInForce() {
+  solver_.lower_.clear();
+  solver_.upper_.clear();
 }
 
-bool Planner::solve_fresh(double target) {
+bool Solver::solve_fresh(double target) {
   target_ = target;
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
@@ -313,7 +313,7 @@ bool Planner::solve_fresh(double target) {
   return solve(tree_.root, devices_, 0).depth < kInf;
 }
 
-bool Planner::feasible(double target, Bounds bounds) {
+bool Solver::feasible(double target, Bounds bounds) {
   const BoundsInForce in_force(*this, target, bounds);
   const bool ok = solve_fresh(target);
   if (bounds == Bounds::neighbours) {
@@ -327,7 +327,7 @@ bool Planner::feasible(double target, Bounds bounds) {
   return ok;
 }
 
-std::vector<int> Planner::rebuild_pinned(double target) {
+std::vector<int> Solver::rebuild_pinned(double target) {
   const BoundsInForce in_force(*this, target, Bounds::own);  // for the rebuild's searches too
   solve_fresh(target);
   return rebuild();
@@ -338,7 +338,7 @@ std::vector<int> Planner::rebuild_pinned(double target) {
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
                                                   SearchShortcuts shortcuts) {
   if (tree.root < 0) return {};
-  return series_parallel_dp::Planner(problem, tree, shortcuts).run(tolerance);
+  return series_parallel_dp::Solver(problem, tree, shortcuts).run(tolerance);
 }
 
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,

@@ -72,7 +72,7 @@
 // stage can hold within the target; states are tree positions x devices x the d values actually
 // reached, the fork and join ones also x fork head lengths.
 //
-// Implementation: the Planner of dp_planner.h, which lists its files (memo, named steps, rows,
+// Implementation: the Solver of dp_solver.h, which lists its files (memo, named steps, rows,
 // stage test, recurrences, rebuild).
 #pragma once
 

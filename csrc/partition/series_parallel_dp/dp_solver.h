@@ -1,4 +1,4 @@
-// The series-parallel DP's planner (graphpipe_dp.h describes the algorithm), internal to this
+// The series-parallel DP's solver (graphpipe_dp.h describes the algorithm), internal to this
 // folder. Its parts live in their own files:
 //   graphpipe_dp.cpp     construction, the search over targets, the public functions;
 //   dp_rows.cpp          figures of stage unions (rows grown along a node's children);
@@ -44,31 +44,31 @@ struct Stats {
   // keeps (recompute.h).
   double forward = 0.0, input_bytes = 0.0;
   // Replicated problems only: parameter and crossing bytes, and where the group's compute at
-  // every replica level starts in the planner's level arena, followed by its forward at every
+  // every replica level starts in the solver's level arena, followed by its forward at every
   // level (-1: not replicated).
   double params = 0.0, cross_bytes = 0.0;
   std::int64_t levels = -1;
   // Replicated problems: bit l of `meets` says whether level l's replica meets the target of
-  // probe `probe` (Planner::need), and of `meets_recomputed` whether it still does with its
+  // probe `probe` (Solver::need), and of `meets_recomputed` whether it still does with its
   // forward run once more (recompute.h). Those tests depend on neither the devices nor the
   // in-flight count that need() varies, so they are made once per group, level and probe instead
   // of once per need() call; a new probe makes the masks again.
   mutable std::uint64_t meets = 0, meets_recomputed = 0;
   mutable int probe = -1;
-  // Where the replica's time at every level, then that time recomputed, start in the planner's
+  // Where the replica's time at every level, then that time recomputed, start in the solver's
   // level_times_ (-1: not yet timed). They depend on no target: a group is timed once however
   // many probes ask (the timing, sync estimate included, was a third of need()'s instructions).
   mutable std::int64_t times = -1;
 };
 
-// The fragments a memo key names (Planner::key).
+// The fragments a memo key names (Solver::key).
 enum Kind : std::uint64_t { kSolve = 0, kSeries = 1, kParallel = 2, kInside = 3, kToJoin = 4, kOthers = 5, kKinds = 6 };
 
-class Planner {
+class Solver {
  public:
   // shortcuts: whether too_few() rules fragments out, and whether memory_free_ drops d
   // (graphpipe_plans).
-  Planner(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts = {});
+  Solver(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts = {});
   std::vector<ReplicatedAssignment> run(double tolerance);
 
  private:
@@ -108,13 +108,13 @@ class Planner {
   // or a pinned rebuild's solve and rebuild.
   class BoundsInForce {
    public:
-    BoundsInForce(Planner& planner, double target, Bounds bounds);
+    BoundsInForce(Solver& solver, double target, Bounds bounds);
     ~BoundsInForce();
     BoundsInForce(const BoundsInForce&) = delete;
     BoundsInForce& operator=(const BoundsInForce&) = delete;
 
    private:
-    Planner& planner_;
+    Solver& solver_;
   };
   // The least depths of every fragment solved at the probed targets (the memo of each probe
   // without its moves).
