@@ -10,8 +10,8 @@ from graphpipe.planner import sync_method
 
 __all__ = ["schedule", "schedule_for", "simulate", "SCHEDULES"]
 
-#: Schedule kinds, as the C++ generator lists them: graph-aware 1F1B, GPipe's fill-drain, and
-#: 1F1B's greedy variant.
+#: Schedule kinds, as the C++ generator lists them (schedule/generate.h, policies()): graph-aware
+#: 1F1B, GPipe's fill-drain, 1F1B's greedy variant and zero-bubble on the stage DAG (zb_graph).
 SCHEDULES: tuple[str, ...] = tuple(_C.schedule_kinds())
 
 

@@ -127,8 +127,8 @@ void bind_schedule_class(py::module_& m) {
       .def_static(
           "generate", [](const Plan& plan, const std::string& kind) { return schedule::generate(plan, kind); },
           py::arg("plan"), py::arg("kind") = "1f1b",
-          "A deadlock-free schedule for `plan`: kind '1f1b' (graph-aware), '1f1b_greedy' or "
-          "'fill_drain' (GPipe).")
+          "A deadlock-free schedule for `plan` under the policy named `kind` (graphpipe.SCHEDULES lists "
+          "them: schedule/generate.h, policies()).")
       .def_static(
           "parse", [](const std::string& text) { return schedule::parse(text); }, py::arg("text"))
       .def_static("from_json", &schedule::loads, py::arg("text"))

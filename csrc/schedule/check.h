@@ -7,9 +7,11 @@
 //     the rank posts every operation of the batch, then waits until all of them have finished,
 //     then goes on. This is batch_isend_irecv followed by waiting on every request.
 //   - Messages match FIFO per ordered pair of ranks (src -> dst): the k-th receive that dst posts
-//     from src takes the k-th send that src posts to dst. The runtime uses one tag, so a
-//     receive that meets a send of another transfer (other edge, micro-batch or direction)
-//     would read the wrong tensor; the checker reports that as an order mismatch.
+//     from src takes the k-th send that src posts to dst. The runtime tags each message by its
+//     edge, direction and tensor (executor.cpp, tag_of), so a receive that meets a send of
+//     another transfer (other edge, micro-batch or direction) would wait for a message that
+//     never comes, or on a transport that matches by order alone read the wrong tensor; the
+//     checker requires the order to agree and reports a mismatch as the rank blocking.
 //   - A send finishes only when its receive is posted, and a receive when its send is posted
 //     (rendezvous, as Gloo sends behave); no operation finishes on its own.
 // Replicated stages: every replica runs its lead's program, and every pair of ranks of two

@@ -70,7 +70,7 @@ struct ScheduleEdge {
 };
 
 struct Schedule {
-  std::string kind;  // "1f1b", "fill_drain", "1f1b_greedy", "manual"
+  std::string kind;  // a policy's name (generate.h, policies()), or what a hand-made schedule says
   int num_micro_batches = 0;
   std::vector<std::vector<int>> stage_ranks;    // ranks of each stage, its lead first
   std::vector<ScheduleEdge> edges;              // the plan's stage edges, same indices
