@@ -166,6 +166,7 @@ const SyncKindModel& sync_kind_model(SyncKind kind) {
 
 std::vector<SyncKind> all_sync_kinds() {
   std::vector<SyncKind> kinds;
+  kinds.reserve(static_cast<std::size_t>(SyncKind::end));
   for (int k = 0; k < static_cast<int>(SyncKind::end); ++k) kinds.push_back(static_cast<SyncKind>(k));
   return kinds;
 }
