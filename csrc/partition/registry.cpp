@@ -54,4 +54,12 @@ std::unique_ptr<Partitioner> make_partitioner(const std::string& name) {
 
 bool places_by_user(const std::string& name) { return make_partitioner(name)->places_by_user(); }
 
+std::vector<std::string> baseline_names() {
+  std::vector<std::string> names;
+  for (const Entry& entry : kRegistry) {
+    if (entry.make()->is_baseline()) names.emplace_back(entry.name);
+  }
+  return names;
+}
+
 }  // namespace graphpipe::partition

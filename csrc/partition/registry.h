@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "partition/partitioner_interface.h"
 
@@ -24,6 +25,10 @@ std::unique_ptr<Partitioner> make_partitioner(const std::string& name);
 // Partitioner::places_by_user() of the partitioner registered as `name` (the same error for an
 // unknown one): the trait the planner and graphpipe.plan ask instead of comparing names.
 bool places_by_user(const std::string& name);
+
+// The registered partitioners whose Partitioner::is_baseline() holds, in the registry's order:
+// those the default search weighs beside a graph partitioner (planner/default_search.h).
+std::vector<std::string> baseline_names();
 
 // partitioner_names() (declared in partitioner.h, where the bindings find it) lists the
 // registered names in the order above.

@@ -14,6 +14,17 @@
 //                     replicas stands. A partitioner that places by the user (manual) runs as
 //                     asked: without replicas beyond those its stage_devices give.
 //
+// Never worse than its baselines: with `replicate` not given, a partitioner that is neither a
+// baseline nor placed by the user (graphpipe, metis) also weighs, as candidates, the plans of
+// every baseline partitioner (Partitioner::is_baseline: sequential, piper) under their own
+// default search, and plain data parallelism (one stage, via the manual partitioner) on the
+// first 1, 2, 4, ... ranks up to the device count. A baseline's plan is returned where it
+// simulates strictly faster (Plan::partitioner then names it), so the default plan's simulated
+// step is never longer than any of theirs on the same devices; ties keep the graph plan. Every
+// set weighed only grows with the device count, and each baseline's default search is itself
+// never slower with more devices, so the default stays so too. It costs the baselines'
+// searches (MMT at paper size onto 64 V100s: see docs/design.md §4.10).
+//
 // Before, the default was the faster of the plan without replicas on every device and the plan
 // with them; the plain searches are not monotone in the device count, and DLRM at paper size
 // got a plan 23% slower on 8 V100s than on 7.

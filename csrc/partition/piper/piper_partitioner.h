@@ -22,6 +22,7 @@ class PiperPartitioner final : public Partitioner {
   static constexpr std::string_view kName = "piper";
 
   bool plans_chains() const override { return true; }
+  bool is_baseline() const override { return true; }
   void prepare(const PartitionRequest& request) override;
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
   // Every chain of every layer graph, for every device count up to the budget: the planner

@@ -28,6 +28,7 @@ class SequentialPartitioner final : public Partitioner {
   static constexpr std::string_view kName = "sequential";
 
   bool plans_chains() const override { return true; }
+  bool is_baseline() const override { return true; }
   bool plans_sizes_at_once() const override { return true; }  // no state between sizes
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
   std::vector<CandidatePlan> candidates(const PartitionRequest& request, const Problem& problem) override;
