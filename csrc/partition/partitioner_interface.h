@@ -77,9 +77,9 @@ class Partitioner {
   virtual bool places_by_user() const { return false; }
 
   // Whether this partitioner is a published system's planner that graphpipe is measured
-  // against (PipeDream's sequential, Piper's): the default search of every other partitioner
-  // that does not place by the user weighs its plans as candidates too (planner/default_search.h),
-  // so the default plan never simulates slower than a baseline's on the same devices.
+  // against (PipeDream's sequential, Piper's): the default search of the default partitioner
+  // weighs its plans as candidates too (planner/default_search.h), so the default plan never
+  // simulates slower than a baseline's on the same devices.
   virtual bool is_baseline() const { return false; }
 
   // Whether plan() may run for several micro-batch sizes at once, on threads (it keeps no state

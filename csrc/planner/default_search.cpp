@@ -104,7 +104,9 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
     return plan_by_simulation(graph, devices, options, search);
   }
   PlannerResult result = replicas_optional(graph, devices, options, search);
-  if (!partition::make_partitioner(options.partitioner)->is_baseline()) {
+  // The default partitioner only: a partitioner asked for by name (metis, a baseline) is its own
+  // search alone, which is what comparing partitioners measures.
+  if (options.partitioner == partition::Options{}.partitioner) {
     weigh_baselines(graph, devices, options, search, result);
   }
   return result;

@@ -14,8 +14,8 @@
 //                     replicas stands. A partitioner that places by the user (manual) runs as
 //                     asked: without replicas beyond those its stage_devices give.
 //
-// Never worse than its baselines: with `replicate` not given, a partitioner that is neither a
-// baseline nor placed by the user (graphpipe, metis) also weighs, as candidates, the plans of
+// Never worse than its baselines: with `replicate` not given, the default partitioner
+// (partition::Options{}.partitioner, graphpipe) also weighs, as candidates, the plans of
 // every baseline partitioner (Partitioner::is_baseline: sequential, piper) under their own
 // default search, and plain data parallelism (one stage, via the manual partitioner) on the
 // first 1, 2, 4, ... ranks up to the device count. A baseline's plan is returned where it

@@ -108,41 +108,37 @@ TEST(DefaultSearch, BaselinesAreTheRegistrysMarkedPartitioners) {
 }
 
 TEST(DefaultSearch, NeverSlowerThanItsBaselinesOnRandomSeriesParallelGraphs) {
-  // graphpipe and metis by default, at 8 to 64 simulated V100s (8 per node), against every
-  // baseline on the same devices; beside PartitionMonotone.NeverSlowerWithMoreDevices.
-  int baseline_chosen = 0;
+  // The default at 8 to 64 simulated V100s (8 per node), against every baseline on the same
+  // devices; beside PartitionMonotone.NeverSlowerWithMoreDevices. (Where a baseline wins, the
+  // wide Inception blocks of tests/python/test_planner_baselines.py.)
   for (int seed = 0; seed < 4; ++seed) {
     graphpipe::graph::OpGraph g = tst::random_sp_graph(300 + seed, 20);
     g.trace_batch_size = 256;
     for (const int count : {8, 16, 32, 64}) {
       const cost::Devices devices = cost::v100(count, 8);
-      for (const std::string partitioner : {"graphpipe", "metis"}) {
-        pt::Options o;
-        o.partitioner = partitioner;
-        const auto chosen = pl::plan_with_replication(g, devices, o, {}, std::nullopt);
-        const double step = chosen.plan.predicted_iteration_seconds;
-        baseline_chosen += chosen.plan.partitioner.rfind(partitioner, 0) == 0 ? 0 : 1;
-        for (const std::string baseline : {"sequential", "piper", "data parallel"}) {
-          EXPECT_LE(step, baseline_step(g, devices, baseline) * (1 + 1e-12))
-              << partitioner << " seed " << seed << " on " << count << " against " << baseline;
-        }
+      const double step = pl::plan_with_replication(g, devices, {}, {}, std::nullopt).plan.predicted_iteration_seconds;
+      for (const std::string baseline : {"sequential", "piper", "data parallel"}) {
+        EXPECT_LE(step, baseline_step(g, devices, baseline) * (1 + 1e-12))
+            << "seed " << seed << " on " << count << " against " << baseline;
       }
     }
   }
-  // METIS alone loses to a baseline on these graphs (plain data parallelism wins them all), so
-  // the comparisons above bite: without the baselines weighed, they fail.
-  EXPECT_GT(baseline_chosen, 0);
 }
 
-TEST(DefaultSearch, ABaselinePartitionerIsNotWeighedAgainstTheOthers) {
-  // sequential's default is its own search alone: what the comparisons measure it by.
-  graphpipe::graph::OpGraph g = tst::random_sp_graph(79, 16);
-  g.trace_batch_size = 64;
+TEST(DefaultSearch, APartitionerAskedByNameIsNotWeighedAgainstTheBaselines) {
+  // A baseline's default, or METIS's, is its own search alone: what comparing partitioners
+  // measures. (METIS loses to plain data parallelism on these graphs.)
+  graphpipe::graph::OpGraph g = tst::random_sp_graph(300, 20);
+  g.trace_batch_size = 256;
   const cost::Devices devices = cost::v100(8, 8);
-  pt::Options o;
-  o.partitioner = "sequential";
-  pt::Options replicated = o;
-  replicated.replicate = true;
-  EXPECT_EQ(plan_text(pl::plan_with_replication(g, devices, o, {}, std::nullopt).plan, g),
-            plan_text(pl::plan_by_simulation(g, devices, replicated, pl::widened_search({})).plan, g));
+  for (const std::string name : {"sequential", "metis"}) {
+    pt::Options o;
+    o.partitioner = name;
+    pt::Options replicated = o;
+    replicated.replicate = true;
+    const auto by_default = pl::plan_with_replication(g, devices, o, {}, std::nullopt);
+    EXPECT_EQ(by_default.plan.partitioner.rfind(name, 0), 0U) << by_default.plan.partitioner;
+    EXPECT_EQ(plan_text(by_default.plan, g),
+              plan_text(pl::plan_by_simulation(g, devices, replicated, pl::widened_search({})).plan, g));
+  }
 }
