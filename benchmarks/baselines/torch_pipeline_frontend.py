@@ -28,7 +28,8 @@ from torch import nn
 
 from baselines.torch_pipelining import schedule_step
 
-__all__ = ["EnterAtStageZero", "make_stepper", "split_points"]
+__all__ = ["MULTI_STAGE_SCHEDULES", "EnterAtStageZero", "make_multi_stage_stepper", "make_stepper", "split_points",
+           "stage_placement"]
 
 
 class EnterAtStageZero(nn.Module):
@@ -161,3 +162,78 @@ def train_rank(rank: int, world: int, spec: str, points: list[str], micro_batche
     model, inputs, batches = seeded_batches(spec, steps)
     step = make_stepper(model, tuple(inputs), points, rank, world, default_loss(spec), micro_batches, lr=lr)
     return [step(x, y) for x, y in batches]
+
+
+#: torch's schedules that run several stages per rank, by the name compare.py gives them: the
+#: class in torch.distributed.pipelining, and how it places the stages on the ranks ("loop":
+#: rank r holds stages r, r + world, ...; "v": rank r holds stages r and 2 world - 1 - r, so
+#: rank 0 holds the first stage and the last).
+MULTI_STAGE_SCHEDULES: dict[str, tuple[str, str]] = {
+    "interleaved 1f1b": ("ScheduleInterleaved1F1B", "loop"),
+    "interleaved zb": ("ScheduleInterleavedZeroBubble", "loop"),
+    "zbv": ("ScheduleZBVZeroBubble", "v"),
+    "dualpipev": ("ScheduleDualPipeV", "v"),
+}
+
+
+def stage_placement(schedule: str, world: int, num_stages: int) -> list[list[int]]:
+    """The stages each rank holds under ``schedule`` (a key of ``MULTI_STAGE_SCHEDULES``), in the
+    order torch's schedule takes them. A V needs exactly two stages per rank."""
+    style = MULTI_STAGE_SCHEDULES[schedule][1]
+    if num_stages % world != 0:
+        raise ValueError(f"{num_stages} stages do not divide among {world} ranks")
+    if style == "v":
+        if num_stages != 2 * world:
+            raise ValueError(f"torch's {schedule} holds exactly 2 stages per rank, got {num_stages} on {world}")
+        return [[r, num_stages - 1 - r] for r in range(world)]
+    return [list(range(r, num_stages, world)) for r in range(world)]
+
+
+def make_multi_stage_stepper(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], points: list[str],
+                             rank: int, world: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                             micro_batches: int, schedule: str, lr: float = 0.01,
+                             device: torch.device | None = None, group: Any = None,
+                             stage_wrapper: Callable[[int, nn.Module], nn.Module] | None = None) -> Callable[..., float]:
+    """This rank's training step under one of torch's several-stages-per-rank schedules:
+    ``pipeline()`` cut at ``points`` (``len(points) + 1`` stages, a multiple of ``world``), the
+    stages of ``stage_placement`` built as ``PipelineStage`` s of the split's submodules, and the
+    schedule over ``micro_batches``. ``step(inputs, target)`` feeds the inputs to the rank holding
+    the first stage and the target to the one holding the last, and returns the mean loss there
+    (NaN elsewhere). ``stage_wrapper(stage_index, module)``: emulation, replaces a stage's module.
+
+    ``PipelineStage`` rather than ``Pipe.build_stage``: the latter's stages assume stage i on rank
+    i mod world and warm up their neighbours by point-to-point messages, which under a V sends
+    from a rank to itself (stages 1 and 2 of 4 on rank 1), which Gloo refuses (torch 2.13:
+    "Pair is not connected"); PipelineStage's warm-up vote skips that."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    device = device or torch.device("cpu")
+    micro = tuple(t.chunk(micro_batches)[0] for t in example_inputs)
+    pipe = _split(model, micro, points)
+    num_stages = len(points) + 1
+    if pipe.num_stages != num_stages:
+        raise ValueError(f"torch's front end made {pipe.num_stages} stages of {len(points)} split points + 1")
+    mine = stage_placement(schedule, world, num_stages)[rank]
+    modules = [pipe.get_stage_module(i) for i in mine]
+    if stage_wrapper is not None:
+        modules = [stage_wrapper(i, m) for i, m in zip(mine, modules)]
+    stages = [PipelineStage(m, i, num_stages, device, group=group) for i, m in zip(mine, modules)]
+    runner = getattr(torch_schedules, MULTI_STAGE_SCHEDULES[schedule][0])(stages, micro_batches, loss_fn=loss_fn)
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=lr) if params else None
+    first, last = 0 in mine, num_stages - 1 in mine
+
+    def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
+        if optimizer:
+            optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        args = tuple(t.to(device) for t in inputs) if first else ()
+        kwargs = {"target": target.to(device), "losses": losses} if last else {}
+        runner.step(*args, **kwargs)
+        if optimizer:
+            optimizer.step()
+        return float(torch.stack(losses).detach().mean()) if losses else float("nan")
+
+    step.stage_modules = dict(zip(mine, modules))  # type: ignore[attr-defined]  (tests read the parameters)
+    return step
