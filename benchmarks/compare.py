@@ -16,13 +16,17 @@ batch, optimizer (SGD), dtype (float32) and number of ranks:
                            hand-written interpreter of baselines/torch_pipelining.py (which adds
                            work: a contiguous-gradient node per input, clones of relayed tensors);
                            beside the front end's row, its figure shows that overhead
-  torch/zero-bubble        torch's zero-bubble schedules, where their classes accept the plan
+  torch/interleaved zb,    torch's zero-bubble family with 2 stages per rank through its front
+  torch/zbv, torch/dualpipev  end (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+                           ScheduleDualPipeV): the sequential plan for twice the ranks, the stages
+                           placed looping or in a V, each rank's memory the sum of its stages'
+                           (where torch cannot take the model or the cut, the reason instead)
   torch/fsdp2              FSDP2, torch.distributed.fsdp.fully_shard on every layer and the root
                            (baselines/torch_fsdp.py): every rank 1/world of the training state
   torch/ddp                DistributedDataParallel: every rank the whole model (baselines/torch_ddp.py)
 
 ``--variants all`` adds graphpipe's plain pipelines (graph, graph under the zero-bubble schedule,
-sequential) and torch's GPipe (interpreter). ``--memory-limit`` takes one or more per-rank limits, each a job
+sequential), torch's GPipe (interpreter) and torch's interleaved 1F1B (2 stages per rank). ``--memory-limit`` takes one or more per-rank limits, each a job
 of its own: ``none`` (the device's memory: the model fits everywhere, data parallelism's regime)
 or ``auto`` (memory-bound: 90% of the whole model's parameters, gradients and optimizer state,
 so that no rank can hold the whole model's training state) or a size (``30MiB``). The limit is
@@ -105,9 +109,10 @@ PEER_BUILD_FAILED = "a peer rank could not build this variant"
 BASELINES = ("graphpipe/sequential+dp", "torch/fsdp2", "torch/ddp")
 #: The reference of the chart's bars (drawn as 1.0).
 CHART_REFERENCE = "graphpipe/sequential+dp"
-#: torch's zero-bubble schedule classes all run several stages per rank.
-TORCH_ZERO_BUBBLE = ("not run: needs 2+ stages per rank (torch's zero-bubble schedules InterleavedZeroBubble, "
-                     "ZBVZeroBubble, DualPipeV); this plan has 1")
+#: torch's schedules with several stages per rank (baselines/torch_pipeline_frontend.py), run on a
+#: cut of 2 stages per rank: the zero-bubble family always, interleaved 1F1B with --every.
+TORCH_MULTI_STAGE = ("interleaved zb", "zbv", "dualpipev")
+TORCH_MULTI_STAGE_EVERY = ("interleaved 1f1b",)
 
 #: The default run (the main job): MMT on 4 emulated ranks (devices 4x slower than a core),
 #: once with no memory limit (the model fits everywhere: data parallelism's regime) and once
@@ -150,6 +155,9 @@ class TorchPipelineRun:
     schedule: str
     stage_seconds: list[tuple[float, float]]  # per stage, forward and backward per micro-batch (emulation)
     optimizer_seconds: list[float] = field(default_factory=list)
+    # 1: stage r on rank r (Schedule1F1B, ScheduleGPipe); more: one of torch's several-stages-per-
+    # rank schedules (`schedule` a key of MULTI_STAGE_SCHEDULES) through its front end.
+    stages_per_rank: int = 1
 
 
 @dataclass
@@ -229,6 +237,8 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
 
     from graphpipe.trace import trace_module
 
+    if run.stages_per_rank > 1:
+        return _torch_multi_stage_stepper(rank, world, spec, run, micro_batches, model, inputs, emulate, device)
     k = run.num_stages
     group = dist.new_group(list(range(k))) if k < world else None  # collective: every rank calls it
     if rank >= k:  # more ranks than chain stages: this rank idles (its steps are not timed)
@@ -260,6 +270,27 @@ def _torch_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micr
     step = make_stepper(stage, rank, k, default_loss(spec), micro_batches, run.schedule, lr=LR, device=device,
                         group=group, example=example)
     return _with_wait(step, run.optimizer_seconds[rank]) if emulate is not None else step
+
+
+def _torch_multi_stage_stepper(rank: int, world: int, spec: str, run: TorchPipelineRun, micro_batches: int,
+                               model: Any, inputs: Any, emulate: float | None, device: torch.device) -> Any:
+    """One of torch's several-stages-per-rank schedules on every rank; emulated, each of this
+    rank's stages waits its own predicted times, and the optimizer step the sum of theirs."""
+    from baselines.torch_pipeline_frontend import make_multi_stage_stepper, stage_placement
+
+    from graphpipe.emulation import EmulatedStage
+
+    def wrapper(stage: int, module: Any) -> Any:
+        forward, backward = run.stage_seconds[stage]
+        return EmulatedStage(module, emulate * forward, emulate * backward)
+
+    step = make_multi_stage_stepper(model, tuple(inputs), run.split_points, rank, world, default_loss(spec),
+                                    micro_batches, run.schedule, lr=LR, device=device,
+                                    stage_wrapper=None if emulate is None else wrapper)
+    if emulate is None:
+        return step
+    mine = stage_placement(run.schedule, world, run.num_stages)[rank]
+    return _with_wait(step, sum(run.optimizer_seconds[i] for i in mine))
 
 
 def _data_parallel_stepper(rank: int, world: int, spec: str, runtime: str, run: DataParallelRun, micro_batches: int,
@@ -569,9 +600,10 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     from baselines.torch_pipeline_frontend import refusal, split_points
 
     seq, reason = _plan_or_reason(graph, devices, "sequential", memory_limit=limit)
-    names = ["torch/1f1b", "torch/1f1b interpreter", "torch/zero-bubble"] + (["torch/gpipe interpreter"] if every else [])
+    names = ["torch/1f1b", "torch/1f1b interpreter"] + (["torch/gpipe interpreter"] if every else [])
+    multi = torch_multi_stage_variants(graph, devices, limit, every, model, inputs)
     if seq is None:
-        return [Variant(n, "torch", unavailable=reason) for n in names]
+        return [Variant(n, "torch", unavailable=reason) for n in names] + multi
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
     front = _torch_cut(graph, devices, seq, labels)
     try:
@@ -598,12 +630,60 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     out = [Variant("torch/1f1b", "torch", run(front, "1f1b", True), front.micro_batches, front.num_stages, front.memory,
                    unavailable=refused),
            Variant("torch/1f1b interpreter", "torch", run(inner, "1f1b"), inner.micro_batches, inner.num_stages,
-                   inner.memory),
-           Variant("torch/zero-bubble", "torch", micro_batches=front.micro_batches, depth=front.num_stages,
-                   memory_bytes=front.memory, unavailable=TORCH_ZERO_BUBBLE)]
+                   inner.memory)]
     if every:
         out.append(Variant("torch/gpipe interpreter", "torch", run(inner, "fill_drain"), inner.micro_batches,
                            inner.num_stages, inner.memory))
+    return out + multi
+
+
+def _same_devices(devices: Any, count: int) -> Any:
+    """``devices`` described for ``count`` devices: the same figures, every pair joined by the
+    link between its first two (one node)."""
+    description = json.loads(devices.to_json())
+    n = description["count"]
+    latency = description["link_latency"][0][1] if n > 1 else 0.0
+    bandwidth = description["link_bandwidth"][0][1] if n > 1 else 0.0
+    description.update(count=count, node=[0] * count,
+                       link_latency=[[0.0 if i == j else latency for j in range(count)] for i in range(count)],
+                       link_bandwidth=[[bandwidth] * count for _ in range(count)])
+    return graphpipe.Devices.from_json(json.dumps(description))
+
+
+def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, every: bool, model: Any,
+                               inputs: Any) -> list[Variant]:
+    """torch's several-stages-per-rank schedules (TORCH_MULTI_STAGE) on 2 stages per rank: the
+    ``sequential`` plan for twice the ranks (the same devices' figures) cut at its modules through
+    torch's front end, each rank holding the stages its schedule places there, its memory their
+    sum. The row says why where torch cannot run it: the cut is not 2 stages per rank, or the
+    front end refuses the model (inputs read after stage 0, stages out of order)."""
+    from baselines.torch_pipeline_frontend import refusal, split_points, stage_placement
+
+    world = devices.count
+    names = list(TORCH_MULTI_STAGE) + (list(TORCH_MULTI_STAGE_EVERY) if every else [])
+    rows = [f"torch/{name}" for name in names]
+    if world < 2:
+        return [Variant(r, "torch", unavailable="one rank: nothing to pipeline") for r in rows]
+    doubled = _same_devices(devices, 2 * world)
+    seq, reason = _plan_or_reason(graph, doubled, "sequential", memory_limit=limit)
+    if seq is not None and seq.num_stages != 2 * world:
+        reason = f"not run: the sequential plan for {2 * world} stages (2 per rank) has {seq.num_stages}"
+    if reason:
+        return [Variant(r, "torch", depth=2 * world, unavailable=reason) for r in rows]
+    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
+    cut = _torch_cut(graph, doubled, seq, labels)
+    try:
+        points = split_points([[graph.node(n).module for n in stage.nodes] for stage in seq.stages])
+        refused = refusal(model, tuple(inputs), points, cut.micro_batches)
+    except ValueError as exc:
+        points, refused = [], str(exc)
+    out = []
+    for name, row in zip(names, rows):
+        placed = stage_placement(name, world, cut.num_stages)
+        memory = max(sum(cut.stage_memory[i] for i in stages) for stages in placed)
+        run = TorchPipelineRun(True, points, cut.labels, cut.num_stages, name, cut.seconds, cut.optimizer,
+                               stages_per_rank=2)
+        out.append(Variant(row, "torch", run, cut.micro_batches, cut.num_stages, memory, unavailable=refused))
     return out
 
 
@@ -618,6 +698,7 @@ class _TorchCut:
     seconds: list[tuple[float, float]]  # per stage, forward and backward per micro-batch
     optimizer: list[float]  # per stage, its simulated optimizer step
     memory: float  # the peak stage's bytes
+    stage_memory: list[float] = field(default_factory=list)  # per stage, its bytes
 
 
 def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micro_batches: int | None = None) -> _TorchCut:
@@ -632,7 +713,8 @@ def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micr
     at_m = plan if same and m == plan.num_micro_batches else \
         graphpipe.plan(graph, devices, "manual", manual=labels, micro_batches=m)
     return _TorchCut(labels, k, m, [(s.forward_seconds, s.backward_seconds) for s in at_m.stages],
-                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_stage_memory(at_m))
+                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_stage_memory(at_m),
+                     [s.memory_bytes for s in at_m.stages])
 
 
 def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str, dict]:
