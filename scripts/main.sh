@@ -6,8 +6,9 @@
 # parallelism's case) and memory-bound (a per-rank limit of 90% of the whole model's parameters,
 # gradients and optimizer state, so no rank can hold a replica). Variants: graphpipe graph+dp
 # and sequential+dp, torch pipelining (its pipeline() front end, or the reason it cannot take
-# the model, and the interpreter baseline), torch FSDP2 and torch DDP ("does not fit" where it
-# needs more than the limit); a verdict line per regime and results/compare.png.
+# the model, and the interpreter baseline; torch's zero-bubble family on 2 stages per rank),
+# torch FSDP2 and torch DDP ("does not fit" where it needs more than the limit); a verdict line
+# per regime and results/compare.png.
 # `bash scripts/main.sh --no-emulate` measures real compute on 2 CPU ranks instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."

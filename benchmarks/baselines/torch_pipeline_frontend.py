@@ -20,6 +20,7 @@ no float64 carriers for integer tensors, no clones of relayed tensors.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -46,10 +47,13 @@ class EnterAtStageZero(nn.Module):
 
 
 def _split(model: nn.Module, micro: tuple[torch.Tensor, ...], points: list[str]) -> Any:
-    """torch's ``pipeline()`` of ``EnterAtStageZero(model)`` cut before each of ``points``."""
+    """torch's ``pipeline()`` of ``EnterAtStageZero(model)`` cut before each of ``points``, on a
+    copy of ``model``: pipeline() leaves hooks on the submodules it splits before (torch 2.13's
+    ``_split_before_forward``), so a second split, or a trace, of the same model recursed without
+    end."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    return pipeline(EnterAtStageZero(model), mb_args=micro,
+    return pipeline(EnterAtStageZero(copy.deepcopy(model)), mb_args=micro,
                     split_spec={f"model.{p}": SplitPoint.BEGINNING for p in points})
 
 
