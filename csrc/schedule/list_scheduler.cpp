@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <queue>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/error.h"
@@ -84,8 +86,9 @@ class ListScheduler {
   void emit(int stage, const Instruction& i) { schedule_.ranks[rank_of_[stage]].push_back(i); }
   bool ready(const Instruction& i) const;
   void start(int s, const Instruction& i, double t);
-  void dispatch(int s, double t);
-  void dispatch_greedy(int s, double t);
+  std::optional<Instruction> candidate(int s, double t) const;
+  std::optional<Instruction> greedy_candidate(int s, double t) const;
+  void dispatch(int rank, double t);
   bool weight_waits(int s, double t) const;
   void finish_events(double t);
   void emit_transfers(const Produced& p);
@@ -99,6 +102,10 @@ class ListScheduler {
   const std::vector<char> unsplit_;
   double finish_time_ = 0.0;
   std::vector<int> rank_of_;  // each stage's lead: the programs are made for the leads
+  // Per lead rank, its stages in ascending order (several where a rank holds several stages),
+  // and whether it computes now: a rank runs one compute at a time, whichever stage it is for.
+  std::vector<std::vector<int>> stages_of_;
+  std::vector<char> rank_busy_;
   std::vector<int> limit_;
   Schedule schedule_;
   std::vector<std::vector<int>> in_edges_, out_edges_;
@@ -113,11 +120,11 @@ class ListScheduler {
   std::vector<int> weights_, weights_done_;  // zb_graph: W dispatched and finished
   std::vector<double> input_finish_;         // zb_graph: when the stage's running I ends
   std::vector<int> held_limit_;              // zb_graph: weight_limits()
-  std::vector<char> busy_, optimizer_done_;
+  std::vector<char> optimizer_done_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   long seq_ = 0;
   std::vector<Produced> produced_;  // in the current round
-  std::vector<char> producer_;
+  std::vector<char> producer_;      // per rank: a compute of it produced transfers in this round
 };
 
 ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<std::vector<int>>& ranks_of,
@@ -143,9 +150,7 @@ ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<
       weights_(S_, 0),
       weights_done_(S_, 0),
       input_finish_(S_, 0.0),
-      busy_(S_, 0),
-      optimizer_done_(S_, 0),
-      producer_(S_, 0) {
+      optimizer_done_(S_, 0) {
   int highest_rank = 0;
   for (const auto& ranks : ranks_of) {
     rank_of_.push_back(ranks.front());
@@ -156,6 +161,10 @@ ListScheduler::ListScheduler(const Plan& plan, Policy policy, const std::vector<
   schedule_.stage_ranks = ranks_of;
   for (const auto& e : plan.edges) schedule_.edges.push_back({e.src, e.dst});
   schedule_.ranks.assign(std::max(plan.num_devices, highest_rank + 1), {});
+  stages_of_.assign(schedule_.ranks.size(), {});
+  for (int s = 0; s < S_; ++s) stages_of_[rank_of_[s]].push_back(s);
+  rank_busy_.assign(schedule_.ranks.size(), 0);
+  producer_.assign(schedule_.ranks.size(), 0);
   for (int e = 0; e < static_cast<int>(plan.edges.size()); ++e) {
     out_edges_[plan.edges[e].src].push_back(e);
     in_edges_[plan.edges[e].dst].push_back(e);
@@ -179,7 +188,12 @@ bool ListScheduler::ready(const Instruction& i) const {
 
 void ListScheduler::start(int s, const Instruction& i, double t) {
   emit(s, i);
-  busy_[s] = 1;
+  rank_busy_[rank_of_[s]] = 1;
+  if (i.kind == OpKind::optimizer_step) {
+    optimizer_done_[s] = 1;
+  } else if (!greedy_) {
+    ++next_[s];  // the fixed order's head, which candidate() offered
+  }
   const auto& stage = plan_.stages[s];
   if (i.kind == OpKind::forward) {
     ++forwards_[s];
@@ -200,38 +214,61 @@ void ListScheduler::start(int s, const Instruction& i, double t) {
   }
 }
 
-// Starts stage s's next compute at time t when its rank is idle and the policy allows one.
-void ListScheduler::dispatch(int s, double t) {
-  if (busy_[s]) return;
+// What stage s would start at time t if its rank were idle: its optimizer step once every
+// backward (or W) is done, else its policy's next compute if ready; nothing otherwise.
+std::optional<Instruction> ListScheduler::candidate(int s, double t) const {
   if ((split(s) ? weights_done_ : backwards_done_)[s] == M_) {
-    if (!optimizer_done_[s]) {
-      optimizer_done_[s] = 1;
-      start(s, {OpKind::optimizer_step, s, -1, -1}, t);
-    }
-    return;
+    if (optimizer_done_[s]) return std::nullopt;
+    return Instruction{OpKind::optimizer_step, s, -1, -1};
   }
-  if (greedy_) {
-    dispatch_greedy(s, t);
-  } else if (next_[s] < order_[s].size() && ready(order_[s][next_[s]])) {
-    start(s, order_[s][next_[s]++], t);
-  }
+  if (greedy_) return greedy_candidate(s, t);
+  if (next_[s] < order_[s].size() && ready(order_[s][next_[s]])) return order_[s][next_[s]];
+  return std::nullopt;
 }
 
 // 1f1b_greedy and zb_graph: I (or B) before F before W (generate.h).
-void ListScheduler::dispatch_greedy(int s, double t) {
+std::optional<Instruction> ListScheduler::greedy_candidate(int s, double t) const {
   Instruction b{split(s) ? OpKind::backward_input : OpKind::backward, s, backwards_[s], -1};
-  if (backwards_[s] < M_ && backwards_[s] < forwards_[s] && ready(b)) {
-    start(s, b, t);
-    return;
-  }
+  if (backwards_[s] < M_ && backwards_[s] < forwards_[s] && ready(b)) return b;
   Instruction f{OpKind::forward, s, forwards_[s], -1};
   if (forwards_[s] < M_ && forwards_[s] - backwards_[s] < limit_[s] &&
       (!split(s) || forwards_[s] - weights_[s] < held_limit_[s]) && ready(f)) {
-    start(s, f, t);
-    return;
+    return f;
   }
-  if (!split(s) || weights_[s] >= backwards_done_[s] || weight_waits(s, t)) return;
-  start(s, {OpKind::backward_weight, s, weights_[s], -1}, t);
+  if (!split(s) || weights_[s] >= backwards_done_[s] || weight_waits(s, t)) return std::nullopt;
+  return Instruction{OpKind::backward_weight, s, weights_[s], -1};
+}
+
+// Starts the next compute of an idle rank at time t. With one stage, that stage's candidate;
+// with several (interleaved stages), the most urgent of theirs: an optimizer step (it takes no
+// time), then a backward (B or I: the stages upstream wait for its gradients, and it frees
+// activations), then a forward, then a W (which nothing waits for); within a kind, the oldest
+// micro-batch, then the later stage (nearer the loss, so the micro-batch finishes sooner).
+void ListScheduler::dispatch(int rank, double t) {
+  if (rank_busy_[rank]) return;
+  auto urgency = [](const Instruction& i) {
+    switch (i.kind) {
+      case OpKind::optimizer_step:
+        return 0;
+      case OpKind::backward:
+      case OpKind::backward_input:
+        return 1;
+      case OpKind::forward:
+        return 2;
+      default:
+        return 3;
+    }
+  };
+  std::optional<Instruction> best;
+  for (int s : stages_of_[rank]) {
+    const std::optional<Instruction> next = candidate(s, t);
+    if (!next) continue;
+    if (!best || std::tuple(urgency(*next), next->micro_batch, -next->stage) <
+                     std::tuple(urgency(*best), best->micro_batch, -best->stage)) {
+      best = next;
+    }
+  }
+  if (best) start(best->stage, *best, t);
 }
 
 // zb_graph: a W waits if it would still run when the next I's gradients arrive: that I is on
@@ -256,7 +293,7 @@ void ListScheduler::finish_events(double t) {
   while (!events_.empty() && events_.top().time == t) {
     const Event ev = events_.top();
     events_.pop();
-    busy_[ev.stage] = 0;
+    rank_busy_[rank_of_[ev.stage]] = 0;
     if (ev.type == kFinishForward) {
       forward_done_[at(ev.stage, ev.micro_batch)] = 1;
       if (!out_edges_[ev.stage].empty())
@@ -278,15 +315,19 @@ void ListScheduler::emit_transfers(const Produced& p) {
   if (p.compute.kind == OpKind::forward) {
     for (int e : out_edges_[p.stage]) {
       const int dst = plan_.edges[e].dst;
-      emit(p.stage, {OpKind::send_activation, p.stage, m, e});
-      emit(dst, {OpKind::recv_activation, dst, m, e});
+      if (!schedule_.local(e)) {  // a local edge's tensors stay on the rank: nothing to post
+        emit(p.stage, {OpKind::send_activation, p.stage, m, e});
+        emit(dst, {OpKind::recv_activation, dst, m, e});
+      }
       --missing_inputs_[at(dst, m)];
     }
   } else {
     for (int e : in_edges_[p.stage]) {
       const int src = plan_.edges[e].src;
-      emit(p.stage, {OpKind::send_gradient, p.stage, m, e});
-      emit(src, {OpKind::recv_gradient, src, m, e});
+      if (!schedule_.local(e)) {
+        emit(p.stage, {OpKind::send_gradient, p.stage, m, e});
+        emit(src, {OpKind::recv_gradient, src, m, e});
+      }
       --missing_grads_[at(src, m)];
     }
   }
@@ -301,15 +342,16 @@ void ListScheduler::emit_transfers(const Produced& p) {
 //   (c) every idle rank starts what is now ready.
 void ListScheduler::round(double t) {
   finish_events(t);
-  for (const auto& p : produced_) producer_[p.stage] = 1;
-  for (int s = 0; s < S_; ++s) {
-    if (!producer_[s]) dispatch(s, t);
+  const int R = static_cast<int>(stages_of_.size());
+  for (const auto& p : produced_) producer_[rank_of_[p.stage]] = 1;
+  for (int r = 0; r < R; ++r) {
+    if (!producer_[r]) dispatch(r, t);
   }
   for (const auto& p : produced_) {
     emit_transfers(p);
-    producer_[p.stage] = 0;
+    producer_[rank_of_[p.stage]] = 0;
   }
-  for (int s = 0; s < S_; ++s) dispatch(s, t);
+  for (int r = 0; r < R; ++r) dispatch(r, t);
 }
 
 void ListScheduler::check_finished() const {
@@ -324,7 +366,7 @@ void ListScheduler::check_finished() const {
 }
 
 Schedule ListScheduler::run() {
-  for (int s = 0; s < S_; ++s) dispatch(s, 0.0);
+  for (int r = 0; r < static_cast<int>(stages_of_.size()); ++r) dispatch(r, 0.0);
   while (!events_.empty()) {
     finish_time_ = events_.top().time;
     round(finish_time_);

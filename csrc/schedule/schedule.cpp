@@ -49,6 +49,13 @@ const std::vector<int>& Schedule::peer_ranks(const Instruction& t) const {
 
 int Schedule::peer_rank(const Instruction& t) const { return peer_ranks(t).front(); }
 
+bool Schedule::local(int edge) const {
+  const ScheduleEdge& e = edges.at(static_cast<std::size_t>(edge));
+  const auto& src = stage_ranks.at(static_cast<std::size_t>(e.src));
+  const auto& dst = stage_ranks.at(static_cast<std::size_t>(e.dst));
+  return src.size() == 1 && dst.size() == 1 && src.front() == dst.front();
+}
+
 Schedule leads_only(const Schedule& s) {
   Schedule leads = s;
   for (const auto& ranks : s.stage_ranks) {

@@ -18,7 +18,8 @@
 //
 // Invariants (checked by validate(), which every loader and generator calls):
 //   - num_micro_batches >= 1; at least one stage; every stage on one or more ranks in
-//     [0, ranks.size()); one stage per rank (several stages per rank are not supported yet);
+//     [0, ranks.size()); a rank holds several stages only where each of them runs on it alone
+//     (a replicated stage has its ranks to itself);
 //   - a replica's program equals its lead's; a stage with replicas has exactly one all_reduce,
 //     after its last backward and before its optimizer step; a stage on one rank has none;
 //   - every edge joins two stages with src < dst (stages are numbered in a topological order,
@@ -28,12 +29,14 @@
 //     leaves the edge's src, its receive arrives at the edge's dst; gradients go the other way);
 //   - per stage and micro-batch exactly one forward and one backward, the backward being one B or
 //     an I (input gradients) followed later by a W (weight gradients); per edge and micro-batch
-//     exactly one send and one receive in each direction; at most one optimizer step per stage;
-//   - on each rank: a forward follows the receives of all its inputs and the previous
-//     micro-batch's forward; a send of an activation follows its forward; a backward follows its
-//     forward, the receives of all its output gradients and the previous micro-batch's
-//     backward (B or I); a send of a gradient follows its B or I; the optimizer step (and a
-//     replicated stage's all_reduce) follows every B and W of its stage.
+//     exactly one send and one receive in each direction, except on a local edge (both stages on
+//     one rank), which has none: its tensors stay on the rank; at most one optimizer step per stage;
+//   - on each rank: a forward follows the receives of all its inputs (on a local edge: the
+//     producing stage's forward of the micro-batch) and the previous micro-batch's forward; a send of an activation
+//     follows its forward; a backward follows its forward, the receives of all its output gradients (on a local edge:
+//     the consuming stage's B or I of the micro-batch) and the previous micro-batch's backward (B or I); a send of a
+//     gradient follows its B or I; the optimizer step (and a replicated stage's all_reduce) follows every B and W of
+//     its stage.
 // These make the schedule well formed. That it cannot deadlock is a separate property, proved
 // by check() in check.h.
 //
@@ -80,6 +83,9 @@ struct Schedule {
   int num_ranks() const { return static_cast<int>(ranks.size()); }
   std::size_t num_instructions() const;
 
+  // Whether an edge is local: both of its stages run on one rank, alone, so its tensors never
+  // leave the rank and no transfer instruction moves them.
+  bool local(int edge) const;
   // The lead rank (first replica) of a stage.
   int lead_rank(int stage) const { return stage_ranks.at(static_cast<std::size_t>(stage)).front(); }
   // How many ranks run a stage (1 unless it is replicated).

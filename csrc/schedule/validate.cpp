@@ -15,7 +15,8 @@ std::string where(int rank, std::size_t step, const Instruction& i) {
 }
 
 // Positions of every instruction kind, indexed [stage or edge][micro-batch]; -1 when absent.
-// All positions of one stage are on one rank, so comparing them compares program order.
+// All positions of one stage are on one rank, as are those of two stages joined by a local
+// edge, so comparing them compares program order.
 struct Positions {
   int m = 0;
   std::vector<long> forward, backward, backward_input, backward_weight;  // [stage * m + mb]
@@ -112,7 +113,9 @@ class Validator {
   Positions pos_;
 };
 
-// One stage per rank, every stage on ranks of the schedule, replicas running the lead's program.
+// Every stage on ranks of the schedule, a rank shared only by stages alone on it, replicas
+// running the lead's program. stage_on_rank_ keeps one stage of each rank: a replica's rank has
+// only its own.
 void Validator::check_stage_ranks() {
   stage_on_rank_.assign(std::max(R_, 0), -1);
   if (static_cast<int>(s_.stage_ranks.size()) != S_) throw ScheduleError("internal: stage count");
@@ -123,11 +126,12 @@ void Validator::check_stage_ranks() {
         throw ScheduleError("stage " + std::to_string(st) + " is on rank " + std::to_string(r) +
                             ", outside the schedule's " + std::to_string(R_) + " ranks");
       }
-      if (stage_on_rank_[r] >= 0) {
-        throw ScheduleError("stages " + std::to_string(stage_on_rank_[r]) + " and " + std::to_string(st) +
-                            " are both on rank " + std::to_string(r) +
-                            ": schedules support one stage per rank for now; give each stage "
-                            "its own devices");
+      const int other = stage_on_rank_[r];
+      if (other >= 0 && (s_.replicas(other) > 1 || s_.replicas(st) > 1)) {
+        throw ScheduleError("stages " + std::to_string(other) + " and " + std::to_string(st) + " are both on rank " +
+                            std::to_string(r) +
+                            ", and one of them is replicated: a rank holds several stages only where each of "
+                            "them runs on that rank alone");
       }
       stage_on_rank_[r] = st;
     }
@@ -195,6 +199,12 @@ void Validator::check_transfer(const std::string& at, const Instruction& i) cons
     throw ScheduleError(at + ": no edge " + std::to_string(i.edge) + " (the plan has " + std::to_string(E_) + ")");
   }
   const auto& edge = s_.edges[i.edge];
+  if (s_.local(i.edge)) {
+    throw ScheduleError(at + ": edge " + std::to_string(i.edge) + " joins stages " + std::to_string(edge.src) +
+                        " and " + std::to_string(edge.dst) +
+                        " on one rank, so its tensors stay there: it has no "
+                        "sends or receives");
+  }
   if (own_end(edge, i.kind) != i.stage) {
     throw ScheduleError(at + ": edge " + std::to_string(i.edge) + " runs " + std::to_string(edge.src) + "->" +
                         std::to_string(edge.dst) + ", so a " + std::string(kind_name(i.kind)) +
@@ -251,10 +261,17 @@ void Validator::check_stage_order(int st) {
     if (pos_.slot(f) < 0) throw missing(f);
     const Instruction b = grads(st, m);
     for (int e : in_edges_[st]) {
+      if (s_.local(e)) continue;  // ordered from the producing stage's side below
       need_before({OpKind::recv_activation, st, m, e}, f);
       need_before(b, {OpKind::send_gradient, st, m, e});
     }
     for (int e : out_edges_[st]) {
+      if (s_.local(e)) {  // both stages on this rank: program order carries the tensors
+        const int dst = s_.edges[e].dst;
+        need_before(f, {OpKind::forward, dst, m, -1});
+        need_before(grads(dst, m), b);
+        continue;
+      }
       need_before(f, {OpKind::send_activation, st, m, e});
       need_before({OpKind::recv_gradient, st, m, e}, b);
     }

@@ -421,10 +421,16 @@ class Replay {
           cause = t;
         }
       };
+      // A local edge's tensors are on this rank already: its producer ran earlier in this
+      // program (schedule.h), so the rank's clock covers it.
       if (i.kind == OpKind::forward) {
-        for (int e : in_edges_[i.stage]) input(OpKind::send_activation, e);
+        for (int e : in_edges_[i.stage]) {
+          if (!s_.local(e)) input(OpKind::send_activation, e);
+        }
       } else if (schedule::produces_input_gradients(i.kind)) {
-        for (int e : out_edges_[i.stage]) input(OpKind::send_gradient, e);
+        for (int e : out_edges_[i.stage]) {
+          if (!s_.local(e)) input(OpKind::send_gradient, e);
+        }
       }
       if (!ready) break;
       const int t = add_compute(r, i, start, cause);

@@ -124,9 +124,13 @@ TEST(ScheduleValidate, NamesRankStepAndToken) {
       "rank 1 | 1RF0e0 1F0 1B0 1SB0e0\n";
   EXPECT_NE(error_of([&] { parse(wrong_end); }).find("belongs to stage 1"), std::string::npos);
   std::string shared =
+      "schedule manual: 2 stages, 1 micro-batches, 2 ranks\nstage ranks: 0,1 0\nedges: 0->1\n"
+      "rank 0 | 0F0\nrank 1 | 0F0\n";
+  EXPECT_NE(error_of([&] { parse(shared); }).find("one of them is replicated"), std::string::npos);
+  std::string local_transfer =  // stages 0 and 1 share rank 0: their edge has no sends
       "schedule manual: 2 stages, 1 micro-batches, 1 ranks\nstage ranks: 0 0\nedges: 0->1\n"
-      "rank 0 | 0F0\n";
-  EXPECT_NE(error_of([&] { parse(shared); }).find("one stage per rank"), std::string::npos);
+      "rank 0 | 0F0 0SF0e0 1RF0e0 1F0\n";
+  EXPECT_NE(error_of([&] { parse(local_transfer); }).find("on one rank, so its tensors stay there"), std::string::npos);
 }
 
 TEST(ScheduleJson, HeaderAndFieldsAreChecked) {

@@ -110,14 +110,19 @@ TEST(Generate, RanksFollowStageDevices) {
   EXPECT_TRUE(check(s).ok);
 }
 
-TEST(Generate, TwoStagesOnOneRankAreRefusedClearly) {
+TEST(Generate, AReplicatedStageSharingARankIsRefusedClearly) {
+  // Several stages on one rank are scheduled (test_schedule_stages_per_rank.cpp), but not where
+  // one of them is replicated: its replicas run the lead's program in lockstep.
   auto plan = chain_plan(3, 2);
-  plan.stages[2].devices = {0};
+  plan.stages[2].devices = {0, 1};
+  plan.micro_batch_size = 2;
   try {
     generate(plan, Policy::one_f_one_b);
     FAIL() << "expected ScheduleError";
   } catch (const ScheduleError& e) {
-    EXPECT_NE(std::string(e.what()).find("stages 0 and 2 both run on rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("stages 0 and 2 both run on rank 0, and one of them is replicated"),
+              std::string::npos)
+        << e.what();
   }
 }
 
