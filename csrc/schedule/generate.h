@@ -52,8 +52,10 @@
 // 2m - h_s and backward(s, k) by 2k + h_s - 1 orders every dependency, including 1f1b's
 // alternation.)
 //
-// Ranks: a stage runs on stage.devices, its lead first; one stage per rank (ScheduleError
-// otherwise). The programs are generated for the leads; a stage with several devices runs data
+// Ranks: a stage runs on stage.devices, its lead first. A rank may hold several stages, each
+// alone on it (ScheduleError where one of them is replicated): it runs their computes one at a
+// time, the most urgent first (list_scheduler.cpp), and an edge between two of them is local,
+// with no transfers (schedule.h). The programs are generated for the leads; a stage with several devices runs data
 // parallel (schedule.h): its replicas get the lead's program, which has an all_reduce right
 // before the optimizer step. The schedule has max(plan.num_devices, highest rank + 1) ranks;
 // ranks without a stage get empty programs. Each stage's program ends with its optimizer step.
@@ -100,7 +102,8 @@ std::string_view policy_name(Policy policy);
 std::vector<Policy> planner_policies();
 
 // Ranks of each stage (its devices, lead first); throws ScheduleError when a stage has no device
-// or two stages share a rank, PlanningError when the plan's stages or edges are malformed.
+// or shares a rank with another where either is replicated, PlanningError when the plan's
+// stages or edges are malformed.
 std::vector<std::vector<int>> stage_ranks(const plan::Plan& plan);
 // The predicted seconds of a stage's backward halves, I (input gradients) and W (weight
 // gradients), for one micro-batch: the stage's own Stage::backward_input_seconds and
