@@ -597,8 +597,6 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     times as that plan, at at least as many micro-batches as stages: Schedule1F1B refuses fewer):
     1F1B through torch's front end (``pipeline()``, or the reason it cannot take the model) and
     through the interpreter of baselines/torch_pipelining.py, which cuts at any operator."""
-    from baselines.torch_pipeline_frontend import refusal, split_points
-
     seq, reason = _plan_or_reason(graph, devices, "sequential", memory_limit=limit)
     names = ["torch/1f1b", "torch/1f1b interpreter"] + (["torch/gpipe interpreter"] if every else [])
     multi = torch_multi_stage_variants(graph, devices, limit, every, model, inputs)
@@ -606,11 +604,7 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
         return [Variant(n, "torch", unavailable=reason) for n in names] + multi
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
     front = _torch_cut(graph, devices, seq, labels)
-    try:
-        points = split_points([[graph.node(n).module for n in stage.nodes] for stage in seq.stages])
-        refused = refusal(model, tuple(inputs), points, front.micro_batches)
-    except ValueError as exc:
-        points, refused = [], str(exc)
+    points, refused = _front_end_cut(graph, seq, model, inputs, front.micro_batches)
     # The interpreter keeps integer tensors inside one stage (pin_integer_consumers: torch's
     # pipelining garbles them between stages); where that empties stages (DLRM's embedding bags
     # all join the indices' stage) they are dropped, and the waits are those of the pinned cut.
@@ -637,6 +631,18 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     return out + multi
 
 
+def _front_end_cut(graph: Any, plan: Any, model: Any, inputs: Any, micro_batches: int) -> tuple[list[str], str]:
+    """Where torch's front end cuts ``plan``'s chain (the module each stage begins at), and why it
+    cannot run it ("" where it can)."""
+    from baselines.torch_pipeline_frontend import refusal, split_points
+
+    try:
+        points = split_points([[graph.node(n).module for n in stage.nodes] for stage in plan.stages])
+        return points, refusal(model, tuple(inputs), points, micro_batches)
+    except ValueError as exc:
+        return [], str(exc)
+
+
 def _same_devices(devices: Any, count: int) -> Any:
     """``devices`` described for ``count`` devices: the same figures, every pair joined by the
     link between its first two (one node)."""
@@ -657,7 +663,7 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
     torch's front end, each rank holding the stages its schedule places there, its memory their
     sum. The row says why where torch cannot run it: the cut is not 2 stages per rank, or the
     front end refuses the model (inputs read after stage 0, stages out of order)."""
-    from baselines.torch_pipeline_frontend import refusal, split_points, stage_placement
+    from baselines.torch_pipeline_frontend import stage_placement
 
     world = devices.count
     names = list(TORCH_MULTI_STAGE) + (list(TORCH_MULTI_STAGE_EVERY) if every else [])
@@ -672,11 +678,7 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
         return [Variant(r, "torch", depth=2 * world, unavailable=reason) for r in rows]
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
     cut = _torch_cut(graph, doubled, seq, labels)
-    try:
-        points = split_points([[graph.node(n).module for n in stage.nodes] for stage in seq.stages])
-        refused = refusal(model, tuple(inputs), points, cut.micro_batches)
-    except ValueError as exc:
-        points, refused = [], str(exc)
+    points, refused = _front_end_cut(graph, seq, model, inputs, cut.micro_batches)
     out = []
     for name, row in zip(names, rows):
         placed = stage_placement(name, world, cut.num_stages)

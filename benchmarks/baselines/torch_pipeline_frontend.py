@@ -96,7 +96,7 @@ def make_stepper(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], poi
     optimizer = torch.optim.SGD(params, lr=lr) if params else None
 
     def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
-        return schedule_step(schedule, optimizer, rank, world, inputs, target, device)
+        return schedule_step(schedule, optimizer, rank == 0, rank == world - 1, inputs, target, device)
 
     return step
 
@@ -229,15 +229,7 @@ def make_multi_stage_stepper(model: nn.Module, example_inputs: tuple[torch.Tenso
     first, last = 0 in mine, num_stages - 1 in mine
 
     def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
-        if optimizer:
-            optimizer.zero_grad(set_to_none=True)
-        losses: list[torch.Tensor] = []
-        args = tuple(t.to(device) for t in inputs) if first else ()
-        kwargs = {"target": target.to(device), "losses": losses} if last else {}
-        runner.step(*args, **kwargs)
-        if optimizer:
-            optimizer.step()
-        return float(torch.stack(losses).detach().mean()) if losses else float("nan")
+        return schedule_step(runner, optimizer, first, last, inputs, target, device)
 
     step.stage_modules = dict(zip(mine, modules))  # type: ignore[attr-defined]  (tests read the parameters)
     return step

@@ -343,20 +343,20 @@ def make_stepper(
     optimizer = torch.optim.SGD(params, lr=lr) if params else None
 
     def step(inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> float:
-        return schedule_step(sched, optimizer, rank, world, inputs, target, device)
+        return schedule_step(sched, optimizer, rank == 0, rank == world - 1, inputs, target, device)
 
     return step
 
 
-def schedule_step(schedule: Any, optimizer: torch.optim.Optimizer | None, rank: int, world: int,
+def schedule_step(schedule: Any, optimizer: torch.optim.Optimizer | None, first: bool, last: bool,
                   inputs: tuple[torch.Tensor, ...], target: torch.Tensor, device: torch.device) -> float:
     """One training iteration of a torch pipelining ``schedule`` on this rank, as torch's API
-    splits it: the inputs go to the first rank, the target to the last, which returns the
-    micro-batches' mean loss (NaN on the other ranks); then this rank's optimizer step."""
+    splits it: the inputs go to the rank holding the first stage (``first``), the target to the
+    one holding the last (``last``), which returns the micro-batches' mean loss (NaN on the other
+    ranks); then this rank's optimizer step."""
     if optimizer:
         optimizer.zero_grad(set_to_none=True)
     losses: list[torch.Tensor] = []
-    first, last = rank == 0, rank == world - 1
     args = tuple(t.to(device) for t in inputs) if first else ()
     kwargs = {"target": target.to(device), "losses": losses} if last else {}
     schedule.step(*args, **kwargs)

@@ -48,6 +48,15 @@ inline plan::Plan chain_plan(int stages, int micro_batches, double forward = 1.0
   return stage_plan(stages, edges, micro_batches, forward, backward, edge_bytes);
 }
 
+// A chain of 2 x ranks stages on `ranks` ranks, two stages each: looping (rank r holds stages r
+// and r + ranks) or in a V (rank r holds r and 2 ranks - 1 - r, as ZB-V places them).
+inline plan::Plan placed_chain(int ranks, bool v, int micro_batches, double edge_bytes = 0.0) {
+  plan::Plan plan = chain_plan(2 * ranks, micro_batches, 1.0, 2.0, edge_bytes);
+  plan.num_devices = ranks;
+  for (int s = 0; s < 2 * ranks; ++s) plan.stages[s].devices = {v && s >= ranks ? 2 * ranks - 1 - s : s % ranks};
+  return plan;
+}
+
 // A random stage DAG: edges only from lower to higher ids, each stage but the first with at
 // least one predecessor, random costs (some zero), random ranks (a permutation).
 inline plan::Plan random_plan(std::mt19937& rng, int max_stages = 9, int max_micro_batches = 10) {

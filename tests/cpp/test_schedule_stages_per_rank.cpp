@@ -23,19 +23,11 @@ using graphpipe::schedule::OpKind;
 using graphpipe::schedule::Policy;
 using graphpipe::schedule::Schedule;
 using graphpipe::schedule::ScheduleError;
-using graphpipe::testing::chain_plan;
+using graphpipe::testing::placed_chain;
 using graphpipe::testing::random_plan;
 
 const std::vector<Policy> kPolicies = {Policy::fill_drain, Policy::one_f_one_b, Policy::one_f_one_b_greedy,
                                        Policy::zb_graph};
-
-// A chain of 2R stages on R ranks: looping, or in a V.
-Plan placed_chain(int ranks, bool v, int micro_batches) {
-  Plan plan = chain_plan(2 * ranks, micro_batches);
-  plan.num_devices = ranks;
-  for (int s = 0; s < 2 * ranks; ++s) plan.stages[s].devices = {v && s >= ranks ? 2 * ranks - 1 - s : s % ranks};
-  return plan;
-}
 
 std::set<int> stages_on(const Schedule& s, int rank) {
   std::set<int> out;

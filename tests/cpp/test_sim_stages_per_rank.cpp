@@ -19,13 +19,7 @@ using graphpipe::schedule::generate;
 using graphpipe::schedule::Policy;
 using graphpipe::testing::chain_plan;
 using graphpipe::testing::devices;
-
-Plan placed_chain(int ranks, bool v, int micro_batches, double edge_bytes = 0.0) {
-  Plan plan = chain_plan(2 * ranks, micro_batches, 1.0, 2.0, edge_bytes);
-  plan.num_devices = ranks;
-  for (int s = 0; s < 2 * ranks; ++s) plan.stages[s].devices = {v && s >= ranks ? 2 * ranks - 1 - s : s % ranks};
-  return plan;
-}
+using graphpipe::testing::placed_chain;
 
 double step(const Plan& plan, Policy policy, const graphpipe::cost::Devices& d) {
   return graphpipe::sim::simulate(plan, generate(plan, policy), d, {}).iteration_seconds;
