@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <queue>
 
 #include "common/error.h"
@@ -10,6 +11,7 @@
 #include "partition/backward_halves.h"
 #include "partition/placement.h"
 #include "partition/recompute.h"
+#include "plan/rank_sharing.h"
 
 namespace graphpipe::partition {
 
@@ -324,6 +326,8 @@ class Evaluator {
     const auto& to = ev_.stages[y].devices;
     // More stages than devices (a plan build_plan refuses): no ranks to price, the slowest link.
     if (!on_devices(from) || !on_devices(to)) return p_.edge_seconds[e];
+    // Two stages on one rank (several stages per rank): the tensors stay there.
+    if (from.size() == 1 && to.size() == 1 && from[0] == to[0]) return 0.0;
     if (from.size() == 1 && to.size() == 1 && described.link_bandwidth[from[0]][to[0]] <= slow_bandwidth_) {
       return p_.edge_seconds[e];
     }
@@ -439,6 +443,35 @@ class Evaluator {
       if (overflow > ev_.max_overflow) {
         ev_.max_overflow = overflow;
         ev_.worst_memory_stage = s;
+      }
+    }
+    shared_ranks();
+  }
+
+  // Stages that share a rank (the user's stage_devices: several stages per rank,
+  // plan/rank_sharing.h) share its time and memory: the rank's bottleneck is the sum of its
+  // stages' times, its memory the sum of theirs.
+  void shared_ranks() {
+    std::vector<std::vector<int>> ranks(static_cast<std::size_t>(k_));
+    for (int s = 0; s < k_; ++s) ranks[static_cast<std::size_t>(s)] = ev_.stages[s].devices;
+    if (!plan::shares_ranks(ranks)) return;
+    std::map<int, std::vector<int>> stages_on;
+    for (int s = 0; s < k_; ++s) {
+      for (int r : ev_.stages[s].devices) stages_on[r].push_back(s);
+    }
+    for (const auto& [rank, stages] : stages_on) {
+      double time = 0.0, split = 0.0, memory = 0.0;
+      for (int s : stages) {
+        const StageFigures& f = ev_.stages[s];
+        time += f.time();
+        split += f.forward + f.backward_input + f.backward_weight + f.transfer + f.dispatch * 1.5;
+        memory += f.memory;
+      }
+      ev_.bottleneck = std::max(ev_.bottleneck, time);
+      ev_.split_bottleneck = std::max(ev_.split_bottleneck, split);
+      if (memory - p_.memory_limit > ev_.max_overflow) {
+        ev_.max_overflow = memory - p_.memory_limit;
+        ev_.worst_memory_stage = stages.front();
       }
     }
   }

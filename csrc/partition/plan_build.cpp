@@ -51,7 +51,8 @@ plan::Plan build_plan(const Problem& p, const std::vector<int>& assignment, cons
     text += label_operators(g, assignment, ev.cycle.front());
     throw PlanningError(partitioner + " produced stages whose dependencies form a cycle: " + text);
   }
-  if (ev.num_stages > p.model->devices().count) {
+  // The user's stage_devices (`devices`) may place several stages on a rank (plan/rank_sharing.h).
+  if (devices.empty() && ev.num_stages > p.model->devices().count) {
     throw PlanningError(partitioner + " produced " + std::to_string(ev.num_stages) + " stages for " +
                         std::to_string(p.model->devices().count) + " devices");
   }

@@ -13,7 +13,9 @@
 //   - every operator is in exactly one stage; stages are non-empty and convex;
 //   - stage ids are 0..S-1 and stages are listed in a topological order of the stage graph;
 //   - stage edges join distinct stages, follow that order, and cover every crossing operator edge;
-//   - device sets are disjoint, non-empty and within the device count;
+//   - device sets are non-empty and within the device count; two stages share a device only
+//     where each of them runs on it alone (plan/rank_sharing.h: several stages per rank, which
+//     the schedules run one compute at a time);
 //   - device_nodes is empty or names a node >= 0 for each of the num_devices devices;
 //   - micro_batch_size >= the devices of every stage (each replica gets at least one row);
 //   - micro_batch_size * num_micro_batches == batch_size.

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "plan/plan_io.h"
+#include "plan/rank_sharing.h"
 
 namespace graphpipe::plan {
 
@@ -48,12 +49,9 @@ void check_plan_header(const Plan& plan, const graph::OpGraph& g) {
                           ": nodes are numbered from 0");
     }
   }
-  const int num_stages = static_cast<int>(plan.stages.size());
-  if (num_stages < 1) throw PlanningError("the plan has no stage");
-  if (num_stages > plan.num_devices) {
-    throw PlanningError("the plan has " + std::to_string(num_stages) + " stages for " +
-                        std::to_string(plan.num_devices) + " devices");
-  }
+  // More stages than devices is a plan whose ranks hold several stages (rank_sharing.h), which
+  // check_stages checks stage by stage.
+  if (plan.stages.empty()) throw PlanningError("the plan has no stage");
 }
 
 // Stage s's operators: in range, in no other stage (recorded in stage_of), in topological order.
@@ -80,20 +78,15 @@ void check_stage_operators(const Stage& st, int s, const graph::OpGraph& g, cons
   }
 }
 
-// Stage s's devices (in range, given to no other stage: recorded in device_used), its replicas'
-// rows and its figures.
-void check_stage_devices(const Plan& plan, const Stage& st, int s, std::vector<bool>& device_used) {
+// Stage s's devices (in range; which stages may share one is checked for all of them at once,
+// rank_sharing.h), its replicas' rows and its figures.
+void check_stage_devices(const Plan& plan, const Stage& st, int s) {
   if (st.devices.empty()) throw PlanningError(stage_name(s) + " has no device");
   for (int d : st.devices) {
     if (d < 0 || d >= plan.num_devices) {
       throw PlanningError(stage_name(s) + " is placed on device " + std::to_string(d) + ", outside 0.." +
                           std::to_string(plan.num_devices - 1));
     }
-    if (device_used[d]) {
-      throw PlanningError("device " + std::to_string(d) + " is given to two stages (the second is " + stage_name(s) +
-                          ")");
-    }
-    device_used[d] = true;
   }
   // Each replica takes a shard of every micro-batch along the batch dimension: with fewer rows
   // than replicas some replica would get an empty shard (plan.h).
@@ -117,7 +110,6 @@ std::vector<int> check_stages(const Plan& plan, const graph::OpGraph& g) {
   std::vector<int> position(n);
   for (std::size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
   std::vector<int> stage_of(n, -1);
-  std::vector<bool> device_used(plan.num_devices, false);
   for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
     const Stage& st = plan.stages[s];
     if (st.id != s) {
@@ -125,11 +117,14 @@ std::vector<int> check_stages(const Plan& plan, const graph::OpGraph& g) {
                           ": stage ids must be 0..S-1 in list order");
     }
     check_stage_operators(st, s, g, position, stage_of);
-    check_stage_devices(plan, st, s, device_used);
+    check_stage_devices(plan, st, s);
   }
   for (graph::NodeId v = 0; v < n; ++v) {
     if (stage_of[v] == -1) throw PlanningError("operator " + graph::describe(g, v) + " is in no stage");
   }
+  std::vector<std::vector<int>> ranks;
+  for (const Stage& st : plan.stages) ranks.push_back(st.devices);
+  if (auto problem = rank_sharing_problem(ranks)) throw PlanningError(*problem);
   return stage_of;
 }
 

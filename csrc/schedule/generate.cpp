@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/names.h"
+#include "plan/rank_sharing.h"
 #include "schedule/list_scheduler.h"
 
 namespace graphpipe::schedule {
@@ -83,27 +84,16 @@ std::vector<Policy> planner_policies() {
 std::vector<std::vector<int>> stage_ranks(const Plan& plan) {
   check_plan_shape(plan);
   std::vector<std::vector<int>> ranks;
-  std::vector<int> owner;  // a stage on each rank (-1: none yet)
   for (const auto& stage : plan.stages) {
     if (stage.devices.empty()) {
       throw ScheduleError("stage " + std::to_string(stage.id) + " has no device to run on");
     }
     for (int r : stage.devices) {
       if (r < 0) throw ScheduleError("stage " + std::to_string(stage.id) + " is on negative rank " + std::to_string(r));
-      if (static_cast<std::size_t>(r) >= owner.size()) owner.resize(r + 1, -1);
-      // Several stages on one rank: a rank runs them one instruction at a time; a replicated
-      // stage's replicas run its lead's program in lockstep, which a rank shared with another
-      // stage could not (schedule.h).
-      if (owner[r] >= 0 && (stage.devices.size() > 1 || plan.stages[owner[r]].devices.size() > 1)) {
-        throw ScheduleError("stages " + std::to_string(owner[r]) + " and " + std::to_string(stage.id) +
-                            " both run on rank " + std::to_string(r) +
-                            ", and one of them is replicated: a rank holds several stages only where each of "
-                            "them runs on that rank alone");
-      }
-      owner[r] = stage.id;
     }
     ranks.push_back(stage.devices);
   }
+  if (auto problem = plan::rank_sharing_problem(ranks)) throw ScheduleError(*problem);
   return ranks;
 }
 

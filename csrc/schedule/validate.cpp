@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "plan/rank_sharing.h"
 #include "schedule/schedule.h"
 
 namespace graphpipe::schedule {
@@ -119,19 +120,13 @@ class Validator {
 void Validator::check_stage_ranks() {
   stage_on_rank_.assign(std::max(R_, 0), -1);
   if (static_cast<int>(s_.stage_ranks.size()) != S_) throw ScheduleError("internal: stage count");
+  if (auto problem = plan::rank_sharing_problem(s_.stage_ranks)) throw ScheduleError(*problem);
   for (int st = 0; st < S_; ++st) {
     if (s_.stage_ranks[st].empty()) throw ScheduleError("stage " + std::to_string(st) + " has no rank");
     for (int r : s_.stage_ranks[st]) {
       if (r < 0 || r >= R_) {
         throw ScheduleError("stage " + std::to_string(st) + " is on rank " + std::to_string(r) +
                             ", outside the schedule's " + std::to_string(R_) + " ranks");
-      }
-      const int other = stage_on_rank_[r];
-      if (other >= 0 && (s_.replicas(other) > 1 || s_.replicas(st) > 1)) {
-        throw ScheduleError("stages " + std::to_string(other) + " and " + std::to_string(st) + " are both on rank " +
-                            std::to_string(r) +
-                            ", and one of them is replicated: a rank holds several stages only where each of "
-                            "them runs on that rank alone");
       }
       stage_on_rank_[r] = st;
     }

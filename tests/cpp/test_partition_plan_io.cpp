@@ -164,8 +164,14 @@ TEST(PartitionPlanIo, RejectsTamperedFiles) {
   doc["stages"][0]["nodes"].erase(0);
   expect_format_error(doc, f.g, "back to");
   doc = good;
-  doc["stages"][1]["devices"] = {0};
-  expect_format_error(doc, f.g, "device 0 is given to two stages");
+  // Devices shared by stages: only where each runs on it alone (rank_sharing.h). One micro-batch
+  // of all 16 rows, so that two replicas have rows each.
+  doc["micro_batch_size"] = 16;
+  doc["num_micro_batches"] = 1;
+  doc["stages"][1]["devices"] = {0, 0};
+  expect_format_error(doc, f.g, "stage 1 lists rank 0 twice");
+  doc["stages"][1]["devices"] = {0, 2};  // stage 0 is on device 0 alone; stage 1 replicated onto it
+  expect_format_error(doc, f.g, "one of them is replicated");
   doc = good;
   doc["micro_batch_size"] = 3;
   expect_format_error(doc, f.g, "micro-batches do not make up the mini-batch");

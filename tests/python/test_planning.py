@@ -260,7 +260,7 @@ def test_manual_stage_devices(uno) -> None:
     errors = {
         "stage 7": {7: [0]},
         "no device": {0: []},
-        "device 1 to stage 0 and to stage 1": {0: [0, 1], 1: [1]},
+        "stages 0 and 1 both run on rank 1, and one of them is replicated": {0: [0, 1], 1: [1]},
         "device 5": {0: [5]},
     }
     for message, devices in errors.items():

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "plan/rank_sharing.h"
 
 namespace graphpipe::partition {
 
@@ -36,13 +37,14 @@ std::vector<int> manual_rule_stages(const graph::OpGraph& g, const ManualMapping
   return stages;
 }
 
-std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping& mapping, int num_devices) {
+std::vector<int> manual_assignment(const graph::OpGraph& g, const ManualMapping& mapping, int num_devices,
+                                   bool shared_devices) {
   if (mapping.empty()) {
     throw PlanningError("the manual partitioner needs a mapping from module names to stages");
   }
   int stages = 0;
   for (const auto& [prefix, stage] : mapping) {
-    if (stage < 0 || stage >= num_devices) {
+    if (stage < 0 || (stage >= num_devices && !shared_devices)) {
       throw PlanningError("manual mapping sends '" + prefix + "' to stage " + std::to_string(stage) + ", outside 0.." +
                           std::to_string(num_devices - 1) + " for " + std::to_string(num_devices) + " devices");
     }
@@ -99,17 +101,13 @@ std::vector<std::vector<int>> manual_stage_devices(const std::map<int, std::vect
                             ", outside 0.." + std::to_string(num_devices - 1) + " for " + std::to_string(num_devices) +
                             " devices");
       }
-      if (owner[d] >= 0) {
-        throw PlanningError("stage_devices gives device " + std::to_string(d) + " to stage " +
-                            std::to_string(owner[d]) +
-                            (owner[d] == stage ? " twice" : " and to stage " + std::to_string(stage)) +
-                            ": the stages' devices must not overlap");
-      }
       owner[d] = stage;
     }
     result[stage] = ranks;
     std::sort(result[stage].begin(), result[stage].end());
   }
+  // Stages may share a device where each runs on it alone (plan/rank_sharing.h).
+  if (auto problem = plan::rank_sharing_problem(result)) throw PlanningError("stage_devices: " + *problem);
   int next = 0;
   for (int s = 0; s < num_stages; ++s) {
     if (!result[s].empty()) continue;

@@ -1,0 +1,56 @@
+"""Plans with several stages per rank: the manual partitioner's ``stage_devices`` may place
+several stages on one device, each alone on it (a replicated stage keeps its devices to
+itself); such a plan validates, prints, schedules with no transfers between two stages on one
+rank, simulates as the planner predicted, and the runtime refuses it by name (it runs one stage
+per rank for now)."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphpipe
+from graphpipe.models import build_model
+from graphpipe.runtime.plan import check_runnable
+
+# A chain of 4 stages folded into a V on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+V = {0: [0], 1: [1], 2: [1], 3: [0]}
+STAGES = {"blocks.0": 0, "blocks.1": 1, "blocks.2": 2, "blocks.3": 3, "": 3}
+
+
+@pytest.fixture(scope="module")
+def chain():
+    model, inputs = build_model("transformer:depth=4,batch=8")
+    return graphpipe.trace(model, inputs)
+
+
+def test_a_v_plan_validates_schedules_and_simulates(chain) -> None:
+    devices = graphpipe.devices(2)
+    plan = graphpipe.plan(chain, devices, "manual", manual=STAGES, stage_devices=V, micro_batches=4)
+    plan.validate(chain)
+    assert [list(s.devices) for s in plan.stages] == [[0], [1], [1], [0]]
+    assert "4 stages on 2 devices" in str(plan)
+    schedule = graphpipe.schedule(plan, "1f1b")
+    assert "stage ranks: 0 1 1 0" in str(schedule)
+    # Edge 1 (stage 1 -> 2) stays on rank 1: no send or receive names it; edges 0 and 2 cross.
+    tokens = [t for program in schedule.programs for t in program]
+    assert not [t for t in tokens if t.endswith("e1")]
+    assert [t for t in tokens if t.endswith("e0")] and [t for t in tokens if t.endswith("e2")]
+    result = graphpipe.simulate(plan, devices)
+    assert result.iteration_seconds == pytest.approx(plan.predicted_iteration_seconds, rel=1e-12)
+    # The same stages one per rank on 4 devices, against two per rank on 2: each rank of the V
+    # runs two stages' computes, so the step is longer, but by less than twice (the V overlaps).
+    one_each = graphpipe.plan(chain, graphpipe.devices(4), "manual", manual=STAGES, micro_batches=4)
+    assert one_each.predicted_iteration_seconds < plan.predicted_iteration_seconds
+    assert plan.predicted_iteration_seconds < 2 * one_each.predicted_iteration_seconds
+
+
+def test_a_rank_shared_with_a_replicated_stage_is_refused(chain) -> None:
+    with pytest.raises(graphpipe.PlanningError, match="one of them is replicated"):
+        graphpipe.plan(chain, graphpipe.devices(3), "manual", manual=STAGES, micro_batches=4,
+                       stage_devices={0: [0], 1: [1, 2], 2: [1], 3: [0]})
+
+
+def test_the_runtime_refuses_several_stages_per_rank_by_name(chain) -> None:
+    plan = graphpipe.plan(chain, graphpipe.devices(2), "manual", manual=STAGES, stage_devices=V, micro_batches=4)
+    with pytest.raises(graphpipe.PlanningError, match=r"several stages on rank\(s\) \[0, 1\].*one stage per rank"):
+        check_runnable(plan, 2, None)
