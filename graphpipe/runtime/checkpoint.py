@@ -171,10 +171,10 @@ def save(parts: Parts, path: str | os.PathLike, optimizer: torch.optim.Optimizer
             refusal = None
         except CheckpointException as exc:
             refusal = _write_failure(exc)
-    _refuse_together(where, link.gather(refusal, where), cleanup=staged if lead else None)
+    _refuse_together(where, link.gather(refusal, where), cleanup=_Cleanup(link, staged, lead))
     if lead:
         refusal = _attempt(lambda: _publish(path, staged, save_id, merged))
-    _refuse_together(where, link.gather(refusal, where), cleanup=staged if lead else None)
+    _refuse_together(where, link.gather(refusal, where), cleanup=_Cleanup(link, staged, lead))
 
 
 def _state_to_save(parts: Parts, optimizer: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -259,15 +259,29 @@ def _write_failure(exc: CheckpointException) -> str:
     return f"writing failed ({describe(exc)})"
 
 
-def _refuse_together(where: str, verdicts: list[str | None], cleanup: str | None = None) -> None:
+@dataclass(frozen=True)
+class _Cleanup:
+    """The staged folder a refused save leaves: rank 0 (``lead``) removes it, and every rank
+    waits for that over ``link`` before raising, so no rank sees the folder after its error."""
+    link: Link
+    staged: str
+    lead: bool
+
+    def run(self, where: str) -> None:
+        if self.lead:
+            shutil.rmtree(self.staged, ignore_errors=True)
+        self.link.gather(None, f"cleaning up after {where}")
+
+
+def _refuse_together(where: str, verdicts: list[str | None], cleanup: _Cleanup | None = None) -> None:
     """Raises the same CheckpointError on every rank when some rank refused (every rank's
     verdict, None: it succeeded; the pipeline stays usable: every rank is alive and in step),
-    after removing ``cleanup`` (the staged folder)."""
+    after ``cleanup`` removed the staged folder."""
     refused = consensus.refusals(verdicts)
     if refused is None:
         return
     if cleanup is not None:
-        shutil.rmtree(cleanup, ignore_errors=True)
+        cleanup.run(where)
     raise CheckpointError(f"{where} failed {refused}; the checkpoint at the path, if any, is unchanged and the "
                           "pipeline can go on training")
 
