@@ -391,15 +391,21 @@ def _float_tensors(args: tuple) -> list[torch.Tensor]:
 
 def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seconds: float | None = None,
                   scale: float = 1.0) -> None:
-    """Switches this rank's stage of a ``graphpipe.wrap`` pipeline to emulation.
+    """Switches this rank's stages (each of them, where it runs several) of a ``graphpipe.wrap``
+    pipeline to emulation.
 
     The durations (per micro-batch) default to the plan's predicted ``forward_seconds`` and
     ``backward_seconds`` of the stage, times ``scale`` (0 measures the runtime alone: its
     dispatch, transfers and per-step work, with no compute).
     """
-    if pipe.stage < 0:
-        return
-    figures = pipe.plan.stages[pipe.stage]
+    for stage in pipe.stages:
+        _emulate_one(pipe, stage, forward_seconds, backward_seconds, scale)
+
+
+def _emulate_one(pipe: Any, stage: int, forward_seconds: float | None, backward_seconds: float | None,
+                 scale: float) -> None:
+    """Switches stage ``stage`` of this rank to emulation (see :func:`emulate_stage`)."""
+    figures = pipe.plan.stages[stage]
     fwd = figures.forward_seconds if forward_seconds is None else forward_seconds
     bwd = figures.backward_seconds if backward_seconds is None else backward_seconds
     # I as the schedules and the simulator price it, W the rest of the backward: a whole backward
@@ -415,4 +421,4 @@ def emulate_stage(pipe: Any, forward_seconds: float | None = None, backward_seco
     pipe.swap_stage_module(
         lambda real: EmulatedStage(real, fwd * scale, bwd * scale, bwd * scale * share, replicated=replicated,
                                    armed=armed),
-        weights=lambda emulated: [emulated.anchor] + [p for g in emulated._groups for p in g])
+        weights=lambda emulated: [emulated.anchor] + [p for g in emulated._groups for p in g], stage=stage)

@@ -39,11 +39,11 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
-// The stage's Python forward, called once per forward instruction with the GIL taken: the
-// received tensors go in as a list per incoming edge, (outputs per outgoing edge, loss or None)
+// The stages' Python forward, called once per forward instruction with the GIL taken: the
+// stage and micro-batch, and the received tensors as a list per incoming edge, go in; (outputs per outgoing edge, loss or None)
 // comes back. Built and read with the Python C API directly (no generic pybind11 casters): it
 // runs on every forward of every micro-batch.
-runtime::StageOutput call_stage(const py::function& forward, int micro_batch,
+runtime::StageOutput call_stage(const py::function& forward, int stage, int micro_batch,
                                 std::vector<std::vector<at::Tensor>>& inputs) {
   py::gil_scoped_acquire gil;
   py::list edges(inputs.size());
@@ -54,7 +54,7 @@ runtime::StageOutput call_stage(const py::function& forward, int micro_batch,
     }
     PyList_SET_ITEM(edges.ptr(), static_cast<Py_ssize_t>(i), tensors.release().ptr());
   }
-  py::object result = forward(micro_batch, edges);
+  py::object result = forward(stage, micro_batch, edges);
   if (!PyTuple_Check(result.ptr()) || PyTuple_GET_SIZE(result.ptr()) != 2) {
     throw Error("graphpipe runtime: a stage forward must return (outputs, loss)");
   }
@@ -266,9 +266,12 @@ void bind_executor(py::module_& m) {
                "Runs `rank`'s program of `schedule` (a Schedule, e.g. graphpipe.schedule(plan, kind)); "
                "raises ScheduleError if the schedule can hang.")
           .def_property_readonly("rank", &runtime::Executor::rank)
-          .def_property_readonly("stage", &runtime::Executor::stage)
-          .def_property_readonly("in_edges", &runtime::Executor::in_edges)
-          .def_property_readonly("out_edges", &runtime::Executor::out_edges)
+          .def_property_readonly("stage", &runtime::Executor::stage, "Its first stage (-1: it holds none).")
+          .def_property_readonly("stages", &runtime::Executor::stages, "Every stage this rank holds, ascending.")
+          .def("in_edges", &runtime::Executor::in_edges, py::arg("stage"),
+               "The stage's incoming edges, in the order forward() receives their tensors.")
+          .def("out_edges", &runtime::Executor::out_edges, py::arg("stage"),
+               "The stage's outgoing edges, in the order forward() returns their tensors.")
           .def_property_readonly("program",
                                  [](const runtime::Executor& e) {
                                    std::vector<std::string> tokens;
@@ -288,8 +291,8 @@ void bind_executor(py::module_& m) {
               },
               py::arg("rows"), "This rank's rows [begin, end) of a micro-batch of `rows` rows.")
           .def("set_edge_specs", &runtime::Executor::set_edge_specs, py::arg("specs"), py::arg("rows") = 0)
-          .def("set_parameters", &runtime::Executor::set_parameters, py::arg("parameters"),
-               "The stage's trainable parameters, whose gradients a W instruction computes (an empty "
+          .def("set_parameters", &runtime::Executor::set_parameters, py::arg("stage"), py::arg("parameters"),
+               "A stage's trainable parameters, whose gradients its W instructions compute (an empty "
                "list: a stage without any).")
           .def("set_local_updates", &runtime::Executor::set_local_updates, py::arg("on"),
                "The replicas of this rank's stage update locally (local SGD): AR waits for nothing.")
@@ -351,14 +354,15 @@ void bind_executor_running(py::class_<runtime::Executor>& executor) {
       .def(
           "run",
           [](runtime::Executor& e, const py::function& forward, bool train, bool record) {
-            const runtime::ForwardFn fn = [&forward](int micro_batch, std::vector<std::vector<at::Tensor>>& inputs) {
-              return call_stage(forward, micro_batch, inputs);
+            const runtime::ForwardFn fn = [&forward](int stage, int micro_batch,
+                                                     std::vector<std::vector<at::Tensor>>& inputs) {
+              return call_stage(forward, stage, micro_batch, inputs);
             };
             py::gil_scoped_release release;
             return e.run(fn, train, record);
           },
           py::arg("forward"), py::arg("train") = true, py::arg("record") = false,
-          "Runs the program once. forward(micro_batch, inputs_per_in_edge) -> (outputs_per_out_edge, "
+          "Runs the program once. forward(stage, micro_batch, inputs_per_in_edge) -> (outputs_per_out_edge, "
           "loss or None). The GIL is released except inside forward.");
 }
 

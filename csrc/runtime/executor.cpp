@@ -26,7 +26,8 @@ using schedule::OpKind;
 namespace {
 
 const std::vector<Instruction> kEmpty;
-const std::vector<int> kNoPeers;  // a compute instruction's peers in the flight recorder
+const std::vector<int> kNoPeers;  // (also: no edges)
+const std::vector<int>& kNoEdges = kNoPeers;  // a compute instruction's peers in the flight recorder
 // Waits at least this long are logged as long (debug level): where the pipeline's bubbles are.
 constexpr double kLongWaitMs = 10.0;
 
@@ -73,21 +74,44 @@ Executor::Executor(schedule::Schedule schedule, int rank, c10::intrusive_ptr<c10
   for (int s = 0; s < schedule_.num_stages(); ++s) {
     const auto& ranks = schedule_.stage_ranks[s];
     for (std::size_t k = 0; k < ranks.size(); ++k) {
-      if (ranks[k] == rank_) {
-        stage_ = s;
+      if (ranks[k] != rank_) continue;
+      stages_.push_back(s);
+      if (ranks.size() > 1) {
+        replicated_stage_ = s;
         replica_ = static_cast<int>(k);
       }
     }
   }
-  if (stage_ >= 0) {
-    for (int r : schedule_.stage_ranks[stage_]) {
+  if (replicated_stage_ >= 0) {
+    for (int r : schedule_.stage_ranks[replicated_stage_]) {
       if (r != rank_) replica_peers_.push_back(r);
     }
   }
+  in_edges_.resize(schedule_.stage_ranks.size());
+  out_edges_.resize(schedule_.stage_ranks.size());
   for (int e = 0; e < static_cast<int>(schedule_.edges.size()); ++e) {
-    if (schedule_.edges[e].dst == stage_) in_edges_.push_back(e);
-    if (schedule_.edges[e].src == stage_) out_edges_.push_back(e);
+    const auto& se = schedule_.edges[e];
+    if (holds(se.dst)) in_edges_[se.dst].push_back(e);
+    if (holds(se.src)) out_edges_[se.src].push_back(e);
   }
+}
+
+bool Executor::holds(int stage) const { return std::binary_search(stages_.begin(), stages_.end(), stage); }
+
+const std::vector<int>& Executor::in_edges(int stage) const {
+  return holds(stage) ? in_edges_[static_cast<std::size_t>(stage)] : kNoEdges;
+}
+
+const std::vector<int>& Executor::out_edges(int stage) const {
+  return holds(stage) ? out_edges_[static_cast<std::size_t>(stage)] : kNoEdges;
+}
+
+void Executor::set_parameters(int stage, std::vector<at::Tensor> parameters) {
+  if (!holds(stage)) {
+    throw Error("graphpipe runtime: set_parameters for stage " + std::to_string(stage) + ", which rank " +
+                std::to_string(rank_) + " does not hold");
+  }
+  parameters_[stage] = std::move(parameters);
 }
 
 const std::vector<Instruction>& Executor::program() const {
@@ -96,8 +120,8 @@ const std::vector<Instruction>& Executor::program() const {
 }
 
 schedule::RowRange Executor::my_rows(std::int64_t rows) const {
-  if (stage_ < 0 || schedule_.replicas(stage_) == 1) return {0, rows};
-  return schedule::shard_rows(rows, schedule_.replicas(stage_), replica_);
+  if (replicated_stage_ < 0) return {0, rows};
+  return schedule::shard_rows(rows, schedule_.replicas(replicated_stage_), replica_);
 }
 
 void Executor::set_edge_specs(std::vector<std::vector<at::Tensor>> specs, std::int64_t rows) {
@@ -139,7 +163,7 @@ bool Executor::sharded(int edge) const {
 
 std::vector<int64_t> Executor::local_shape(const at::Tensor& spec) const {
   std::vector<int64_t> shape(spec.sizes().begin(), spec.sizes().end());
-  if (stage_ >= 0 && schedule_.replicas(stage_) > 1) shape.at(0) = my_rows(rows_).size();
+  if (replicated_stage_ >= 0) shape.at(0) = my_rows(rows_).size();
   return shape;
 }
 
@@ -177,17 +201,17 @@ std::string Executor::describe_piece(const Instruction& ins, std::size_t k, std:
   return text;
 }
 
-void Executor::check_outputs(int micro_batch, const StageOutput& out) const {
-  if (out.edges.size() != out_edges_.size()) {
-    throw TransferMismatch("stage " + std::to_string(stage_) + " forward of micro-batch " +
+void Executor::check_outputs(int stage, int micro_batch, const StageOutput& out) const {
+  const auto& outs = out_edges(stage);
+  if (out.edges.size() != outs.size()) {
+    throw TransferMismatch("stage " + std::to_string(stage) + " forward of micro-batch " +
                            std::to_string(micro_batch) + " returned tensors for " + std::to_string(out.edges.size()) +
-                           " outgoing edges, expected " + std::to_string(out_edges_.size()));
+                           " outgoing edges, expected " + std::to_string(outs.size()));
   }
-  for (std::size_t i = 0; i < out_edges_.size(); ++i) check_edge_outputs(micro_batch, i, out.edges[i]);
+  for (std::size_t i = 0; i < outs.size(); ++i) check_edge_outputs(stage, micro_batch, outs[i], out.edges[i]);
 }
 
-void Executor::check_edge_outputs(int micro_batch, std::size_t i, const std::vector<at::Tensor>& got) const {
-  const int e = out_edges_[i];
+void Executor::check_edge_outputs(int stage, int micro_batch, int e, const std::vector<at::Tensor>& got) const {
   const auto& want = specs_[e];
   auto edge = [&] {
     const auto& se = schedule_.edges[e];
@@ -195,11 +219,11 @@ void Executor::check_edge_outputs(int micro_batch, std::size_t i, const std::vec
            ")";
   };
   if (got.size() != want.size()) {
-    throw TransferMismatch("stage " + std::to_string(stage_) + " produced " + std::to_string(got.size()) +
+    throw TransferMismatch("stage " + std::to_string(stage) + " produced " + std::to_string(got.size()) +
                            " tensors for " + edge() + " in micro-batch " + std::to_string(micro_batch) +
                            ", the edge declares " + std::to_string(want.size()));
   }
-  const bool replicated = schedule_.replicas(stage_) > 1;
+  const bool replicated = schedule_.replicas(stage) > 1;
   for (std::size_t k = 0; k < got.size(); ++k) {
     const bool fits =
         got[k].defined() && got[k].scalar_type() == want[k].scalar_type() &&
@@ -207,7 +231,7 @@ void Executor::check_edge_outputs(int micro_batch, std::size_t i, const std::vec
     if (fits) continue;
     std::ostringstream declared;
     declared << c10::IntArrayRef(local_shape(want[k])) << " " << want[k].scalar_type();
-    throw TransferMismatch("stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(micro_batch) +
+    throw TransferMismatch("stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro_batch) +
                            ": tensor " + std::to_string(k) + " of " + edge() + " is " +
                            (got[k].defined() ? shape_of(got[k]) : std::string("undefined")) + ", the edge declares " +
                            declared.str() + " (shapes are fixed by the shape propagation at the micro-batch size" +
@@ -236,7 +260,7 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
   auto missing = [&](const char* before) {
     return Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) + before);
   };
-  auto& st = state_[ins.micro_batch];
+  auto& st = state_of(ins.stage, ins.micro_batch);
   switch (ins.kind) {
     case OpKind::recv_activation:
     case OpKind::recv_gradient: {
@@ -276,10 +300,12 @@ void Executor::post(const Instruction& ins, bool train, std::vector<TransferOp>&
 }
 
 void Executor::forward(const Instruction& ins, const ForwardFn& fn, bool train) {
-  auto& st = state_[ins.micro_batch];
+  auto& st = state_of(ins.stage, ins.micro_batch);
+  const auto& ins_edges = in_edges(ins.stage);
+  const auto& outs = out_edges(ins.stage);
   std::vector<std::vector<at::Tensor>> inputs;
-  inputs.reserve(in_edges_.size());
-  for (int e : in_edges_) {
+  inputs.reserve(ins_edges.size());
+  for (int e : ins_edges) {
     auto it = st.received.find(e);
     if (it == st.received.end()) {
       throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " " + where(ins) +
@@ -289,21 +315,63 @@ void Executor::forward(const Instruction& ins, const ForwardFn& fn, bool train) 
     inputs.push_back(train ? it->second : std::move(it->second));
   }
   if (!train) {
-    for (int e : in_edges_) st.received.erase(e);
+    for (int e : ins_edges) st.received.erase(e);
   }
-  StageOutput out = fn(ins.micro_batch, inputs);
-  check_outputs(ins.micro_batch, out);
-  for (std::size_t i = 0; i < out_edges_.size(); ++i) st.outputs[out_edges_[i]] = std::move(out.edges[i]);
+  StageOutput out = fn(ins.stage, ins.micro_batch, inputs);
+  check_outputs(ins.stage, ins.micro_batch, out);
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (schedule_.local(outs[i])) hand_over_activations(ins.micro_batch, outs[i], out.edges[i], train);
+    // Evaluation sends and drops; a local edge's outputs are already the consumer's.
+    if (train || !schedule_.local(outs[i])) st.outputs[outs[i]] = std::move(out.edges[i]);
+  }
   if (train) st.loss = std::move(out.loss);
 }
 
+void Executor::hand_over_activations(int micro_batch, int edge, const std::vector<at::Tensor>& outputs, bool train) {
+  const auto& spec = specs_.at(static_cast<std::size_t>(edge));
+  std::vector<at::Tensor> leaves;
+  leaves.reserve(outputs.size());
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    // What a receive gives: a tensor of its own, cut from the producer's graph. A floating one
+    // shares the storage (it becomes a leaf that requires grad, which nothing may write in
+    // place); any other is copied, since the consumer may write it in place.
+    at::Tensor t = carries_grad(spec[k]) ? outputs[k].detach() : outputs[k].detach().clone();
+    if (train && carries_grad(spec[k])) t.requires_grad_(true);
+    leaves.push_back(std::move(t));
+  }
+  state_of(schedule_.edges[edge].dst, micro_batch).received[edge] = std::move(leaves);
+}
+
+void Executor::hand_back_gradients(int micro_batch, int stage) {
+  auto& st = state_of(stage, micro_batch);
+  for (int e : in_edges(stage)) {
+    if (!schedule_.local(e)) continue;
+    auto it = st.received.find(e);
+    if (it == st.received.end()) continue;
+    const auto& spec = specs_.at(static_cast<std::size_t>(e));
+    std::vector<at::Tensor> grads;
+    for (std::size_t k = 0; k < it->second.size(); ++k) {
+      const auto& leaf = it->second[k];
+      if (!carries_grad(spec[k])) {
+        grads.emplace_back();  // as over the wire: only floating tensors travel back
+        continue;
+      }
+      const at::Tensor& g = leaf.grad();
+      grads.push_back(g.defined() ? g : at::zeros_like(leaf));
+    }
+    state_of(schedule_.edges[e].src, micro_batch).grads[e] = std::move(grads);
+    st.received.erase(it);
+  }
+}
+
 void Executor::take_roots(const Instruction& ins, std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads) {
-  auto& st = state_[ins.micro_batch];
+  auto& st = state_of(ins.stage, ins.micro_batch);
+  const auto& outs = out_edges(ins.stage);
   if (st.loss.defined() && st.loss.requires_grad()) {
     roots.push_back(st.loss);
     grads.push_back(at::ones_like(st.loss));
   }
-  for (int e : out_edges_) {
+  for (int e : outs) {
     auto out = st.outputs.find(e);
     auto got = st.grads.find(e);
     if (out == st.outputs.end() || got == st.grads.end()) {
@@ -318,7 +386,7 @@ void Executor::take_roots(const Instruction& ins, std::vector<at::Tensor>& roots
       grads.push_back(g);
     }
   }
-  for (int e : out_edges_) {
+  for (int e : outs) {
     st.outputs.erase(e);
     st.grads.erase(e);
   }
@@ -331,10 +399,11 @@ void Executor::backward(const Instruction& ins) {
   if (!roots.empty()) {
     torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false);
   }
+  hand_back_gradients(ins.micro_batch, ins.stage);
 }
 
 void Executor::backward_input(const Instruction& ins) {
-  auto& st = state_[ins.micro_batch];
+  auto& st = state_of(ins.stage, ins.micro_batch);
   std::vector<at::Tensor> roots, grads;
   take_roots(ins, roots, grads);
   std::vector<at::Tensor> leaves;
@@ -346,16 +415,17 @@ void Executor::backward_input(const Instruction& ins) {
   // split_backward.h: I records the gradients where the parameters' paths join the input path,
   // so that W starts there instead of walking the activation gradients again.
   std::vector<at::Tensor> got;
-  st.pending = runtime::backward_input(roots, grads, leaves, *parameters_, &got);
+  st.pending = runtime::backward_input(roots, grads, leaves, parameters_.at(ins.stage), &got);
   for (std::size_t k = 0; k < leaves.size(); ++k) {
     if (got[k].defined()) leaves[k].mutable_grad() = got[k];
   }
+  hand_back_gradients(ins.micro_batch, ins.stage);
 }
 
 void Executor::backward_weight(const Instruction& ins) {
   // A parameter W does not reach (used under no_grad, or only by another micro-batch's branch)
   // just gets no gradient; running it frees the graph that I kept.
-  PendingWeights pending = std::move(state_[ins.micro_batch].pending);
+  PendingWeights pending = std::move(state_of(ins.stage, ins.micro_batch).pending);
   pending.run();
 }
 
@@ -500,7 +570,8 @@ void Executor::land(Run& run, OpKind kind, int mb, int edge) {
   auto it = run.receives.find(Run::key(kind, mb, edge));
   if (it == run.receives.end()) return;
   finish(run, it->second);
-  auto& st = state_[mb];
+  const auto& se = schedule_.edges[static_cast<std::size_t>(edge)];
+  auto& st = state_of(kind == OpKind::recv_activation ? se.dst : se.src, mb);
   auto tensors = std::move(it->second.tensors);
   if (kind == OpKind::recv_activation) {
     if (run.train) {
@@ -572,7 +643,7 @@ void Executor::exec_send_gradient(Run& run, std::size_t i) { reach_transfer(run,
 
 void Executor::exec_forward(Run& run, std::size_t i) {
   const auto& ins = run.list[i];
-  for (int e : in_edges_) land(run, OpKind::recv_activation, ins.micro_batch, e);
+  for (int e : in_edges(ins.stage)) land(run, OpKind::recv_activation, ins.micro_batch, e);
   compute(run, i, [&] {
     c10::AutoGradMode grad_mode(run.train);
     forward(ins, run.fn, run.train);
@@ -581,7 +652,7 @@ void Executor::exec_forward(Run& run, std::size_t i) {
 
 void Executor::exec_backward(Run& run, std::size_t i) {
   const auto& ins = run.list[i];
-  for (int e : out_edges_) land(run, OpKind::recv_gradient, ins.micro_batch, e);
+  for (int e : out_edges(ins.stage)) land(run, OpKind::recv_gradient, ins.micro_batch, e);
   compute(run, i, [&] {
     // The last backward's gradients are final ones: the replicas' sum starts during it.
     if (i == run.last_backward && buckets_ && run.replicated) buckets_->arm();
@@ -591,7 +662,7 @@ void Executor::exec_backward(Run& run, std::size_t i) {
 
 void Executor::exec_backward_input(Run& run, std::size_t i) {
   const auto& ins = run.list[i];
-  for (int e : out_edges_) land(run, OpKind::recv_gradient, ins.micro_batch, e);
+  for (int e : out_edges(ins.stage)) land(run, OpKind::recv_gradient, ins.micro_batch, e);
   compute(run, i, [&] { backward_input(ins); });
 }
 
@@ -624,26 +695,25 @@ void Executor::check_ready(bool train) const {
   if (specs_.size() != schedule_.edges.size()) {
     throw Error("graphpipe runtime: set_edge_specs() must be called before run()");
   }
-  const bool replicated = stage_ >= 0 && schedule_.replicas(stage_) > 1;
-  if (replicated && train && !buckets_ && !local_updates_) {
+  if (replicated_stage_ >= 0 && train && !buckets_ && !local_updates_) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) + " runs a replica of stage " +
-                std::to_string(stage_) + " but was given no gradient buckets (set_gradient_buckets)");
+                std::to_string(replicated_stage_) + " but was given no gradient buckets (set_gradient_buckets)");
   }
   // Only a missing set_parameters() is an error: an empty list is a legitimate stage without
   // trainable parameters (a stage of parameter-free operators between two others, which the
   // corpus's partitioners produce), whose W does nothing.
-  const auto& prog = program();
-  const bool splits = train && std::any_of(prog.begin(), prog.end(),
-                                           [](const Instruction& ins) { return ins.kind == OpKind::backward_weight; });
-  if (splits && !parameters_ && stage_ >= 0) {
-    throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
-                "'s program splits its backwards (I and W) but set_parameters() was never called "
-                "(pass an empty list for a stage without trainable parameters)");
+  if (!train) return;
+  for (const auto& ins : program()) {
+    if (ins.kind == OpKind::backward_weight && parameters_.count(ins.stage) == 0) {
+      throw Error("graphpipe runtime: rank " + std::to_string(rank_) + "'s program splits the backwards of stage " +
+                  std::to_string(ins.stage) + " (I and W) but set_parameters() was never called for it "
+                  "(pass an empty list for a stage without trainable parameters)");
+    }
   }
 }
 
 void Executor::prepare(Run& run) const {
-  run.replicated = stage_ >= 0 && schedule_.replicas(stage_) > 1;
+  run.replicated = replicated_stage_ >= 0;
   // Evaluation runs only RF, F and SF, in schedule order.
   for (const auto& ins : program()) {
     if (run.train || ins.kind == OpKind::recv_activation || ins.kind == OpKind::forward ||

@@ -1,6 +1,8 @@
 // Executor: runs one rank's instruction list of a Schedule on real tensors.
 //
-// The rank holds one stage (schedule.h: one stage per rank). Per instruction:
+// The rank holds one stage, or several stages that each run on it alone (plan/rank_sharing.h);
+// every instruction names its stage, and each stage keeps its own micro-batch state. Per
+// instruction:
 //   RF  receive the activation tensors of a stage edge into fresh buffers of the edge's declared
 //       shapes and dtypes; floating ones become leaves with requires_grad (training);
 //   F   call the stage's forward function (a callback: the Python stage module) with the
@@ -25,6 +27,12 @@
 //       the last backward (gradient_buckets.h), and write it into the gradients; nothing where
 //       the replicas update locally (set_local_updates: local SGD averages after the step);
 //   OPT nothing: the user's optimizer steps after run().
+// Local edges (Schedule::local: both stages on this rank) have no transfer instructions: the
+// producer's F hands its outputs to the consumer as fresh leaves (detached from its graph, as a
+// receive would give them), and the consumer's B or I hands the leaves' gradients back as if
+// they had been received, so each stage's backward stays its own (and splits into I and W on
+// its own). A parameter tied between two stages of one rank is one tensor in both stage modules:
+// both backwards accumulate into its one .grad.
 // Replicated stages (schedule.h): the rank runs replica r of its stage on the rows
 // schedule::shard_rows gives it in every micro-batch; its inputs, outputs and gradients have
 // those rows. A transfer exchanges, with every rank of the other stage, the rows both own
@@ -76,8 +84,8 @@ struct StageOutput {
   at::Tensor loss;                             // undefined unless this is the loss stage
 };
 
-// (micro_batch, tensors per incoming edge in in_edges() order) -> outputs.
-using ForwardFn = std::function<StageOutput(int, std::vector<std::vector<at::Tensor>>&)>;
+// (stage, micro_batch, tensors per incoming edge in in_edges(stage) order) -> outputs.
+using ForwardFn = std::function<StageOutput(int, int, std::vector<std::vector<at::Tensor>>&)>;
 
 // Called around every communication batch: enter() before the first operation is posted,
 // exit() after every wait returned (also when one threw). The CUDA path (cuda/cuda_streams.h)
@@ -101,14 +109,17 @@ class Executor {
            std::chrono::milliseconds timeout);
 
   int rank() const { return rank_; }
-  int stage() const { return stage_; }      // -1 when the rank holds no stage
+  int stage() const { return stages_.empty() ? -1 : stages_.front(); }  // the first; -1: none
+  const std::vector<int>& stages() const { return stages_; }           // every stage it holds
   int replica() const { return replica_; }  // index among the stage's ranks (0: the lead)
   // This rank's rows of a micro-batch of `rows` rows (all of them unless the stage is replicated).
   schedule::RowRange my_rows(std::int64_t rows) const;
   const schedule::Schedule& schedule() const { return schedule_; }
   const std::vector<schedule::Instruction>& program() const;
-  const std::vector<int>& in_edges() const { return in_edges_; }
-  const std::vector<int>& out_edges() const { return out_edges_; }
+  // A stage's incoming and outgoing edges, in the schedule's edge order (what ForwardFn takes
+  // and returns); empty for a stage this rank does not hold.
+  const std::vector<int>& in_edges(int stage) const;
+  const std::vector<int>& out_edges(int stage) const;
 
   // Declared tensors of every stage edge (index = edge) for a whole micro-batch of `rows` rows:
   // prototypes whose shape and dtype are those of the transferred tensors (meta tensors are
@@ -123,13 +134,15 @@ class Executor {
   // graphpipe/runtime/replica_sync.py averages their parameters after the optimizer step): AR
   // then has nothing to wait for.
   void set_local_updates(bool on) { local_updates_ = on; }
-  // The stage's trainable parameters: what a W instruction computes the gradients of (required
-  // when the program splits its backwards). An empty list is a stage without trainable
-  // parameters (only parameter-free operators, or frozen ones): its I frees the graph at once
-  // and its W has nothing to do; not calling this at all is the error run() reports.
-  void set_parameters(std::vector<at::Tensor> parameters) { parameters_ = std::move(parameters); }
+  // A stage's trainable parameters: what its W instructions compute the gradients of (required
+  // for every stage whose backwards the program splits). An empty list is a stage without
+  // trainable parameters (only parameter-free operators, or frozen ones): its I frees the graph
+  // at once and its W has nothing to do; not calling this at all is the error run() reports.
+  // Throws when this rank does not hold `stage`.
+  void set_parameters(int stage, std::vector<at::Tensor> parameters);
   // How many micro-batches' state (received activations, stashed outputs, graphs kept between an
   // I and its W) the executor holds: 0 after every run(), which is what tests check.
+  // (Counted per stage and micro-batch.)
   std::size_t held_micro_batches() const { return state_.size(); }
   void set_timeout(std::chrono::milliseconds timeout) {
     transport_.set_timeout(timeout);
@@ -226,18 +239,24 @@ class Executor {
   // Fires the injected fault due before instruction i, if any.
   void inject(Run& run, std::size_t i);
 
+  bool holds(int stage) const;  // whether this rank runs `stage`
   std::string where(const schedule::Instruction& ins) const;
   void post(const schedule::Instruction& ins, bool train, std::vector<TransferOp>& ops,
             std::vector<at::Tensor>& buffers);
   void forward(const schedule::Instruction& ins, const ForwardFn& fn, bool train);
+  // A local edge: the producer's outputs to the consumer as leaves (after F), the consumer's
+  // leaves' gradients back to the producer (after B or I).
+  void hand_over_activations(int micro_batch, int edge, const std::vector<at::Tensor>& outputs, bool train);
+  void hand_back_gradients(int micro_batch, int stage);
+  MicroBatchState& state_of(int stage, int micro_batch) { return state_[{stage, micro_batch}]; }
   void backward(const schedule::Instruction& ins);
   // The roots of a micro-batch's backward (its loss and outputs that require grad) and their
   // gradients; drops the stashed outputs and received gradients.
   void take_roots(const schedule::Instruction& ins, std::vector<at::Tensor>& roots, std::vector<at::Tensor>& grads);
   void backward_input(const schedule::Instruction& ins);
   void backward_weight(const schedule::Instruction& ins);
-  void check_outputs(int micro_batch, const StageOutput& out) const;
-  void check_edge_outputs(int micro_batch, std::size_t i, const std::vector<at::Tensor>& got) const;
+  void check_outputs(int stage, int micro_batch, const StageOutput& out) const;
+  void check_edge_outputs(int stage, int micro_batch, int edge, const std::vector<at::Tensor>& got) const;
   // A tensor of edge `edge` as this rank holds it: the spec with its first dimension cut to this
   // replica's rows when the stage is replicated.
   std::vector<int64_t> local_shape(const at::Tensor& spec) const;
@@ -257,18 +276,21 @@ class Executor {
 
   schedule::Schedule schedule_;
   int rank_;
-  int stage_ = -1;
+  std::vector<int> stages_;  // this rank's stages, ascending
+  // The stage that is replicated on this rank, -1 if none; the rank then holds no other stage
+  // (a stage shares its rank only when it runs on it alone), so rows and replicas are its.
+  int replicated_stage_ = -1;
   int replica_ = 0;
-  std::vector<int> in_edges_, out_edges_;
+  std::vector<std::vector<int>> in_edges_, out_edges_;  // per stage (empty where not held)
   std::vector<std::vector<at::Tensor>> specs_;
   std::int64_t rows_ = 0;  // of a micro-batch, as given with the specs
   std::shared_ptr<GradientBuckets> buckets_;
   bool local_updates_ = false;
-  std::optional<std::vector<at::Tensor>> parameters_;  // unset: set_parameters never called
+  std::map<int, std::vector<at::Tensor>> parameters_;  // per stage; absent: set_parameters never called
   Transport transport_;
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;
-  std::map<int, MicroBatchState> state_;
+  std::map<std::pair<int, int>, MicroBatchState> state_;  // (stage, micro-batch)
   std::vector<int> replica_peers_;  // the other ranks of this rank's stage (AR's peers)
   std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
   FaultPlan faults_;

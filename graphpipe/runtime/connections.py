@@ -29,7 +29,7 @@ from graphpipe.runtime.process_group import new_process_group
 from graphpipe.runtime.replica_agreement import broadcast_from_first_replica
 from graphpipe.runtime.replica_sync import ReplicaSync, sync_state_refusal
 from graphpipe.runtime.shared_params import SharedParameterSync
-from graphpipe.runtime.stages import StageCut, StageModule
+from graphpipe.runtime.stages import LocalStage, StageModule
 from graphpipe.runtime.sync_batchnorm import bind_sync_batchnorm
 from graphpipe.sync import SyncMethod
 
@@ -98,29 +98,30 @@ class Connections:
     replica_groups: list[Any] = field(default_factory=list)
 
     @classmethod
-    def connect(cls, maker: GroupMaker, world_size: int, schedule: Any, cut: StageCut, stage: StageModule | None,
-                module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> Connections:
-        """Makes the groups, the executor and the replicas' sync for this rank's ``stage``."""
+    def connect(cls, maker: GroupMaker, world_size: int, schedule: Any, local: LocalStage, method: SyncMethod,
+                bucket_bytes: float, device: torch.device) -> Connections:
+        """Makes the groups, the executor and the replicas' sync for this rank's stages."""
         rank = maker.board.rank
         self = cls()
         _live[id(self)] = self
         self.pg = maker.board.guard(lambda: maker.make(list(range(world_size)), "the pipeline"))
-        maker.board.guard(lambda: self._wire(maker, rank, schedule, cut, stage, module, method, bucket_bytes,
-                                             device))
+        maker.board.guard(lambda: self._wire(maker, rank, schedule, local, method, bucket_bytes, device))
         return self
 
-    def _wire(self, maker: GroupMaker, rank: int, schedule: Any, cut: StageCut, stage: StageModule | None,
-              module: nn.Module, method: SyncMethod, bucket_bytes: float, device: torch.device) -> None:
+    def _wire(self, maker: GroupMaker, rank: int, schedule: Any, local: LocalStage, method: SyncMethod,
+              bucket_bytes: float, device: torch.device) -> None:
+        cut, stage, module = local.cut, local.stage, local.module
         self.shared = SharedParameterSync(
-            cut.shared_params, [st.ranks for st in cut.stages], stage.index if stage is not None else -1, module,
+            cut.shared_params, [st.ranks for st in cut.stages], [st.index for st in local.stages], module,
             lambda members: maker.make(members, "tied parameters"), maker.timeout,
             is_lead=stage is None or stage.ranks[0] == rank,
         )
         # Copies of tied parameters start as their first holder's (replica_agreement.py).
         self.shared.broadcast_from_first()
         self.executor = _C.Executor(schedule, rank, self.pg, maker.timeout)
-        # What a split backward's W computes the gradients of (zero-bubble schedules).
-        self.executor.set_parameters([p for p in module.parameters() if p.requires_grad])
+        # What a split backward's W computes the gradients of (zero-bubble schedules), per stage.
+        for st in local.stages:
+            self.executor.set_parameters(st.index, [p for p in st.module.parameters() if p.requires_grad])
         if method.local_updates and cut.shared_params and any(len(st.ranks) > 1 for st in cut.stages):
             raise InputError(f"sync={method.describe()}: parameters tied across stages cannot be trained with "
                              "local updates on replicated stages (their replicas would drift apart from the other "

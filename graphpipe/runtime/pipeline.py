@@ -45,7 +45,7 @@ from graphpipe.runtime.plan import stage_ranks
 from graphpipe.runtime.process_group import Ranks
 from graphpipe.runtime.rendezvous import Agreed, rendezvous
 from graphpipe.runtime.replica_check import ReplicaCheck
-from graphpipe.runtime.stage_call import StageFn, no_stage, stage_call
+from graphpipe.runtime.stage_call import StageFn, stage_call
 from graphpipe.runtime.stages import NO_PARAMETERS, LocalStage, build_stages, stage_device
 from graphpipe.runtime.state_dicts import ModelFacts, load_refusal
 from graphpipe.runtime.steps import Steps, loss_callback
@@ -105,8 +105,8 @@ class Pipeline:
             enable_nccl_flight_recorder(folder)
         maker = GroupMaker(list(ranks.global_ranks), ranks.world_size == dist.get_world_size(), backend,
                            self.timeout, board)
-        conn = Connections.connect(maker, ranks.world_size, self.schedule, self._local.cut, self._local.stage,
-                                   self._local.module, sync_method, bucket_bytes, self.device)
+        conn = Connections.connect(maker, ranks.world_size, self.schedule, self._local, sync_method, bucket_bytes,
+                                   self.device)
         self._link.connect(conn, Flight(board.store, ranks.rank, ranks.world_size, self.timeout, folder,
                                         [(int(e.src), int(e.dst)) for e in self.plan.edges]))
         del conn
@@ -123,7 +123,7 @@ class Pipeline:
         cut = build_stages(traced.module, self.plan, traced.graph)
         self._local = LocalStage.keep(cut, model, self.rank)
         self.device = stage_device(self._local.module, self.options.device)
-        check_backend(self.device, self._local.stage is not None, str(dist.get_backend(self.group)).lower())
+        check_backend(self.device, bool(self._local.stages), str(dist.get_backend(self.group)).lower())
         self._facts = ModelFacts.of(model, traced)
         self._batches = BatchPrep(traced, agreed.example_args, cut, len(self.plan.edges), self.num_micro_batches,
                                   self.device, self._facts.name)
@@ -238,8 +238,15 @@ class Pipeline:
 
     @property
     def stage(self) -> int:
-        """Index of the stage this rank runs (-1 when it holds none)."""
+        """Index of the stage this rank runs, the first of them when it runs several (-1 when it
+        holds none)."""
         return self._local.index
+
+    @property
+    def stages(self) -> list[int]:
+        """Indices of every stage this rank runs (several where the plan puts several stages on
+        its device)."""
+        return [st.index for st in self._local.stages]
 
     @property
     def stage_ranks(self) -> list[int]:
@@ -261,36 +268,37 @@ class Pipeline:
         return self._link.executor().schedule_table()
 
     def swap_stage_module(self, make: Callable[[nn.Module], nn.Module],
-                          weights: Callable[[nn.Module], Iterable[nn.Parameter]] | None = None) -> None:
-        """Replaces this rank's stage module by ``make(module)`` (nothing on a rank without a
-        stage): the seam for tools that stand in for a stage's compute, such as
-        ``graphpipe.testing.emulate``. The new module must take and return what the old one
-        did. ``weights(new_module)``: what a split backward's W computes the gradients of
-        (default: the new module's trainable parameters)."""
-        if self._local.stage is None:
+                          weights: Callable[[nn.Module], Iterable[nn.Parameter]] | None = None,
+                          stage: int | None = None) -> None:
+        """Replaces the module of this rank's ``stage`` (default: its only one) by
+        ``make(module)`` (nothing on a rank without a stage): the seam for tools that stand in
+        for a stage's compute, such as ``graphpipe.testing.emulate``. The new module must take
+        and return what the old one did. ``weights(new_module)``: what a split backward's W
+        computes the gradients of (default: the new module's trainable parameters). On a rank
+        with several stages, :attr:`module` then holds the stages' modules by index."""
+        if not self._local.stages:
             return
-        self._local.swap(make(self._local.module))
+        if stage is None and len(self._local.stages) > 1:
+            raise InputError(f"swap_stage_module: rank {self.rank} runs stages {self.stages}; name the one to "
+                             "replace (stage=)")
+        index = self._local.swap(make(self._local.stage_module(stage)), stage)
         if self.executor is not None:
-            chosen = weights(self.module) if weights is not None else (
-                p for p in self.module.parameters() if p.requires_grad)
-            self.executor.set_parameters(list(chosen))
+            new = self._local.stage_module(index)
+            chosen = weights(new) if weights is not None else (p for p in new.parameters() if p.requires_grad)
+            self.executor.set_parameters(index, list(chosen))
 
     # ---- running -----------------------------------------------------------------------------
     def _stage_fn(self, values: list[dict[str, Any]], on_output: Callable[[int, Any], torch.Tensor | None]) -> StageFn:
         """The executor's F callback for this rank (stage_call.py), for the batch prepared last,
         under ``wrap(autocast=)``."""
-        stage = self._local.stage
-        if stage is None:
-            return no_stage
-        recompute = bool(self.plan.stages[stage.index].recompute)
-        fn = stage_call(stage, self._link.executor(), self._batches.layouts(), recompute, self._steps.saved, values,
-                        on_output)
+        fn = stage_call(self._local.stages, self._link.executor(), self._batches.layouts(),
+                        lambda s: bool(self.plan.stages[s].recompute), self._steps.saved, values, on_output)
         if self.options.autocast is None:
             return fn
 
-        def forward(m: int, received: list[list[torch.Tensor]]) -> Any:
+        def forward(stage: int, m: int, received: list[list[torch.Tensor]]) -> Any:
             with self.options.autocast_context(self.device):
-                return fn(m, received)
+                return fn(stage, m, received)
 
         return forward
 

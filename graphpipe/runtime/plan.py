@@ -64,13 +64,6 @@ def check_runnable(plan: Any, world_size: int, micro_batches: int | None) -> Non
             f"the plan places stages on ranks {sorted(ranks)}, but the process group has only "
             f"{world_size} ranks"
         )
-    shared = sorted({r for r in ranks if ranks.count(r) > 1})
-    if shared:
-        raise PlanningError(
-            f"the plan places several stages on rank(s) {shared}: graphpipe.schedule and "
-            "graphpipe.simulate run such plans, but the runtime runs one stage per rank for now; "
-            "give each stage its own rank"
-        )
 
 
 def stage_ranks(plan: Any) -> list[list[int]]:

@@ -34,8 +34,8 @@ class SharedParameterSync:
             (``StageCut.shared_params``).
         stage_ranks: ranks (in the pipeline) of each stage, its lead first (several for a
             replicated stage, whose replicas hold equal, already summed gradients).
-        my_stage: this rank's stage (-1 if none).
-        module: this rank's stage module.
+        my_stages: this rank's stages (none, one, or several that each run on it alone).
+        module: the module holding this rank's stages' state (stages.py ``local_module``).
         make_group: pipeline ranks -> their process group on a member, None elsewhere; called on
             every rank for every set of holders, in the same order.
         timeout: seconds an all-reduce may take before ``PipelineTimeout``.
@@ -46,7 +46,7 @@ class SharedParameterSync:
         self,
         shared: Mapping[str, Mapping[int, str]],
         stage_ranks: list[list[int]],
-        my_stage: int,
+        my_stages: list[int],
         module: nn.Module,
         make_group: Callable[[list[int]], Any],
         timeout: float,
@@ -58,8 +58,12 @@ class SharedParameterSync:
         # stage contributes its gradient, the other replicas zeros, so each stage counts once.
         self._contributes = is_lead
         for name, users in sorted(shared.items()):
-            ranks = tuple(sorted(r for s in users for r in stage_ranks[s]))
-            by_ranks.setdefault(ranks, []).append(name)
+            # Two holders on one rank hold one tensor (their stage modules share the traced
+            # module's parameter), whose gradient autograd already sums there: a rank counts once,
+            # and a parameter all of whose holders are on one rank needs no group.
+            ranks = tuple(sorted({r for s in users for r in stage_ranks[s]}))
+            if len(ranks) > 1:
+                by_ranks.setdefault(ranks, []).append(name)
         self._syncs: list[tuple[tuple[int, ...], Any, list[nn.Parameter]]] = []
         # Every rank asks for every group, in the same order: torch's group names depend on it
         # (graphpipe/runtime/process_group.py); non-members get None.
@@ -67,7 +71,7 @@ class SharedParameterSync:
             sub = make_group(list(ranks))
             if sub is None:
                 continue
-            params = [module.get_parameter(shared[n][my_stage]) for n in names]
+            params = [module.get_parameter(next(shared[n][s] for s in my_stages if s in shared[n])) for n in names]
             self._syncs.append((ranks, sub, params))
 
     @property

@@ -1,10 +1,10 @@
 """The stage call: the Python callback the C++ Executor calls for each forward (F) of this
-rank's stage. It turns the tensors received on the stage's incoming edges back into values,
+rank's stages (one, or several that each run on it alone; the executor names the stage). It turns the tensors received on the stage's incoming edges back into values,
 runs the stage module (with activation recomputation where the plan asks for it), and flattens
 the values for each outgoing edge; the output stage also computes the micro-batch's loss.
 
-The executor passes received tensors in ``Executor.in_edges`` order and expects outputs in
-``Executor.out_edges`` order (both the C++ schedule's edge order): the stage's topology comes
+The executor passes received tensors in ``Executor.in_edges(stage)`` order and expects outputs in
+``Executor.out_edges(stage)`` order (both the C++ schedule's edge order): the stage's topology comes
 from there, not from a Python copy."""
 
 from __future__ import annotations
@@ -18,18 +18,38 @@ import torch.utils.checkpoint
 from graphpipe.runtime.measure import SavedActivations
 from graphpipe.runtime.stages import EdgeLayout, StageModule, flatten_values, unflatten_values
 
-__all__ = ["StageFn", "no_stage", "stage_call"]
+__all__ = ["StageFn", "stage_call"]
 
-#: ``fn(micro_batch, received tensors per incoming edge) -> (tensors per outgoing edge, loss)``.
-StageFn = Callable[[int, list[list[torch.Tensor]]], tuple[list[list[torch.Tensor]], Any]]
-
-
-def no_stage(m: int, received: list[list[torch.Tensor]]) -> tuple[list, None]:
-    """The call of a rank that holds no stage (the executor never runs an F there)."""
-    return [], None
+#: ``fn(stage, micro_batch, received tensors per incoming edge) -> (tensors per outgoing edge, loss)``.
+StageFn = Callable[[int, int, list[list[torch.Tensor]]], tuple[list[list[torch.Tensor]], Any]]
+#: One stage's call: ``fn(micro_batch, received) -> (outputs, loss)``.
+OneStageFn = Callable[[int, list[list[torch.Tensor]]], tuple[list[list[torch.Tensor]], Any]]
 
 
 def stage_call(
+    stages: list[StageModule],
+    executor: Any,
+    layouts: list[EdgeLayout],
+    recompute: Callable[[int], bool],
+    saved: SavedActivations | None,
+    values: list[dict[str, Any]],
+    on_output: Callable[[int, Any], torch.Tensor | None],
+) -> StageFn:
+    """The executor's F callback for this rank's ``stages`` over the micro-batches' input
+    ``values``; ``recompute(stage)``: whether the plan recomputes that stage's activations;
+    ``on_output(m, output)`` gets the model output of micro-batch ``m`` on the output stage and
+    returns the loss to differentiate (None: no backward). On a rank without a stage the
+    executor never runs an F."""
+    calls = {st.index: _one_stage(st, executor, layouts, recompute(st.index), saved, values, on_output)
+             for st in stages}
+
+    def forward(stage: int, m: int, received: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
+        return calls[stage](m, received)
+
+    return forward
+
+
+def _one_stage(
     stage: StageModule,
     executor: Any,
     layouts: list[EdgeLayout],
@@ -37,12 +57,10 @@ def stage_call(
     saved: SavedActivations | None,
     values: list[dict[str, Any]],
     on_output: Callable[[int, Any], torch.Tensor | None],
-) -> StageFn:
-    """The executor's F callback for ``stage`` over the micro-batches' input ``values``;
-    ``on_output(m, output)`` gets the model output of micro-batch ``m`` on the output stage
-    and returns the loss to differentiate (None: no backward)."""
-    in_edges = list(executor.in_edges)
-    out_edges = list(executor.out_edges)
+) -> OneStageFn:
+    """The call of one stage (see :func:`stage_call`)."""
+    in_edges = list(executor.in_edges(stage.index))
+    out_edges = list(executor.out_edges(stage.index))
     # Per incoming edge, whether every value it carries is one tensor (the usual case): then the
     # received tensors are the values and the pytree unflatten per micro-batch is skipped.
     plain_in = [_plain(layouts[e]) for e in in_edges]

@@ -48,8 +48,8 @@ from torch.utils import _pytree as pytree
 from graphpipe.capture import is_opaque_module
 from graphpipe.errors import PlanningError
 
-__all__ = ["EdgeLayout", "LocalStage", "StageCut", "StageModule", "build_stages", "hold_unused_state", "keep_local_stage",
-           "local_module", "edge_layouts", "stage_device", "NO_PARAMETERS"]
+__all__ = ["EdgeLayout", "LocalStage", "StageCut", "StageModule", "build_stages", "hold_unused_state",
+           "holding_module", "keep_local_stages", "local_module", "edge_layouts", "stage_device", "NO_PARAMETERS"]
 
 
 class _TensorSlot:
@@ -307,13 +307,14 @@ def hold_unused_state(graph: StageCut, model: torch.nn.Module) -> list[str]:
     return unused
 
 
-def keep_local_stage(cut: StageCut, model: torch.nn.Module, rank: int) -> StageModule | None:
-    """The stage that ``rank`` runs (None if it runs none), after dropping every other stage's
-    module (and so its parameters) from ``cut``; the model's unused state is held first."""
+def keep_local_stages(cut: StageCut, model: torch.nn.Module, rank: int) -> list[StageModule]:
+    """The stages that ``rank`` runs (none, one, or several that each run on it alone), after
+    dropping every other stage's module (and so its parameters) from ``cut``; the model's unused
+    state is held first."""
     hold_unused_state(cut, model)
-    mine = next((st for st in cut.stages if rank in st.ranks), None)
+    mine = [st for st in cut.stages if rank in st.ranks]
     for st in cut.stages:
-        if st is not mine:
+        if st not in mine:
             st.module = None
     return mine
 
@@ -322,42 +323,73 @@ def keep_local_stage(cut: StageCut, model: torch.nn.Module, rank: int) -> StageM
 NO_PARAMETERS = "graphpipe_no_parameters"
 
 
-def local_module(stage: StageModule | None) -> torch.nn.Module:
-    """The module this rank runs: its stage's, or an empty one on a rank without a stage. A
-    module without parameters gets one empty, frozen placeholder, so that torch's optimizers,
-    which refuse an empty list, can be built over ``pipe.parameters()`` on every rank (it never
-    gets a gradient, so never changes)."""
-    module = stage.module if stage is not None else torch.nn.Module()
+def local_module(stages: list[StageModule]) -> torch.nn.Module:
+    """The module this rank runs: its stage's; with several stages, one module holding all of
+    their state under the model's names (:func:`holding_module`); an empty one on a rank without
+    a stage. A module without parameters gets one empty, frozen placeholder, so that torch's
+    optimizers, which refuse an empty list, can be built over ``pipe.parameters()`` on every rank
+    (it never gets a gradient, so never changes)."""
+    if len(stages) == 1:
+        module = stages[0].module
+    else:
+        module = holding_module([st.module for st in stages]) if stages else torch.nn.Module()
     if not any(True for _ in module.parameters()):
         module.register_parameter(NO_PARAMETERS, torch.nn.Parameter(torch.empty(0), requires_grad=False))
     return module
 
 
+def holding_module(modules: list[torch.nn.Module]) -> torch.nn.Module:
+    """One module holding the submodules, parameters and buffers of several stage modules of one
+    rank under their names in the model. Stage modules are built on the traced module as root,
+    so two stages that use one parameter (tied weights) hold the same tensor: it is one
+    parameter here, its gradient the sum of both stages' uses, and ``train()``/``eval()`` reach
+    the very submodules the stages call."""
+    from torch.fx.graph_module import _copy_attr
+
+    holder = torch.nn.Module()
+    # Whole submodules first, so that a parameter's path then runs into the one already copied.
+    for module in modules:
+        for node in module.graph.nodes:
+            if node.op == "call_module":
+                _copy_attr(module, holder, str(node.target))
+    for module in modules:
+        for name, _ in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+            _copy_attr(module, holder, name)
+    return holder
+
+
 @dataclass
 class LocalStage:
-    """This rank's share of a cut: its stage (None when it runs none), the module it runs (the
-    stage's, or :func:`local_module`'s placeholder), and the cut, whose other stages' modules
-    are gone (:func:`keep_local_stage`)."""
+    """This rank's share of a cut: its stages (none, one, or several that each run on this rank
+    alone), the module holding their state (the stage's own module with one stage, see
+    :func:`local_module`), and the cut, whose other stages' modules are gone
+    (:func:`keep_local_stages`)."""
 
     cut: StageCut
-    stage: StageModule | None
+    stages: list[StageModule]
     module: torch.nn.Module
 
     @classmethod
     def keep(cls, cut: StageCut, model: torch.nn.Module, rank: int) -> LocalStage:
         """``rank``'s share of ``cut`` (dropping every other stage's module)."""
-        stage = keep_local_stage(cut, model, rank)
-        return cls(cut, stage, local_module(stage))
+        stages = keep_local_stages(cut, model, rank)
+        return cls(cut, stages, local_module(stages))
+
+    @property
+    def stage(self) -> StageModule | None:
+        """The first of this rank's stages (None without one)."""
+        return self.stages[0] if self.stages else None
 
     @property
     def index(self) -> int:
-        """The stage's index (-1 without one)."""
-        return self.stage.index if self.stage is not None else -1
+        """The first stage's index (-1 without one)."""
+        return self.stages[0].index if self.stages else -1
 
     @property
     def ranks(self) -> list[int]:
-        """The ranks that run this stage, its lead replica first ([] without one)."""
-        return [int(r) for r in self.stage.ranks] if self.stage is not None else []
+        """The ranks that run this rank's stages, the lead replica first ([] without one; a
+        rank with several stages runs each of them alone)."""
+        return [int(r) for r in self.stages[0].ranks] if self.stages else []
 
     @property
     def replicated(self) -> bool:
@@ -369,10 +401,28 @@ class LocalStage:
         """The ranks of the stage that computes the model output (and the loss)."""
         return list(self.cut.stages[self.cut.output_stage].ranks)
 
-    def swap(self, module: torch.nn.Module) -> None:
-        """Runs ``module`` in place of the stage's module (a rank with a stage only)."""
-        assert self.stage is not None
-        self.stage.module = self.module = module
+    def stage_module(self, index: int | None = None) -> torch.nn.Module:
+        """The module of this rank's stage ``index`` (default: its first)."""
+        return self._find(index).module
+
+    def swap(self, module: torch.nn.Module, index: int | None = None) -> int:
+        """Runs ``module`` in place of the module of stage ``index`` (default: the first);
+        returns the stage's index. With several stages, :attr:`module` becomes a ``ModuleDict``
+        of the stages' modules by index: a stand-in (emulation) need not hold the model's
+        names."""
+        stage = self._find(index)
+        stage.module = module
+        if len(self.stages) == 1:
+            self.module = module
+        else:
+            self.module = torch.nn.ModuleDict({str(st.index): st.module for st in self.stages})
+        return stage.index
+
+    def _find(self, index: int | None) -> StageModule:
+        found = [st for st in self.stages if index is None or st.index == index]
+        if not found:
+            raise PlanningError(f"this rank runs stages {[st.index for st in self.stages]}, not stage {index}")
+        return found[0]
 
 
 def stage_device(module: torch.nn.Module, device: Any) -> torch.device:

@@ -1,108 +1,27 @@
 // The runtime's Executor and Transport from C++ alone: ranks are threads and the process group
-// is an in-memory loopback (rendezvous semantics like Gloo's: a send completes only once its
-// receive is posted, FIFO per (src, dst, tag)), so no Python and no Gloo headers are needed.
+// is an in-memory loopback (loopback_group.h), so no Python and no Gloo headers are needed.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <tuple>
 
 #include "runtime/errors.h"
 #include "runtime/executor.h"
 #include "schedule/generate.h"
+#include "loopback_group.h"
 #include "schedule_plans.h"
 
 using namespace graphpipe;
 using runtime::Executor;
 using runtime::StageOutput;
+using graphpipe::testing::LoopbackGroup;
+using graphpipe::testing::Mailbox;
 
 namespace {
-
-struct Mailbox;
-
-class LoopbackWork : public c10d::Work {
- public:
-  LoopbackWork(std::shared_ptr<Mailbox> box) : box_(std::move(box)) {}
-  bool wait(std::chrono::milliseconds timeout) override;
-  bool isCompleted() override;
-  bool done = false;
-
- private:
-  std::shared_ptr<Mailbox> box_;
-};
-
-struct Pending {
-  at::Tensor tensor;
-  c10::intrusive_ptr<LoopbackWork> work;
-};
-
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool closed = false;
-  std::map<std::tuple<int, int, int>, std::deque<Pending>> sends, recvs;
-
-  void match(const std::tuple<int, int, int>& key) {
-    auto& s = sends[key];
-    auto& r = recvs[key];
-    while (!s.empty() && !r.empty()) {
-      if (r.front().tensor.sizes() != s.front().tensor.sizes()) {
-        closed = true;  // like a Gloo size mismatch: the pair is broken
-      } else {
-        r.front().tensor.copy_(s.front().tensor);
-      }
-      s.front().work->done = true;
-      r.front().work->done = true;
-      s.pop_front();
-      r.pop_front();
-    }
-    cv.notify_all();
-  }
-};
-
-bool LoopbackWork::wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(box_->mu);
-  if (!box_->cv.wait_for(lock, timeout, [&] { return done || box_->closed; })) {
-    throw std::runtime_error("Timed out waiting " + std::to_string(timeout.count()) + "ms for the peer");
-  }
-  if (!done) throw std::runtime_error("Connection closed by peer");
-  return true;
-}
-
-bool LoopbackWork::isCompleted() {
-  std::lock_guard<std::mutex> lock(box_->mu);
-  return done;
-}
-
-class LoopbackGroup : public c10d::ProcessGroup {
- public:
-  LoopbackGroup(std::shared_ptr<Mailbox> box, int rank, int size) : ProcessGroup(rank, size), box_(std::move(box)) {}
-  const std::string getBackendName() const override { return "loopback"; }
-
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
-    return post(true, tensors.at(0).clone(), getRank(), dst, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
-    return post(false, tensors.at(0), src, getRank(), tag);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Work> post(bool send, at::Tensor t, int src, int dst, int tag) {
-    auto work = c10::make_intrusive<LoopbackWork>(box_);
-    std::lock_guard<std::mutex> lock(box_->mu);
-    auto key = std::make_tuple(src, dst, tag);
-    (send ? box_->sends : box_->recvs)[key].push_back({std::move(t), work});
-    box_->match(key);
-    return work;
-  }
-  std::shared_ptr<Mailbox> box_;
-};
 
 // Two stages: stage 0 computes h = x W0 (and sends h and an integer tensor), stage 1 the loss
 // sum((h W1)^2) / M per micro-batch. Compared with sum over the whole batch / M in one thread.
@@ -117,7 +36,7 @@ struct TwoStageModel {
     return {{at::empty({2, 3}, meta), at::empty({2}, meta.dtype(at::kLong))}};
   }
   runtime::ForwardFn stage0() {
-    return [this](int m, std::vector<std::vector<at::Tensor>>& in) {
+    return [this](int, int m, std::vector<std::vector<at::Tensor>>& in) {
       EXPECT_TRUE(in.empty());
       StageOutput out;
       auto xm = x.narrow(0, 2 * m, 2);
@@ -126,7 +45,7 @@ struct TwoStageModel {
     };
   }
   runtime::ForwardFn stage1() {
-    return [this](int m, std::vector<std::vector<at::Tensor>>& in) {
+    return [this](int, int m, std::vector<std::vector<at::Tensor>>& in) {
       EXPECT_EQ(in.size(), 1u);
       EXPECT_TRUE(in[0][0].requires_grad());
       EXPECT_FALSE(in[0][1].requires_grad());
@@ -156,7 +75,7 @@ TEST_P(RuntimeExecutor, TwoThreadsEqualOneProcess) {
   e0.set_edge_specs(model.specs());
   e1.set_edge_specs(model.specs());
   EXPECT_EQ(e0.stage(), 0);
-  EXPECT_EQ(e1.in_edges(), std::vector<int>{0});
+  EXPECT_EQ(e1.in_edges(1), std::vector<int>{0});
   std::exception_ptr failure;
   std::thread t1([&] {
     try {
@@ -262,17 +181,17 @@ TEST(RuntimeExecutor, ZeroBubbleWithAParameterFreeStageEqualsOneProcess) {
   auto meta = at::TensorOptions().device(at::kMeta);
   const std::vector<std::vector<at::Tensor>> specs = {{at::empty({2, 3}, meta)}, {at::empty({2, 3}, meta)}};
   std::vector<runtime::ForwardFn> fns = {
-      [&](int m, std::vector<std::vector<at::Tensor>>&) {
+      [&](int, int m, std::vector<std::vector<at::Tensor>>&) {
         StageOutput out;
         out.edges = {{at::matmul(x.narrow(0, 2 * m, 2), w0)}};
         return out;
       },
-      [&](int, std::vector<std::vector<at::Tensor>>& in) {
+      [&](int, int, std::vector<std::vector<at::Tensor>>& in) {
         StageOutput out;
         out.edges = {{at::tanh(in.at(0).at(0))}};
         return out;
       },
-      [&](int, std::vector<std::vector<at::Tensor>>& in) {
+      [&](int, int, std::vector<std::vector<at::Tensor>>& in) {
         StageOutput out;
         out.loss = at::matmul(in.at(0).at(0), w1).pow(2).sum() / M;
         return out;
@@ -286,7 +205,7 @@ TEST(RuntimeExecutor, ZeroBubbleWithAParameterFreeStageEqualsOneProcess) {
     ex.push_back(std::make_unique<Executor>(sched, r, c10::make_intrusive<LoopbackGroup>(box, r, 3),
                                             std::chrono::milliseconds(5000)));
     ex[r]->set_edge_specs(specs);
-    ex[r]->set_parameters(params[r]);
+    ex[r]->set_parameters(r, params[r]);
   }
   bool split = false;
   for (const auto& ins : ex[1]->program()) split = split || ins.kind == schedule::OpKind::backward_weight;

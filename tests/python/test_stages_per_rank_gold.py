@@ -1,0 +1,157 @@
+"""Gold test of several stages per rank: plans placed by hand (``manual`` with ``stage_devices``)
+that put two or three stages on one rank, looping (interleaved) or folded into a V, train equal
+to plain single-process training over the same batches, under 1F1B and the zero-bubble
+schedule (split backwards).
+
+The cases cover a chain (the Transformer) on 2, 3 and 4 ranks, the multi-modal Transformer's
+branches (a stage DAG), a parameter tied between two stages of one rank (its one tensor gets
+both uses' gradients there) and between a rank with two stages and another rank, and a
+replicated stage beside a rank with three stages. Each world size is one spawn of ranks that
+runs all of its cases in a row; the losses of 3 SGD steps and every parameter afterwards are
+compared at float32's default tolerance (``torch.testing.assert_close``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from graphpipe.testing import run_cases, run_ranks
+
+STEPS = 3
+MICRO_BATCHES = 4
+LR = 0.05
+
+
+def _chain(depth: int) -> dict[str, int]:
+    """The Transformer's blocks one stage each; the rest (embedding, head) with the last."""
+    return {f"blocks.{k}": k for k in range(depth)} | {"": depth - 1}
+
+
+# name -> (model spec or corpus name, operator -> stage, stage -> devices)
+PLACEMENTS: dict[str, tuple[str, dict[str, int], dict[int, list[int]]]] = {
+    "chain_v_2_ranks": ("transformer:depth=4,batch=8", _chain(4), {0: [0], 1: [1], 2: [1], 3: [0]}),
+    "chain_looping_2_ranks": ("transformer:depth=4,batch=8", _chain(4), {0: [0], 1: [1], 2: [0], 3: [1]}),
+    "chain_3_per_rank": ("transformer:depth=6,batch=8", _chain(6),
+                         {0: [0], 1: [1], 2: [1], 3: [0], 4: [0], 5: [1]}),
+    "mmt_branches": ("mmt:branches=2,depth=2,batch=8",
+                     {"": 3, "_inputs": 0, "getitem": 0, "branches.0.0": 0, "branches.0.1": 1, "mean": 1,
+                      "getitem_1": 2, "branches.1": 2, "mean_1": 2},
+                     {0: [0], 1: [1], 2: [1], 3: [0]}),
+    "tied_on_one_rank": ("tied_embedding", {"embed": 0, "mean": 0, "body": 1, "": 2}, {0: [0], 1: [1], 2: [0]}),
+    "tied_across_ranks": ("tied_embedding", {"embed": 0, "mean": 0, "body.0": 1, "": 2},
+                          {0: [0], 1: [0], 2: [1]}),
+    "chain_v_3_ranks": ("transformer:depth=6,batch=8", _chain(6),
+                        {0: [0], 1: [1], 2: [2], 3: [2], 4: [1], 5: [0]}),
+    "replicated_beside_3_per_rank": ("transformer:depth=4,batch=8", _chain(4),
+                                     {0: [0], 1: [1, 2], 2: [0], 3: [0]}),
+    "chain_v_4_ranks": ("transformer:depth=8,batch=8", _chain(8),
+                        {k: [k if k < 4 else 7 - k] for k in range(8)}),
+}
+
+CASES: list[tuple[str, str, int]] = [
+    ("chain_v_2_ranks", "1f1b", 2),
+    ("chain_v_2_ranks", "zb_graph", 2),
+    ("chain_looping_2_ranks", "1f1b", 2),
+    ("chain_3_per_rank", "zb_graph", 2),
+    ("mmt_branches", "1f1b", 2),
+    ("mmt_branches", "zb_graph", 2),
+    ("tied_on_one_rank", "zb_graph", 2),
+    ("tied_across_ranks", "1f1b", 2),
+    ("chain_v_3_ranks", "zb_graph", 3),
+    ("replicated_beside_3_per_rank", "1f1b", 3),
+    ("chain_v_4_ranks", "zb_graph", 4),
+]
+
+
+def _build(source: str) -> tuple[torch.nn.Module, tuple, list[tuple[Any, Any]], Any]:
+    """(seeded model, example inputs, STEPS batches, loss function), the same in every process."""
+    if ":" not in source:  # a corpus pattern
+        import corpus_models as cm
+
+        case = cm.build(source, STEPS, torch.float32)
+        return case.model, case.example, case.batches, case.loss_fn
+    from graphpipe.models import build_model, default_loss
+
+    torch.manual_seed(1234)
+    model, example = build_model(source)
+    batch = example[0].shape[0]
+    batches = []
+    for k in range(STEPS):
+        g = torch.Generator().manual_seed(100 + k)
+        batches.append((model.example_inputs(batch, generator=g), model.example_targets(batch, generator=g)))
+    return model, example, batches, default_loss(source.split(":")[0])
+
+
+def _reference(source: str) -> dict[str, Any]:
+    """Plain single-process SGD: each step's loss over the whole batch, and the parameters."""
+    model, _, batches, loss_fn = _build(source)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for inputs, targets in batches:
+        opt.zero_grad()
+        loss = loss_fn(model(*inputs), targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+
+
+def _train(name: str, schedule: str) -> dict[str, Any]:
+    """On every rank: wrap on the placement's plan and train STEPS SGD steps."""
+    import graphpipe
+
+    source, stages, devices = PLACEMENTS[name]
+    model, example, batches, loss_fn = _build(source)
+    with graphpipe.wrap(model, example, loss_fn, partitioner="manual", manual=stages, stage_devices=devices,
+                        schedule=schedule, micro_batches=MICRO_BATCHES, timeout=120) as pipe:
+        params = list(pipe.parameters())
+        opt = torch.optim.SGD(params, lr=LR)
+        losses = []
+        for inputs, targets in batches:
+            opt.zero_grad()
+            losses.append(pipe.step(inputs, targets).detach())
+            opt.step()
+        return {"losses": torch.stack(losses), "stages": pipe.stages,
+                "params": {k: v.detach().clone() for k, v in pipe.named_parameters()}}
+
+
+def _world_worker(rank: int, world: int, cases: list[tuple[str, str]]) -> dict[tuple, Any]:
+    import sys
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])  # corpus_models, beside this file
+    return run_cases(_train, cases)
+
+
+_RESULTS: dict[int, list[Any]] = {}
+
+
+def _results(world: int) -> list[Any]:
+    if world not in _RESULTS:
+        cases = [(n, s) for (n, s, w) in CASES if w == world]
+        _RESULTS[world] = run_ranks(_world_worker, world, cases, timeout=120 + 60 * len(cases))
+    return _RESULTS[world]
+
+
+@pytest.mark.parametrize("name,schedule,world", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_several_stages_per_rank_train_like_one_process(name: str, schedule: str, world: int) -> None:
+    results = _results(world)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    source, _, devices = PLACEMENTS[name]
+    ref = _reference(source)
+    seen: set[str] = set()
+    for r in results:
+        got = r.value.get((name, schedule))
+        assert got is not None, f"rank {r.rank}: not run, an earlier case on these ranks failed first"
+        assert "error" not in got, f"rank {r.rank}: {got['error']}"
+        # The placement is the one asked for: this rank runs every stage placed on it.
+        assert got["stages"] == sorted(s for s, d in devices.items() if r.rank in d), (r.rank, got["stages"])
+        torch.testing.assert_close(got["losses"], ref["losses"])
+        for k, v in got["params"].items():
+            if k in ref["params"]:
+                torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k: f"rank {r.rank}, {k}: {m}")
+                seen.add(k)
+    assert seen == set(ref["params"]), f"parameters held by no rank: {sorted(set(ref['params']) - seen)}"
