@@ -155,3 +155,46 @@ def test_several_stages_per_rank_train_like_one_process(name: str, schedule: str
                 torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k: f"rank {r.rank}, {k}: {m}")
                 seen.add(k)
     assert seen == set(ref["params"]), f"parameters held by no rank: {sorted(set(ref['params']) - seen)}"
+
+
+def _checkpoint_worker(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Trains a step on the V placement, saves, trains another; loads the save into a pipeline
+    with one stage per rank and into a second V pipeline, and trains the same second step."""
+    import os
+
+    import graphpipe
+
+    source, stages, devices = PLACEMENTS["chain_v_2_ranks"]
+    path = os.path.join(root, "ckpt")
+    out: dict[str, Any] = {}
+    for label, placement in (("v", devices), ("one_per_rank", None)):
+        model, example, batches, loss_fn = _build(source)
+        where = {"stage_devices": placement} if placement else {}
+        chain = {f"blocks.{k}": k // 2 for k in range(4)} | {"": 1} if placement is None else stages
+        with graphpipe.wrap(model, example, loss_fn, partitioner="manual", manual=chain, micro_batches=MICRO_BATCHES,
+                            timeout=120, **where) as pipe:
+            opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)
+            if label == "v":
+                pipe.step(*batches[0], optimizer=opt)
+                pipe.save(path, optimizer=opt)
+                out["full_after_save"] = pipe.full_state_dict()
+            else:
+                pipe.load(path, optimizer=opt)
+                out["full_after_load"] = pipe.full_state_dict()
+            out[f"loss_{label}"] = pipe.step(*batches[1], optimizer=opt).detach()
+    return out
+
+
+def test_a_v_placement_checkpoints_and_resumes_on_another_plan(tmp_path: Any) -> None:
+    results = run_ranks(_checkpoint_worker, 2, str(tmp_path), timeout=300)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    saved, loaded = results[0].value["full_after_save"], results[0].value["full_after_load"]
+    model, _, _, _ = _build(PLACEMENTS["chain_v_2_ranks"][0])
+    assert list(saved) == list(model.state_dict()), "full_state_dict must have the plain model's keys, in order"
+    model.load_state_dict(saved, strict=True)
+    for k, v in saved.items():
+        torch.testing.assert_close(loaded[k], v, rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
+    # The same second step after resuming on the other plan (Adam's state travelled too).
+    for r in results:
+        torch.testing.assert_close(r.value["loss_one_per_rank"], r.value["loss_v"])
