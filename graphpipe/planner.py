@@ -119,6 +119,7 @@ def plan(
     sync: Any = None,
     bucket_bytes: float | None = None,
     dtype: str | torch.dtype | None = None,
+    stages_per_rank: int = 1,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -151,6 +152,10 @@ def plan(
             SGD's averaging amortised; top-k's and PowerSGD's collectives and compression) (``plan.sync``).
         bucket_bytes: the gradient bucket size replicated stages will run with (``wrap``'s).
         dtype: the precision training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
+        stages_per_rank: the most stages one device may hold. From 2 up, the partitioner's plans
+            for 2, 3, ... times the devices, folded onto them in a V (ZB-V's placement) and
+            looping (interleaved), are weighed too, and win where they simulate faster
+            (csrc/planner/folded_search.h). ``plan.partitioner`` then names the fold.
 
     Every candidate the partitioner makes (any micro-batch size, fitting in memory) is simulated
     under ``schedule`` (csrc/planner/planner.h); the fastest is returned, its step that simulation.
@@ -175,7 +180,8 @@ def plan(
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                 optimizer=optimizer, seed=seed, replicate=replicate, **options).plan
+                                 optimizer=optimizer, seed=seed, replicate=replicate,
+                                 stages_per_rank=int(stages_per_rank), **options).plan
 
 
 def _precision(dtype: str | torch.dtype | None) -> str | None:

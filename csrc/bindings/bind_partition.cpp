@@ -69,7 +69,7 @@ planner::PlannerResult plan_simulated(
     int max_stages, double tolerance, int seed, bool refine, std::optional<bool> replicate,
     std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
     const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
-    int plain_every_up_to, bool grow_replicas) {
+    int plain_every_up_to, bool grow_replicas, int stages_per_rank) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
   p.policies = schedule == "auto" ? schedule::planner_policies()
@@ -84,6 +84,7 @@ planner::PlannerResult plan_simulated(
   p.plain_budget_limit = plain_budget_limit;
   p.plain_every_up_to = plain_every_up_to;
   p.grow_replicas = grow_replicas;
+  p.stages_per_rank = stages_per_rank;
   py::gil_scoped_release release;
   return planner::plan_with_replication(g, devices, o, p, replicate);
 }
@@ -122,6 +123,7 @@ void bind_partition(py::module_& m) {
         py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
         py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
         py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
+        py::arg("stages_per_rank") = planner::PlannerOptions{}.stages_per_rank,
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
@@ -130,7 +132,8 @@ void bind_partition(py::module_& m) {
         "plain_budget_limit (0: up to the device count); grow_replicas grants replicas by simulation at every "
         "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
         "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
-        "given are then replaced).");
+        "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
+        "device, in a V and looping (planner/folded_search.h).");
 }
 
 }  // namespace graphpipe::bindings

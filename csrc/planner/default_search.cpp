@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "partition/manual/manual_partitioner.h"
 #include "partition/registry.h"
+#include "planner/folded_search.h"
 
 namespace graphpipe::planner {
 
@@ -57,7 +58,7 @@ void offer(PlannerResult baseline, const std::string& what, const PlannerOptions
       plan_devices(baseline.plan) < search.min_devices) {
     return;
   }
-  log::info("planner: the baseline " + what + " simulates faster (" + std::to_string(step) + " s, against " +
+  log::info("planner: " + what + " simulates faster (" + std::to_string(step) + " s, against " +
             std::to_string(result.plan.predicted_iteration_seconds) + " s) and is the plan");
   result.plan = std::move(baseline.plan);
   result.closed_form = baseline.closed_form;
@@ -87,6 +88,20 @@ void weigh_baselines(const graph::OpGraph& graph, const cost::Devices& devices, 
   }
 }
 
+// Weighs the partitioner's plans folded onto the devices, j stages per device for j = 2 up to
+// search.stages_per_rank (folded_search.h), beside the chosen one.
+void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, const partition::Options& options,
+                  const PlannerOptions& search, PlannerResult& result) {
+  for (int k = 2; k <= search.stages_per_rank; ++k) {
+    for (Fold fold : {Fold::v, Fold::looping}) {
+      auto folded = folded_plan(graph, devices, options, search, fold, k);
+      if (!folded) continue;
+      const std::string what = folded->plan.partitioner;
+      offer(std::move(*folded), what, search, result);
+    }
+  }
+}
+
 }  // namespace
 
 PlannerOptions widened_search(PlannerOptions search) {
@@ -99,16 +114,26 @@ PlannerOptions widened_search(PlannerOptions search) {
 PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Devices& devices,
                                     partition::Options options, const PlannerOptions& search,
                                     std::optional<bool> replicate) {
-  if (replicate.has_value() || partition::places_by_user(options.partitioner)) {
+  if (search.stages_per_rank < 1) {
+    throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(search.stages_per_rank));
+  }
+  if (partition::places_by_user(options.partitioner)) {
     options.replicate = replicate.value_or(false);
     return plan_by_simulation(graph, devices, options, search);
   }
-  PlannerResult result = replicas_optional(graph, devices, options, search);
-  // The default partitioner only: a partitioner asked for by name (metis, a baseline) is its own
-  // search alone, which is what comparing partitioners measures.
-  if (options.partitioner == partition::Options{}.partitioner) {
-    weigh_baselines(graph, devices, options, search, result);
+  PlannerResult result;
+  if (replicate.has_value()) {
+    options.replicate = *replicate;
+    result = plan_by_simulation(graph, devices, options, search);
+  } else {
+    result = replicas_optional(graph, devices, options, search);
+    // The default partitioner only: a partitioner asked for by name (metis, a baseline) is its
+    // own search alone, which is what comparing partitioners measures.
+    if (options.partitioner == partition::Options{}.partitioner) {
+      weigh_baselines(graph, devices, options, search, result);
+    }
   }
+  weigh_folded(graph, devices, options, search, result);
   return result;
 }
 

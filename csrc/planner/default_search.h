@@ -25,6 +25,10 @@
 // never slower with more devices, so the default stays so too. It costs the baselines'
 // searches (MMT at paper size onto 64 V100s: see docs/design.md §4.10).
 //
+// Several stages per device: with PlannerOptions::stages_per_rank k > 1, whatever `replicate`
+// says, the partitioner's plans folded j stages per device (j = 2..k, in a V and looping;
+// folded_search.h) are weighed too, and one wins where it simulates strictly faster.
+//
 // Before, the default was the faster of the plan without replicas on every device and the plan
 // with them; the plain searches are not monotone in the device count, and DLRM at paper size
 // got a plan 23% slower on 8 V100s than on 7.

@@ -89,6 +89,10 @@ struct PlannerOptions {
   // smaller budgets again (MMT at paper size onto 64 V100s: 0.7 s more); graphpipe.plan's
   // default replicate asks for it.
   bool grow_replicas = false;
+  // The most stages one device may hold (1: one stage per device). From 2 up, the default
+  // search also weighs the partitioner's plans for j x the devices folded onto them, in a V and
+  // looping, for every j from 2 to it (planner/folded_search.h); the fastest simulated plan wins.
+  int stages_per_rank = 1;
 };
 
 struct PlannerResult {

@@ -1,0 +1,92 @@
+// Several stages per device, chosen by the planner (planner/folded_search.h): the folds map
+// virtual devices onto real ones in a V and looping, the virtual devices are parts of the real
+// ones, and the default search with stages_per_rank 2 is never slower than with 1, returns
+// valid plans whose shared devices each hold stages alone, and on some graphs wins.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cost/presets.h"
+#include "partition/options.h"
+#include "plan/plan_io.h"
+#include "planner/default_search.h"
+#include "planner/folded_search.h"
+#include "planner/planner.h"
+#include "test_partition_graphs.h"
+
+namespace cost = graphpipe::cost;
+namespace pt = graphpipe::partition;
+namespace pl = graphpipe::planner;
+namespace tst = graphpipe::testing;
+
+namespace {
+
+std::vector<int> folds(pl::Fold fold, int devices, int k) {
+  std::vector<int> out;
+  for (int v = 0; v < k * devices; ++v) out.push_back(pl::folded_device(fold, v, devices));
+  return out;
+}
+
+}  // namespace
+
+TEST(FoldedSearch, FoldsInAVAndLooping) {
+  EXPECT_EQ(folds(pl::Fold::v, 4, 2), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+  EXPECT_EQ(folds(pl::Fold::looping, 4, 2), (std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3}));
+  EXPECT_EQ(folds(pl::Fold::v, 2, 3), (std::vector<int>{0, 1, 1, 0, 0, 1}));
+}
+
+TEST(FoldedSearch, VirtualDevicesArePartsOfTheRealOnes) {
+  const cost::Devices real = cost::v100(4, 2);  // 2 nodes of 2
+  const cost::Devices parts = pl::virtual_devices(real, pl::Fold::v, 2);
+  ASSERT_EQ(parts.count, 8);
+  EXPECT_DOUBLE_EQ(parts.memory_bytes, real.memory_bytes / 2);
+  EXPECT_DOUBLE_EQ(parts.flops_per_second, real.flops_per_second);
+  // Virtual 0 and 7 are halves of device 0; 3 and 4 of device 3 (on the second node).
+  EXPECT_DOUBLE_EQ(parts.link_latency[0][7], 0.0);
+  EXPECT_DOUBLE_EQ(parts.link_latency[0][4], real.link_latency[0][3]);
+  EXPECT_DOUBLE_EQ(parts.link_bandwidth[0][4], real.link_bandwidth[0][3]);
+  EXPECT_EQ(parts.node_of(4), real.node_of(3));
+  parts.validate();
+}
+
+// On random chains and series-parallel graphs onto 4 V100s, without replicas: the plan with up
+// to 2 stages per device simulates no slower than the plan with one; a folded plan validates,
+// shares devices only between stages alone on them, and some graphs get one that is faster.
+TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
+  const cost::Devices devices = cost::v100(4, 4);
+  int folded_wins = 0;
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
+    g.trace_batch_size = 8;
+    pt::Options o;
+    pl::PlannerOptions one;
+    pl::PlannerOptions two;
+    two.stages_per_rank = 2;
+    const auto plain = pl::plan_with_replication(g, devices, o, one, false);
+    const auto shared = pl::plan_with_replication(g, devices, o, two, false);
+    EXPECT_LE(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
+    if (shared.plan.partitioner.find("stages per device") == std::string::npos) continue;
+    ++folded_wins;
+    EXPECT_LT(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
+    EXPECT_GT(shared.plan.stages.size(), static_cast<std::size_t>(devices.count)) << "seed " << seed;
+    EXPECT_NO_THROW(graphpipe::plan::validate_plan(shared.plan, g)) << "seed " << seed;
+    std::map<int, int> held;
+    for (const auto& stage : shared.plan.stages) {
+      ASSERT_EQ(stage.devices.size(), 1u);
+      ++held[stage.devices.front()];
+    }
+    for (const auto& [device, count] : held) EXPECT_LE(count, 2) << "device " << device << ", seed " << seed;
+  }
+  EXPECT_GT(folded_wins, 0) << "no graph got a folded plan: the search never weighs it";
+}
+
+TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
+  graphpipe::graph::OpGraph g = tst::random_chain(3, 8);
+  pl::PlannerOptions search;
+  search.stages_per_rank = 0;
+  EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
+}
