@@ -218,15 +218,15 @@ def _graphpipe_stepper(rank: int, world: int, spec: str, run: GraphpipeRun, mode
                           device=device, skip_nonfinite=False)
     params = list(pipe.parameters())
     optimizer = torch.optim.SGD(params, lr=LR) if params else None
-    stage = next((s.id for s in pipe.plan.stages if rank in s.devices), None)
-    if emulate is not None and stage is not None:
+    if emulate is not None and pipe.stages:
         from graphpipe.emulation import EmulatedOptimizer, emulate_stage
 
         emulate_stage(pipe, scale=emulate)
-        # The optimizer step is a wait of the simulated one, where the runtime steps it.
+        # The optimizer step is a wait of the simulated ones (of each stage the rank holds), where
+        # the runtime steps it.
         params = list(pipe.parameters())
-        optimizer = EmulatedOptimizer(params, run.optimizer_seconds[stage] if stage < len(run.optimizer_seconds)
-                                      else 0.0)
+        optimizer = EmulatedOptimizer(params, sum(run.optimizer_seconds[s] for s in pipe.stages
+                                                  if s < len(run.optimizer_seconds)))
     return lambda x, y: float(pipe.step(x, y, optimizer=optimizer))
 
 
@@ -479,8 +479,13 @@ def _plan_or_reason(graph: Any, devices: Any, partitioner: str, schedule_choice:
         return None, f"no plan: {type(exc).__name__}: {str(exc)[:120]}"
 
 
-def peak_stage_memory(plan: Any) -> float:
-    return max(stage.memory_bytes for stage in plan.stages)
+def peak_rank_memory(plan: Any) -> float:
+    """The most bytes a rank holds: its stages' memory summed (several stages share a rank)."""
+    per_rank: dict[int, float] = {}
+    for stage in plan.stages:
+        for d in stage.devices:
+            per_rank[int(d)] = per_rank.get(int(d), 0.0) + stage.memory_bytes
+    return max(per_rank.values())
 
 
 def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[str, float], device: str = "cpu",
@@ -513,7 +518,7 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
                 return
         p = plans[key]
         variants.append(Variant(name, "graphpipe", GraphpipeRun(p.to_json(graph), schedule or p.schedule, key),
-                                p.num_micro_batches, p.depth, peak_stage_memory(p)))
+                                p.num_micro_batches, p.depth, peak_rank_memory(p)))
 
     # The planner's pick: replicas allowed, and the schedule chosen with the plan.
     graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=True, schedule_choice="auto")
@@ -523,6 +528,20 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
         graphpipe_variant("graphpipe/graph zb", "graphpipe", "graphpipe", "zb_graph")
         graphpipe_variant("graphpipe/sequential", "sequential", "sequential")
     variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs)
+    # Beside torch's zero-bubble family: graphpipe on the very cut torch's ZB-V runs (the
+    # sequential plan for twice the ranks), in a V on the ranks, under zb_graph; with --every also
+    # the planner's pick when it may put up to 2 stages on a rank (planner/folded_search.h).
+    seq2, reason, _ = doubled_sequential_cut(graph, devices, limit) if job.world > 1 else (None, "one rank", None)
+    if seq2 is None or reason:
+        variants.append(Variant("graphpipe/V zb", "graphpipe", unavailable=reason))
+    else:
+        labels = {graph.node(n).name: int(stage.id) for stage in seq2.stages for n in stage.nodes}
+        micro_batches = _torch_cut(graph, _same_devices(devices, 2 * job.world), seq2, labels).micro_batches
+        graphpipe_variant("graphpipe/V zb", "V", "manual", manual=labels, stage_devices=v_placement(job.world),
+                          micro_batches=micro_batches, schedule_choice="zb_graph")
+    if every:
+        graphpipe_variant("graphpipe/graph+dp, 2 per rank", "graphpipe+dp x2", "graphpipe", replicate=True,
+                          schedule_choice="auto", stages_per_rank=2)
     variants += data_parallel_variants(graph, model, one, job.world, shard_batch, ddp, limit)
 
     info = simulate_plans(plans, graph, devices)
@@ -670,10 +689,7 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
     rows = [f"torch/{name}" for name in names]
     if world < 2:
         return [Variant(r, "torch", unavailable="one rank: nothing to pipeline") for r in rows]
-    doubled = _same_devices(devices, 2 * world)
-    seq, reason = _plan_or_reason(graph, doubled, "sequential", memory_limit=limit)
-    if seq is not None and seq.num_stages != 2 * world:
-        reason = f"not run: the sequential plan for {2 * world} stages (2 per rank) has {seq.num_stages}"
+    seq, reason, doubled = doubled_sequential_cut(graph, devices, limit)
     if reason:
         return [Variant(r, "torch", depth=2 * world, unavailable=reason) for r in rows]
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
@@ -685,8 +701,29 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
         memory = max(sum(cut.stage_memory[i] for i in stages) for stages in placed)
         run = TorchPipelineRun(True, points, cut.labels, cut.num_stages, name, cut.seconds, cut.optimizer,
                                stages_per_rank=2)
-        out.append(Variant(row, "torch", run, cut.micro_batches, cut.num_stages, memory, unavailable=refused))
+        # The cut was planned for twice the ranks, each stage under the limit; a rank holds two.
+        unfit = (f"does not fit: needs {memory / MIB:.1f} MiB/rank (its 2 stages) > {limit / MIB:.1f} MiB"
+                 if limit is not None and memory > limit else "")
+        out.append(Variant(row, "torch", run, cut.micro_batches, cut.num_stages, memory,
+                           unavailable=refused or unfit))
     return out
+
+
+def doubled_sequential_cut(graph: Any, devices: Any, limit: float | None) -> tuple[Any, str, Any]:
+    """The ``sequential`` plan for twice the ranks (the same devices' figures), the cut torch's
+    several-stages-per-rank schedules and graphpipe's V row run; the reason where there is none
+    of 2 stages per rank; the doubled devices."""
+    world = devices.count
+    doubled = _same_devices(devices, 2 * world)
+    seq, reason = _plan_or_reason(graph, doubled, "sequential", memory_limit=limit)
+    if seq is not None and seq.num_stages != 2 * world:
+        reason = f"not run: the sequential plan for {2 * world} stages (2 per rank) has {seq.num_stages}"
+    return seq, reason, doubled
+
+
+def v_placement(world: int) -> dict[int, list[int]]:
+    """2 x ``world`` chain stages in a V on ``world`` ranks (rank r: stages r and 2 world - 1 - r)."""
+    return {s: [s if s < world else 2 * world - 1 - s] for s in range(2 * world)}
 
 
 @dataclass
@@ -715,7 +752,7 @@ def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micr
     at_m = plan if same and m == plan.num_micro_batches else \
         graphpipe.plan(graph, devices, "manual", manual=labels, micro_batches=m)
     return _TorchCut(labels, k, m, [(s.forward_seconds, s.backward_seconds) for s in at_m.stages],
-                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_stage_memory(at_m),
+                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_rank_memory(at_m),
                      [s.memory_bytes for s in at_m.stages])
 
 

@@ -9,6 +9,7 @@
 
 #include <exception>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,6 +139,8 @@ struct Placement {
   std::string name;
   std::vector<int> devices;
 };
+
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
 
 class StagesPerRank : public ::testing::TestWithParam<std::tuple<std::string, Placement>> {};
 
