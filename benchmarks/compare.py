@@ -476,7 +476,7 @@ def _plan_or_reason(graph: Any, devices: Any, partitioner: str, schedule_choice:
     try:
         return graphpipe.plan(graph, devices, partitioner, schedule=schedule_choice, **kwargs), ""
     except Exception as exc:  # the planner's refusal is the row's content
-        return None, f"no plan: {type(exc).__name__}: {str(exc)[:120]}"
+        return None, f"no plan: {type(exc).__name__}: {str(exc)[:240]}"
 
 
 def peak_rank_memory(plan: Any) -> float:

@@ -131,7 +131,9 @@ struct Choice {
       if (ev.max_overflow < least_overflow) {
         least_overflow = ev.max_overflow;
         overflow_stage = ev.worst_memory_stage;
-        overflow_need = ev.stages[ev.worst_memory_stage].memory;
+        // What the device of the worst stage holds: that stage, or with several stages per
+        // device all of them (evaluate.cpp's shared ranks).
+        overflow_need = problem.memory_limit + ev.max_overflow;
         overflow_micro_batch_size = problem.micro_batch_size;
       }
       return;
@@ -327,7 +329,7 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
   if (best.assignment.empty()) {
     throw PlanningError(
         "the model does not fit in memory: the best " + o.partitioner + " plan (micro-batch size " +
-        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) + " on stage " +
+        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) + " on the device of stage " +
         std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) + " per device (over by " +
         gib(best.least_overflow) +
         "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
