@@ -152,13 +152,11 @@ def plan(
             SGD's averaging amortised; top-k's and PowerSGD's collectives and compression) (``plan.sync``).
         bucket_bytes: the gradient bucket size replicated stages will run with (``wrap``'s).
         dtype: the precision training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
-        stages_per_rank: the most stages one device may hold. From 2 up, the partitioner's plans
-            for 2, 3, ... times the devices, folded onto them in a V (ZB-V's placement) and
-            looping (interleaved), are weighed too, and win where they simulate faster
-            (csrc/planner/folded_search.h). ``plan.partitioner`` then names the fold.
+        stages_per_rank: the most stages a device may hold; from 2, plans for 2, 3, ... times the
+            devices folded onto them (a V, looping) are weighed too (planner/folded_search.h).
 
-    Every candidate the partitioner makes (any micro-batch size, fitting in memory) is simulated
-    under ``schedule`` (csrc/planner/planner.h); the fastest is returned, its step that simulation.
+    Every candidate (any micro-batch size, fitting in memory) is simulated under ``schedule``
+    (csrc/planner/planner.h); the fastest is returned, its step that simulation.
 
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
@@ -176,7 +174,6 @@ def plan(
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
-
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,

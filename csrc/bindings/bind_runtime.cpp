@@ -40,9 +40,9 @@ std::chrono::milliseconds to_ms(double seconds) {
 }
 
 // The stages' Python forward, called once per forward instruction with the GIL taken: the
-// stage and micro-batch, and the received tensors as a list per incoming edge, go in; (outputs per outgoing edge, loss or None)
-// comes back. Built and read with the Python C API directly (no generic pybind11 casters): it
-// runs on every forward of every micro-batch.
+// stage and micro-batch, and the received tensors as a list per incoming edge, go in; (outputs per outgoing edge, loss
+// or None) comes back. Built and read with the Python C API directly (no generic pybind11 casters): it runs on every
+// forward of every micro-batch.
 runtime::StageOutput call_stage(const py::function& forward, int stage, int micro_batch,
                                 std::vector<std::vector<at::Tensor>>& inputs) {
   py::gil_scoped_acquire gil;

@@ -329,9 +329,9 @@ plan::Plan partition(const graph::OpGraph& g, const cost::Devices& devices, cons
   if (best.assignment.empty()) {
     throw PlanningError(
         "the model does not fit in memory: the best " + o.partitioner + " plan (micro-batch size " +
-        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) + " on the device of stage " +
-        std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) + " per device (over by " +
-        gib(best.least_overflow) +
+        std::to_string(best.overflow_micro_batch_size) + ") needs " + gib(best.overflow_need) +
+        " on the device of stage " + std::to_string(best.overflow_stage) + ", the limit is " + gib(limit) +
+        " per device (over by " + gib(best.least_overflow) +
         "); use more devices, a larger memory limit, smaller micro-batches or an optimizer with less state");
   }
   const auto chosen = static_cast<std::size_t>(std::find(sizes.begin(), sizes.end(), best.micro_batch_size) -

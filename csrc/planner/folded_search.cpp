@@ -34,15 +34,15 @@ cost::Devices virtual_devices(const cost::Devices& devices, Fold fold, int k) {
       const auto b = static_cast<std::size_t>(folded_device(fold, w, devices.count));
       // Two parts of one device talk over its diagonal: no latency, the intra-node bandwidth.
       half.link_bandwidth[static_cast<std::size_t>(v)][static_cast<std::size_t>(w)] = devices.link_bandwidth[a][b];
-      half.link_latency[static_cast<std::size_t>(v)][static_cast<std::size_t>(w)] = v == w ? 0.0 : devices.link_latency[a][b];
+      half.link_latency[static_cast<std::size_t>(v)][static_cast<std::size_t>(w)] =
+          v == w ? 0.0 : devices.link_latency[a][b];
     }
   }
   return half;
 }
 
 std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost::Devices& devices,
-                                         partition::Options options, const PlannerOptions& search, Fold fold,
-                                         int k) {
+                                         partition::Options options, const PlannerOptions& search, Fold fold, int k) {
   const std::string partitioner = options.partitioner;
   options.replicate = false;
   plan::Plan cut;

@@ -26,7 +26,7 @@ using schedule::OpKind;
 namespace {
 
 const std::vector<Instruction> kEmpty;
-const std::vector<int> kNoPeers;  // (also: no edges)
+const std::vector<int> kNoPeers;              // (also: no edges)
 const std::vector<int>& kNoEdges = kNoPeers;  // a compute instruction's peers in the flight recorder
 // Waits at least this long are logged as long (debug level): where the pipeline's bubbles are.
 constexpr double kLongWaitMs = 10.0;
@@ -204,9 +204,9 @@ std::string Executor::describe_piece(const Instruction& ins, std::size_t k, std:
 void Executor::check_outputs(int stage, int micro_batch, const StageOutput& out) const {
   const auto& outs = out_edges(stage);
   if (out.edges.size() != outs.size()) {
-    throw TransferMismatch("stage " + std::to_string(stage) + " forward of micro-batch " +
-                           std::to_string(micro_batch) + " returned tensors for " + std::to_string(out.edges.size()) +
-                           " outgoing edges, expected " + std::to_string(outs.size()));
+    throw TransferMismatch("stage " + std::to_string(stage) + " forward of micro-batch " + std::to_string(micro_batch) +
+                           " returned tensors for " + std::to_string(out.edges.size()) + " outgoing edges, expected " +
+                           std::to_string(outs.size()));
   }
   for (std::size_t i = 0; i < outs.size(); ++i) check_edge_outputs(stage, micro_batch, outs[i], out.edges[i]);
 }
@@ -706,7 +706,8 @@ void Executor::check_ready(bool train) const {
   for (const auto& ins : program()) {
     if (ins.kind == OpKind::backward_weight && parameters_.count(ins.stage) == 0) {
       throw Error("graphpipe runtime: rank " + std::to_string(rank_) + "'s program splits the backwards of stage " +
-                  std::to_string(ins.stage) + " (I and W) but set_parameters() was never called for it "
+                  std::to_string(ins.stage) +
+                  " (I and W) but set_parameters() was never called for it "
                   "(pass an empty list for a stage without trainable parameters)");
     }
   }

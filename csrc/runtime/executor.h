@@ -110,8 +110,8 @@ class Executor {
 
   int rank() const { return rank_; }
   int stage() const { return stages_.empty() ? -1 : stages_.front(); }  // the first; -1: none
-  const std::vector<int>& stages() const { return stages_; }           // every stage it holds
-  int replica() const { return replica_; }  // index among the stage's ranks (0: the lead)
+  const std::vector<int>& stages() const { return stages_; }            // every stage it holds
+  int replica() const { return replica_; }                              // index among the stage's ranks (0: the lead)
   // This rank's rows of a micro-batch of `rows` rows (all of them unless the stage is replicated).
   schedule::RowRange my_rows(std::int64_t rows) const;
   const schedule::Schedule& schedule() const { return schedule_; }
@@ -291,7 +291,7 @@ class Executor {
   c10::Device device_{c10::kCPU};
   TransferHooks hooks_;
   std::map<std::pair<int, int>, MicroBatchState> state_;  // (stage, micro-batch)
-  std::vector<int> replica_peers_;  // the other ranks of this rank's stage (AR's peers)
+  std::vector<int> replica_peers_;                        // the other ranks of this rank's stage (AR's peers)
   std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
   FaultPlan faults_;
 };

@@ -9,17 +9,17 @@
 #include <thread>
 #include <tuple>
 
+#include "loopback_group.h"
 #include "runtime/errors.h"
 #include "runtime/executor.h"
 #include "schedule/generate.h"
-#include "loopback_group.h"
 #include "schedule_plans.h"
 
 using namespace graphpipe;
-using runtime::Executor;
-using runtime::StageOutput;
 using graphpipe::testing::LoopbackGroup;
 using graphpipe::testing::Mailbox;
+using runtime::Executor;
+using runtime::StageOutput;
 
 namespace {
 

@@ -47,8 +47,7 @@ struct ChainModel {
 
   std::vector<std::vector<at::Tensor>> specs() const {
     auto meta = at::TensorOptions().device(at::kMeta);
-    std::vector<std::vector<at::Tensor>> out(static_cast<std::size_t>(stages - 1),
-                                             {at::empty({kRows, kWidth}, meta)});
+    std::vector<std::vector<at::Tensor>> out(static_cast<std::size_t>(stages - 1), {at::empty({kRows, kWidth}, meta)});
     out[0].push_back(at::empty({kRows}, meta.dtype(at::kLong)));
     return out;
   }
@@ -158,14 +157,13 @@ TEST_P(StagesPerRank, EqualsOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PoliciesAndPlacements, StagesPerRank,
-    ::testing::Combine(::testing::ValuesIn(schedule::policy_names()),
-                       ::testing::Values(Placement{"looping_2_per_rank", {0, 1, 0, 1}},
-                                         Placement{"v_2_per_rank", {0, 1, 1, 0}},
-                                         Placement{"v_2_per_rank_on_3", {0, 1, 2, 2, 1, 0}},
-                                         Placement{"3_per_rank", {0, 1, 1, 0, 0, 1}})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
+INSTANTIATE_TEST_SUITE_P(PoliciesAndPlacements, StagesPerRank,
+                         ::testing::Combine(::testing::ValuesIn(schedule::policy_names()),
+                                            ::testing::Values(Placement{"looping_2_per_rank", {0, 1, 0, 1}},
+                                                              Placement{"v_2_per_rank", {0, 1, 1, 0}},
+                                                              Placement{"v_2_per_rank_on_3", {0, 1, 2, 2, 1, 0}},
+                                                              Placement{"3_per_rank", {0, 1, 1, 0, 0, 1}})),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 // A local edge moves nothing: the V's middle edge (stages 1 -> 2, both on rank 1) has no
 // transfer instruction, and rank 1's executor holds both stages.

@@ -152,7 +152,7 @@ def test_several_stages_per_rank_train_like_one_process(name: str, schedule: str
         torch.testing.assert_close(got["losses"], ref["losses"])
         for k, v in got["params"].items():
             if k in ref["params"]:
-                torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k: f"rank {r.rank}, {k}: {m}")
+                torch.testing.assert_close(v, ref["params"][k], msg=lambda m, k=k, rank=r.rank: f"rank {rank}, {k}: {m}")
                 seen.add(k)
     assert seen == set(ref["params"]), f"parameters held by no rank: {sorted(set(ref['params']) - seen)}"
 
