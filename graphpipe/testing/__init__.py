@@ -14,7 +14,8 @@ import torch
 
 from graphpipe.local_ranks import RankResult, expect_ok, run_ranks
 
-__all__ = ["RankResult", "expect_ok", "reference_training", "run_cases", "run_ranks", "seeded_batches"]
+__all__ = ["RankResult", "expect_ok", "reference_state", "reference_training", "run_cases", "run_ranks",
+           "seeded_batches"]
 
 
 def run_cases(train: Callable[..., Any], cases: list[tuple]) -> dict[tuple, Any]:
@@ -44,8 +45,9 @@ def seeded_batches(spec: str, steps: int, model_seed: int = 0, data_seed: int = 
     return model, inputs, data
 
 
-def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], lr: float) -> list[float]:
-    """Plain single-process SGD over ``batches``: the losses every pipeline must reproduce."""
+def reference_state(model: Any, batches: list, loss_fn: Callable[..., Any], lr: float) -> dict[str, Any]:
+    """Plain single-process SGD over ``batches``: each step's loss (a tensor) and the parameters
+    afterwards, what every pipeline must reproduce (:func:`train_pipeline` returns the same)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for inputs, targets in batches:
@@ -53,8 +55,13 @@ def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], l
         loss = loss_fn(model(*inputs), targets)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
+        losses.append(loss.detach())
+    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+
+
+def reference_training(model: Any, batches: list, loss_fn: Callable[..., Any], lr: float) -> list[float]:
+    """Plain single-process SGD over ``batches``: the losses every pipeline must reproduce."""
+    return [float(loss) for loss in reference_state(model, batches, loss_fn, lr)["losses"]]
 
 
 def train_pipeline(pipe: Any, batches: list, lr: float) -> dict[str, Any]:

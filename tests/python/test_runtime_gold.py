@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.testing import run_cases, run_ranks, train_pipeline
+from graphpipe.testing import reference_state, run_cases, run_ranks, train_pipeline
 
 MODELS = ["mmt", "dlrm", "candle_uno", "transformer"]
 PARTITIONERS = ["graphpipe", "metis", "sequential"]
@@ -64,16 +64,7 @@ def reference(name: str) -> dict[str, Any]:
     from graphpipe.models import default_loss
 
     model, _, batches = make_model(name)
-    loss_fn = default_loss(name)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for inputs, targets in batches:
-        opt.zero_grad()
-        loss = loss_fn(model(*inputs), targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    return reference_state(model, batches, default_loss(name), LR)
 
 
 def train_case(name: str, partitioner: str, schedule: str, timeout: float = 60.0) -> dict[str, Any]:

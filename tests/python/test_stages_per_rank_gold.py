@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.testing import run_cases, run_ranks
+from graphpipe.testing import reference_state, run_cases, run_ranks
 
 STEPS = 3
 MICRO_BATCHES = 4
@@ -88,15 +88,7 @@ def _build(source: str) -> tuple[torch.nn.Module, tuple, list[tuple[Any, Any]], 
 def _reference(source: str) -> dict[str, Any]:
     """Plain single-process SGD: each step's loss over the whole batch, and the parameters."""
     model, _, batches, loss_fn = _build(source)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for inputs, targets in batches:
-        opt.zero_grad()
-        loss = loss_fn(model(*inputs), targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return {"losses": torch.stack(losses), "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    return reference_state(model, batches, loss_fn, LR)
 
 
 def _train(name: str, schedule: str) -> dict[str, Any]:
