@@ -120,8 +120,9 @@ TEST(RuntimeTransport, MissingPeerTimesOutNamingPeerAndInstruction) {
     EXPECT_NE(message.find("edge 0"), std::string::npos) << message;
   }
   // At the timeout (200 ms; 203-210 ms alone), not a hang. The bound leaves room for a loaded
-  // machine: under ctest -j2 beside the planner's tests one run took 412 ms.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
+  // machine: under ctest -j2 beside the planner's tests one run took 412 ms, and 1045 ms with a
+  // compile running beside the whole CI.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(5000));
 }
 
 TEST(RuntimeTransport, BrokenPeerIsPeerError) {
