@@ -272,7 +272,7 @@ class Pipeline:
                           stage: int | None = None) -> None:
         """Replaces the module of this rank's ``stage`` (default: its only one) by
         ``make(module)`` (nothing on a rank without a stage): the seam for tools that stand in
-        for a stage's compute, such as ``graphpipe.testing.emulate``. The new module must take
+        for a stage's compute, such as ``graphpipe.emulation.emulate_stage``. The new module must take
         and return what the old one did. ``weights(new_module)``: what a split backward's W
         computes the gradients of (default: the new module's trainable parameters). On a rank
         with several stages, :attr:`module` then holds the stages' modules by index."""
