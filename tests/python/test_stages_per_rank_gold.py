@@ -190,3 +190,34 @@ def test_a_v_placement_checkpoints_and_resumes_on_another_plan(tmp_path: Any) ->
     # The same second step after resuming on the other plan (Adam's state travelled too).
     for r in results:
         torch.testing.assert_close(r.value["loss_one_per_rank"], r.value["loss_v"])
+
+
+def _killed_worker(rank: int, world: int) -> str:
+    """The V placement under zb_graph; rank 1 is SIGKILLed in the second step's forwards."""
+    import time
+
+    import graphpipe
+    from graphpipe.testing import fail_in_second_step
+
+    source, stages, devices = PLACEMENTS["chain_v_2_ranks"]
+    model, example, batches, loss_fn = _build(source)
+    pipe = graphpipe.wrap(model, example, loss_fn, partitioner="manual", manual=stages, stage_devices=devices,
+                          schedule="zb_graph", micro_batches=MICRO_BATCHES, timeout=20)
+    if rank == 1:
+        fail_in_second_step(pipe, "kill")
+    start = time.monotonic()
+    try:
+        for inputs, targets in batches:
+            pipe.step(inputs, targets)
+    except Exception as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
+    return "no error"
+
+
+def test_a_rank_killed_with_two_stages_fails_its_peer_naming_it() -> None:
+    results = run_ranks(_killed_worker, 2, timeout=120)
+    survivor = results[0]
+    assert survivor.ok, (survivor.error_type, survivor.message)
+    assert survivor.value.startswith("PeerError") and "rank 1" in survivor.value, survivor.value
+    assert float(survivor.value.split(" after ")[1].split(" s")[0]) < 20, survivor.value  # before the timeout
+    assert not results[1].ok
