@@ -527,18 +527,18 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
         graphpipe_variant("graphpipe/graph", "graphpipe", "graphpipe")
         graphpipe_variant("graphpipe/graph zb", "graphpipe", "graphpipe", "zb_graph")
         graphpipe_variant("graphpipe/sequential", "sequential", "sequential")
-    variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs)
+    # The cut torch's several-stages-per-rank rows and graphpipe's V row share, planned once.
+    doubled = doubled_sequential_cut(graph, devices, limit)
+    variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs, doubled)
     # Beside torch's zero-bubble family: graphpipe on the very cut torch's ZB-V runs (the
     # sequential plan for twice the ranks), in a V on the ranks, under zb_graph; with --every also
     # the planner's pick when it may put up to 2 stages on a rank (planner/folded_search.h).
-    seq2, reason, _ = doubled_sequential_cut(graph, devices, limit) if job.world > 1 else (None, "one rank", None)
-    if seq2 is None or reason:
-        variants.append(Variant("graphpipe/V zb", "graphpipe", unavailable=reason))
+    if doubled.reason:
+        variants.append(Variant("graphpipe/V zb", "graphpipe", unavailable=doubled.reason))
     else:
-        labels = {graph.node(n).name: int(stage.id) for stage in seq2.stages for n in stage.nodes}
-        micro_batches = _torch_cut(graph, _same_devices(devices, 2 * job.world), seq2, labels).micro_batches
-        graphpipe_variant("graphpipe/V zb", "V", "manual", manual=labels, stage_devices=v_placement(job.world),
-                          micro_batches=micro_batches, schedule_choice="zb_graph")
+        graphpipe_variant("graphpipe/V zb", "V", "manual", manual=doubled.labels,
+                          stage_devices=v_placement(job.world), micro_batches=doubled.cut.micro_batches,
+                          schedule_choice="zb_graph")
     if every:
         graphpipe_variant("graphpipe/graph+dp, 2 per rank", "graphpipe+dp x2", "graphpipe", replicate=True,
                           schedule_choice="auto", stages_per_rank=2)
@@ -611,14 +611,17 @@ def data_parallel_variants(graph: Any, model: Any, one: Any, world: int, shard_b
 
 
 def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every: bool, model: Any,
-                            inputs: Any) -> list[Variant]:
+                            inputs: Any, doubled: DoubledCut | None = None) -> list[Variant]:
     """torch.distributed.pipelining at the sequential plan's cuts (the same stages and stage
     times as that plan, at at least as many micro-batches as stages: Schedule1F1B refuses fewer):
     1F1B through torch's front end (``pipeline()``, or the reason it cannot take the model) and
-    through the interpreter of baselines/torch_pipelining.py, which cuts at any operator."""
+    through the interpreter of baselines/torch_pipelining.py, which cuts at any operator; and
+    the 2-stages-per-rank schedules on ``doubled`` (None: planned here)."""
     seq, reason = _plan_or_reason(graph, devices, "sequential", memory_limit=limit)
     names = ["torch/1f1b", "torch/1f1b interpreter"] + (["torch/gpipe interpreter"] if every else [])
-    multi = torch_multi_stage_variants(graph, devices, limit, every, model, inputs)
+    if doubled is None:
+        doubled = doubled_sequential_cut(graph, devices, limit)
+    multi = torch_multi_stage_variants(graph, doubled, limit, every, model, inputs)
     if seq is None:
         return [Variant(n, "torch", unavailable=reason) for n in names] + multi
     labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
@@ -675,7 +678,7 @@ def _same_devices(devices: Any, count: int) -> Any:
     return graphpipe.Devices.from_json(json.dumps(description))
 
 
-def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, every: bool, model: Any,
+def torch_multi_stage_variants(graph: Any, doubled: DoubledCut, limit: float | None, every: bool, model: Any,
                                inputs: Any) -> list[Variant]:
     """torch's several-stages-per-rank schedules (TORCH_MULTI_STAGE) on 2 stages per rank: the
     ``sequential`` plan for twice the ranks (the same devices' figures) cut at its modules through
@@ -684,17 +687,14 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
     front end refuses the model (inputs read after stage 0, stages out of order)."""
     from baselines.torch_pipeline_frontend import stage_placement
 
-    world = devices.count
+    world = doubled.world
     names = list(TORCH_MULTI_STAGE) + (list(TORCH_MULTI_STAGE_EVERY) if every else [])
     rows = [f"torch/{name}" for name in names]
-    if world < 2:
-        return [Variant(r, "torch", unavailable="one rank: nothing to pipeline") for r in rows]
-    seq, reason, doubled = doubled_sequential_cut(graph, devices, limit)
-    if reason:
-        return [Variant(r, "torch", depth=2 * world, unavailable=reason) for r in rows]
-    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
-    cut = _torch_cut(graph, doubled, seq, labels)
-    points, refused = _front_end_cut(graph, seq, model, inputs, cut.micro_batches)
+    if doubled.reason:
+        return [Variant(r, "torch", depth=2 * world if world > 1 else 0, unavailable=doubled.reason)
+                for r in rows]
+    cut = doubled.cut
+    points, refused = _front_end_cut(graph, doubled.plan, model, inputs, cut.micro_batches)
     out = []
     for name, row in zip(names, rows):
         placed = stage_placement(name, world, cut.num_stages)
@@ -709,16 +709,32 @@ def torch_multi_stage_variants(graph: Any, devices: Any, limit: float | None, ev
     return out
 
 
-def doubled_sequential_cut(graph: Any, devices: Any, limit: float | None) -> tuple[Any, str, Any]:
-    """The ``sequential`` plan for twice the ranks (the same devices' figures), the cut torch's
-    several-stages-per-rank schedules and graphpipe's V row run; the reason where there is none
-    of 2 stages per rank; the doubled devices."""
+@dataclass
+class DoubledCut:
+    """The cut torch's several-stages-per-rank schedules and graphpipe's V row run: the
+    ``sequential`` plan for twice the ranks, or the reason there is none of 2 stages per rank."""
+
+    world: int
+    reason: str = ""  # non-empty: no such cut (plan, labels and cut are then None)
+    plan: Any = None
+    labels: dict[str, int] | None = None  # operator name -> stage
+    cut: _TorchCut | None = None  # priced on the doubled devices, at torch's micro-batches
+
+
+def doubled_sequential_cut(graph: Any, devices: Any, limit: float | None) -> DoubledCut:
+    """The ``sequential`` plan for twice the ranks of ``devices`` (the same devices' figures),
+    with its operator labels and its cut as torch runs it (_torch_cut)."""
     world = devices.count
+    if world < 2:
+        return DoubledCut(world, "one rank: nothing to pipeline")
     doubled = _same_devices(devices, 2 * world)
     seq, reason = _plan_or_reason(graph, doubled, "sequential", memory_limit=limit)
     if seq is not None and seq.num_stages != 2 * world:
         reason = f"not run: the sequential plan for {2 * world} stages (2 per rank) has {seq.num_stages}"
-    return seq, reason, doubled
+    if seq is None or reason:
+        return DoubledCut(world, reason)
+    labels = {graph.node(n).name: int(stage.id) for stage in seq.stages for n in stage.nodes}
+    return DoubledCut(world, "", seq, labels, _torch_cut(graph, doubled, seq, labels))
 
 
 def v_placement(world: int) -> dict[int, list[int]]:
