@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -41,12 +40,6 @@ MODES = ("sync", "no sync", "no sync + barrier", "all-reduce alone")
 ROWS_PER_RANK = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _one_step(mode: str, ddp: Any, inputs: Any, target: Any, loss_fn: Any, optimizer: Any, flat: Any) -> None:
     if mode == "all-reduce alone":
         dist.all_reduce(flat)
@@ -62,11 +55,10 @@ def _one_step(mode: str, ddp: Any, inputs: Any, target: Any, loss_fn: Any, optim
         dist.barrier()
 
 
-def _rank(rank: int, world: int, port: int, spec: str, steps: int, warmup: int, out: str) -> None:
+def _rank(rank: int, world: int, spec: str, steps: int, warmup: int) -> dict[str, Any]:
+    """One rank's timings per mode (run_ranks has joined the Gloo group, one torch thread)."""
     from graphpipe.models import build_model, default_loss
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model, inputs = build_model(spec)
     rows = tuple(t[:ROWS_PER_RANK] for t in inputs)
@@ -82,21 +74,14 @@ def _rank(rank: int, world: int, port: int, spec: str, steps: int, warmup: int, 
             _one_step(mode, ddp, rows, target, default_loss(spec), optimizer, flat)
             if i >= warmup:
                 times[mode].append(time.perf_counter() - start)
-    if rank == 0:
-        Path(out).write_text(json.dumps({"times": times, "gradient_bytes": flat.numel() * flat.element_size()}))
-    dist.destroy_process_group()
+    return {"times": times, "gradient_bytes": flat.numel() * flat.element_size()}
 
 
 def measure(spec: str, steps: int, warmup: int) -> dict[str, Any]:
-    """One model's medians per mode, on 2 freshly spawned ranks."""
-    import tempfile
+    """One model's medians per mode (rank 0's), on 2 freshly spawned ranks."""
+    from graphpipe.local_ranks import expect_ok, run_ranks
 
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rank0.json")
-        mp.spawn(_rank, args=(2, _free_port(), spec, steps, warmup, out), nprocs=2, join=True)
-        raw = json.loads(Path(out).read_text())
+    raw = expect_ok(run_ranks(_rank, 2, spec, steps, warmup, timeout=600))[0].value
     medians = {m: statistics.median(v) for m, v in raw["times"].items()}
     return {"medians_seconds": medians, "gradient_bytes": raw["gradient_bytes"],
             "all_reduce_in_step_seconds": medians["sync"] - medians["no sync + barrier"],
