@@ -49,7 +49,6 @@ never stepped some parameter, or a checkpoint saved before the first step, would
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -71,6 +70,7 @@ from graphpipe.runtime.checkpoint_folders import new_save_id, recover, remove_le
 from graphpipe.runtime.connections import Link
 from graphpipe.runtime.failure import describe
 from graphpipe.runtime.faults import Injector
+from graphpipe.runtime.plan import plan_fingerprint
 from graphpipe.runtime.process_group import Ranks
 from graphpipe.runtime.stages import NO_PARAMETERS, LocalStage
 from graphpipe.runtime.state_dicts import ModelFacts
@@ -122,9 +122,8 @@ class Parts:
         return bool(ranks) and ranks[0] == self.ranks.rank
 
     def fingerprint(self) -> str:
-        """A digest of the plan's JSON (stages, devices, micro-batches): a rank of another plan is
-        another replica or stage, whose private state would be wrong here."""
-        return hashlib.sha256(self.plan.to_json(self.graph).encode()).hexdigest()
+        """The plan's digest (runtime/plan.py)."""
+        return plan_fingerprint(self.plan, self.graph)
 
 
 # ---- saving ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ within the process group, the micro-batch count asked for.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
 from graphpipe.planner import plan as make_plan
 
-__all__ = ["plan_json", "load_plan", "manual_plan", "check_runnable", "stage_ranks"]
+__all__ = ["plan_json", "plan_fingerprint", "load_plan", "manual_plan", "check_runnable", "stage_ranks"]
 
 
 def plan_json(plan: Any, graph: Any) -> str:
@@ -40,6 +41,13 @@ def plan_json(plan: Any, graph: Any) -> str:
         f"cannot read a plan from a {type(plan).__name__}; pass a graphpipe Plan, a plan JSON file "
         "or text, or its dict"
     )
+
+
+def plan_fingerprint(plan: Any, graph: Any) -> str:
+    """A digest of the plan's JSON (stages, devices, micro-batches): a rank of another plan is
+    another replica or stage, whose private state (a checkpoint's, a healing replica's) would be
+    wrong here."""
+    return hashlib.sha256(plan.to_json(graph).encode()).hexdigest()
 
 
 def load_plan(plan: Any, graph: Any) -> Any:
