@@ -81,7 +81,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy", "xxhash>=3"],
-    extras_require={"viz": ["matplotlib"], "test": ["pytest", "matplotlib"]},
+    extras_require={"viz": ["matplotlib"], "test": ["pytest", "matplotlib"], "fault-tolerance": ["torchft==0.2.0"]},
     entry_points={"console_scripts": ["graphpipe=graphpipe.__main__:main"]},
     zip_safe=False,
 )

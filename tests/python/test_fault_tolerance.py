@@ -1,0 +1,178 @@
+"""A lost replica costs a step, not the job (graphpipe.fault_tolerance on torchft).
+
+Two replicas of a 2-stage graph pipeline (MMT with two branches, 2 ranks each, Adam, float64),
+one ``torchrun --max-restarts`` per replica and a torchft lighthouse in this process, run
+examples/train_fault_tolerant.py for 10 steps. At step 3 one rank of replica 1 is SIGKILLed,
+hangs past the timeout, or raises in its forward (``GRAPHPIPE_FAULT``, first attempt only). Then:
+
+- replica 0 never raises: one attempt, every step 0-9 committed once, only step 3 redone;
+- replica 1's replacement joins within a few steps, healed from replica 0, and from then on
+  every rank's parameters, buffers and optimizer state equal replica 0's bit for bit (a digest
+  after every step, and the final states), and both replicas report the same losses;
+- nothing wrote or read a checkpoint;
+- the step of the failure is accounted for: replica 0's final parameters equal single-process
+  training in which each step averages the full-batch gradients of the replicas that took part
+  in it (replica 0 alone for the redone step and until the replacement joined).
+
+And when the last replica is lost, its restart refuses to train from scratch
+(``NoReplicaToHealFrom``, naming the checkpoint to resume from).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_example_torchrun import free_port
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="torchft is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_fault_tolerant.py"
+SPEC = "mmt:branches=2,depth=1"
+STEPS, FAULT_STEP, LR, TIMEOUT = 10, 3, 1e-3, 5.0
+# How many steps after the failed one the replacement may take to join: its torchrun's restart,
+# import, trace, plan and quorum, against steps paced at STEP_SECONDS.
+JOIN_WITHIN, STEP_SECONDS = 6, 1.0
+
+
+def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], restarts: int = 2) -> subprocess.Popen:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    command = [torchrun, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+               "--max-restarts", str(restarts), "--monitor-interval", "0.2", "--nproc-per-node", "2",
+               str(EXAMPLE), "--replica", str(replica), "--replicas", str(replicas), "--model", SPEC,
+               "--steps", str(STEPS), "--lr", str(LR), "--timeout", str(TIMEOUT), "--float64",
+               "--step-seconds", str(STEP_SECONDS), "--record-dir", str(out)]
+    with open(out / f"replica{replica}.log", "w", encoding="utf-8") as log:  # the child keeps its own copy
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+
+
+def _environment(lighthouse: str, fault: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "GRAPHPIPE_FAULT"}
+    env["TORCHFT_LIGHTHOUSE"] = lighthouse
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    if fault:
+        env["GRAPHPIPE_FAULT"] = fault
+    return env
+
+
+def _records(out: Path, replica: int) -> dict[int, list[dict[str, Any]]]:
+    return {rank: [json.loads(line) for line in (out / f"replica{replica}_rank{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+
+
+def _run_job(out: Path, fault: str) -> tuple[dict[int, Any], dict[int, Any], float]:
+    """Runs the two replicas, the fault on replica 1; their per-step records and the wall time."""
+    from torchft._torchft import LighthouseServer
+
+    out.mkdir(parents=True, exist_ok=True)
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=1000)
+    start = time.monotonic()
+    try:
+        jobs = [_torchrun(0, 2, out, _environment(lighthouse.address(), None)),
+                _torchrun(1, 2, out, _environment(lighthouse.address(), fault))]
+        codes = [job.wait(timeout=300) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+        lighthouse.shutdown()
+    seconds = time.monotonic() - start
+    logs = [(out / f"replica{r}.log").read_text()[-6000:] for r in (0, 1)]
+    assert codes == [0, 0], logs
+    return _records(out, 0), _records(out, 1), seconds
+
+
+def _reference(participants: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Single-process Adam in float64: at each committed step, the mean over the replicas that
+    took part of their full-batch losses (replica 0 alone, or 0 and 1)."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    from train_fault_tolerant import replica_batch
+
+    from graphpipe.models import build_model, default_loss
+
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model, inputs = build_model(SPEC)
+        loss_fn = default_loss(SPEC)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        batch = inputs[0].shape[0]
+        for step, count in participants:
+            optimizer.zero_grad()
+            losses = [loss_fn(model(*x), y) for x, y in (replica_batch(model, batch, step, r) for r in range(count))]
+            (torch.stack(losses).sum() / count).backward()
+            optimizer.step()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+@pytest.mark.parametrize("kind", ["kill", "hang", "raise"])
+def test_a_lost_replica_costs_a_step_not_the_job(tmp_path: Path, kind: str) -> None:
+    out = tmp_path / kind
+    first, second, seconds = _run_job(out, f"1:{FAULT_STEP}:forward:{kind}")
+    for rank in (0, 1):
+        survivor, replaced = first[rank], second[rank]
+        # Replica 0 never raised (one attempt) and committed every step once; only the step of the
+        # failure was redone.
+        assert {r["attempt"] for r in survivor} == {0}
+        assert [r["step"] for r in survivor if r["committed"]] == list(range(STEPS))
+        assert [r["step"] for r in survivor if not r["committed"]] == [FAULT_STEP]
+        # Replica 1 was replaced, and its replacement healed at its first step.
+        before = [r for r in replaced if r["attempt"] == 0]
+        after = [r for r in replaced if r["attempt"] > 0]
+        assert [r["step"] for r in before if r["committed"]] == list(range(FAULT_STEP)), before
+        assert after and after[0]["healed"], after[:2]
+        joined = after[0]["step"]
+        assert FAULT_STEP < joined <= FAULT_STEP + JOIN_WITHIN, (kind, joined)
+        # From the join on, both replicas hold the same state after every step and report the
+        # same (averaged) loss.
+        by_step = {r["step"]: r for r in survivor if r["committed"]}
+        for r in after:
+            assert r["committed"] and r["participants"] == 2
+            assert r["digest"] == by_step[r["step"]]["digest"], (rank, r["step"])
+            assert r["loss"] == by_step[r["step"]]["loss"], (rank, r["step"])
+        a = torch.load(out / f"replica0_rank{rank}.pt", weights_only=True)
+        b = torch.load(out / f"replica1_rank{rank}.pt", weights_only=True)
+        for key, value in a["module"].items():
+            assert torch.equal(value, b["module"][key]), (rank, key)
+        for index, entry in a["optimizer"]["state"].items():
+            for name, value in entry.items():
+                assert torch.equal(value, b["optimizer"]["state"][index][name]), (rank, index, name)
+    assert not list(out.rglob("*.distcp")) and not list(out.rglob(".metadata"))  # no checkpoint anywhere
+    # The failed step trained on the survivor's samples only, as did the steps until the join.
+    participants = [(r["step"], r["participants"]) for r in first[0] if r["committed"]]
+    assert [p for _, p in participants] == [2] * FAULT_STEP + [1] * (joined - FAULT_STEP) + [2] * (STEPS - joined)
+    got = torch.load(out / "replica0_model.pt", weights_only=True)
+    for key, value in _reference(participants).items():
+        torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-11, msg=key)
+    kill_time = next(r["t"] for r in first[0] if not r["committed"])
+    print(f"\n{kind}: failed step -> survivors' redo committed "
+          f"{next(r['t'] for r in first[0] if r['step'] == FAULT_STEP and r['committed']) - kill_time:.2f} s; "
+          f"replacement healed at step {joined}; whole job {seconds:.1f} s")
+
+
+def test_the_last_replica_lost_refuses_to_start_over(tmp_path: Path) -> None:
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
+    try:
+        job = _torchrun(0, 1, tmp_path, _environment(lighthouse.address(), f"1:{FAULT_STEP}:forward:kill"), restarts=1)
+        code = job.wait(timeout=300)
+    finally:
+        lighthouse.shutdown()
+    log = (tmp_path / "replica0.log").read_text()
+    assert code != 0
+    assert "NoReplicaToHealFrom" in log and "every replica was lost" in log, log[-4000:]
+    assert "resume from the last checkpoint" in log
