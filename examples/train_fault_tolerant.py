@@ -91,11 +91,12 @@ def main() -> None:
         os.makedirs(args.record_dir, exist_ok=True)
         log = open(os.path.join(args.record_dir, f"replica{args.replica}_rank{rank}.jsonl"), "a", encoding="utf-8")
     while ft.current_step < args.steps:
+        began = time.time()
         result = ft.step(lambda step: replica_batch(model, batch, step, args.replica))
         record: dict[str, Any] = {"attempt": attempt, "step": result.step, "committed": result.committed,
                                   "loss": result.loss, "participants": result.participants,
                                   "healed": result.healed, "digest": state_digest(ft.pipe.module, ft.optimizer),
-                                  "t": time.time()}
+                                  "t0": began, "t": time.time()}
         if log is not None:
             log.write(json.dumps(record) + "\n")
             log.flush()

@@ -2,7 +2,8 @@
 
 Two replicas of a 2-stage graph pipeline (MMT with two branches, 2 ranks each, Adam, float64),
 one ``torchrun --max-restarts`` per replica and a torchft lighthouse in this process, run
-examples/train_fault_tolerant.py for 10 steps. At step 3 one rank of replica 1 is SIGKILLed,
+examples/train_fault_tolerant.py for 10 steps, paced at a second per step (a replacement takes a
+few seconds to start). At step 3 one rank of replica 1 is SIGKILLed,
 hangs past the timeout, or raises in its forward (``GRAPHPIPE_FAULT``, first attempt only). Then:
 
 - replica 0 never raises: one attempt, every step 0-9 committed once, only step 3 redone;
@@ -15,7 +16,8 @@ hangs past the timeout, or raises in its forward (``GRAPHPIPE_FAULT``, first att
   in it (replica 0 alone for the redone step and until the replacement joined).
 
 And when the last replica is lost, its restart refuses to train from scratch
-(``NoReplicaToHealFrom``, naming the checkpoint to resume from).
+(``NoReplicaToHealFrom``, naming the checkpoint to resume from); and with three replicas, two
+lost in the same step cost that step too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import pytest
 import torch
 from test_example_torchrun import free_port
 
+os.environ.setdefault("RUST_LOG", "warn")  # the in-process lighthouse logs every quorum at info
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="torchft is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,16 +73,18 @@ def _records(out: Path, replica: int) -> dict[int, list[dict[str, Any]]]:
             for rank in (0, 1)}
 
 
-def _run_job(out: Path, fault: str) -> tuple[dict[int, Any], dict[int, Any], float]:
-    """Runs the two replicas, the fault on replica 1; their per-step records and the wall time."""
+def _run_job(out: Path, faults: dict[int, str], replicas: int = 2) -> tuple[list[dict[int, Any]], float]:
+    """Runs the replicas, ``faults[r]`` on replica r; each replica's per-step records (by rank)
+    and the wall time."""
     from torchft._torchft import LighthouseServer
 
     out.mkdir(parents=True, exist_ok=True)
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=1000)
     start = time.monotonic()
+    jobs: list[subprocess.Popen] = []
     try:
-        jobs = [_torchrun(0, 2, out, _environment(lighthouse.address(), None)),
-                _torchrun(1, 2, out, _environment(lighthouse.address(), fault))]
+        jobs = [_torchrun(r, replicas, out, _environment(lighthouse.address(), faults.get(r)))
+                for r in range(replicas)]
         codes = [job.wait(timeout=300) for job in jobs]
     finally:
         for job in jobs:
@@ -87,9 +92,49 @@ def _run_job(out: Path, fault: str) -> tuple[dict[int, Any], dict[int, Any], flo
                 job.kill()
         lighthouse.shutdown()
     seconds = time.monotonic() - start
-    logs = [(out / f"replica{r}.log").read_text()[-6000:] for r in (0, 1)]
-    assert codes == [0, 0], logs
-    return _records(out, 0), _records(out, 1), seconds
+    logs = [(out / f"replica{r}.log").read_text()[-6000:] for r in range(replicas)]
+    assert codes == [0] * replicas, logs
+    return [_records(out, r) for r in range(replicas)], seconds
+
+
+def _check_replaced(survivor: list[dict[str, Any]], replaced: list[dict[str, Any]]) -> int:
+    """A replica that lost a rank at FAULT_STEP: its replacement healed at its first step, within
+    JOIN_WITHIN steps, and from then on holds the survivor's state after every step and reports
+    its loss. Returns the step it joined at."""
+    before = [r for r in replaced if r["attempt"] == 0]
+    after = [r for r in replaced if r["attempt"] > 0]
+    assert [r["step"] for r in before if r["committed"]] == list(range(FAULT_STEP)), before
+    assert after and after[0]["healed"], after[:2]
+    joined = after[0]["step"]
+    assert FAULT_STEP < joined <= FAULT_STEP + JOIN_WITHIN, joined
+    by_step = {r["step"]: r for r in survivor if r["committed"]}
+    for r in after:
+        assert r["committed"], r
+        assert r["digest"] == by_step[r["step"]]["digest"], r["step"]
+        assert r["loss"] == by_step[r["step"]]["loss"], r["step"]
+    return joined
+
+
+def _check_survivor(survivor: list[dict[str, Any]]) -> None:
+    """A replica that never failed: one attempt (it never raised), every step committed once,
+    only the step of the failure redone."""
+    assert {r["attempt"] for r in survivor} == {0}
+    assert [r["step"] for r in survivor if r["committed"]] == list(range(STEPS))
+    assert [r["step"] for r in survivor if not r["committed"]] == [FAULT_STEP]
+
+
+def _check_equal_states(out: Path, replicas: int) -> None:
+    """Every replica's final parameters, buffers and optimizer state equal replica 0's, bit for bit."""
+    for rank in (0, 1):
+        a = torch.load(out / f"replica0_rank{rank}.pt", weights_only=True)
+        for replica in range(1, replicas):
+            b = torch.load(out / f"replica{replica}_rank{rank}.pt", weights_only=True)
+            for key, value in a["module"].items():
+                assert torch.equal(value, b["module"][key]), (replica, rank, key)
+            for index, entry in a["optimizer"]["state"].items():
+                for name, value in entry.items():
+                    assert torch.equal(value, b["optimizer"]["state"][index][name]), (replica, rank, index, name)
+    assert not list(out.rglob("*.distcp")) and not list(out.rglob(".metadata"))  # no checkpoint anywhere
 
 
 def _reference(participants: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
@@ -121,49 +166,41 @@ def _reference(participants: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", ["kill", "hang", "raise"])
 def test_a_lost_replica_costs_a_step_not_the_job(tmp_path: Path, kind: str) -> None:
     out = tmp_path / kind
-    first, second, seconds = _run_job(out, f"1:{FAULT_STEP}:forward:{kind}")
+    (first, second), seconds = _run_job(out, {1: f"1:{FAULT_STEP}:forward:{kind}"})
     for rank in (0, 1):
-        survivor, replaced = first[rank], second[rank]
-        # Replica 0 never raised (one attempt) and committed every step once; only the step of the
-        # failure was redone.
-        assert {r["attempt"] for r in survivor} == {0}
-        assert [r["step"] for r in survivor if r["committed"]] == list(range(STEPS))
-        assert [r["step"] for r in survivor if not r["committed"]] == [FAULT_STEP]
-        # Replica 1 was replaced, and its replacement healed at its first step.
-        before = [r for r in replaced if r["attempt"] == 0]
-        after = [r for r in replaced if r["attempt"] > 0]
-        assert [r["step"] for r in before if r["committed"]] == list(range(FAULT_STEP)), before
-        assert after and after[0]["healed"], after[:2]
-        joined = after[0]["step"]
-        assert FAULT_STEP < joined <= FAULT_STEP + JOIN_WITHIN, (kind, joined)
-        # From the join on, both replicas hold the same state after every step and report the
-        # same (averaged) loss.
-        by_step = {r["step"]: r for r in survivor if r["committed"]}
-        for r in after:
-            assert r["committed"] and r["participants"] == 2
-            assert r["digest"] == by_step[r["step"]]["digest"], (rank, r["step"])
-            assert r["loss"] == by_step[r["step"]]["loss"], (rank, r["step"])
-        a = torch.load(out / f"replica0_rank{rank}.pt", weights_only=True)
-        b = torch.load(out / f"replica1_rank{rank}.pt", weights_only=True)
-        for key, value in a["module"].items():
-            assert torch.equal(value, b["module"][key]), (rank, key)
-        for index, entry in a["optimizer"]["state"].items():
-            for name, value in entry.items():
-                assert torch.equal(value, b["optimizer"]["state"][index][name]), (rank, index, name)
-    assert not list(out.rglob("*.distcp")) and not list(out.rglob(".metadata"))  # no checkpoint anywhere
+        _check_survivor(first[rank])
+        joined = _check_replaced(first[rank], second[rank])
+        assert all(r["participants"] == 2 for r in second[rank] if r["attempt"] > 0)
+    _check_equal_states(out, 2)
     # The failed step trained on the survivor's samples only, as did the steps until the join.
     participants = [(r["step"], r["participants"]) for r in first[0] if r["committed"]]
     assert [p for _, p in participants] == [2] * FAULT_STEP + [1] * (joined - FAULT_STEP) + [2] * (STEPS - joined)
     got = torch.load(out / "replica0_model.pt", weights_only=True)
     for key, value in _reference(participants).items():
         torch.testing.assert_close(got[key], value, rtol=1e-9, atol=1e-11, msg=key)
-    kill_time = next(r["t"] for r in first[0] if not r["committed"])
-    print(f"\n{kind}: failed step -> survivors' redo committed "
-          f"{next(r['t'] for r in first[0] if r['step'] == FAULT_STEP and r['committed']) - kill_time:.2f} s; "
+    failed = next(r for r in first[0] if not r["committed"])
+    redone = next(r for r in first[0] if r["step"] == FAULT_STEP and r["committed"])
+    print(f"\n{kind}: failed step's start -> survivors' redo committed {redone['t'] - failed['t0']:.2f} s; "
           f"replacement healed at step {joined}; whole job {seconds:.1f} s")
 
 
+def test_two_replicas_lost_at_once(tmp_path: Path) -> None:
+    """Three replicas; a rank of replicas 1 and 2 killed in the same step: replica 0 goes on
+    alone, both replacements heal from it, and all three end equal."""
+    fault = f"1:{FAULT_STEP}:forward:kill"
+    (first, *others), _ = _run_job(tmp_path, {1: fault, 2: fault}, replicas=3)
+    for rank in (0, 1):
+        _check_survivor(first[rank])
+        for replaced in others:
+            _check_replaced(first[rank], replaced[rank])
+        counts = [r["participants"] for r in first[rank] if r["committed"]]
+        assert counts[:FAULT_STEP] == [3] * FAULT_STEP and counts[FAULT_STEP] == 1 and counts[-1] == 3, counts
+    _check_equal_states(tmp_path, 3)
+
+
 def test_the_last_replica_lost_refuses_to_start_over(tmp_path: Path) -> None:
+    """One replica whose rank is killed: its restart finds no live replica to heal from and
+    raises instead of training from the initial parameters."""
     from torchft._torchft import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=1000)
@@ -176,3 +213,37 @@ def test_the_last_replica_lost_refuses_to_start_over(tmp_path: Path) -> None:
     assert code != 0
     assert "NoReplicaToHealFrom" in log and "every replica was lost" in log, log[-4000:]
     assert "resume from the last checkpoint" in log
+
+
+def _refused_sync(rank: int, world: int) -> str:
+    from graphpipe import sync, wrap
+    from graphpipe.fault_tolerance import FaultTolerantPipeline
+    from graphpipe.models import build_model, default_loss
+
+    model, inputs = build_model(SPEC)
+    with wrap(model, inputs, default_loss(SPEC), sync=sync.LocalSGD(period=2), partitioner="sequential") as pipe:
+        try:
+            FaultTolerantPipeline(pipe, None, 0, "http://127.0.0.1:1")
+        except Exception as exc:  # the test asserts its type and message
+            return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def test_bad_input_is_refused_with_a_named_cause() -> None:
+    from graphpipe import InputError
+    from graphpipe.fault_tolerance import fault_tolerant
+    from graphpipe.models import build_model, default_loss
+    from graphpipe.testing import run_ranks
+
+    env = os.environ.pop("TORCHFT_LIGHTHOUSE", None)
+    try:
+        model, inputs = build_model(SPEC)
+        with pytest.raises(InputError, match="no lighthouse address"):
+            fault_tolerant(model, inputs, default_loss(SPEC), None, replica=0)
+    finally:
+        if env is not None:
+            os.environ["TORCHFT_LIGHTHOUSE"] = env
+    [result] = run_ranks(_refused_sync, 1)
+    assert result.ok, result.traceback
+    assert result.value.startswith("InputError") and "local SGD H=2" in result.value, result.value
+    assert "sync='allreduce'" in result.value
