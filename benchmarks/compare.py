@@ -91,6 +91,7 @@ sys.path.insert(0, str(HERE))
 
 import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
+from graphpipe.runtime import stage_assignment  # noqa: E402
 from graphpipe.testing import RankResult, reference_training, run_ranks, seeded_batches  # noqa: E402
 
 #: Benchmark sizes: big enough on a CPU core that compute, not per-operator overhead, dominates;
@@ -624,7 +625,7 @@ def torch_pipeline_variants(graph: Any, devices: Any, limit: float | None, every
     multi = torch_multi_stage_variants(graph, doubled, limit, every, model, inputs)
     if seq is None:
         return [Variant(n, "torch", unavailable=reason) for n in names] + multi
-    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
+    labels = stage_assignment(seq, graph)
     front = _torch_cut(graph, devices, seq, labels)
     points, refused = _front_end_cut(graph, seq, model, inputs, front.micro_batches)
     # The interpreter keeps integer tensors inside one stage (pin_integer_consumers: torch's
@@ -733,7 +734,7 @@ def doubled_sequential_cut(graph: Any, devices: Any, limit: float | None) -> Dou
         reason = f"not run: the sequential plan for {2 * world} stages (2 per rank) has {seq.num_stages}"
     if seq is None or reason:
         return DoubledCut(world, reason)
-    labels = {graph.node(n).name: int(stage.id) for stage in seq.stages for n in stage.nodes}
+    labels = stage_assignment(seq, graph)
     return DoubledCut(world, "", seq, labels, _torch_cut(graph, doubled, seq, labels))
 
 
@@ -764,7 +765,7 @@ def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micr
     m = micro_batches or plan.num_micro_batches
     if m < k and graph.trace_batch_size % k == 0:
         m = k
-    same = labels == {graph.node(n).name: stage.id for stage in plan.stages for n in stage.nodes}
+    same = labels == stage_assignment(plan, graph)
     at_m = plan if same and m == plan.num_micro_batches else \
         graphpipe.plan(graph, devices, "manual", manual=labels, micro_batches=m)
     return _TorchCut(labels, k, m, [(s.forward_seconds, s.backward_seconds) for s in at_m.stages],

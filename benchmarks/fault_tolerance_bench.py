@@ -18,7 +18,7 @@ fault-tolerant ones), all on the same model and samples per step:
 4. **checkpoint restart**: the plain job under ``torchrun --max-restarts 1``, a DCP checkpoint
    every ``--checkpoint-every`` steps, rank 3 SIGKILLed at step ``--kill-at``: every rank
    restarts and resumes from the last checkpoint; the time from the failed step's start to the
-   first step after the resume, and the steps trained twice. Its steps per second include the
+   first step after the resume, and the steps computed again (the failed one included). Its steps per second include the
    checkpoints.
 
 The fault-tolerant runs with a kill are paced (``--paced-step-seconds`` of sleep per step) so that
@@ -26,7 +26,7 @@ the survivor is still training when the replacement comes back; the recovery tim
 nothing for it (the sleep after the failed step counts). Prints a table and writes
 results/fault_tolerance_bench.json.
 
-    python benchmarks/fault_tolerance_bench.py [--steps 40] [--kill-at 12]
+    python benchmarks/fault_tolerance_bench.py [--steps 40] [--kill-at 12] [--depth 2] [--batch 32]
 """
 
 from __future__ import annotations
@@ -47,8 +47,16 @@ os.environ.setdefault("RUST_LOG", "warn")  # the in-process lighthouse logs ever
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-REPLICA_SPEC = "mmt:branches=2,depth=2,batch=32"  # one replica's batch
-JOB_SPEC = "mmt:branches=2,depth=2,batch=64"  # the 4-rank job's: both replicas' rows
+
+
+def replica_spec(depth: int, batch: int) -> str:
+    """One replica's model (MMT, two branches) and batch."""
+    return f"mmt:branches=2,depth={depth},batch={batch}"
+
+
+def job_spec(depth: int, batch: int) -> str:
+    """The 4-rank job's model: the same, with both replicas' rows in its batch."""
+    return replica_spec(depth, 2 * batch)
 MICRO_BATCHES, LR, TIMEOUT = 2, 1e-3, 10.0
 
 
@@ -104,7 +112,7 @@ def _job_worker(args: argparse.Namespace) -> None:
 
     import graphpipe
     from graphpipe.models import build_model, default_loss
-    from graphpipe.runtime import faults, manual_plan
+    from graphpipe.runtime import faults, manual_plan, stage_assignment
 
     sys.path.insert(0, str(EXAMPLES))
     from train_fault_tolerant import replica_batch
@@ -116,12 +124,13 @@ def _job_worker(args: argparse.Namespace) -> None:
         os.environ.pop(faults.ENV, None)
     rank = graphpipe.init_distributed("gloo", timeout=120.0)
     torch.manual_seed(0)
-    model, inputs = build_model(JOB_SPEC)
+    spec = job_spec(args.depth, args.batch)
+    model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     cut = graphpipe.plan(graph, 2, "sequential", micro_batches=MICRO_BATCHES, replicate=False)
-    assignment = {graph.node(n).name: stage.id for stage in cut.stages for n in stage.nodes}
+    assignment = stage_assignment(cut, graph)
     plan = manual_plan(graph, assignment, MICRO_BATCHES, stage_devices={0: [0, 1], 1: [2, 3]})
-    pipe = graphpipe.wrap(model, inputs, default_loss(JOB_SPEC), plan=plan.to_json(graph), timeout=TIMEOUT)
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan.to_json(graph), timeout=TIMEOUT)
     optimizer = torch.optim.Adam(pipe.parameters(), lr=LR)
     batch, start = inputs[0].shape[0], 0
     folder = args.checkpoint_dir
@@ -146,16 +155,16 @@ def _job_worker(args: argparse.Namespace) -> None:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def _plain(work: Path, steps: int) -> float:
+def _plain(work: Path, steps: int, size: list[str]) -> float:
     out = work / "plain"
     out.mkdir()
     log = out / "torchrun.log"
-    _wait([_torchrun([__file__, "--worker", "--steps", str(steps), "--record-dir", str(out)], 4, log,
+    _wait([_torchrun([__file__, "--worker", "--steps", str(steps), "--record-dir", str(out), *size], 4, log,
                      _environment())], [log])
     return _steps_per_second(_records(out / "job_rank0.jsonl"))
 
 
-def _fault_tolerant(work: Path, name: str, steps: int, fault: str | None, paced: float) -> dict[str, Any]:
+def _fault_tolerant(work: Path, name: str, spec: str, steps: int, fault: str | None, paced: float) -> dict[str, Any]:
     from torchft._torchft import LighthouseServer
 
     out = work / name
@@ -164,7 +173,7 @@ def _fault_tolerant(work: Path, name: str, steps: int, fault: str | None, paced:
     logs = [out / f"replica{r}.log" for r in (0, 1)]
     try:
         jobs = [_torchrun([str(EXAMPLES / "train_fault_tolerant.py"), "--replica", str(r), "--replicas", "2",
-                           "--model", REPLICA_SPEC, "--steps", str(steps), "--micro-batches", str(MICRO_BATCHES),
+                           "--model", spec, "--steps", str(steps), "--micro-batches", str(MICRO_BATCHES),
                            "--lr", str(LR), "--timeout", str(TIMEOUT), "--step-seconds", str(paced),
                            "--record-dir", str(out)], 2, logs[r],
                           _environment(TORCHFT_LIGHTHOUSE=lighthouse.address(),
@@ -180,23 +189,24 @@ def _fault_tolerant(work: Path, name: str, steps: int, fault: str | None, paced:
         redone = next(r for r in survivor if r["committed"] and r["step"] == failed["step"])
         healed = next(r for r in replaced if r["attempt"] > 0)
         result.update(kill_to_survivors_step=redone["t"] - failed["t0"], kill_to_healed_step=healed["t"] - failed["t0"],
-                      healed_at_step=healed["step"], failed_step=failed["step"], steps_trained_twice=0)
+                      healed_at_step=healed["step"], failed_step=failed["step"], steps_computed_again=1)
     return result
 
 
-def _checkpoint_restart(work: Path, steps: int, kill_at: int, every: int) -> dict[str, Any]:
+def _checkpoint_restart(work: Path, steps: int, kill_at: int, every: int, size: list[str]) -> dict[str, Any]:
     out = work / "checkpoint"
     out.mkdir()
     log = out / "torchrun.log"
     _wait([_torchrun([__file__, "--worker", "--steps", str(steps), "--record-dir", str(out), "--checkpoint-dir",
-                      str(out / "checkpoints"), "--checkpoint-every", str(every)], 4, log,
+                      str(out / "checkpoints"), "--checkpoint-every", str(every), *size], 4, log,
                      _environment(GRAPHPIPE_FAULT=f"3:{kill_at}:forward:kill"), restarts=1)], [log])
     records = _records(out / "job_rank0.jsonl")
     first = [r for r in records if r["attempt"] == 0]
     failed_start = first[-1]["t"]  # the killed step starts when rank 0's previous one ends
     resumed = next(r for r in records if r["attempt"] > 0)
     return {"steps_per_second": _steps_per_second(first), "kill_to_resumed_step": resumed["t"] - failed_start,
-            "resumed_at_step": resumed["step"], "failed_step": kill_at, "steps_trained_twice": kill_at - resumed["step"]}
+            "resumed_at_step": resumed["step"], "failed_step": kill_at,
+            "steps_computed_again": kill_at - resumed["step"] + 1}
 
 
 def main() -> None:
@@ -205,6 +215,8 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=12)
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--paced-step-seconds", type=float, default=0.2)
+    parser.add_argument("--depth", type=int, default=2, help="MMT's depth (the step's compute)")
+    parser.add_argument("--batch", type=int, default=32, help="one replica's batch")
     parser.add_argument("--out", default="results/fault_tolerance_bench.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--record-dir", help=argparse.SUPPRESS)
@@ -218,31 +230,34 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="graphpipe-ft-bench-") as tmp:
         work = Path(tmp)
-        plain = _plain(work, args.steps)
-        ft = _fault_tolerant(work, "ft", args.steps, None, 0.0)
-        killed = _fault_tolerant(work, "ft_killed", args.steps, f"1:{args.kill_at}:forward:kill",
+        size = ["--depth", str(args.depth), "--batch", str(args.batch)]
+        spec = replica_spec(args.depth, args.batch)
+        plain = _plain(work, args.steps, size)
+        ft = _fault_tolerant(work, "ft", spec, args.steps, None, 0.0)
+        killed = _fault_tolerant(work, "ft_killed", spec, args.steps, f"1:{args.kill_at}:forward:kill",
                                  args.paced_step_seconds)
-        restart = _checkpoint_restart(work, args.steps, args.kill_at, args.checkpoint_every)
+        restart = _checkpoint_restart(work, args.steps, args.kill_at, args.checkpoint_every, size)
     rows = [
         ("plain (replicated stages, no FT)", f"{plain:.1f}", "-", "-", "-"),
-        ("graphpipe.fault_tolerant", f"{ft['steps_per_second']:.1f} ({ft['steps_per_second'] / plain:.2f}x)",
+        ("graphpipe.fault_tolerant", f"{ft['steps_per_second']:.1f} ({ft['steps_per_second'] / plain:.2f}x, "
+         f"+{1e3 / ft['steps_per_second'] - 1e3 / plain:.1f} ms/step)",
          f"{killed['kill_to_survivors_step']:.2f} s", f"{killed['kill_to_healed_step']:.2f} s (step "
-         f"{killed['healed_at_step']})", "0"),
+         f"{killed['healed_at_step']})", "1"),
         (f"checkpoint restart (every {args.checkpoint_every})",
          f"{restart['steps_per_second']:.1f} ({restart['steps_per_second'] / plain:.2f}x)",
          f"{restart['kill_to_resumed_step']:.2f} s", f"{restart['kill_to_resumed_step']:.2f} s",
-         str(restart["steps_trained_twice"])),
+         str(restart["steps_computed_again"])),
     ]
-    head = ("job", "steps/s, no faults", "kill -> next step", "kill -> replaced rank trains", "steps redone")
+    head = ("job", "steps/s, no faults", "kill -> next step", "kill -> replaced rank trains", "steps computed again")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for row in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
-    print(f"(model {REPLICA_SPEC} per replica, Adam, {MICRO_BATCHES} micro-batches, 2 x 2 CPU ranks; "
+    print(f"(model {spec} per replica, Adam, {MICRO_BATCHES} micro-batches, 2 x 2 CPU ranks; "
           f"kill at step {args.kill_at}; {time.monotonic() - started:.0f} s)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"plain_steps_per_second": plain, "fault_tolerant": ft, "killed": killed,
                                           "checkpoint_restart": restart, "steps": args.steps,
-                                          "kill_at": args.kill_at, "model": REPLICA_SPEC}, indent=2))
+                                          "kill_at": args.kill_at, "model": spec}, indent=2))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from compare import BENCH_SPECS, LR, Launch, calibrate, calibrated_description, 
 
 import graphpipe  # noqa: E402
 from graphpipe.models import build_model, default_loss  # noqa: E402
-from graphpipe.runtime import manual_plan  # noqa: E402
+from graphpipe.runtime import manual_plan, stage_assignment  # noqa: E402
 from graphpipe.testing import run_ranks  # noqa: E402
 
 WORLD = 4
@@ -59,7 +59,7 @@ def make_plan(spec: str, micro_batches: int, calibration: dict[str, float], slow
     # measure=True) would measure the runtime's costs again, without the emulated waits).
     devices = calibrated_description(graphpipe.Devices.cpu_rank(WORLD, measure=True), WORLD, slowdown, calibration)
     cut = graphpipe.plan(graph, 2, "sequential", micro_batches=micro_batches)
-    assignment = {graph.node(n).name: stage.id for stage in cut.stages for n in stage.nodes}
+    assignment = stage_assignment(cut, graph)
     plan = manual_plan(graph, assignment, micro_batches, stage_devices=PLACEMENT, devices=devices)
     return plan, devices, plan.to_json(graph)
 

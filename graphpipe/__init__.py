@@ -20,6 +20,7 @@ from graphpipe.errors import (
     ScheduleError,
     TraceError,
 )
+from graphpipe.fault_tolerance import FaultTolerantPipeline, fault_tolerant
 from graphpipe.planner import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, WrapOptions, init_distributed, wrap
@@ -62,6 +63,7 @@ __all__ = [
     "SCHEDULES",
     "CheckpointError",
     "Devices",
+    "FaultTolerantPipeline",
     "FormatError",
     "GraphError",
     "GraphpipeError",
@@ -79,6 +81,7 @@ __all__ = [
     "TransferMismatch",
     "all_reduce_cost",
     "devices",
+    "fault_tolerant",
     "init_distributed",
     "load_into_model",
     "model_state_dict",

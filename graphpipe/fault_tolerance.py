@@ -88,19 +88,19 @@ class StepResult:
     healed: bool
 
 
-def _manager_store(pipe: Pipeline) -> tuple[str, int, Any]:
+def _manager_store(pipe: Pipeline, replica: int) -> tuple[str, int, Any]:
     """The TCPStore this replica's Managers meet on, hosted by pipeline rank 0 (a fresh one on
     a free port per launch attempt, so a restarted replica never reads its previous attempt's
     Manager address), and its address; the address reaches the other ranks through the
     pipeline's own store, which graphpipe.init_distributed already namespaces per attempt."""
     pipeline_store = dist.distributed_c10d._get_default_store()
-    host = None
+    key = f"{_STORE_KEY}/{replica}"  # replicas that share a default store do not read each other's
     if pipe.rank == 0:
         host = socket.gethostname()
         store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pipe.timeout))
-        pipeline_store.set(_STORE_KEY, f"{host}:{store.port}")
+        pipeline_store.set(key, f"{host}:{store.port}")
         return host, store.port, store
-    address = pipeline_store.get(_STORE_KEY).decode()
+    address = pipeline_store.get(key).decode()
     host, port = address.rsplit(":", 1)
     return host, int(port), None
 
@@ -118,7 +118,7 @@ class FaultTolerantPipeline:
             from torchft import Manager, ProcessGroupGloo
         except ImportError as exc:  # an optional dependency: only this module needs it
             raise InputError("graphpipe.fault_tolerant needs torchft (pip install torchft)") from exc
-        if pipe.sync_method != AllReduce():
+        if not isinstance(pipe.sync_method, AllReduce):
             raise InputError(f"graphpipe.fault_tolerant: sync={pipe.sync_method.describe()} keeps state between "
                              "steps that a healing replica would not receive; use the default sync='allreduce'")
         if replica < 0:
@@ -131,7 +131,7 @@ class FaultTolerantPipeline:
         self._params = [p for p in pipe.parameters() if p.requires_grad]
         self._healed = False
         self._first_quorum = True
-        host, port, self._store = _manager_store(pipe)
+        host, port, self._store = _manager_store(pipe, replica)
         deadline = timedelta(seconds=timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=deadline), load_state_dict=self._load_state, state_dict=self._state,

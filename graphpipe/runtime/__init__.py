@@ -7,7 +7,7 @@ from graphpipe.runtime.launch import init_distributed
 from graphpipe.runtime.microbatch import merge, split
 from graphpipe.runtime.options import DEFAULT_TIMEOUT, WrapOptions
 from graphpipe.runtime.pipeline import Pipeline, wrap
-from graphpipe.runtime.plan import load_plan, manual_plan
+from graphpipe.runtime.plan import load_plan, manual_plan, stage_assignment
 from graphpipe.runtime.stages import build_stages
 
 #: A peer rank died or failed during a transfer (the message names the peer, instruction, edge).
@@ -28,6 +28,7 @@ __all__ = [
     "init_distributed",
     "load_plan",
     "manual_plan",
+    "stage_assignment",
     "merge",
     "split",
     "wrap",

@@ -21,7 +21,8 @@ from graphpipe._ext import _C
 from graphpipe.errors import PlanningError
 from graphpipe.planner import plan as make_plan
 
-__all__ = ["plan_json", "plan_fingerprint", "load_plan", "manual_plan", "check_runnable", "stage_ranks"]
+__all__ = ["plan_json", "plan_fingerprint", "load_plan", "manual_plan", "stage_assignment", "check_runnable",
+           "stage_ranks"]
 
 
 def plan_json(plan: Any, graph: Any) -> str:
@@ -111,6 +112,12 @@ def manual_plan(
                       num_stages)
     return make_plan(graph, devices, "manual", batch_size=batch_size, micro_batches=int(num_micro_batches),
                      manual=rules, stage_devices=placed, **plan_options)
+
+
+def stage_assignment(plan: Any, graph: Any) -> dict[str, int]:
+    """``{operator name: stage id}`` of ``plan``: the assignment :func:`manual_plan` takes, so
+    that another plan can keep this one's cut and change its placement or replicas."""
+    return {graph.node(n).name: int(stage.id) for stage in plan.stages for n in stage.nodes}
 
 
 def _follow_consumers(graph: Any, rules: dict[str, int]) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 import graphpipe
 from graphpipe.calibration import COLLECTIVE_SIZES, RuntimeCosts, _fit, apply_runtime_costs, ring_link, runtime_costs
 from graphpipe.models import build_model
+from graphpipe.runtime import stage_assignment
 
 SPEC = "candle_uno:size=small"
 
@@ -87,7 +88,7 @@ def test_planner_and_simulator_charge_the_runtime_costs() -> None:
     seq = graphpipe.plan(graph, base, "sequential", micro_batches=4, replicate=False)
     k, m = seq.num_stages, seq.num_micro_batches
     assert k == 2
-    labels = {graph.node(n).name: stage.id for stage in seq.stages for n in stage.nodes}
+    labels = stage_assignment(seq, graph)
     x, s = 1e-3, 5e-3
 
     def figures(instruction: float, step: float) -> tuple[float, float]:
