@@ -15,8 +15,8 @@ script honours on the first attempt only): its torchrun restarts the replica, th
 redoes step 3 alone and goes on, and the restarted one heals from it and rejoins.
 
 ``--record-dir DIR`` writes one JSON line per step and rank (``DIR/replica<r>_rank<s>.jsonl``: the step,
-whether it committed, the averaged loss, the participants, and a digest of the rank's parameters,
-buffers and optimizer state), and at the end each rank's state (``DIR/replica<r>_rank<s>.pt``) and
+whether it committed, the averaged loss, the participants, and with ``--digest`` a digest of the
+rank's parameters, buffers and optimizer state), and at the end each rank's state (``DIR/replica<r>_rank<s>.pt``) and
 the replica's whole model (``DIR/replica<r>_model.pt``).
 """
 
@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=10.0, help="the pipeline's and torchft's timeout (s)")
     parser.add_argument("--float64", action="store_true", help="train in float64 (the tests' tight tolerance)")
     parser.add_argument("--record-dir", help="folder for the per-step JSON lines and the final states")
+    parser.add_argument("--digest", action="store_true", help="record a digest of each rank's state after every step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (paces a demo)")
     args = parser.parse_args()
 
@@ -95,14 +96,16 @@ def main() -> None:
         result = ft.step(lambda step: replica_batch(model, batch, step, args.replica))
         record: dict[str, Any] = {"attempt": attempt, "step": result.step, "committed": result.committed,
                                   "loss": result.loss, "participants": result.participants,
-                                  "healed": result.healed, "digest": state_digest(ft.pipe.module, ft.optimizer),
+                                  "healed": result.healed,
+                                  "digest": state_digest(ft.pipe.module, ft.optimizer) if args.digest else None,
                                   "t0": began, "t": time.time()}
         if log is not None:
             log.write(json.dumps(record) + "\n")
             log.flush()
         if rank == 0:
             print(f"replica {args.replica} attempt {attempt}: {record}", flush=True)
-        time.sleep(args.step_seconds)
+        if result.committed:  # pacing stands for compute; a step that did not land is redone at once
+            time.sleep(args.step_seconds)
     if args.record_dir:
         state = {"module": ft.pipe.module.state_dict(),
                  "optimizer": ft.optimizer.state_dict() if ft.optimizer is not None else None}

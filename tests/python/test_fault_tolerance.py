@@ -2,7 +2,7 @@
 
 Two replicas of a 2-stage graph pipeline (MMT with two branches, 2 ranks each, Adam, float64),
 one ``torchrun --max-restarts`` per replica and a torchft lighthouse in this process, run
-examples/train_fault_tolerant.py for 10 steps, paced at a second per step (a replacement takes a
+examples/train_fault_tolerant.py for 10 steps, paced at 1.5 s per step (a replacement takes a
 few seconds to start). At step 3 one rank of replica 1 is SIGKILLed,
 hangs past the timeout, or raises in its forward (``GRAPHPIPE_FAULT``, first attempt only). Then:
 
@@ -45,7 +45,7 @@ SPEC = "mmt:branches=2,depth=1"
 STEPS, FAULT_STEP, LR, TIMEOUT = 10, 3, 1e-3, 5.0
 # How many steps after the failed one the replacement may take to join: its torchrun's restart,
 # import, trace, plan and quorum, against steps paced at STEP_SECONDS.
-JOIN_WITHIN, STEP_SECONDS = 6, 1.0
+JOIN_WITHIN, STEP_SECONDS = 6, 1.5
 
 
 def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], restarts: int = 2) -> subprocess.Popen:
@@ -54,7 +54,7 @@ def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], resta
                "--max-restarts", str(restarts), "--monitor-interval", "0.2", "--nproc-per-node", "2",
                str(EXAMPLE), "--replica", str(replica), "--replicas", str(replicas), "--model", SPEC,
                "--steps", str(STEPS), "--lr", str(LR), "--timeout", str(TIMEOUT), "--float64",
-               "--step-seconds", str(STEP_SECONDS), "--record-dir", str(out)]
+               "--step-seconds", str(STEP_SECONDS), "--record-dir", str(out), "--digest"]
     with open(out / f"replica{replica}.log", "w", encoding="utf-8") as log:  # the child keeps its own copy
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
 
