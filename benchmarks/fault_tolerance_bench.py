@@ -189,7 +189,8 @@ def _fault_tolerant(work: Path, name: str, spec: str, steps: int, fault: str | N
         redone = next(r for r in survivor if r["committed"] and r["step"] == failed["step"])
         healed = next(r for r in replaced if r["attempt"] > 0)
         result.update(kill_to_survivors_step=redone["t"] - failed["t0"], kill_to_healed_step=healed["t"] - failed["t0"],
-                      healed_at_step=healed["step"], failed_step=failed["step"], steps_computed_again=1)
+                      healed_at_step=healed["step"], failed_step=failed["step"],
+                      steps_computed_again=sum(1 for r in survivor if not r["committed"]))
     return result
 
 
@@ -242,7 +243,7 @@ def main() -> None:
         ("graphpipe.fault_tolerant", f"{ft['steps_per_second']:.1f} ({ft['steps_per_second'] / plain:.2f}x, "
          f"+{1e3 / ft['steps_per_second'] - 1e3 / plain:.1f} ms/step)",
          f"{killed['kill_to_survivors_step']:.2f} s", f"{killed['kill_to_healed_step']:.2f} s (step "
-         f"{killed['healed_at_step']})", "1"),
+         f"{killed['healed_at_step']})", str(killed["steps_computed_again"])),
         (f"checkpoint restart (every {args.checkpoint_every})",
          f"{restart['steps_per_second']:.1f} ({restart['steps_per_second'] / plain:.2f}x)",
          f"{restart['kill_to_resumed_step']:.2f} s", f"{restart['kill_to_resumed_step']:.2f} s",

@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--float64", action="store_true", help="train in float64 (the tests' tight tolerance)")
     parser.add_argument("--record-dir", help="folder for the per-step JSON lines and the final states")
     parser.add_argument("--digest", action="store_true", help="record a digest of each rank's state after every step")
+    parser.add_argument("--nan-at", type=int, default=-1, help="tests: replica 1's batch of this step holds a NaN")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (paces a demo)")
     args = parser.parse_args()
 
@@ -87,16 +88,22 @@ def main() -> None:
                         replica=args.replica, start_replicas=args.replicas, ft_timeout=args.timeout, partitioner="sequential",
                         micro_batches=args.micro_batches, timeout=args.timeout)
     rank = ft.pipe.rank
+
+    def poisoned(data: tuple[Any, Any], step: int) -> tuple[Any, Any]:
+        if args.replica == 1 and step == args.nan_at:
+            data[0][0][0] = float("nan")  # the first input's first sample
+        return data
+
     log = None
     if args.record_dir:
         os.makedirs(args.record_dir, exist_ok=True)
         log = open(os.path.join(args.record_dir, f"replica{args.replica}_rank{rank}.jsonl"), "a", encoding="utf-8")
     while ft.current_step < args.steps:
         began = time.time()
-        result = ft.step(lambda step: replica_batch(model, batch, step, args.replica))
+        result = ft.step(lambda step: poisoned(replica_batch(model, batch, step, args.replica), step))
         record: dict[str, Any] = {"attempt": attempt, "step": result.step, "committed": result.committed,
                                   "loss": result.loss, "participants": result.participants,
-                                  "healed": result.healed,
+                                  "healed": result.healed, "skipped": result.skipped,
                                   "digest": state_digest(ft.pipe.module, ft.optimizer) if args.digest else None,
                                   "t0": began, "t": time.time()}
         if log is not None:

@@ -14,14 +14,15 @@ What is torchft's (PyPI ``torchft``, used unchanged) and what is written here:
 - torchft: the lighthouse and the quorum (who is alive, who must heal, from whom), the
   reconfigurable cross-replica Gloo group of each pipeline rank (the same rank of every replica),
   the gradient average over the replicas that take part (``Manager.allreduce``, which never
-  raises: a failed collective marks the step errored), the commit vote of every rank of every
+  raises: a failed collective marks the step errored), the commit vote of every rank of a
   replica (``Manager.should_commit``) and the state transfer to a healing replica (its HTTP
   checkpoint transport, rank to rank).
 - here: one ``Manager`` per pipeline rank (``rank``/``world_size`` are the pipeline's), the
   store that the replica's Manager servers meet on (a fresh one per launch attempt, its address
   passed through the pipeline's own store), the step (pipeline step, then the gradients and the
-  loss averaged across replicas, then the optimizer only on a committed step, the forward's
-  buffer updates undone on a step that does not land), the state a healing stage receives
+  loss and the floating-point buffers averaged across replicas, then the optimizer only on a
+  committed step whose averaged gradients are finite, the forward's buffer updates undone on a
+  step that does not land), the state a healing stage receives
   (stage module, optimizer, step count, and the plan's fingerprint, checked) and the refusal to
   start from scratch when no replica is left to heal from.
 
@@ -74,18 +75,24 @@ class NoReplicaToHealFrom(GraphpipeError):
 class StepResult:
     """What one :meth:`FaultTolerantPipeline.step` did.
 
-    ``committed``: the optimizer step landed on every live replica (False: a replica failed
-    during the step; redo it with the same step's batches). ``loss``: the full-batch loss
-    averaged over the replicas that took part (this replica's own when not committed).
-    ``participants``: how many replicas took part. ``step``: the step number the batches
-    belonged to (``current_step`` before the call). ``healed``: this replica received its state
-    from a live replica at the start of the step."""
+    ``committed``: this replica's commit vote passed and its step landed (False: a replica failed
+    during the step; the same step number comes again). The vote is torchft's, inside one
+    replica; a failure breaks the cross-replica all-reduce of every live replica, so they all
+    vote no, and a replica that committed a step the others did not is healed at the next
+    quorum. ``loss``: the full-batch loss averaged over the replicas that took part (this
+    replica's own when not committed). ``participants``: how many replicas took part. ``step``:
+    the step number whose batches were trained (read after the quorum: a replica that healed
+    there has its source's). ``healed``: this replica received its state from a live replica at
+    the start of the step. ``skipped``: committed, but the averaged gradients held a NaN or an
+    infinity on some stage, so no replica stepped its optimizer (``wrap(skip_nonfinite=False)``
+    turns the check off)."""
 
     committed: bool
     loss: float
     participants: int
     step: int
     healed: bool
+    skipped: bool = False
 
 
 def _manager_store(pipe: Pipeline, replica: int) -> tuple[str, int, Any]:
@@ -94,7 +101,9 @@ def _manager_store(pipe: Pipeline, replica: int) -> tuple[str, int, Any]:
     Manager address), and its address; the address reaches the other ranks through the
     pipeline's own store, which graphpipe.init_distributed already namespaces per attempt."""
     pipeline_store = dist.distributed_c10d._get_default_store()
-    key = f"{_STORE_KEY}/{replica}"  # replicas that share a default store do not read each other's
+    # Per replica (replicas that share a default store do not read each other's) and per launch
+    # attempt (a store that outlives an attempt, torchrun's agent's, keeps the old address).
+    key = f"{_STORE_KEY}/{replica}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if pipe.rank == 0:
         host = socket.gethostname()
         store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pipe.timeout))
@@ -113,7 +122,8 @@ class FaultTolerantPipeline:
 
     def __init__(self, pipe: Pipeline, optimizer: torch.optim.Optimizer | None, replica: int, lighthouse: str,
                  min_replicas: int = 1, timeout: float = 30.0, quorum_timeout: float = 120.0,
-                 checkpoint_hint: str | None = None, start_replicas: int = 1, join_timeout: float = 60.0) -> None:
+                 checkpoint_hint: str | None = None, start_replicas: int = 1, join_timeout: float = 60.0,
+                 max_redos: int = 20) -> None:
         try:
             from torchft import Manager, ProcessGroupGloo
         except ImportError as exc:  # an optional dependency: only this module needs it
@@ -129,6 +139,11 @@ class FaultTolerantPipeline:
         # a healing stage checks it against its source's: the state of another plan's stage is wrong here
         self._fingerprint = plan_fingerprint(pipe.plan, pipe.graph)[:16]
         self._params = [p for p in pipe.parameters() if p.requires_grad]
+        # Floating-point buffers (BatchNorm's running statistics) are averaged with the gradients:
+        # each replica's forward updates them from its own batch.
+        self._buffers = [b for b in pipe.module.buffers() if b.is_floating_point()]
+        #: Committed steps whose averaged gradients were not finite (no optimizer step anywhere).
+        self.skipped_steps = 0
         self._healed = False
         self._first_quorum = True
         host, port, self._store = _manager_store(pipe, replica)
@@ -138,7 +153,7 @@ class FaultTolerantPipeline:
             min_replica_size=min_replicas, use_async_quorum=False, timeout=deadline,
             quorum_timeout=timedelta(seconds=quorum_timeout), connect_timeout=deadline,
             rank=pipe.rank, world_size=pipe.world_size, store_addr=host, store_port=port,
-            lighthouse_addr=lighthouse, replica_id=f"graphpipe_replica_{replica}",
+            lighthouse_addr=lighthouse, replica_id=f"graphpipe_replica_{replica}", max_retries=max_redos,
         )
 
     @property
@@ -148,7 +163,11 @@ class FaultTolerantPipeline:
 
     def _state(self) -> dict[str, Any]:
         """What a healing replica's same pipeline rank receives from this one."""
-        return {"plan": self._fingerprint, "module": self.pipe.module.state_dict(),
+        # A copy: torchft's HTTP transport serves it while this replica's next forward updates
+        # its buffers in place. (The parameters and the optimizer's state stay still until the
+        # commit vote, which waits for the transfers.)
+        module = {k: v.detach().clone() for k, v in self.pipe.module.state_dict().items()}
+        return {"plan": self._fingerprint, "module": module,
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "step_count": self.pipe.step_count}
 
@@ -170,8 +189,9 @@ class FaultTolerantPipeline:
         self.manager.start_quorum()
         if self._first_quorum:
             self._first_quorum = False
-            self._await_replicas()
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            if attempt == 0 and self.current_step == 0:  # a job's start, not a replica joining a run
+                self._await_replicas()
             if attempt > 0 and self.current_step == 0:
                 where = f" ({self._checkpoint_hint})" if self._checkpoint_hint else ""
                 raise NoReplicaToHealFrom(
@@ -193,22 +213,34 @@ class FaultTolerantPipeline:
             self.manager.start_quorum()
 
     def _average(self, loss: torch.Tensor) -> tuple[bool, float]:
-        """Averages this rank's gradients and the loss over the replicas taking part (torchft's
-        allreduce: it divides by the participants and never raises); False when it failed."""
+        """Averages this rank's gradients, floating-point buffers and the loss over the replicas
+        taking part (torchft's allreduce: it divides by the participants and never raises);
+        False when it failed."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        flat = torch._utils._flatten_dense_tensors(grads) if grads else None
         loss_buffer = loss.detach().to(torch.float64).reshape(1).clone()
-        works = [self.manager.allreduce(loss_buffer)]
-        if flat is not None:
-            works.append(self.manager.allreduce(flat))
+        flats = [(tensors, torch._utils._flatten_dense_tensors(tensors)) for tensors in (grads, self._buffers) if tensors]
+        works = [self.manager.allreduce(loss_buffer)] + [self.manager.allreduce(flat) for _, flat in flats]
         ok = all([work.wait() for work in works])
-        if ok and flat is not None:
-            for p, averaged in zip(self._params, torch._utils._unflatten_dense_tensors(flat, grads)):
-                if p.grad is None:
-                    p.grad = averaged
-                else:
-                    p.grad.copy_(averaged)
+        if ok:
+            averaged = {id(t): a for tensors, flat in flats
+                        for t, a in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors))}
+            with torch.no_grad():
+                for p, g in zip(self._params, grads):
+                    if p.grad is None:
+                        p.grad = averaged[id(g)]
+                    else:
+                        p.grad.copy_(averaged[id(g)])
+                for b in self._buffers:
+                    b.copy_(averaged[id(b)])
         return ok, float(loss_buffer[0])
+
+    def _nonfinite(self) -> bool:
+        """Whether the averaged gradients hold a NaN or an infinity on any rank of this replica
+        (the same on every replica: their averages are equal), by the non-finite guard's own
+        check (runtime/nonfinite.py), agreed over the pipeline's group."""
+        flag = torch.tensor([StepGuard.local_flag(self._params, None, None)])
+        dist.all_reduce(flag, group=self.pipe.group)
+        return bool(flag.item() > 0)
 
     def step(self, batch_for: Callable[[int], tuple[Any, Any]]) -> StepResult:
         """One fault-tolerant training step. ``batch_for(step)`` returns this replica's
@@ -223,15 +255,20 @@ class FaultTolerantPipeline:
         loss = self.pipe.step(inputs, targets)
         ok, averaged = self._average(loss)
         committed = bool(self.manager.should_commit()) and ok
-        if committed:
+        skipped = committed and self.pipe.skip_nonfinite and self._nonfinite()
+        if committed and not skipped:
             if self.optimizer is not None:
                 self.optimizer.step()
-        else:  # the step is redone: the forward's buffer updates must not count twice
+        else:  # redone, or skipped: the forward's buffer updates must not count
             StepGuard.restore_buffers(self.pipe.module, saved_buffers)
+        self.skipped_steps += int(skipped)
         if self.optimizer is not None:
             self.optimizer.zero_grad()
+        # The pipeline counts its tries; a checkpoint, a healed replica and GRAPHPIPE_FAULT read
+        # the steps that landed.
+        self.pipe.step_count = self.current_step
         return StepResult(committed, averaged if committed else float(loss), int(self.manager.num_participants()),
-                          step, healed)
+                          step, healed, skipped)
 
     def close(self) -> None:
         """Leaves the quorum and releases the pipeline."""
@@ -243,7 +280,7 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
                    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None, *,
                    replica: int, lighthouse: str | None = None, min_replicas: int = 1, ft_timeout: float = 30.0,
                    quorum_timeout: float = 120.0, checkpoint_hint: str | None = None, start_replicas: int = 1,
-                   join_timeout: float = 60.0, **wrap_keywords: Any) -> FaultTolerantPipeline:
+                   join_timeout: float = 60.0, max_redos: int = 20, **wrap_keywords: Any) -> FaultTolerantPipeline:
     """Wraps ``model`` as one replica of a fault-tolerant graph pipeline. Every rank of replica
     ``replica`` (0, 1, ...; its default process group holds that replica's ranks only, e.g. one
     ``torchrun`` per replica with ``--max-restarts``) calls it alike.
@@ -260,8 +297,11 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
             costs this much once).
         quorum_timeout: seconds a quorum may take.
         checkpoint_hint: named in :class:`NoReplicaToHealFrom` when every replica is lost.
-        start_replicas: the first step waits (up to ``join_timeout`` seconds) until this many
-            replicas are in the quorum: a job's replicas start together.
+        start_replicas: the first step of a job (not of a replica that joins a run) waits (up to
+            ``join_timeout`` seconds) until this many replicas are in the quorum: a job's replicas
+            start together.
+        max_redos: how many times in a row a step may fail to commit (e.g. fewer than
+            ``min_replicas`` alive) before torchft raises ``RuntimeError``.
     """
     address = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
     if not address:
@@ -271,4 +311,4 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
     params = [p for p in pipe.parameters() if p.requires_grad]
     optimizer = make_optimizer(params) if make_optimizer is not None and params else None
     return FaultTolerantPipeline(pipe, optimizer, replica, address, min_replicas, ft_timeout, quorum_timeout,
-                                 checkpoint_hint, start_replicas, join_timeout)
+                                 checkpoint_hint, start_replicas, join_timeout, max_redos)

@@ -48,13 +48,14 @@ STEPS, FAULT_STEP, LR, TIMEOUT = 10, 3, 1e-3, 5.0
 JOIN_WITHIN, STEP_SECONDS = 6, 1.5
 
 
-def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], restarts: int = 2) -> subprocess.Popen:
+def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], restarts: int = 2,
+              extra: tuple[str, ...] = ()) -> subprocess.Popen:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     command = [torchrun, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                "--max-restarts", str(restarts), "--monitor-interval", "0.2", "--nproc-per-node", "2",
                str(EXAMPLE), "--replica", str(replica), "--replicas", str(replicas), "--model", SPEC,
                "--steps", str(STEPS), "--lr", str(LR), "--timeout", str(TIMEOUT), "--float64",
-               "--step-seconds", str(STEP_SECONDS), "--record-dir", str(out), "--digest"]
+               "--step-seconds", str(STEP_SECONDS), "--record-dir", str(out), "--digest", *extra]
     with open(out / f"replica{replica}.log", "w", encoding="utf-8") as log:  # the child keeps its own copy
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
 
@@ -73,7 +74,8 @@ def _records(out: Path, replica: int) -> dict[int, list[dict[str, Any]]]:
             for rank in (0, 1)}
 
 
-def _run_job(out: Path, faults: dict[int, str], replicas: int = 2) -> tuple[list[dict[int, Any]], float]:
+def _run_job(out: Path, faults: dict[int, str], replicas: int = 2,
+             extra: tuple[str, ...] = ()) -> tuple[list[dict[int, Any]], float]:
     """Runs the replicas, ``faults[r]`` on replica r; each replica's per-step records (by rank)
     and the wall time."""
     from torchft._torchft import LighthouseServer
@@ -83,7 +85,7 @@ def _run_job(out: Path, faults: dict[int, str], replicas: int = 2) -> tuple[list
     start = time.monotonic()
     jobs: list[subprocess.Popen] = []
     try:
-        jobs = [_torchrun(r, replicas, out, _environment(lighthouse.address(), faults.get(r)))
+        jobs = [_torchrun(r, replicas, out, _environment(lighthouse.address(), faults.get(r)), extra=extra)
                 for r in range(replicas)]
         codes = [job.wait(timeout=300) for job in jobs]
     finally:
@@ -196,6 +198,21 @@ def test_two_replicas_lost_at_once(tmp_path: Path) -> None:
         counts = [r["participants"] for r in first[rank] if r["committed"]]
         assert counts[:FAULT_STEP] == [3] * FAULT_STEP and counts[FAULT_STEP] == 1 and counts[-1] == 3, counts
     _check_equal_states(tmp_path, 3)
+
+
+def test_a_nan_in_one_replica_skips_the_step_on_every_replica(tmp_path: Path) -> None:
+    """A NaN sample in replica 1's batch of step 3: the averaged gradients are NaN on every
+    replica, so every rank of both skips its optimizer step (and the forward's buffer updates);
+    the states stay as after step 2 and equal, and training goes on."""
+    (first, second), _ = _run_job(tmp_path, {}, extra=("--nan-at", str(FAULT_STEP), "--step-seconds", "0"))
+    for rank in (0, 1):
+        for records in (first[rank], second[rank]):
+            assert [r["step"] for r in records if r["committed"]] == list(range(STEPS))
+            assert [r["step"] for r in records if r["skipped"]] == [FAULT_STEP]
+            digests = {r["step"]: r["digest"] for r in records}
+            assert digests[FAULT_STEP] == digests[FAULT_STEP - 1] != digests[FAULT_STEP + 1]
+        assert [r["digest"] for r in first[rank]] == [r["digest"] for r in second[rank]]
+    _check_equal_states(tmp_path, 2)
 
 
 def test_the_last_replica_lost_refuses_to_start_over(tmp_path: Path) -> None:
