@@ -78,7 +78,6 @@ def _torchrun(args: list[str], nproc: int, log: Path, env: dict[str, str], resta
 
 def _environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "GRAPHPIPE_FAULT"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update(extra)
     return env
 

@@ -63,7 +63,6 @@ def _torchrun(replica: int, replicas: int, out: Path, env: dict[str, str], resta
 def _environment(lighthouse: str, fault: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "GRAPHPIPE_FAULT"}
     env["TORCHFT_LIGHTHOUSE"] = lighthouse
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if fault:
         env["GRAPHPIPE_FAULT"] = fault
     return env
