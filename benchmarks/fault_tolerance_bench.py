@@ -1,7 +1,7 @@
 """What fault tolerance costs and what it saves: 2 replicas of a 2-stage graph pipeline on 4 CPU
 ranks, with and without graphpipe.fault_tolerant (torchft), and a rank's death survived against
 a restart from a checkpoint. Everything runs in one invocation, side by side; real compute, real
-Gloo, real process deaths (nothing emulated or simulated).
+Gloo, real process deaths (nothing emulated; the simulator only predicts, beside them).
 
 Four jobs, each under ``torchrun`` (and a torchft lighthouse in this process for the
 fault-tolerant ones), all on the same model and samples per step:
@@ -20,6 +20,11 @@ fault-tolerant ones), all on the same model and samples per step:
    restarts and resumes from the last checkpoint; the time from the failed step's start to the
    first step after the resume, and the steps computed again (the failed one included). Its steps per second include the
    checkpoints.
+
+Beside them, the unfaulted fault-tolerant run's step, phase by phase (``StepResult.seconds``:
+quorum, pipeline step, cross-replica average, agreement, optimizer), against graphpipe.simulate of
+the replica's plan with ``CrossReplica(replicas=2)``, the coordination set to the measured quorum
+and agreement: how far the simulator, and so the planner, is from the fault-tolerant step.
 
 The fault-tolerant runs with a kill are paced (``--paced-step-seconds`` of sleep per step) so that
 the survivor is still training when the replacement comes back; the recovery times subtract
@@ -105,6 +110,33 @@ def _steps_per_second(records: list[dict[str, Any]], skip: int = 3) -> float:
     return (len(ends) - 1) / (ends[-1] - ends[0])
 
 
+def _simulated(out: Path, spec: str, records: list[dict[str, Any]], skip: int = 3) -> dict[str, Any]:
+    """Replica 0's step against the simulator: the medians of each phase of rank 0's committed
+    steps (``StepResult.seconds``) beside graphpipe.simulate of the replica's plan, plain (the
+    pipeline phase) and with ``CrossReplica(replicas=2, coordination_seconds=`` the measured
+    quorum and agreement ``)`` (the whole step)."""
+    import statistics
+
+    import graphpipe
+    from graphpipe.models import build_model
+
+    steps = [r for r in records if r["committed"]][skip:]
+    measured = {phase: statistics.median(r["seconds"][phase] for r in steps)
+                for phase in ("quorum", "pipeline", "average", "agreement", "optimizer")}
+    measured["step"] = statistics.median(r["t"] - r["t0"] for r in steps)
+    model, inputs = build_model(spec)
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.Plan.from_json((out / "replica0_plan.json").read_text(), graph)
+    devices = graphpipe.devices(plan.num_devices)
+    replicas = graphpipe.CrossReplica(replicas=2, coordination_seconds=measured["quorum"] + measured["agreement"])
+    held = sum(s.param_bytes for s in plan.stages if 0 in s.devices)
+    simulated = {"pipeline": graphpipe.simulate(plan, devices).iteration_seconds,
+                 "average": replicas.seconds(devices, held),
+                 "step": graphpipe.simulate(plan, devices, cross_replica=replicas).iteration_seconds}
+    return {"measured": measured, "simulated": simulated,
+            "step_error": simulated["step"] / measured["step"] - 1.0}
+
+
 # ---- the 4-rank job (plain and checkpoint restart), run by torchrun ------------------------------
 def _job_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
@@ -183,6 +215,8 @@ def _fault_tolerant(work: Path, name: str, spec: str, steps: int, fault: str | N
         lighthouse.shutdown()
     survivor, replaced = _records(out / "replica0_rank0.jsonl"), _records(out / "replica1_rank0.jsonl")
     result: dict[str, Any] = {"steps_per_second": _steps_per_second(survivor)}
+    if not fault:
+        result["against_simulator"] = _simulated(out, spec, survivor)
     if fault:
         failed = next(r for r in survivor if not r["committed"])
         redone = next(r for r in survivor if r["committed"] and r["step"] == failed["step"])
@@ -254,6 +288,14 @@ def main() -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     print(f"(model {spec} per replica, Adam, {MICRO_BATCHES} micro-batches, 2 x 2 CPU ranks; "
           f"kill at step {args.kill_at}; {time.monotonic() - started:.0f} s)")
+    against = ft["against_simulator"]
+    print("\nfault-tolerant step of replica 0, rank 0 (medians, ms) against graphpipe.simulate "
+          "(coordination: the measured quorum + agreement):")
+    for phase in ("quorum", "pipeline", "average", "agreement", "optimizer", "step"):
+        guess = against["simulated"].get(phase)
+        print(f"  {phase:<10} measured {1e3 * against['measured'][phase]:8.2f}   simulated "
+              + (f"{1e3 * guess:8.2f}" if guess is not None else "       -"))
+    print(f"  simulated step {100 * against['step_error']:+.1f}% off the measured one")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"plain_steps_per_second": plain, "fault_tolerant": ft, "killed": killed,
                                           "checkpoint_restart": restart, "steps": args.steps,

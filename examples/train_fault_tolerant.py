@@ -15,14 +15,16 @@ script honours on the first attempt only): its torchrun restarts the replica, th
 redoes step 3 alone and goes on, and the restarted one heals from it and rejoins.
 
 ``--record-dir DIR`` writes one JSON line per step and rank (``DIR/replica<r>_rank<s>.jsonl``: the step,
-whether it committed, the averaged loss, the participants, and with ``--digest`` a digest of the
-rank's parameters, buffers and optimizer state), and at the end each rank's state (``DIR/replica<r>_rank<s>.pt``) and
+whether it committed, the averaged loss, the participants, the seconds of each phase of the step,
+and with ``--digest`` a digest of the rank's parameters, buffers and optimizer state), the plan
+(``DIR/replica<r>_plan.json``), and at the end each rank's state (``DIR/replica<r>_rank<s>.pt``) and
 the replica's whole model (``DIR/replica<r>_model.pt``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -97,6 +99,9 @@ def main() -> None:
     log = None
     if args.record_dir:
         os.makedirs(args.record_dir, exist_ok=True)
+        if rank == 0 and attempt == 0:  # what the bench simulates the step of
+            with open(os.path.join(args.record_dir, f"replica{args.replica}_plan.json"), "w", encoding="utf-8") as f:
+                f.write(ft.pipe.plan.to_json(ft.pipe.graph))
         log = open(os.path.join(args.record_dir, f"replica{args.replica}_rank{rank}.jsonl"), "a", encoding="utf-8")
     while ft.current_step < args.steps:
         began = time.time()
@@ -105,7 +110,7 @@ def main() -> None:
                                   "loss": result.loss, "participants": result.participants,
                                   "healed": result.healed, "skipped": result.skipped,
                                   "digest": state_digest(ft.pipe.module, ft.optimizer) if args.digest else None,
-                                  "t0": began, "t": time.time()}
+                                  "seconds": dataclasses.asdict(result.seconds), "t0": began, "t": time.time()}
         if log is not None:
             log.write(json.dumps(record) + "\n")
             log.flush()

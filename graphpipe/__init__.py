@@ -32,6 +32,8 @@ Node = _C.Node
 ProfileSample = _C.ProfileSample
 Plan = _C.Plan
 Devices = _C.Devices
+#: Fault-tolerant replicas of the whole pipeline, as plan() and simulate() price them.
+CrossReplica = _C.CrossReplica
 Schedule = _C.Schedule
 
 
@@ -62,6 +64,7 @@ __all__ = [
     "PARTITIONERS",
     "SCHEDULES",
     "CheckpointError",
+    "CrossReplica",
     "Devices",
     "FaultTolerantPipeline",
     "FormatError",

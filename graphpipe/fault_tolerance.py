@@ -51,18 +51,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphpipe._ext import _C
 from graphpipe.errors import GraphpipeError, InputError
 from graphpipe.runtime.nonfinite import StepGuard
 from graphpipe.runtime.pipeline import Pipeline, wrap
 from graphpipe.runtime.plan import plan_fingerprint
 from graphpipe.sync import AllReduce
 
-__all__ = ["FaultTolerantPipeline", "NoReplicaToHealFrom", "StepResult", "fault_tolerant"]
+__all__ = ["FaultTolerantPipeline", "NoReplicaToHealFrom", "StepResult", "StepSeconds", "fault_tolerant"]
 
 #: How often a starting replica asks the lighthouse whether the others have joined.
 _JOIN_POLL_SECONDS = 0.1
 #: Key, in the pipeline's store, of the address of this launch attempt's Manager store.
 _STORE_KEY = "graphpipe/fault_tolerance/manager_store"
+#: The replicas as the planner and the simulator price them (csrc/cost/cross_replica.h).
+CrossReplica = _C.CrossReplica
 
 
 class NoReplicaToHealFrom(GraphpipeError):
@@ -85,7 +88,7 @@ class StepResult:
     there has its source's). ``healed``: this replica received its state from a live replica at
     the start of the step. ``skipped``: committed, but the averaged gradients held a NaN or an
     infinity on some stage, so no replica stepped its optimizer (``wrap(skip_nonfinite=False)``
-    turns the check off)."""
+    turns the check off). ``seconds``: where this rank's step went (:class:`StepSeconds`)."""
 
     committed: bool
     loss: float
@@ -93,6 +96,29 @@ class StepResult:
     step: int
     healed: bool
     skipped: bool = False
+    seconds: StepSeconds | None = None
+
+
+@dataclass(frozen=True)
+class StepSeconds:
+    """Wall-clock seconds of one rank's fault-tolerant step, phase by phase: what
+    ``graphpipe.simulate(..., cross_replica=...)`` predicts, to compare with (the bench does).
+
+    ``quorum``: torchft's quorum (healing included); ``pipeline``: the pipeline step;
+    ``average``: the cross-replica all-reduces of the gradients, buffers and loss; ``agreement``:
+    the commit vote and the finiteness check; ``optimizer``: the optimizer step (0 when the step
+    did not land)."""
+
+    quorum: float
+    pipeline: float
+    average: float
+    agreement: float
+    optimizer: float
+
+    @property
+    def coordination(self) -> float:
+        """What ``CrossReplica.coordination_seconds`` stands for: the quorum and the agreement."""
+        return self.quorum + self.agreement
 
 
 def _manager_store(pipe: Pipeline, replica: int) -> tuple[str, int, Any]:
@@ -246,16 +272,27 @@ class FaultTolerantPipeline:
         """One fault-tolerant training step. ``batch_for(step)`` returns this replica's
         ``(inputs, targets)`` of a step number; it is called after the step's quorum, because a
         replica that heals there jumps to the step of the replica it heals from."""
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
+
         healed = self._quorum()
+        quorum = lap()
         step = self.current_step
         inputs, targets = batch_for(step)
         if self.optimizer is not None:
             self.optimizer.zero_grad()
         saved_buffers = StepGuard.save_buffers(self.pipe.module)
+        lap()  # the batch is the caller's
         loss = self.pipe.step(inputs, targets)
+        pipeline = lap()
         ok, averaged = self._average(loss)
+        average = lap()
         committed = bool(self.manager.should_commit()) and ok
         skipped = committed and self.pipe.skip_nonfinite and self._nonfinite()
+        agreement = lap()
         if committed and not skipped:
             if self.optimizer is not None:
                 self.optimizer.step()
@@ -267,8 +304,9 @@ class FaultTolerantPipeline:
         # The pipeline counts its tries; a checkpoint, a healed replica and GRAPHPIPE_FAULT read
         # the steps that landed.
         self.pipe.step_count = self.current_step
+        seconds = StepSeconds(quorum, pipeline, average, agreement, lap())
         return StepResult(committed, averaged if committed else float(loss), int(self.manager.num_participants()),
-                          step, healed, skipped)
+                          step, healed, skipped, seconds)
 
     def close(self) -> None:
         """Leaves the quorum and releases the pipeline."""
@@ -280,7 +318,8 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
                    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None, *,
                    replica: int, lighthouse: str | None = None, min_replicas: int = 1, ft_timeout: float = 30.0,
                    quorum_timeout: float = 120.0, checkpoint_hint: str | None = None, start_replicas: int = 1,
-                   join_timeout: float = 60.0, max_redos: int = 20, **wrap_keywords: Any) -> FaultTolerantPipeline:
+                   join_timeout: float = 60.0, max_redos: int = 20, cross_replica: Any = None,
+                   **wrap_keywords: Any) -> FaultTolerantPipeline:
     """Wraps ``model`` as one replica of a fault-tolerant graph pipeline. Every rank of replica
     ``replica`` (0, 1, ...; its default process group holds that replica's ranks only, e.g. one
     ``torchrun`` per replica with ``--max-restarts``) calls it alike.
@@ -302,11 +341,19 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
             start together.
         max_redos: how many times in a row a step may fail to commit (e.g. fewer than
             ``min_replicas`` alive) before torchft raises ``RuntimeError``.
+        cross_replica: what the planner prices the replicas by (a ``graphpipe.CrossReplica``:
+            their count, the link between them, the per-step coordination); default
+            ``CrossReplica(replicas=start_replicas)`` on the devices' own link. Every candidate
+            plan is simulated with its ranks' average across the replicas, so a rank pays for the
+            parameters it holds. Not used with ``plan=`` (a plan given runs as it is).
     """
     address = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
     if not address:
         raise InputError("graphpipe.fault_tolerant: no lighthouse address: pass lighthouse= or set "
                          "TORCHFT_LIGHTHOUSE (start one with torchft_lighthouse --min_replicas 1)")
+    options = wrap_keywords.get("options")
+    if "plan" not in wrap_keywords and (options is None or options.plan is None):
+        wrap_keywords["cross_replica"] = cross_replica or CrossReplica(replicas=max(1, start_replicas))
     pipe = wrap(model, example_inputs, loss_fn, **wrap_keywords)
     params = [p for p in pipe.parameters() if p.requires_grad]
     optimizer = make_optimizer(params) if make_optimizer is not None and params else None

@@ -120,6 +120,7 @@ def plan(
     bucket_bytes: float | None = None,
     dtype: str | torch.dtype | None = None,
     stages_per_rank: int = 1,
+    cross_replica: Any = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
 
@@ -136,28 +137,26 @@ def plan(
         memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
         optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
-        replicate: let stages run on several devices as data-parallel replicas (each takes a
-            shard of every micro-batch; gradients all-reduced once per iteration), with plain data
+        replicate: let stages run on several devices as data-parallel replicas, with plain data
             parallelism and the plans without replicas on 1, 2, 4 and 8 devices among the
             candidates (a tie: no replicas). ``False``: one device per stage. ``None`` (default):
-            also those plans on every count up to 16 and power of two, and replicas by simulation.
+            also those on every count up to 16 and power of two, and replicas by simulation.
         stage_devices: for ``partitioner="manual"``: stage -> device ids (``{0: [0, 1], 1: [2]}``);
             a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
             depth against its shorter fill and drain), or ``"auto"``: 1F1B or ``zb_graph``,
             whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
-        sync: how replicated stages will synchronise (see :func:`sync_method`): a
-            ``graphpipe.sync`` method or a ``graphpipe._C.SyncMethod``; default the all-reduce
-            of every gradient. Each replicated stage is charged that method's cost per step (local
-            SGD's averaging amortised; top-k's and PowerSGD's collectives and compression) (``plan.sync``).
+        sync: how replicated stages will synchronise (:func:`sync_method`; default the
+            all-reduce of every gradient), each replicated stage charged that method's cost per
+            step (local SGD's averaging amortised, top-k's and PowerSGD's compression) (``plan.sync``).
         bucket_bytes: the gradient bucket size replicated stages will run with (``wrap``'s).
         dtype: the precision training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
-        stages_per_rank: the most stages a device may hold; from 2, plans for 2, 3, ... times the
-            devices folded onto them (a V, looping) are weighed too (planner/folded_search.h).
+        stages_per_rank: the most stages a device may hold; from 2, folded plans (a V, looping) too.
+        cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many
+            fault-tolerant replicas; each step is simulated with their average (cost/cross_replica.h).
 
     Every candidate (any micro-batch size, fitting in memory) is simulated under ``schedule``
     (csrc/planner/planner.h); the fastest is returned, its step that simulation.
-
     Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
         predicted step); ``print(plan)`` shows a table, ``plan.save(graph, path)`` writes JSON.
@@ -173,7 +172,8 @@ def plan(
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
-               "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)}
+               "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes),
+               "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica()}
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,

@@ -52,6 +52,7 @@ def simulate(
     bucket_bytes: float | None = None,
     sync: Any = None,
     sync_step: bool = True,
+    cross_replica: Any = None,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -72,6 +73,10 @@ def simulate(
             (``plan.sync``).
         sync_step: for local SGD, simulate a step that averages the parameters (default) or a
             local step; ``amortized_iteration_seconds`` weighs both over the period either way.
+        cross_replica: a ``graphpipe.CrossReplica``: the step of one of that many
+            fault-tolerant replicas (``graphpipe.fault_tolerant``): each rank's average across
+            the replicas (``cross_replica`` tasks), their agreement, then the optimizer steps
+            (csrc/sim/cross_replica_tail.h). Default: no replicas.
 
     Returns:
         A ``SimResult``: iteration time (and its mean over a local-SGD period), throughput, per-rank busy/idle/bubble shares, peak
@@ -84,4 +89,5 @@ def simulate(
     buckets = float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes)
     method = sync_method(sync) if sync is not None else None
     return _C.simulate(plan, sched, devices, overlap=overlap, bucket_bytes=buckets, sync=method,
-                       sync_step=bool(sync_step))
+                       sync_step=bool(sync_step),
+                       cross_replica=cross_replica if cross_replica is not None else _C.CrossReplica())

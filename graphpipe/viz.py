@@ -24,9 +24,9 @@ iteration. Names: ``F<mb> s<stage>`` forward, ``B<mb> s<stage>`` backward, ``A<m
 activation transfer, ``G<mb> e<edge>`` gradient transfer, ``OPT s<stage>`` optimizer step, ``AR s<stage>`` a replicated stage's gradient sum,
 ``I<mb> s<stage>`` / ``W<mb> s<stage>`` a split backward's input- and weight-gradient halves,
 ``C<bucket> s<stage>`` compressing a gradient bucket (top-k, PowerSGD), ``AVG s<stage>`` local
-SGD's parameter averaging. A transfer is drawn on its sending rank; ``args.peer`` is the
+SGD's parameter averaging, ``XR r<rank>`` a rank's average across fault-tolerant replicas. A transfer is drawn on its sending rank; ``args.peer`` is the
 receiving rank. ``args.kind`` is one of ``forward, backward, activation, gradient, optimizer,
-all_reduce, backward_input, backward_weight, compress, average``. ``read_chrome_trace`` turns such a
+all_reduce, backward_input, backward_weight, compress, average, cross_replica``. ``read_chrome_trace`` turns such a
 file back into task dicts.
 """
 
@@ -59,12 +59,13 @@ TASK_KINDS = {
     "backward_weight": "#DA8BC3",
     "compress": "#937860",
     "average": "#2F7F4F",
+    "cross_replica": "#64B5CD",
 }
 _TASK_KEYS = ("name", "kind", "rank", "peer", "stage", "micro_batch", "edge", "start", "end")
 _TRANSFERS = ("activation", "gradient")
-# Drawn on a rank's thin communication lane: transfers, a replicated stage's gradient sum and
-# local SGD's parameter averaging.
-_COMMUNICATION = (*_TRANSFERS, "all_reduce", "average")
+# Drawn on a rank's thin communication lane: transfers, a replicated stage's gradient sum,
+# local SGD's parameter averaging and the average across fault-tolerant replicas.
+_COMMUNICATION = (*_TRANSFERS, "all_reduce", "average", "cross_replica")
 
 
 def tasks_of(result: Any) -> list[dict]:

@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 #include "cost/all_reduce.h"
 #include "cost/cost_model.h"
+#include "cost/cross_replica.h"
 #include "cost/devices.h"
 #include "cost/devices_json.h"
 #include "cost/in_flight.h"
@@ -121,6 +122,28 @@ void bind_cost_functions(py::module_& m) {
       },
       py::arg("devices"), py::arg("group"), py::arg("bytes"), py::arg("algorithm") = "best",
       "Cost of summing `bytes` over the devices in `group`: 'ring', 'hierarchical' or the 'best' of both.");
+  py::class_<cost::CrossReplica>(m, "CrossReplica",
+                                 "Fault-tolerant replicas of the whole pipeline, as the planner and the simulator "
+                                 "price them (see cost/cross_replica.h; graphpipe.fault_tolerant runs them).")
+      .def(py::init([](int replicas, double link_bandwidth, double link_latency, double coordination_seconds) {
+             cost::CrossReplica c{replicas, link_bandwidth, link_latency, coordination_seconds};
+             c.validate();
+             return c;
+           }),
+           py::arg("replicas") = 1, py::arg("link_bandwidth") = 0.0, py::arg("link_latency") = 0.0,
+           py::arg("coordination_seconds") = 0.0)
+      .def_readonly("replicas", &cost::CrossReplica::replicas)
+      .def_readonly("link_bandwidth", &cost::CrossReplica::link_bandwidth)
+      .def_readonly("link_latency", &cost::CrossReplica::link_latency)
+      .def_readonly("coordination_seconds", &cost::CrossReplica::coordination_seconds)
+      .def("seconds", &cost::cross_replica_seconds, py::arg("devices"), py::arg("gradient_bytes"),
+           "One rank's average across the replicas per step: its gradients' and the loss's all-reduces.")
+      .def("__repr__", [](const cost::CrossReplica& c) {
+        return "CrossReplica(replicas=" + std::to_string(c.replicas) +
+               ", link_bandwidth=" + std::to_string(c.link_bandwidth) +
+               ", link_latency=" + std::to_string(c.link_latency) +
+               ", coordination_seconds=" + std::to_string(c.coordination_seconds) + ")";
+      });
   m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
   m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");
   m.def("precision_names", &graph::precision_names,

@@ -69,7 +69,7 @@ planner::PlannerResult plan_simulated(
     int max_stages, double tolerance, int seed, bool refine, std::optional<bool> replicate,
     std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
     const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
-    int plain_every_up_to, bool grow_replicas, int stages_per_rank) {
+    int plain_every_up_to, bool grow_replicas, int stages_per_rank, const cost::CrossReplica& cross_replica) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
   p.policies = schedule == "auto" ? schedule::planner_policies()
@@ -80,6 +80,7 @@ planner::PlannerResult plan_simulated(
                    max_stages, tolerance, seed, refine, replicate.value_or(false), stage_devices, false, sync);
   p.sim.bucket_bytes = bucket_bytes;
   p.sim.overlap = overlap;
+  p.sim.cross_replica = cross_replica;
   p.min_devices = min_devices;
   p.plain_budget_limit = plain_budget_limit;
   p.plain_every_up_to = plain_every_up_to;
@@ -124,6 +125,7 @@ void bind_partition(py::module_& m) {
         py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
         py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
         py::arg("stages_per_rank") = planner::PlannerOptions{}.stages_per_rank,
+        py::arg("cross_replica") = cost::CrossReplica{},
         "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
         "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
         "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
@@ -133,7 +135,9 @@ void bind_partition(py::module_& m) {
         "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
         "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
         "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
-        "device, in a V and looping (planner/folded_search.h).");
+        "device, in a V and looping (planner/folded_search.h). cross_replica: the plan will run as one of "
+        "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
+        "with the average across them.");
 }
 
 }  // namespace graphpipe::bindings

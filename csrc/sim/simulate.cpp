@@ -6,12 +6,14 @@
 #include <functional>
 #include <sstream>
 
+#include "common/error.h"
 #include "cost/gradient_buckets.h"
 #include "cost/reshard.h"
 #include "cost/sync_cost.h"
 #include "schedule/check.h"
 #include "schedule/fits_plan.h"
 #include "schedule/generate.h"
+#include "sim/cross_replica_tail.h"
 
 namespace graphpipe::sim {
 
@@ -22,6 +24,14 @@ using schedule::Schedule;
 using schedule::ScheduleError;
 
 namespace {
+
+// The optimizer step: memory bound (SimOptions::optimizer_traffic_factor x the stage's parameter
+// bytes over the memory bandwidth; 0 without one).
+double optimizer_seconds(const plan::Stage& stage, const cost::Devices& devices, const SimOptions& options) {
+  return devices.memory_bandwidth > 0.0
+             ? options.optimizer_traffic_factor * stage.param_bytes / devices.memory_bandwidth
+             : 0.0;
+}
 
 struct Interval {
   double start, end;
@@ -202,9 +212,8 @@ class Replay {
       case OpKind::backward_weight:
         return schedule::backward_split(stage).second + overhead();
       case OpKind::optimizer_step:
-        return devices_.memory_bandwidth > 0.0
-                   ? options_.optimizer_traffic_factor * stage.param_bytes / devices_.memory_bandwidth
-                   : 0.0;
+        // A fault-tolerant step's optimizer steps come after the replicas agree (cross_replica_tail.h).
+        return options_.cross_replica.enabled() ? 0.0 : optimizer_seconds(stage, devices_, options_);
       default:
         return 0.0;
     }
@@ -488,6 +497,8 @@ std::string_view task_kind_name(TaskKind kind) {
       return "compress";
     case TaskKind::average:
       return "average";
+    case TaskKind::cross_replica:
+      return "cross_replica";
   }
   return "?";
 }
@@ -515,6 +526,8 @@ std::string task_name(const Task& t) {
       return "C" + mb + " s" + std::to_string(t.stage);
     case TaskKind::average:
       return "AVG s" + std::to_string(t.stage);
+    case TaskKind::cross_replica:
+      return "XR r" + std::to_string(t.rank);
   }
   return "?";
 }
@@ -577,7 +590,7 @@ void rank_stats(SimResult& result, const Schedule& s) {
     if (t.kind == TaskKind::activation || t.kind == TaskKind::gradient) {
       comm[t.rank].push_back({t.start, t.end});
       comm[t.peer].push_back({t.start, t.end});
-    } else if (t.kind == TaskKind::all_reduce || t.kind == TaskKind::average) {
+    } else if (t.kind == TaskKind::all_reduce || t.kind == TaskKind::average || t.kind == TaskKind::cross_replica) {
       comm[t.rank].push_back({t.start, t.end});
     } else {
       compute[t.rank].push_back({t.start, t.end});
@@ -637,7 +650,22 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   const Schedule leads = schedule::leads_only(s);
   const bool averages = result.sync.local_updates() && std::any_of(s.stage_ranks.begin(), s.stage_ranks.end(),
                                                                    [](const auto& r) { return r.size() > 1; });
+  options.cross_replica.validate();
+  if (options.cross_replica.enabled() && result.sync.local_updates()) {
+    throw PlanningError(
+        "a fault-tolerant step (CrossReplica.replicas > 1) averages the gradients across the "
+        "replicas every step; sync=" +
+        result.sync.describe() +
+        " keeps its replicated stages "
+        "apart between averages: simulate it with an all-reduce, top-k or PowerSGD sync");
+  }
   result.tasks = Replay(plan, leads, devices, options, result.sync, averages && options.sync_step).run();
+  if (options.cross_replica.enabled()) {
+    std::vector<double> optimizer(plan.stages.size());
+    for (std::size_t st = 0; st < plan.stages.size(); ++st)
+      optimizer[st] = optimizer_seconds(plan.stages[st], devices, options);
+    add_cross_replica_tail(result.tasks, plan, leads, devices, options.cross_replica, optimizer);
+  }
   std::function<double()> other_step;
   if (averages) {
     other_step = [&] {

@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "cost/cross_replica.h"
 #include "cost/devices.h"
 #include "cost/gradient_buckets.h"
 #include "cost/sync_method.h"
@@ -83,7 +84,8 @@ enum class TaskKind {
   backward_input,
   backward_weight,
   compress,
-  average
+  average,
+  cross_replica
 };
 
 std::string_view task_kind_name(TaskKind kind);  // "forward", "backward", "activation", ...
@@ -134,6 +136,11 @@ struct SimOptions {
   std::optional<cost::SyncMethod> sync;
   // Local SGD: simulate a step that averages the parameters (true) or a local step (false).
   bool sync_step = true;
+  // Fault-tolerant replicas of the whole pipeline (cost/cross_replica.h): with replicas > 1,
+  // the step ends as sim/cross_replica_tail.h says (every rank's average across the replicas,
+  // the replicas' agreement, then the optimizer steps). Local SGD is refused (PlanningError):
+  // its averaging steps are not the fault-tolerant step's.
+  cost::CrossReplica cross_replica;
 };
 
 struct SimResult {

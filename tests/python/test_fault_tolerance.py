@@ -122,6 +122,10 @@ def _check_survivor(survivor: list[dict[str, Any]]) -> None:
     assert {r["attempt"] for r in survivor} == {0}
     assert [r["step"] for r in survivor if r["committed"]] == list(range(STEPS))
     assert [r["step"] for r in survivor if not r["committed"]] == [FAULT_STEP]
+    for r in survivor:  # StepResult.seconds: phases of the step, within its wall-clock time
+        phases = r["seconds"]
+        assert min(phases.values()) >= 0.0 and phases["pipeline"] > 0.0, phases
+        assert sum(phases.values()) <= r["t"] - r["t0"] + 1e-3, (phases, r["t"] - r["t0"])
 
 
 def _check_equal_states(out: Path, replicas: int) -> None:
