@@ -114,10 +114,13 @@ def _simulated(out: Path, spec: str, records: list[dict[str, Any]], skip: int = 
     """Replica 0's step against the simulator: the medians of each phase of rank 0's committed
     steps (``StepResult.seconds``) beside graphpipe.simulate of the replica's plan, plain (the
     pipeline phase) and with ``CrossReplica(replicas=2, coordination_seconds=`` the measured
-    quorum and agreement ``)`` (the whole step)."""
+    quorum and agreement ``)`` (the whole step); on the devices the replica planned with
+    (``graphpipe.devices``, uncalibrated) and on the same calibrated with 4 ranks at once, as
+    the job ran (graphpipe.calibration: the runtime's costs and Gloo's collective link)."""
     import statistics
 
     import graphpipe
+    from graphpipe.calibration import apply_runtime_costs
     from graphpipe.models import build_model
 
     steps = [r for r in records if r["committed"]][skip:]
@@ -127,14 +130,16 @@ def _simulated(out: Path, spec: str, records: list[dict[str, Any]], skip: int = 
     model, inputs = build_model(spec)
     graph = graphpipe.trace(model, inputs)
     plan = graphpipe.Plan.from_json((out / "replica0_plan.json").read_text(), graph)
-    devices = graphpipe.devices(plan.num_devices)
     replicas = graphpipe.CrossReplica(replicas=2, coordination_seconds=measured["quorum"] + measured["agreement"])
     held = sum(s.param_bytes for s in plan.stages if 0 in s.devices)
-    simulated = {"pipeline": graphpipe.simulate(plan, devices).iteration_seconds,
-                 "average": replicas.seconds(devices, held),
-                 "step": graphpipe.simulate(plan, devices, cross_replica=replicas).iteration_seconds}
-    return {"measured": measured, "simulated": simulated,
-            "step_error": simulated["step"] / measured["step"] - 1.0}
+    result: dict[str, Any] = {"measured": measured}
+    for name, devices in (("planned", graphpipe.devices(plan.num_devices)),
+                          ("calibrated", apply_runtime_costs(graphpipe.devices(plan.num_devices), concurrency=4))):
+        step = graphpipe.simulate(plan, devices, cross_replica=replicas).iteration_seconds
+        result[name] = {"pipeline": graphpipe.simulate(plan, devices).iteration_seconds,
+                        "average": replicas.seconds(devices, held), "step": step,
+                        "step_error": step / measured["step"] - 1.0}
+    return result
 
 
 # ---- the 4-rank job (plain and checkpoint restart), run by torchrun ------------------------------
@@ -289,13 +294,14 @@ def main() -> None:
     print(f"(model {spec} per replica, Adam, {MICRO_BATCHES} micro-batches, 2 x 2 CPU ranks; "
           f"kill at step {args.kill_at}; {time.monotonic() - started:.0f} s)")
     against = ft["against_simulator"]
-    print("\nfault-tolerant step of replica 0, rank 0 (medians, ms) against graphpipe.simulate "
-          "(coordination: the measured quorum + agreement):")
+    print("\nfault-tolerant step of replica 0, rank 0 (medians, ms) against graphpipe.simulate (coordination: "
+          "the measured quorum + agreement), on the devices as planned and calibrated:")
     for phase in ("quorum", "pipeline", "average", "agreement", "optimizer", "step"):
-        guess = against["simulated"].get(phase)
+        guesses = [against[name].get(phase) for name in ("planned", "calibrated")]
         print(f"  {phase:<10} measured {1e3 * against['measured'][phase]:8.2f}   simulated "
-              + (f"{1e3 * guess:8.2f}" if guess is not None else "       -"))
-    print(f"  simulated step {100 * against['step_error']:+.1f}% off the measured one")
+              + "  ".join(f"{1e3 * g:8.2f}" if g is not None else "       -" for g in guesses))
+    print(f"  simulated step {100 * against['planned']['step_error']:+.1f}% (as planned), "
+          f"{100 * against['calibrated']['step_error']:+.1f}% (calibrated) off the measured one")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"plain_steps_per_second": plain, "fault_tolerant": ft, "killed": killed,
                                           "checkpoint_restart": restart, "steps": args.steps,
