@@ -267,3 +267,62 @@ def test_bad_input_is_refused_with_a_named_cause() -> None:
     assert result.ok, result.traceback
     assert result.value.startswith("InputError") and "local SGD H=2" in result.value, result.value
     assert "sync='allreduce'" in result.value
+
+
+class _Work:
+    def wait(self) -> bool:
+        return True
+
+
+class _TwoReplicaManager:
+    """Stands in for torchft's Manager in ``_average``: its all-reduce averages each tensor with
+    the other replica's tensor of the same call (``peer``), or, without a peer, records it."""
+
+    def __init__(self, peer: list[torch.Tensor] | None = None) -> None:
+        self.peer, self.seen = peer, []
+
+    def allreduce(self, tensor: torch.Tensor) -> _Work:
+        self.seen.append(tensor.clone())
+        if self.peer is not None:
+            tensor.add_(self.peer[len(self.seen) - 1]).div_(2)
+        return _Work()
+
+
+def _replica_with_batchnorm(seed: int) -> tuple[Any, torch.nn.Module, torch.Tensor]:
+    """What ``_average`` reads of a FaultTolerantPipeline, on a model with BatchNorm after one
+    forward and backward on this replica's batch (its own gradients and running statistics)."""
+    from graphpipe.fault_tolerance import FaultTolerantPipeline
+
+    torch.manual_seed(0)  # the replicas' parameters are equal; their batches are not
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    generator = torch.Generator().manual_seed(seed)
+    loss = model(torch.randn(8, 4, generator=generator)).pow(2).mean()
+    loss.backward()
+    ft = object.__new__(FaultTolerantPipeline)
+    ft._params = list(model.parameters())
+    ft._buffers = [b for b in model.buffers() if b.is_floating_point()]
+    return ft, model, loss
+
+
+def test_gradients_buffers_and_loss_are_averaged_across_replicas() -> None:
+    """The bookkeeping around torchft's all-reduce (flatten, average, copy back) on a model with
+    BatchNorm: after ``_average`` every gradient, running statistic and the loss is the two
+    replicas' mean; the integer batch counter is left alone."""
+    first, first_model, first_loss = _replica_with_batchnorm(1)
+    second, second_model, second_loss = _replica_with_batchnorm(2)
+    expected_grads = [(a.grad + b.grad) / 2 for a, b in zip(first_model.parameters(), second_model.parameters())]
+    expected_buffers = {name: (a + b) / 2 for (name, a), (_, b) in
+                        zip(first_model.named_buffers(), second_model.named_buffers()) if a.is_floating_point()}
+    assert any(not torch.equal(a, b) for a, b in zip(first_model.buffers(), second_model.buffers()))
+    second.manager = _TwoReplicaManager()
+    second._average(second_loss)  # records what the second replica hands over
+    first.manager = _TwoReplicaManager(peer=second.manager.seen)
+    ok, loss = first._average(first_loss)
+    assert ok
+    assert loss == pytest.approx((first_loss.item() + second_loss.item()) / 2, rel=1e-6)
+    for p, g in zip(first_model.parameters(), expected_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-7)
+    for name, value in first_model.named_buffers():
+        if name in expected_buffers:
+            torch.testing.assert_close(value, expected_buffers[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert first_model[1].num_batches_tracked.item() == 1
