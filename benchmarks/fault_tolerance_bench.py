@@ -279,7 +279,7 @@ def main() -> None:
     rows = [
         ("plain (replicated stages, no FT)", f"{plain:.1f}", "-", "-", "-"),
         ("graphpipe.fault_tolerant", f"{ft['steps_per_second']:.1f} ({ft['steps_per_second'] / plain:.2f}x, "
-         f"+{1e3 / ft['steps_per_second'] - 1e3 / plain:.1f} ms/step)",
+         f"{1e3 / ft['steps_per_second'] - 1e3 / plain:+.1f} ms/step)",
          f"{killed['kill_to_survivors_step']:.2f} s", f"{killed['kill_to_healed_step']:.2f} s (step "
          f"{killed['healed_at_step']})", str(killed["steps_computed_again"])),
         (f"checkpoint restart (every {args.checkpoint_every})",
