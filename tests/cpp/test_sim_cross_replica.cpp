@@ -12,6 +12,7 @@
 #include "schedule/generate.h"
 #include "schedule_plans.h"
 #include "sim/simulate.h"
+#include "sim_tasks.h"
 
 namespace cost = graphpipe::cost;
 using graphpipe::PlanningError;
@@ -24,16 +25,10 @@ using graphpipe::sim::Task;
 using graphpipe::sim::TaskKind;
 using graphpipe::testing::chain_plan;
 using graphpipe::testing::devices;
+using graphpipe::testing::find_task;
 using graphpipe::testing::placed_chain;
 
 namespace {
-
-const Task& find(const SimResult& r, const std::string& name) {
-  for (const auto& t : r.tasks) {
-    if (graphpipe::sim::task_name(t) == name) return t;
-  }
-  throw std::runtime_error("no task " + name);
-}
 
 cost::CrossReplica replicas(int r, double bandwidth, double latency, double coordination) {
   cost::CrossReplica c;
@@ -110,22 +105,22 @@ TEST(SimulateCrossReplica, EveryRankAveragesThenAllAgreeThenTheOptimizersStep) {
   const SimResult ft = simulate(plan, sched, d, options);
   // The pipeline step is the same; the optimizer steps no longer sit inside it.
   for (const char* name : {"F0 s0", "F1 s0", "B0 s1", "B1 s1", "B0 s0", "B1 s0"}) {
-    EXPECT_DOUBLE_EQ(find(ft, name).start, find(plain, name).start) << name;
-    EXPECT_DOUBLE_EQ(find(ft, name).end, find(plain, name).end) << name;
+    EXPECT_DOUBLE_EQ(find_task(ft, name).start, find_task(plain, name).start) << name;
+    EXPECT_DOUBLE_EQ(find_task(ft, name).end, find_task(plain, name).end) << name;
   }
-  const Task& x0 = find(ft, "XR r0");
-  const Task& x1 = find(ft, "XR r1");
+  const Task& x0 = find_task(ft, "XR r0");
+  const Task& x1 = find_task(ft, "XR r1");
   EXPECT_EQ(x0.kind, TaskKind::cross_replica);
-  EXPECT_DOUBLE_EQ(x0.start, find(ft, "B1 s0").end);  // rank 0's last task
-  EXPECT_DOUBLE_EQ(x1.start, find(ft, "B1 s1").end);
+  EXPECT_DOUBLE_EQ(x0.start, find_task(ft, "B1 s0").end);  // rank 0's last task
+  EXPECT_DOUBLE_EQ(x1.start, find_task(ft, "B1 s1").end);
   EXPECT_NEAR(x0.end - x0.start, cost::cross_replica_seconds(options.cross_replica, d, 1e6), 1e-12);
   EXPECT_NEAR(x1.end - x1.start, cost::cross_replica_seconds(options.cross_replica, d, 3e6), 1e-12);
   // Rank 1 holds more parameters, but rank 0 finishes its backward later: the barrier is the
   // later of the two averages, plus the coordination.
   const double barrier = std::max(x0.end, x1.end) + 0.5;
-  EXPECT_NEAR(find(ft, "OPT s0").start, barrier, 1e-12);
-  EXPECT_NEAR(find(ft, "OPT s1").start, barrier, 1e-12);
-  EXPECT_NEAR(find(ft, "OPT s0").end - find(ft, "OPT s0").start, 0.4, 1e-12);
+  EXPECT_NEAR(find_task(ft, "OPT s0").start, barrier, 1e-12);
+  EXPECT_NEAR(find_task(ft, "OPT s1").start, barrier, 1e-12);
+  EXPECT_NEAR(find_task(ft, "OPT s0").end - find_task(ft, "OPT s0").start, 0.4, 1e-12);
   EXPECT_NEAR(ft.iteration_seconds, barrier + 1.2, 1e-12);
   EXPECT_GT(ft.iteration_seconds, plain.iteration_seconds);
   // The critical path ends in the slower optimizer step, reached through the barrier.

@@ -9,23 +9,14 @@
 #include "schedule/generate.h"
 #include "schedule_plans.h"
 #include "sim/simulate.h"
+#include "sim_tasks.h"
 
 using namespace graphpipe::sim;
 using graphpipe::schedule::generate;
 using graphpipe::schedule::Policy;
 using graphpipe::testing::chain_plan;
 using graphpipe::testing::devices;
-
-namespace {
-
-const Task& find(const SimResult& r, const std::string& name) {
-  for (const auto& t : r.tasks) {
-    if (task_name(t) == name) return t;
-  }
-  throw std::runtime_error("no task " + name);
-}
-
-}  // namespace
+using graphpipe::testing::find_task;
 
 TEST(SimulateReplicas, AllReduceBucketsStartDuringTheLastBackward) {
   // One stage on ranks {0, 1}, two micro-batches, f = 1, b = 2, 4 MiB of gradients: 4 buckets
@@ -41,8 +32,8 @@ TEST(SimulateReplicas, AllReduceBucketsStartDuringTheLastBackward) {
   const double each = graphpipe::cost::ring_all_reduce(d, {0, 1}, graphpipe::cost::kDefaultBucketBytes).seconds;
   ASSERT_GT(each, 0.5);
   const auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
-  const Task& b1 = find(r, "B1 s0");
-  const Task& ar = find(r, "AR s0");
+  const Task& b1 = find_task(r, "B1 s0");
+  const Task& ar = find_task(r, "AR s0");
   EXPECT_DOUBLE_EQ(b1.start, 4.0);  // after F0 [0, 1], B0 [1, 3], F1 [3, 4]
   EXPECT_DOUBLE_EQ(ar.start, b1.start + 0.5);
   EXPECT_LT(ar.start, b1.end);  // the sum overlaps the backward
@@ -60,19 +51,19 @@ TEST(SimulateReplicas, ReplicatedEdgesMoveEachPairsShareAtOnce) {
   auto single = chain_plan(2, 1, 1.0, 1.0, 4e6);
   single.micro_batch_size = 4;
   auto r1 = simulate(single, generate(single, Policy::one_f_one_b), devices(4, 0.0, 1e6));
-  EXPECT_DOUBLE_EQ(find(r1, "A0 e0").end - find(r1, "A0 e0").start, 4.0);
+  EXPECT_DOUBLE_EQ(find_task(r1, "A0 e0").end - find_task(r1, "A0 e0").start, 4.0);
 
   auto pairs = single;
   pairs.stages[0].devices = {0, 1};
   pairs.stages[1].devices = {2, 3};
   pairs.num_devices = 4;
   auto r2 = simulate(pairs, generate(pairs, Policy::one_f_one_b), devices(4, 0.0, 1e6));
-  EXPECT_DOUBLE_EQ(find(r2, "A0 e0").end - find(r2, "A0 e0").start, 2.0);
-  EXPECT_DOUBLE_EQ(find(r2, "G0 e0").end - find(r2, "G0 e0").start, 2.0);
+  EXPECT_DOUBLE_EQ(find_task(r2, "A0 e0").end - find_task(r2, "A0 e0").start, 2.0);
+  EXPECT_DOUBLE_EQ(find_task(r2, "G0 e0").end - find_task(r2, "G0 e0").start, 2.0);
 
   auto fan = single;
   fan.stages[1].devices = {1, 2};
   fan.num_devices = 3;
   auto r3 = simulate(fan, generate(fan, Policy::one_f_one_b), devices(3, 0.0, 1e6));
-  EXPECT_DOUBLE_EQ(find(r3, "A0 e0").end - find(r3, "A0 e0").start, 4.0);
+  EXPECT_DOUBLE_EQ(find_task(r3, "A0 e0").end - find_task(r3, "A0 e0").start, 4.0);
 }
