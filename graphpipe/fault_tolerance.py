@@ -107,7 +107,8 @@ class StepSeconds:
     ``quorum``: torchft's quorum (healing included); ``pipeline``: the pipeline step;
     ``average``: the cross-replica all-reduces of the gradients, buffers and loss; ``agreement``:
     the commit vote and the finiteness check; ``optimizer``: the optimizer step (0 when the step
-    did not land)."""
+    did not land). Host times: on a GPU, a phase's kernels may still run in the next phase.
+    What ``batch_for`` takes is in none of them."""
 
     quorum: float
     pipeline: float
@@ -282,10 +283,10 @@ class FaultTolerantPipeline:
         quorum = lap()
         step = self.current_step
         inputs, targets = batch_for(step)
+        lap()  # the batch is the caller's
         if self.optimizer is not None:
             self.optimizer.zero_grad()
         saved_buffers = StepGuard.save_buffers(self.pipe.module)
-        lap()  # the batch is the caller's
         loss = self.pipe.step(inputs, targets)
         pipeline = lap()
         ok, averaged = self._average(loss)
@@ -312,6 +313,20 @@ class FaultTolerantPipeline:
         """Leaves the quorum and releases the pipeline."""
         self.manager.shutdown(wait=False)
         self.pipe.close()
+
+
+def _plans_here(wrap_keywords: dict[str, Any]) -> bool:
+    """Whether ``wrap`` will plan, and the replicas are left to the default price: no plan given,
+    no ``cross_replica`` among the options' planning options, and a pipeline of two ranks or more
+    (one device describes no link to price the replicas by, and all its candidates hold every
+    parameter alike, so pricing would not change its plan)."""
+    options = wrap_keywords.get("options")
+    if wrap_keywords.get("plan") is not None or (options is not None and options.plan is not None):
+        return False
+    if options is not None and "cross_replica" in options.plan_options:
+        return False
+    group = wrap_keywords.get("group", options.group if options is not None else None)
+    return dist.get_world_size(group) > 1
 
 
 def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
@@ -343,17 +358,19 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
             ``min_replicas`` alive) before torchft raises ``RuntimeError``.
         cross_replica: what the planner prices the replicas by (a ``graphpipe.CrossReplica``:
             their count, the link between them, the per-step coordination); default
-            ``CrossReplica(replicas=start_replicas)`` on the devices' own link. Every candidate
-            plan is simulated with its ranks' average across the replicas, so a rank pays for the
-            parameters it holds. Not used with ``plan=`` (a plan given runs as it is).
+            ``CrossReplica(replicas=start_replicas)`` on the devices' own link, for a pipeline of
+            two ranks or more that ``wrap`` plans. Every candidate plan is simulated with its
+            ranks' average across the replicas, so a rank pays for the parameters it holds.
+            Given beside ``plan=``, ``wrap`` refuses it (a plan given runs as it is).
     """
     address = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
     if not address:
         raise InputError("graphpipe.fault_tolerant: no lighthouse address: pass lighthouse= or set "
                          "TORCHFT_LIGHTHOUSE (start one with torchft_lighthouse --min_replicas 1)")
-    options = wrap_keywords.get("options")
-    if "plan" not in wrap_keywords and (options is None or options.plan is None):
-        wrap_keywords["cross_replica"] = cross_replica or CrossReplica(replicas=max(1, start_replicas))
+    if cross_replica is not None:  # passed on as given: wrap refuses it beside a plan=
+        wrap_keywords["cross_replica"] = cross_replica
+    elif _plans_here(wrap_keywords):
+        wrap_keywords["cross_replica"] = CrossReplica(replicas=max(1, start_replicas))
     pipe = wrap(model, example_inputs, loss_fn, **wrap_keywords)
     params = [p for p in pipe.parameters() if p.requires_grad]
     optimizer = make_optimizer(params) if make_optimizer is not None and params else None

@@ -2,6 +2,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sstream>
+
 #include "bindings/bindings.h"
 #include "cost/all_reduce.h"
 #include "cost/cost_model.h"
@@ -139,10 +141,10 @@ void bind_cost_functions(py::module_& m) {
       .def("seconds", &cost::cross_replica_seconds, py::arg("devices"), py::arg("gradient_bytes"),
            "One rank's average across the replicas per step: its gradients' and the loss's all-reduces.")
       .def("__repr__", [](const cost::CrossReplica& c) {
-        return "CrossReplica(replicas=" + std::to_string(c.replicas) +
-               ", link_bandwidth=" + std::to_string(c.link_bandwidth) +
-               ", link_latency=" + std::to_string(c.link_latency) +
-               ", coordination_seconds=" + std::to_string(c.coordination_seconds) + ")";
+        std::ostringstream out;  // shortest form: a 1e-07 s latency stays 1e-07
+        out << "CrossReplica(replicas=" << c.replicas << ", link_bandwidth=" << c.link_bandwidth
+            << ", link_latency=" << c.link_latency << ", coordination_seconds=" << c.coordination_seconds << ")";
+        return out.str();
       });
   m.def("device_presets", &cost::preset_names, "Names of the device presets Devices.preset accepts.");
   m.def("optimizer_names", &cost::optimizer_names, "Names of the optimizers the cost model prices.");

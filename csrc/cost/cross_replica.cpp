@@ -23,27 +23,13 @@ void require_figure(const char* field, double value) {
 }
 
 // The replicas' ring as a description of its own: R devices, one per node, of the pipeline's
-// kind, joined by the cross-replica link.
-Devices replica_ring(const CrossReplica& cross_replica, const Devices& devices) {
+// kind, joined by the cross-replica link (explicit: with_link's).
+Devices replica_ring(const CrossReplica& linked, const Devices& devices) {
   Devices ring = first_ranks(devices, 1);
-  ring.count = cross_replica.replicas;
-  double bandwidth = cross_replica.link_bandwidth, latency = cross_replica.link_latency;
-  if (bandwidth > 0.0) {
-    // A link of its own: the pipeline's measured collective figures describe another ring.
-    ring.collective_bandwidth_bytes_per_second = 0.0;
-    ring.collective_latency_seconds = 0.0;
-  } else if (!devices.has_collective_link()) {
-    bandwidth = devices.slowest_link_bandwidth();
-    latency = devices.slowest_link_latency();
-    if (bandwidth <= 0.0) {
-      throw PlanningError(
-          "CrossReplica: a pipeline of one device, without a measured collective link, says "
-          "nothing of the link between replicas; give CrossReplica.link_bandwidth");
-    }
-  } else {
-    bandwidth = devices.collective_bandwidth_bytes_per_second;  // not read: the collective figures price the ring
-  }
-  set_node_links(ring, 1, bandwidth, latency, bandwidth, latency);
+  ring.count = linked.replicas;
+  ring.collective_bandwidth_bytes_per_second = 0.0;  // the ring's link is the one given
+  ring.collective_latency_seconds = 0.0;
+  set_node_links(ring, 1, linked.link_bandwidth, linked.link_latency, linked.link_bandwidth, linked.link_latency);
   return ring;
 }
 
@@ -61,11 +47,30 @@ void CrossReplica::validate() const {
   }
 }
 
-double cross_replica_seconds(const CrossReplica& cross_replica, const Devices& devices, double gradient_bytes) {
+CrossReplica with_link(const CrossReplica& cross_replica, const Devices& devices) {
   cross_replica.validate();
-  if (!cross_replica.enabled()) return 0.0;
-  const Devices ring = replica_ring(cross_replica, devices);
-  std::vector<int> group(static_cast<std::size_t>(cross_replica.replicas));
+  CrossReplica linked = cross_replica;
+  if (!cross_replica.enabled() || cross_replica.link_bandwidth > 0.0) return linked;
+  if (devices.has_collective_link()) {
+    linked.link_bandwidth = devices.collective_bandwidth_bytes_per_second;
+    linked.link_latency = devices.collective_latency_seconds;
+  } else {
+    linked.link_bandwidth = devices.slowest_link_bandwidth();
+    linked.link_latency = devices.slowest_link_latency();
+  }
+  if (linked.link_bandwidth <= 0.0) {
+    throw PlanningError(
+        "CrossReplica: a pipeline of one device, without a measured collective link, says "
+        "nothing of the link between replicas; give CrossReplica.link_bandwidth");
+  }
+  return linked;
+}
+
+double cross_replica_seconds(const CrossReplica& cross_replica, const Devices& devices, double gradient_bytes) {
+  const CrossReplica linked = with_link(cross_replica, devices);
+  if (!linked.enabled()) return 0.0;
+  const Devices ring = replica_ring(linked, devices);
+  std::vector<int> group(static_cast<std::size_t>(linked.replicas));
   std::iota(group.begin(), group.end(), 0);
   return ring_all_reduce(ring, group, gradient_bytes).seconds + ring_all_reduce(ring, group, kLossBytes).seconds;
 }

@@ -11,9 +11,11 @@
 //
 // The all-reduce runs as a ring over the R replicas (cost/all_reduce.h ring_all_reduce), one
 // device per node, on the link `link_bandwidth` / `link_latency` describes: the link between the
-// same rank of two replicas. Not given (0), the pipeline's own devices describe it: their
-// measured collective link where given (graphpipe/calibration.py; replicas on the calibrated
-// machine), else their slowest point-to-point link. `coordination_seconds` is the quorum, the
+// same rank of two replicas. Not given (0), the pipeline's own devices describe it (with_link):
+// their measured collective link where given (graphpipe/calibration.py; replicas on the
+// calibrated machine), else their slowest point-to-point link. The floating-point buffers the
+// runtime averages too are not priced (a plan holds no buffer bytes per stage; BatchNorm's are
+// small beside the gradients). `coordination_seconds` is the quorum, the
 // vote and the finiteness check of one step together: round trips to torchft's lighthouse and
 // stores that no device figure describes, so the caller gives it (benchmarks/
 // fault_tolerance_bench.py measures it); 0 leaves it out.
@@ -35,10 +37,16 @@ struct CrossReplica {
   void validate() const;
 };
 
+// `cross_replica` with its link made explicit (link_bandwidth > 0) from `devices` where not
+// given. The planner resolves it once from the whole description before its search, so that
+// every candidate is priced on the same link whatever devices it uses (a description's first
+// ranks have another slowest link, or none). PlanningError when replicas > 1 and neither gives a
+// link (one device without a measured collective link).
+CrossReplica with_link(const CrossReplica& cross_replica, const Devices& devices);
+
 // Seconds one rank's average takes per step: the ring all-reduce of `gradient_bytes` and that of
 // the 8-byte loss over the replicas, one after the other (Gloo runs a group's collectives in
-// order). 0 for one replica. PlanningError when neither `cross_replica` nor `devices` gives a
-// link (a one-device pipeline without a measured collective link).
+// order), on with_link's link. 0 for one replica.
 double cross_replica_seconds(const CrossReplica& cross_replica, const Devices& devices, double gradient_bytes);
 
 }  // namespace graphpipe::cost

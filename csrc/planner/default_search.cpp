@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cost/cross_replica.h"
 #include "partition/manual/manual_partitioner.h"
 #include "partition/registry.h"
 #include "planner/folded_search.h"
@@ -112,8 +113,11 @@ PlannerOptions widened_search(PlannerOptions search) {
 }
 
 PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Devices& devices,
-                                    partition::Options options, const PlannerOptions& search,
+                                    partition::Options options, const PlannerOptions& given,
                                     std::optional<bool> replicate) {
+  // One link for the replicas across every search below (plan_by_simulation says why).
+  PlannerOptions search = given;
+  search.sim.cross_replica = cost::with_link(given.sim.cross_replica, devices);
   if (search.stages_per_rank < 1) {
     throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(search.stages_per_rank));
   }

@@ -49,7 +49,7 @@ PlannerOptions widened_search(PlannerOptions search);
 
 // The plan as `replicate` says (above); `options.replicate` is set here.
 PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Devices& devices,
-                                    partition::Options options, const PlannerOptions& search,
+                                    partition::Options options, const PlannerOptions& given,
                                     std::optional<bool> replicate);
 
 }  // namespace graphpipe::planner

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cost/cross_replica.h"
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
 #include "partition/registry.h"
@@ -264,7 +265,11 @@ double simulated_step(const plan::Plan& plan, const cost::Devices& devices, sche
 }
 
 PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
-                                 const partition::Options& options, const PlannerOptions& planner) {
+                                 const partition::Options& options, const PlannerOptions& given) {
+  // Fault-tolerant replicas are priced on one link, resolved from the whole description before
+  // the search: its smaller budgets' first ranks have another slowest link, or none.
+  PlannerOptions planner = given;
+  planner.sim.cross_replica = cost::with_link(given.sim.cross_replica, devices);
   if (planner.policies.empty()) throw PlanningError("the planner needs at least one schedule to plan for");
   if (planner.plain_budget_limit < 0 || planner.plain_every_up_to < 0) {
     throw PlanningError("plain_budget_limit (0: no limit) and plain_every_up_to must be device counts, got " +

@@ -106,7 +106,7 @@ struct PlannerResult {
 // The least simulated step's plan (see above). `options.every_candidate` is set here, and
 // `options.zero_bubble` per policy (true for zb_graph).
 PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
-                                 const partition::Options& options, const PlannerOptions& planner = {});
+                                 const partition::Options& options, const PlannerOptions& given = {});
 
 // The step a plan's simulation gives under `policy` with the simulator's `options`: the figure
 // plan_by_simulation ranks by.

@@ -26,6 +26,12 @@ void add_cross_replica_tail(std::vector<Task>& tasks, const plan::Plan& plan, co
       if (r >= 0 && (last[r] < 0 || t.end > tasks[last[r]].end)) last[r] = static_cast<int>(k);
     }
   }
+  // Every rank leaves its pipeline step with the step's closing loss sum over the pipeline's
+  // ranks (runtime/steps.py), so every average starts when the last rank's part ends.
+  int step_end = -1;
+  for (int r = 0; r < R; ++r) {
+    if (last[r] >= 0 && (step_end < 0 || tasks[last[r]].end > tasks[step_end].end)) step_end = last[r];
+  }
   double barrier = 0.0;
   int barrier_cause = -1;
   for (int r = 0; r < R; ++r) {
@@ -37,9 +43,9 @@ void add_cross_replica_tail(std::vector<Task>& tasks, const plan::Plan& plan, co
     Task t;
     t.kind = TaskKind::cross_replica;
     t.rank = r;
-    t.start = last[r] >= 0 ? tasks[last[r]].end : 0.0;
+    t.start = step_end >= 0 ? tasks[step_end].end : 0.0;
     t.end = t.start + cost::cross_replica_seconds(cross_replica, devices, bytes);
-    t.cause = last[r];
+    t.cause = step_end;
     tasks.push_back(t);
     if (barrier_cause < 0 || t.end > barrier) {
       barrier = t.end;

@@ -105,7 +105,8 @@ struct Task {
 // "F3 s1" (forward of micro-batch 3 at stage 1), "B3 s1", "A3 e0" (activation of micro-batch 3
 // over edge 0), "G3 e0" (its gradient), "OPT s1", "AR s1" (the replicas' gradient sum), "I3 s1"
 // and "W3 s1" (a split backward's input- and weight-gradient halves), "C2 s1" (compressing
-// gradient bucket 2 of stage 1: top-k, PowerSGD) and "AVG s1" (local SGD's parameter averaging).
+// gradient bucket 2 of stage 1: top-k, PowerSGD), "AVG s1" (local SGD's parameter averaging)
+// and "XR r1" (rank 1's average across fault-tolerant replicas, cross_replica_tail.h).
 std::string task_name(const Task& task);
 
 struct RankStats {

@@ -111,13 +111,16 @@ TEST(SimulateCrossReplica, EveryRankAveragesThenAllAgreeThenTheOptimizersStep) {
   const Task& x0 = find_task(ft, "XR r0");
   const Task& x1 = find_task(ft, "XR r1");
   EXPECT_EQ(x0.kind, TaskKind::cross_replica);
-  EXPECT_DOUBLE_EQ(x0.start, find_task(ft, "B1 s0").end);  // rank 0's last task
-  EXPECT_DOUBLE_EQ(x1.start, find_task(ft, "B1 s1").end);
+  // Both start when the pipeline step ends (rank 0's last backward; every rank leaves the step
+  // with its closing loss sum), although rank 1 finished earlier.
+  EXPECT_LT(find_task(ft, "B1 s1").end, find_task(ft, "B1 s0").end);
+  EXPECT_DOUBLE_EQ(x0.start, find_task(ft, "B1 s0").end);
+  EXPECT_DOUBLE_EQ(x1.start, x0.start);
   EXPECT_NEAR(x0.end - x0.start, cost::cross_replica_seconds(options.cross_replica, d, 1e6), 1e-12);
   EXPECT_NEAR(x1.end - x1.start, cost::cross_replica_seconds(options.cross_replica, d, 3e6), 1e-12);
-  // Rank 1 holds more parameters, but rank 0 finishes its backward later: the barrier is the
-  // later of the two averages, plus the coordination.
-  const double barrier = std::max(x0.end, x1.end) + 0.5;
+  // Rank 1 holds more parameters: its average ends last; the barrier adds the coordination.
+  EXPECT_GT(x1.end, x0.end);
+  const double barrier = x1.end + 0.5;
   EXPECT_NEAR(find_task(ft, "OPT s0").start, barrier, 1e-12);
   EXPECT_NEAR(find_task(ft, "OPT s1").start, barrier, 1e-12);
   EXPECT_NEAR(find_task(ft, "OPT s0").end - find_task(ft, "OPT s0").start, 0.4, 1e-12);
@@ -188,4 +191,28 @@ TEST(SimulateCrossReplica, LocalSgdIsRefused) {
   } catch (const PlanningError& e) {
     EXPECT_NE(std::string(e.what()).find("local_sgd"), std::string::npos) << e.what();
   }
+}
+
+TEST(SimulateCrossReplica, AReplicatedStagesLeadAveragesForItsReplicas) {
+  // Stage 0 on ranks 0 and 1 (the simulator replays the lead, rank 0), stage 1 on rank 2: an
+  // average on ranks 0 and 2, each of its own stage's bytes; rank 1's figures are rank 0's.
+  auto plan = two_stages();
+  plan.stages[0].devices = {0, 1};
+  plan.stages[1].devices = {2};
+  plan.num_devices = 3;
+  plan.micro_batch_size = 2;
+  const auto d = slow_memory(3);
+  SimOptions options;
+  options.cross_replica = replicas(3, 1e6, 0.01, 0.0);
+  const SimResult ft = simulate(plan, generate(plan, Policy::one_f_one_b), d, options);
+  int averages = 0;
+  for (const Task& t : ft.tasks) {
+    if (t.kind != TaskKind::cross_replica) continue;
+    ++averages;
+    EXPECT_NE(t.rank, 1);
+    const double held = t.rank == 0 ? 1e6 : 3e6;
+    EXPECT_NEAR(t.end - t.start, cost::cross_replica_seconds(options.cross_replica, d, held), 1e-12);
+  }
+  EXPECT_EQ(averages, 2);
+  EXPECT_DOUBLE_EQ(ft.ranks[1].comm_seconds, ft.ranks[0].comm_seconds);
 }

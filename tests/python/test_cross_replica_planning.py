@@ -76,3 +76,13 @@ def test_local_sgd_is_refused_with_replicas(transformer_graph):
     assert len(plan.stages[0].devices) == 4, "the premise: one replicated stage"
     with pytest.raises(graphpipe.PlanningError, match="local_sgd"):
         graphpipe.simulate(plan, sync=graphpipe.sync.LocalSGD(period=4), cross_replica=SLOW_LINK)
+
+
+def test_one_device_needs_a_link_between_replicas(transformer_graph):
+    """One device describes no link: the price needs one given, and then plans."""
+    with pytest.raises(graphpipe.PlanningError, match="give CrossReplica.link_bandwidth"):
+        graphpipe.plan(transformer_graph, 1, cross_replica=graphpipe.CrossReplica(replicas=2))
+    plan = graphpipe.plan(transformer_graph, 1, cross_replica=SLOW_LINK)
+    alone = graphpipe.simulate(plan).iteration_seconds
+    average = SLOW_LINK.seconds(graphpipe.devices(1), plan.stages[0].param_bytes)
+    assert plan.predicted_iteration_seconds == pytest.approx(alone + average, rel=1e-9)
