@@ -64,8 +64,6 @@ __all__ = ["FaultTolerantPipeline", "NoReplicaToHealFrom", "StepResult", "StepSe
 _JOIN_POLL_SECONDS = 0.1
 #: Key, in the pipeline's store, of the address of this launch attempt's Manager store.
 _STORE_KEY = "graphpipe/fault_tolerance/manager_store"
-#: The replicas as the planner and the simulator price them (csrc/cost/cross_replica.h).
-CrossReplica = _C.CrossReplica
 
 
 class NoReplicaToHealFrom(GraphpipeError):
@@ -370,7 +368,7 @@ def fault_tolerant(model: nn.Module, example_inputs: Any, loss_fn: Callable[[Any
     if cross_replica is not None:  # passed on as given: wrap refuses it beside a plan=
         wrap_keywords["cross_replica"] = cross_replica
     elif _plans_here(wrap_keywords):
-        wrap_keywords["cross_replica"] = CrossReplica(replicas=max(1, start_replicas))
+        wrap_keywords["cross_replica"] = _C.CrossReplica(replicas=max(1, start_replicas))
     pipe = wrap(model, example_inputs, loss_fn, **wrap_keywords)
     params = [p for p in pipe.parameters() if p.requires_grad]
     optimizer = make_optimizer(params) if make_optimizer is not None and params else None
