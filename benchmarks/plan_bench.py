@@ -23,11 +23,13 @@ All tables are printed; everything is written to results/plan_bench.json.
 
     python3 benchmarks/plan_bench.py [--quick] [--replicated-only] [--out results/plan_bench.json]
 
-``--speed`` times only the two planning-speed goals, each ``--repeats`` times (median and every
-run reported), and writes results/plan_speed.json: replicated planning (``graphpipe``,
-``replicate=True``) of the paper-size MMT, mini-batch 256, onto 64 V100-class devices with 8 per
-node (goal 2 s), and the 10,000-operator series-parallel graph of part 1 onto 64 stages (goal
-1 s; onto 4 stages beside it, no goal).
+``--speed`` times only the planning-speed goals, each ``--repeats`` times (median and every
+run reported), and writes results/plan_speed.json: the paper-size MMT, mini-batch 256, onto 64
+V100-class devices with 8 per node (goal 2 s each) planned by ``partition`` with replicas, by
+``graphpipe.plan(replicate=True)`` and by ``graphpipe.plan``'s default (replicate not given: the
+widened search and the baselines' searches; csrc/planner/default_search.h), and the
+10,000-operator series-parallel graph of part 1 onto 64 stages (goal 1 s; onto 4 stages beside
+it, no goal).
 
     python3 benchmarks/plan_bench.py --speed [--repeats 3] [--out results/plan_speed.json]
 
@@ -305,7 +307,7 @@ def replicated_table(batch: int, count: int = 64) -> list[dict]:
 
 
 def speed_table(repeats: int, quiet: bool = False) -> list[dict]:
-    """The two planning-speed goals, timed `repeats` times each (plan and time of every run);
+    """The planning-speed goals, timed `repeats` times each (plan and time of every run);
     `quiet`: no table printed."""
     import statistics
 
@@ -319,8 +321,13 @@ def speed_table(repeats: int, quiet: bool = False) -> list[dict]:
          {"batch_size": 256, "replicate": True}, 2.0),
         # What a user's graphpipe.plan(replicate=True) costs: every candidate of the replicated
         # search and of the plain ones (1-8 devices) listed, then ranked by simulation.
-        ("mmt paper, replicated, 64 V100, graphpipe.plan (simulated ranking)", mmt,
+        ("mmt paper, replicated, 64 V100, graphpipe.plan(replicate=True)", mmt,
          _C.Devices.v100(64, per_node=8), {"batch_size": 256, "replicate": True, "ranked": True}, 2.0),
+        # What graphpipe.plan costs by default (replicate not given: planner/default_search.h):
+        # the widened search and the baselines' searches (sequential+dp, piper+dp, data
+        # parallelism).
+        ("mmt paper, 64 V100, graphpipe.plan default (with its baselines)", mmt,
+         _C.Devices.v100(64, per_node=8), {"batch_size": 256, "front_door": True}, 2.0),
     ]
     sp = series_parallel_graph(10000, seed=10000)
     for stages, goal in ((64, 1.0), (4, None)):
@@ -332,7 +339,11 @@ def speed_table(repeats: int, quiet: bool = False) -> list[dict]:
         seconds = []
         for _ in range(repeats):
             start = time.perf_counter()
-            if kwargs.get("ranked"):
+            if kwargs.get("front_door"):  # graphpipe.plan itself, as every build defines its default
+                import graphpipe
+
+                plan = graphpipe.plan(g, devices, "graphpipe", batch_size=kwargs["batch_size"])
+            elif kwargs.get("ranked"):
                 plan = _C.plan_by_simulation(g, devices, partitioner="graphpipe",
                                              **{k: v for k, v in kwargs.items() if k != "ranked"}).plan
             else:

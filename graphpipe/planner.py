@@ -120,6 +120,7 @@ def plan(
     bucket_bytes: float | None = None,
     dtype: str | torch.dtype | None = None,
     stages_per_rank: int = 1,
+    fold_budget_limit: int = 8,
     cross_replica: Any = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
@@ -131,9 +132,8 @@ def plan(
             DP), ``metis`` (METIS + acyclic repair + refinement), ``sequential`` (the chain
             baseline; with replicas PipeDream's planner), ``piper`` (Piper's planner) or
             ``manual``; an unknown name raises the registry's PlanningError.
-        batch_size: mini-batch size (default: the traced batch size).
-        micro_batches / micro_batch_size: fix the micro-batching; by default the partitioner
-            chooses the micro-batch size (powers of two dividing the batch) with the stages.
+        batch_size: mini-batch size (default: the traced one). micro_batches / micro_batch_size: fix
+            the micro-batching; by default it is chosen with the stages (powers of two dividing the batch).
         memory_limit: bytes per device (number or ``"16GiB"``); default: the device's memory.
         optimizer: a name from ``OPTIMIZERS`` (optimizer state counts toward memory).
         manual: for ``partitioner="manual"``: module-name prefix -> stage.
@@ -146,12 +146,12 @@ def plan(
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs
             depth against its shorter fill and drain), or ``"auto"``: 1F1B or ``zb_graph``,
             whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
-        sync: how replicated stages will synchronise (:func:`sync_method`; default the
-            all-reduce of every gradient), each replicated stage charged that method's cost per
-            step (local SGD's averaging amortised, top-k's and PowerSGD's compression) (``plan.sync``).
-        bucket_bytes: the gradient bucket size replicated stages will run with (``wrap``'s).
-        dtype: the precision training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
-        stages_per_rank: the most stages a device may hold; from 2, folded plans (a V, looping) too.
+        sync: how replicated stages will synchronise (:func:`sync_method`; default all-reduce), each
+            charged that method's cost per step (local SGD amortised, top-k, PowerSGD) (``plan.sync``).
+        bucket_bytes / dtype: replicated stages' gradient bucket size (``wrap``'s); the precision
+            training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
+        stages_per_rank / fold_budget_limit: the most stages a device may hold (1: one); from 2,
+            plans folded so (a V, looping) on the first 2, 4, ... ranks up to the limit (0: all).
         cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many
             fault-tolerant replicas; each step is simulated with their average (cost/cross_replica.h).
 
@@ -173,12 +173,12 @@ def plan(
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes),
-               "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica()}
+               "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica(),
+               "stages_per_rank": int(stages_per_rank), "fold_budget_limit": int(fold_budget_limit)}
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
-                                 optimizer=optimizer, seed=seed, replicate=replicate,
-                                 stages_per_rank=int(stages_per_rank), **options).plan
+                                 optimizer=optimizer, seed=seed, replicate=replicate, **options).plan
 
 
 def _precision(dtype: str | torch.dtype | None) -> str | None:

@@ -69,7 +69,8 @@ planner::PlannerResult plan_simulated(
     int max_stages, double tolerance, int seed, bool refine, std::optional<bool> replicate,
     std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
     const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
-    int plain_every_up_to, bool grow_replicas, int stages_per_rank, const cost::CrossReplica& cross_replica) {
+    int plain_every_up_to, bool grow_replicas, int stages_per_rank, int fold_budget_limit,
+    const cost::CrossReplica& cross_replica) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
   p.policies = schedule == "auto" ? schedule::planner_policies()
@@ -86,6 +87,7 @@ planner::PlannerResult plan_simulated(
   p.plain_every_up_to = plain_every_up_to;
   p.grow_replicas = grow_replicas;
   p.stages_per_rank = stages_per_rank;
+  p.fold_budget_limit = fold_budget_limit;
   py::gil_scoped_release release;
   return planner::plan_with_replication(g, devices, o, p, replicate);
 }
@@ -114,30 +116,33 @@ void bind_partition(py::module_& m) {
       .def_readonly("candidates", &planner::PlannerResult::candidates)
       .def_readonly("simulated", &planner::PlannerResult::simulated)
       .def_readonly("growth_simulated", &planner::PlannerResult::growth_simulated);
-  m.def("plan_by_simulation", &plan_simulated, py::arg("graph"), py::arg("devices"),
-        py::arg("partitioner") = "graphpipe", py::arg("batch_size") = 0, py::arg("micro_batch_size") = py::none(),
-        py::arg("num_micro_batches") = py::none(), py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam",
-        py::arg("manual") = py::none(), py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0,
-        py::arg("refine") = true, py::arg("replicate") = false, py::arg("stage_devices") = py::none(),
-        py::arg("schedule") = "1f1b", py::arg("sync") = cost::SyncMethod{},
-        py::arg("bucket_bytes") = cost::kDefaultBucketBytes, py::arg("overlap") = true, py::arg("min_devices") = 0,
-        py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
-        py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
-        py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
-        py::arg("stages_per_rank") = planner::PlannerOptions{}.stages_per_rank,
-        py::arg("cross_replica") = cost::CrossReplica{},
-        "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
-        "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
-        "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
-        "candidates that use at least that many devices; with replicate, the plans without replicas are "
-        "weighed on every count of devices up to plain_every_up_to and every power of two up to "
-        "plain_budget_limit (0: up to the device count); grow_replicas grants replicas by simulation at every "
-        "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
-        "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
-        "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
-        "device, in a V and looping (planner/folded_search.h). cross_replica: the plan will run as one of "
-        "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
-        "with the average across them.");
+  m.def(
+      "plan_by_simulation", &plan_simulated, py::arg("graph"), py::arg("devices"), py::arg("partitioner") = "graphpipe",
+      py::arg("batch_size") = 0, py::arg("micro_batch_size") = py::none(), py::arg("num_micro_batches") = py::none(),
+      py::arg("memory_limit") = py::none(), py::arg("optimizer") = "adam", py::arg("manual") = py::none(),
+      py::arg("max_stages") = 0, py::arg("tolerance") = 1e-3, py::arg("seed") = 0, py::arg("refine") = true,
+      py::arg("replicate") = false, py::arg("stage_devices") = py::none(), py::arg("schedule") = "1f1b",
+      py::arg("sync") = cost::SyncMethod{}, py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
+      py::arg("overlap") = true, py::arg("min_devices") = 0,
+      py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
+      py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
+      py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
+      py::arg("stages_per_rank") = planner::PlannerOptions{}.stages_per_rank,
+      py::arg("fold_budget_limit") = planner::PlannerOptions{}.fold_budget_limit,
+      py::arg("cross_replica") = cost::CrossReplica{},
+      "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
+      "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
+      "step's plan, whose predicted_iteration_seconds is that simulation; min_devices keeps only "
+      "candidates that use at least that many devices; with replicate, the plans without replicas are "
+      "weighed on every count of devices up to plain_every_up_to and every power of two up to "
+      "plain_budget_limit (0: up to the device count); grow_replicas grants replicas by simulation at every "
+      "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
+      "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
+      "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
+      "device, in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
+      "fold_budget_limit (0: up to the device count; planner/default_search.h). cross_replica: the plan will run as one of "
+      "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
+      "with the average across them.");
 }
 
 }  // namespace graphpipe::bindings

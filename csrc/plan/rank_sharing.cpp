@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <set>
 
 namespace graphpipe::plan {
 
@@ -52,6 +53,12 @@ bool shares_ranks(const std::vector<std::vector<int>>& stage_ranks) {
     }
   }
   return false;
+}
+
+int ranks_used(const std::vector<std::vector<int>>& stage_ranks) {
+  std::set<int> ranks;
+  for (const std::vector<int>& stage : stage_ranks) ranks.insert(stage.begin(), stage.end());
+  return static_cast<int>(ranks.size());
 }
 
 }  // namespace graphpipe::plan

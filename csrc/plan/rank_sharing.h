@@ -22,4 +22,8 @@ std::optional<std::string> rank_sharing_problem(const std::vector<std::vector<in
 // Whether any rank holds more than one stage.
 bool shares_ranks(const std::vector<std::vector<int>>& stage_ranks);
 
+// How many distinct ranks the stages run on: what the plan occupies, a rank holding several
+// stages counted once.
+int ranks_used(const std::vector<std::vector<int>>& stage_ranks);
+
 }  // namespace graphpipe::plan

@@ -8,17 +8,22 @@
 #include "common/log.h"
 #include "cost/cross_replica.h"
 #include "partition/manual/manual_partitioner.h"
+#include "partition/partitioner.h"
+#include "partition/plan_build.h"
 #include "partition/registry.h"
+#include "plan/rank_sharing.h"
 #include "planner/folded_search.h"
+#include "schedule/generate.h"
 
 namespace graphpipe::planner {
 
 namespace {
 
+// The distinct devices the plan occupies (a device holding several stages counts once).
 int plan_devices(const plan::Plan& plan) {
-  int used = 0;
-  for (const plan::Stage& stage : plan.stages) used += static_cast<int>(stage.devices.size());
-  return used;
+  std::vector<std::vector<int>> ranks;
+  for (const plan::Stage& stage : plan.stages) ranks.push_back(stage.devices);
+  return plan::ranks_used(ranks);
 }
 
 // The search with `replicate` not given: replicas allowed with the widened budgets, and the plan
@@ -70,18 +75,22 @@ void offer(PlannerResult baseline, const std::string& what, const PlannerOptions
 // the first ranks. A baseline that cannot plan (nothing fits, say) is passed over.
 void weigh_baselines(const graph::OpGraph& graph, const cost::Devices& devices, const partition::Options& options,
                      const PlannerOptions& search, PlannerResult& result) {
+  // Each search is told the step to beat (PlannerOptions::to_beat): only a faster plan is taken.
+  PlannerOptions beat = search;
   for (const std::string& name : partition::baseline_names()) {
     partition::Options baseline = options;
     baseline.partitioner = name;
+    beat.to_beat = result.plan.predicted_iteration_seconds;
     try {
-      offer(replicas_optional(graph, devices, baseline, search), name + "+dp", search, result);
+      offer(replicas_optional(graph, devices, baseline, beat), name + "+dp", search, result);
     } catch (const PlanningError& e) {
       log::debug("planner: no " + name + " plan to weigh: " + e.what());
     }
   }
   for (int replicas = 1; replicas <= devices.count; replicas *= 2) {
+    beat.to_beat = result.plan.predicted_iteration_seconds;
     try {
-      offer(data_parallel(graph, devices, options, search, replicas), "data parallelism on " + std::to_string(replicas),
+      offer(data_parallel(graph, devices, options, beat, replicas), "data parallelism on " + std::to_string(replicas),
             search, result);
     } catch (const PlanningError& e) {
       log::debug("planner: no data parallelism on " + std::to_string(replicas) + " devices: " + e.what());
@@ -89,16 +98,66 @@ void weigh_baselines(const graph::OpGraph& graph, const cost::Devices& devices, 
   }
 }
 
-// Weighs the partitioner's plans folded onto the devices, j stages per device for j = 2 up to
-// search.stages_per_rank (folded_search.h), beside the chosen one.
+// The fold budgets (PlannerOptions::fold_budget_limit): the powers of two from 2 up to the device
+// count and at most the limit. One device folding two stages onto itself only adds transfers.
+std::vector<int> fold_budgets(int count, int limit) {
+  std::vector<int> budgets;
+  for (int b = 2; b <= count && (limit <= 0 || b <= limit); b *= 2) budgets.push_back(b);
+  return budgets;
+}
+
+// A floor on the simulated step of every plan without replicas on `budget` devices, however
+// many stages each holds: every device runs its stages' work for each micro-batch, so the
+// busiest does at least the devices' share of it (candidate_floor's zero-bubble form, which
+// counts devices, not stages). Zero where it cannot be found: the fold is then tried.
+double fold_floor(const graph::OpGraph& graph, const cost::Devices& devices, partition::Options options) {
+  options.replicate = false;
+  options.max_stages = devices.count;
+  options.manual.clear();
+  options.stage_devices.clear();
+  try {
+    return partition::candidate_floor(graph, devices, options);
+  } catch (const PlanningError&) {
+    return 0.0;
+  }
+}
+
+// Weighs the partitioner's plans folded j stages per device (j = 2 up to search.stages_per_rank;
+// folded_search.h), in a V and looping, on the first b ranks for every fold budget b, beside the
+// chosen one. A budget whose floor is not below the chosen plan's step is passed over (none of
+// its folds could be taken); a plan folded on the first b ranks is the same plan on the whole
+// description, and is simulated there again.
 void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, const partition::Options& options,
                   const PlannerOptions& search, PlannerResult& result) {
-  for (int k = 2; k <= search.stages_per_rank; ++k) {
-    for (Fold fold : {Fold::v, Fold::looping}) {
-      auto folded = folded_plan(graph, devices, options, search, fold, k);
-      if (!folded) continue;
-      const std::string what = folded->plan.partitioner;
-      offer(std::move(*folded), what, search, result);
+  if (search.stages_per_rank < 2) return;
+  PlannerOptions beat = search;
+  for (int budget : fold_budgets(devices.count, search.fold_budget_limit)) {
+    const cost::Devices first = cost::first_ranks(devices, budget);
+    const double floor = fold_floor(graph, first, options);
+    if (floor > result.plan.predicted_iteration_seconds * (1.0 + 1e-9)) {
+      log::debug("planner: no plan folded onto " + std::to_string(budget) + " devices can beat " +
+                 std::to_string(result.plan.predicted_iteration_seconds) + " s (their floor is " +
+                 std::to_string(floor) + " s)");
+      continue;
+    }
+    for (int k = 2; k <= search.stages_per_rank; ++k) {
+      for (Fold fold : {Fold::v, Fold::looping}) {
+        beat.to_beat = result.plan.predicted_iteration_seconds;
+        std::optional<PlannerResult> folded;
+        try {
+          folded = folded_plan(graph, first, options, beat, fold, k);
+        } catch (const PlanningError& e) {
+          log::debug("planner: no plan folded onto " + std::to_string(budget) + " devices: " + e.what());
+        }
+        if (!folded) continue;
+        if (budget < devices.count) {
+          const schedule::Policy policy = schedule::parse_policy(folded->plan.schedule);
+          partition::record_devices(folded->plan, devices);
+          folded->plan.predicted_iteration_seconds = simulated_step(folded->plan, devices, policy, search.sim);
+        }
+        const std::string what = folded->plan.partitioner;
+        offer(std::move(*folded), what, search, result);
+      }
     }
   }
 }

@@ -25,9 +25,18 @@
 // never slower with more devices, so the default stays so too. It costs the baselines'
 // searches (MMT at paper size onto 64 V100s: see docs/design.md §4.10).
 //
-// Several stages per device: with PlannerOptions::stages_per_rank k > 1, whatever `replicate`
-// says, the partitioner's plans folded j stages per device (j = 2..k, in a V and looping;
-// folded_search.h) are weighed too, and one wins where it simulates strictly faster.
+// Several stages per device: with PlannerOptions::stages_per_rank k > 1 (1 unless set), whatever
+// `replicate` says, the partitioner's plans folded j stages per device (j = 2..k, in a V and
+// looping; folded_search.h) on the first b ranks, for every power of two b from 2 up to the
+// device count and PlannerOptions::fold_budget_limit (8 unless set), are weighed too, and one
+// wins where it simulates strictly faster. A budget is skipped where the floor of every plan
+// without replicas on it is above the step chosen so far (MMT at paper size onto 64 V100s: all
+// three, at no cost). The budgets only grow with the device count and a fold on the first b
+// ranks is the same plan at every larger count, so folding keeps the default never worse with
+// more devices.
+//
+// Each search weighed beside the partitioner's own is told the step to beat
+// (PlannerOptions::to_beat), so it skips the micro-batch sizes and pools that cannot beat it.
 //
 // Before, the default was the faster of the plan without replicas on every device and the plan
 // with them; the plain searches are not monotone in the device count, and DLRM at paper size

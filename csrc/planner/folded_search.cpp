@@ -1,5 +1,6 @@
 #include "planner/folded_search.h"
 
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -46,8 +47,12 @@ std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost
   const std::string partitioner = options.partitioner;
   options.replicate = false;
   plan::Plan cut;
+  // The cut on the virtual devices is wanted whatever it simulates to there: only the folded
+  // plan is measured against search.to_beat.
+  PlannerOptions any_cut = search;
+  any_cut.to_beat = std::numeric_limits<double>::infinity();
   try {
-    cut = plan_by_simulation(graph, virtual_devices(devices, fold, k), options, search).plan;
+    cut = plan_by_simulation(graph, virtual_devices(devices, fold, k), options, any_cut).plan;
   } catch (const PlanningError& e) {
     log::debug("planner: no " + partitioner + " plan on " + std::to_string(k * devices.count) +
                " virtual devices to fold: " + e.what());

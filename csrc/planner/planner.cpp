@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
 #include "partition/registry.h"
+#include "plan/rank_sharing.h"
 #include "planner/replica_refinement.h"
 #include "schedule/schedule.h"
 
@@ -46,10 +48,11 @@ int devices_used(const CandidatePlan& c) {
   return c.replicas.empty() ? k : std::accumulate(c.replicas.begin(), c.replicas.end(), 0);
 }
 
+// The distinct devices the plan occupies (a device holding several stages counts once).
 int plan_devices(const plan::Plan& plan) {
-  int used = 0;
-  for (const plan::Stage& stage : plan.stages) used += static_cast<int>(stage.devices.size());
-  return used;
+  std::vector<std::vector<int>> ranks;
+  for (const plan::Stage& stage : plan.stages) ranks.push_back(stage.devices);
+  return plan::ranks_used(ranks);
 }
 
 // The device budgets at which the plans without replicas are made: every count up to
@@ -227,13 +230,11 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
       std::vector<Pool> smaller(1);
       smaller[0].options = pools[p].options;
       smaller[0].policy = pools[p].policy;
+      // Only a growth below both the chosen step and the step to beat could be taken.
+      const double beat = std::min(result.plan.predicted_iteration_seconds, planner.to_beat);
       try {
-        if (partition::candidate_floor(graph, first, smaller[0].options) >
-            result.plan.predicted_iteration_seconds * (1.0 + 1e-9)) {
-          continue;
-        }
-        smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options,
-                                                                   result.plan.predicted_iteration_seconds);
+        if (partition::candidate_floor(graph, first, smaller[0].options) > beat * (1.0 + 1e-9)) continue;
+        smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options, beat);
       } catch (const PlanningError& e) {
         log::debug("planner: no replicated plan on " + std::to_string(budget) + " devices to grow: " + e.what());
         continue;
@@ -285,33 +286,39 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   // devices simulate at least 4.8x slower than the best replicated one). A pool that is listed is
   // planned only at the micro-batch sizes whose own floor is below that step, by the same rule.
   for (Pool& pool : pools) {
-    if (!pool.plain) pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options);
+    if (!pool.plain)
+      pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options, planner.to_beat);
   }
   Ranking ranking(pools, devices, planner);
   const std::optional<Entry> replicated = ranking.search();
+  const double listed_below = replicated ? std::min(ranking.step(*replicated), planner.to_beat) : planner.to_beat;
   std::size_t skipped = 0;
   for (Pool& pool : pools) {
     if (!pool.plain) continue;
-    if (replicated) {
+    if (std::isfinite(listed_below)) {
       double floor = 0.0;
       try {
         floor = partition::candidate_floor(graph, devices, pool.options);
       } catch (const PlanningError&) {
         // list_plain says why below
       }
-      if (floor > ranking.step(*replicated) * (1.0 + 1e-9)) {
+      if (floor > listed_below * (1.0 + 1e-9)) {
         log::debug("planner: the plans without replicas on " + std::to_string(pool.options.max_stages) +
-                   " devices are not listed: none can beat " + std::to_string(ranking.step(*replicated)) +
-                   " s (their floor is " + std::to_string(floor) + " s)");
+                   " devices are not listed: none can beat " + std::to_string(listed_below) + " s (their floor is " +
+                   std::to_string(floor) + " s)");
         ++skipped;
         continue;
       }
     }
-    list_plain(graph, devices, pool, replicated ? ranking.step(*replicated) : std::numeric_limits<double>::infinity());
+    list_plain(graph, devices, pool, listed_below);
   }
 
   std::size_t fitting = 0;
   for (const Pool& pool : pools) fitting += pool.set ? pool.set->candidates().size() : 0;
+  if (fitting == 0 && std::isfinite(planner.to_beat)) {
+    throw PlanningError("no " + options.partitioner + " plan can simulate below " + std::to_string(planner.to_beat) +
+                        " s: every pool's and micro-batch size's floor is above it, or nothing fits");
+  }
   if (fitting == 0) {  // raises partition()'s error, which says why nothing fits
     partition::Options first = options;
     first.zero_bubble = schedule::traits(planner.policies.front()).splits_backward;

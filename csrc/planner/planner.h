@@ -57,6 +57,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "cost/devices.h"
@@ -89,10 +90,24 @@ struct PlannerOptions {
   // smaller budgets again (MMT at paper size onto 64 V100s: 0.7 s more); graphpipe.plan's
   // default replicate asks for it.
   bool grow_replicas = false;
-  // The most stages one device may hold (1: one stage per device). From 2 up, the default
-  // search also weighs the partitioner's plans for j x the devices folded onto them, in a V and
-  // looping, for every j from 2 to it (planner/folded_search.h); the fastest simulated plan wins.
+  // The most stages one device may hold (1: one stage per device). From 2 up, the search also
+  // weighs the partitioner's plans for j x b devices folded onto b, in a V and looping, for every
+  // j from 2 to it and every fold budget b (default_search.h); the fastest simulated plan wins.
+  // One unless asked: on real CPU ranks the simulator reads the folded (V) plans 23-38% fast
+  // (docs/results.md), so a fold it prefers by a few percent may run slower.
   int stages_per_rank = 1;
+  // The fold budgets: the powers of two from 2 up to the device count and at most this (0: no
+  // limit). Folded plans have no replicas, so on many devices the replicated plans beat them; the
+  // limit bounds what folding costs there (a fold plans on twice the devices), and a set of
+  // budgets that only grows with the device count keeps the planner never worse with more.
+  int fold_budget_limit = 8;
+  // Only a plan that simulates below this step is wanted (infinity: any plan). The default search
+  // passes the best step it has found to the searches it weighs beside it (baselines, folds),
+  // whose plans it takes only where they simulate faster: their pools and micro-batch sizes whose
+  // floor is above it are not listed (exact: none of their candidates could be taken), and where
+  // none is, a PlanningError says so. MMT at paper size onto 64 V100s: piper's search lists 5 of
+  // its 9 sizes.
+  double to_beat = std::numeric_limits<double>::infinity();
 };
 
 struct PlannerResult {

@@ -136,9 +136,36 @@ TEST(DefaultSearch, APartitionerAskedByNameIsNotWeighedAgainstTheBaselines) {
     o.partitioner = name;
     pt::Options replicated = o;
     replicated.replicate = true;
-    const auto by_default = pl::plan_with_replication(g, devices, o, {}, std::nullopt);
+    pl::PlannerOptions one_stage_per_device;  // folds aside: weigh_folded's own tests
+    one_stage_per_device.stages_per_rank = 1;
+    const auto by_default = pl::plan_with_replication(g, devices, o, one_stage_per_device, std::nullopt);
     EXPECT_EQ(by_default.plan.partitioner.rfind(name, 0), 0U) << by_default.plan.partitioner;
-    EXPECT_EQ(plan_text(by_default.plan, g),
-              plan_text(pl::plan_by_simulation(g, devices, replicated, pl::widened_search({})).plan, g));
+    EXPECT_EQ(
+        plan_text(by_default.plan, g),
+        plan_text(pl::plan_by_simulation(g, devices, replicated, pl::widened_search(one_stage_per_device)).plan, g));
+  }
+}
+
+// The step to beat (PlannerOptions::to_beat) only skips what could not beat it: just above the
+// search's own step the same plan comes back; below every floor, a PlanningError names the step.
+TEST(DefaultSearch, TheStepToBeatSkipsOnlyWhatCannotBeatIt) {
+  graphpipe::graph::OpGraph g = tst::random_sp_graph(7, 24);
+  g.trace_batch_size = 64;
+  const cost::Devices devices = cost::v100(8, 8);
+  pt::Options o;
+  o.replicate = true;
+  const pl::PlannerOptions search = pl::widened_search({});
+  const auto free = pl::plan_by_simulation(g, devices, o, search);
+  pl::PlannerOptions beat = search;
+  beat.to_beat = free.plan.predicted_iteration_seconds * (1.0 + 1e-6);
+  const auto bounded = pl::plan_by_simulation(g, devices, o, beat);
+  EXPECT_EQ(plan_text(bounded.plan, g), plan_text(free.plan, g));
+  EXPECT_LE(bounded.candidates, free.candidates);
+  beat.to_beat = 1e-9;
+  try {
+    pl::plan_by_simulation(g, devices, o, beat);
+    ADD_FAILURE() << "a step below every floor was beaten";
+  } catch (const graphpipe::PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("simulate below"), std::string::npos) << e.what();
   }
 }

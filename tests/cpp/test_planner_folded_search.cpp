@@ -4,6 +4,7 @@
 // valid plans whose shared devices each hold stages alone, and on some graphs wins.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -12,10 +13,12 @@
 #include "common/error.h"
 #include "cost/presets.h"
 #include "partition/options.h"
+#include "partition/partitioner.h"
 #include "plan/plan_io.h"
 #include "planner/default_search.h"
 #include "planner/folded_search.h"
 #include "planner/planner.h"
+#include "schedule/generate.h"
 #include "test_partition_graphs.h"
 
 namespace cost = graphpipe::cost;
@@ -64,6 +67,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
     g.trace_batch_size = 8;
     pt::Options o;
     pl::PlannerOptions one;
+    one.stages_per_rank = 1;
     pl::PlannerOptions two;
     two.stages_per_rank = 2;
     const auto plain = pl::plan_with_replication(g, devices, o, one, false);
@@ -89,4 +93,82 @@ TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   pl::PlannerOptions search;
   search.stages_per_rank = 0;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
+}
+
+// The floor the default search skips a fold budget by (default_search.h: candidate_floor of the
+// plans without replicas on those devices) is below the simulated step of every folded plan it
+// could skip: the skip is exact.
+TEST(FoldedSearch, TheFoldBudgetsFloorIsBelowEveryFoldedPlan) {
+  const cost::Devices devices = cost::v100(4, 4);
+  int folded = 0;
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
+    g.trace_batch_size = 8;
+    pt::Options plain;
+    plain.max_stages = devices.count;
+    const double floor = pt::candidate_floor(g, devices, plain);
+    for (pl::Fold fold : {pl::Fold::v, pl::Fold::looping}) {
+      const auto found = pl::folded_plan(g, devices, pt::Options{}, pl::PlannerOptions{}, fold, 2);
+      if (!found) continue;
+      ++folded;
+      EXPECT_LE(floor, found->plan.predicted_iteration_seconds) << "seed " << seed << ", " << pl::fold_name(fold);
+    }
+  }
+  EXPECT_GT(folded, 0);
+}
+
+// With stages_per_rank 2 the default search folds on the first 2, 4 and 8 ranks whatever the
+// device count (up to fold_budget_limit), so it stays never slower with more devices. A plan
+// folded on fewer ranks than the description has is that plan on the whole description: it
+// records every device and simulates on them.
+TEST(FoldedSearch, TheDefaultFoldsOnTheFirstRanksAndStaysNeverSlowerWithMoreDevices) {
+  pl::PlannerOptions two;
+  two.stages_per_rank = 2;
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
+    g.trace_batch_size = 8;
+    double previous = std::numeric_limits<double>::infinity();
+    for (int count = 1; count <= 12; ++count) {
+      const cost::Devices devices = cost::v100(count, 8);
+      const auto result = pl::plan_with_replication(g, devices, pt::Options{}, two, std::nullopt);
+      EXPECT_LE(result.plan.predicted_iteration_seconds, previous * (1.0 + 1e-12))
+          << "seed " << seed << ", " << count << " devices: " << result.plan.partitioner;
+      EXPECT_EQ(result.plan.num_devices, count);
+      EXPECT_NO_THROW(graphpipe::plan::validate_plan(result.plan, g)) << "seed " << seed << ", " << count;
+      previous = result.plan.predicted_iteration_seconds;
+    }
+  }
+}
+
+TEST(FoldedSearch, OneStagePerRankWeighsNoFold) {
+  const cost::Devices devices = cost::v100(4, 4);
+  const pl::PlannerOptions one;  // stages_per_rank 1 unless asked
+  EXPECT_EQ(one.stages_per_rank, 1);
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
+    g.trace_batch_size = 8;
+    const auto result = pl::plan_with_replication(g, devices, pt::Options{}, one, false);
+    EXPECT_EQ(result.plan.partitioner.find("stages per device"), std::string::npos) << "seed " << seed;
+  }
+}
+
+// Without replicas, a chain onto 12 V100s gets a plan folded on the first 8 ranks (16 stages, 2
+// on each): it records all 12 devices, validates, and its step is its simulation on all 12.
+TEST(FoldedSearch, AFoldOnTheFirstRanksIsThePlanOnTheWholeDescription) {
+  graphpipe::graph::OpGraph g = tst::random_chain(1, 24);
+  g.trace_batch_size = 8;
+  const cost::Devices devices = cost::v100(12, 8);
+  pl::PlannerOptions search;
+  search.stages_per_rank = 2;
+  const auto result = pl::plan_with_replication(g, devices, pt::Options{}, search, false);
+  ASSERT_NE(result.plan.partitioner.find("2 stages per device"), std::string::npos) << result.plan.partitioner;
+  EXPECT_EQ(result.plan.num_devices, 12);
+  std::map<int, int> held;
+  for (const auto& stage : result.plan.stages) ++held[stage.devices.at(0)];
+  EXPECT_EQ(held.size(), 8u);
+  EXPECT_EQ(held.rbegin()->first, 7);
+  EXPECT_NO_THROW(graphpipe::plan::validate_plan(result.plan, g));
+  const auto policy = graphpipe::schedule::parse_policy(result.plan.schedule);
+  EXPECT_DOUBLE_EQ(result.plan.predicted_iteration_seconds,
+                   pl::simulated_step(result.plan, devices, policy, search.sim));
 }

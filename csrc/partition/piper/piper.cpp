@@ -179,7 +179,9 @@ void PiperSearch::relax(const PairStage& s) {
     const double act = s.act_bytes * fraction(l), input = s.input_bytes * fraction(l);
     for (int m = r; m <= budget_; ++m) {
       const double rest = after[m - r];
-      if (rest == kInf) continue;
+      // The stage alone is at least `time`: where that cannot improve T(I, m), neither can this
+      // pair at this level (the memory check below is skipped too, as it only ever stops the loop).
+      if (rest == kInf || !(time < here[m])) continue;
       // At most M micro-batches, and at most one per stage from it to the end (each later stage
       // takes a device at least).
       const int flight = s.to == all_ ? 1 : static_cast<int>(std::min<std::int64_t>(M, 1 + (m - r)));
