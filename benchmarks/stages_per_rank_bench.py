@@ -5,8 +5,9 @@ V100-class GPUs (8 per node), batch 256, pipelines without replicas, the schedul
 planner (``schedule="auto"``: graph 1F1B or ``zb_graph``): ``graphpipe.plan(...,
 stages_per_rank=1)`` against ``stages_per_rank=k`` (default 2), which also weighs the
 partitioner's plans for k times the devices folded onto them in a V and looping
-(csrc/planner/folded_search.h), onto all the devices (``fold_budget_limit=0``; the default
-folds on the first 2, 4 and 8 only). Each plan is simulated; the table gives both steps, their ratio,
+(csrc/planner/folded_search.h), on the first 2, 4, ... ranks up to the device count
+(``fold_budget_limit=0``: at these powers of two, onto all the devices; the default limit folds
+on the first 2, 4 and 8 only). Each plan is simulated; the table gives both steps, their ratio,
 the mean bubble share of the ranks (``graphpipe.simulate(...).ranks[r].bubble_share``), the
 plan's stages and its placement, and the planning time. Simulated only: nothing runs.
 
@@ -45,8 +46,8 @@ def measure(graph: Any, devices: Any, k: int, default: bool = False) -> dict[str
     if default:
         plan = graphpipe.plan(graph, devices, schedule="auto", stages_per_rank=k)
     else:
-        # Folds onto every device count (fold_budget_limit 0), not only the default's first 2, 4
-        # and 8 ranks: what folding can give, at its planning cost.
+        # Folds on every power of two up to the device count (fold_budget_limit 0), not only the
+        # default's first 2, 4 and 8 ranks: what folding can give, at its planning cost.
         plan = graphpipe.plan(graph, devices, replicate=False, schedule="auto", stages_per_rank=k,
                               fold_budget_limit=0)
     seconds = time.perf_counter() - start

@@ -33,6 +33,8 @@ PlannerResult replicas_optional(const graph::OpGraph& graph, const cost::Devices
   options.replicate = true;
   try {
     return plan_by_simulation(graph, devices, options, widened_search(search));
+  } catch (const NoPlanBelow&) {
+    throw;  // nothing could beat search.to_beat: not a refusal to replicate
   } catch (const PlanningError&) {
     options.replicate = false;
     return plan_by_simulation(graph, devices, options, search);
@@ -124,8 +126,8 @@ double fold_floor(const graph::OpGraph& graph, const cost::Devices& devices, par
 
 // Weighs the partitioner's plans folded j stages per device (j = 2 up to search.stages_per_rank;
 // folded_search.h), in a V and looping, on the first b ranks for every fold budget b, beside the
-// chosen one. A budget whose floor is not below the chosen plan's step is passed over (none of
-// its folds could be taken); a plan folded on the first b ranks is the same plan on the whole
+// chosen one. A budget whose floor is above the chosen plan's step is passed over (none of its
+// folds could be taken); a plan folded on the first b ranks is the same plan on the whole
 // description, and is simulated there again.
 void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, const partition::Options& options,
                   const PlannerOptions& search, PlannerResult& result) {
@@ -179,6 +181,10 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
   search.sim.cross_replica = cost::with_link(given.sim.cross_replica, devices);
   if (search.stages_per_rank < 1) {
     throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(search.stages_per_rank));
+  }
+  if (search.fold_budget_limit < 0) {
+    throw PlanningError("fold_budget_limit must be a device count (0: no limit), got " +
+                        std::to_string(search.fold_budget_limit));
   }
   if (partition::places_by_user(options.partitioner)) {
     options.replicate = replicate.value_or(false);

@@ -230,8 +230,9 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
       std::vector<Pool> smaller(1);
       smaller[0].options = pools[p].options;
       smaller[0].policy = pools[p].policy;
-      // Only a growth below both the chosen step and the step to beat could be taken.
-      const double beat = std::min(result.plan.predicted_iteration_seconds, planner.to_beat);
+      // Below the chosen step only (not to_beat: the growth's start, this search's fastest
+      // candidate, must stay listed).
+      const double beat = result.plan.predicted_iteration_seconds;
       try {
         if (partition::candidate_floor(graph, first, smaller[0].options) > beat * (1.0 + 1e-9)) continue;
         smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options, beat);
@@ -285,9 +286,12 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   // (about a tenth of planning MMT at paper size onto 64 V100s, whose plain plans on up to 8
   // devices simulate at least 4.8x slower than the best replicated one). A pool that is listed is
   // planned only at the micro-batch sizes whose own floor is below that step, by the same rule.
+  // Growth starts from a replicated pool's fastest candidate, which pruning by to_beat could
+  // leave out (planner.h): with growth, those pools are listed whole.
+  const double replicated_below = planner.grow_replicas ? std::numeric_limits<double>::infinity() : planner.to_beat;
   for (Pool& pool : pools) {
     if (!pool.plain)
-      pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options, planner.to_beat);
+      pool.set = std::make_unique<partition::CandidateSet>(graph, devices, pool.options, replicated_below);
   }
   Ranking ranking(pools, devices, planner);
   const std::optional<Entry> replicated = ranking.search();
@@ -316,8 +320,8 @@ PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Device
   std::size_t fitting = 0;
   for (const Pool& pool : pools) fitting += pool.set ? pool.set->candidates().size() : 0;
   if (fitting == 0 && std::isfinite(planner.to_beat)) {
-    throw PlanningError("no " + options.partitioner + " plan can simulate below " + std::to_string(planner.to_beat) +
-                        " s: every pool's and micro-batch size's floor is above it, or nothing fits");
+    throw NoPlanBelow("no " + options.partitioner + " plan can simulate below " + std::to_string(planner.to_beat) +
+                      " s: every pool's and micro-batch size's floor is above it, or nothing fits");
   }
   if (fitting == 0) {  // raises partition()'s error, which says why nothing fits
     partition::Options first = options;

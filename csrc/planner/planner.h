@@ -103,11 +103,20 @@ struct PlannerOptions {
   int fold_budget_limit = 8;
   // Only a plan that simulates below this step is wanted (infinity: any plan). The default search
   // passes the best step it has found to the searches it weighs beside it (baselines, folds),
-  // whose plans it takes only where they simulate faster: their pools and micro-batch sizes whose
-  // floor is above it are not listed (exact: none of their candidates could be taken), and where
-  // none is, a PlanningError says so. MMT at paper size onto 64 V100s: piper's search lists 5 of
-  // its 9 sizes.
+  // whose plans it takes only where they simulate faster: their plain pools and micro-batch
+  // sizes whose floor is above it are not listed, nor, without grow_replicas, their replicated
+  // pools' sizes (growth starts from a pool's fastest candidate, which must stay listed); none of
+  // them could be taken, so the plan returned is the same. Where nothing is listed, NoPlanBelow
+  // says so.
   double to_beat = std::numeric_limits<double>::infinity();
+};
+
+// What plan_by_simulation throws where PlannerOptions::to_beat leaves nothing to list: no plan
+// of the search could be taken. A PlanningError, told apart from "nothing fits" so that a caller
+// falling back to another search on that error does not (default_search.h).
+class NoPlanBelow : public PlanningError {
+ public:
+  using PlanningError::PlanningError;
 };
 
 struct PlannerResult {

@@ -147,25 +147,32 @@ TEST(DefaultSearch, APartitionerAskedByNameIsNotWeighedAgainstTheBaselines) {
 }
 
 // The step to beat (PlannerOptions::to_beat) only skips what could not beat it: just above the
-// search's own step the same plan comes back; below every floor, a PlanningError names the step.
+// search's own step the same plan comes back; below every floor, NoPlanBelow names the step,
+// except with replica growth, whose replicated pools are listed whole (the growth's start must
+// stay listed) and give the same plan whatever the step.
 TEST(DefaultSearch, TheStepToBeatSkipsOnlyWhatCannotBeatIt) {
   graphpipe::graph::OpGraph g = tst::random_sp_graph(7, 24);
   g.trace_batch_size = 64;
   const cost::Devices devices = cost::v100(8, 8);
   pt::Options o;
   o.replicate = true;
-  const pl::PlannerOptions search = pl::widened_search({});
-  const auto free = pl::plan_by_simulation(g, devices, o, search);
-  pl::PlannerOptions beat = search;
-  beat.to_beat = free.plan.predicted_iteration_seconds * (1.0 + 1e-6);
-  const auto bounded = pl::plan_by_simulation(g, devices, o, beat);
-  EXPECT_EQ(plan_text(bounded.plan, g), plan_text(free.plan, g));
-  EXPECT_LE(bounded.candidates, free.candidates);
-  beat.to_beat = 1e-9;
-  try {
-    pl::plan_by_simulation(g, devices, o, beat);
-    ADD_FAILURE() << "a step below every floor was beaten";
-  } catch (const graphpipe::PlanningError& e) {
-    EXPECT_NE(std::string(e.what()).find("simulate below"), std::string::npos) << e.what();
+  for (const pl::PlannerOptions& search : {pl::PlannerOptions{}, pl::widened_search({})}) {
+    const auto free = pl::plan_by_simulation(g, devices, o, search);
+    pl::PlannerOptions beat = search;
+    beat.to_beat = free.plan.predicted_iteration_seconds * (1.0 + 1e-6);
+    const auto bounded = pl::plan_by_simulation(g, devices, o, beat);
+    EXPECT_EQ(plan_text(bounded.plan, g), plan_text(free.plan, g)) << "grow " << search.grow_replicas;
+    EXPECT_LE(bounded.candidates, free.candidates);
+    beat.to_beat = 1e-9;
+    if (search.grow_replicas) {
+      EXPECT_EQ(plan_text(pl::plan_by_simulation(g, devices, o, beat).plan, g), plan_text(free.plan, g));
+      continue;
+    }
+    try {
+      pl::plan_by_simulation(g, devices, o, beat);
+      ADD_FAILURE() << "a step below every floor was beaten";
+    } catch (const pl::NoPlanBelow& e) {
+      EXPECT_NE(std::string(e.what()).find("simulate below"), std::string::npos) << e.what();
+    }
   }
 }

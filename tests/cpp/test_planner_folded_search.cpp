@@ -93,6 +93,9 @@ TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   pl::PlannerOptions search;
   search.stages_per_rank = 0;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
+  search.stages_per_rank = 2;
+  search.fold_budget_limit = -1;
+  EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
 }
 
 // The floor the default search skips a fold budget by (default_search.h: candidate_floor of the
