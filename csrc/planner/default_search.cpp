@@ -11,20 +11,12 @@
 #include "partition/partitioner.h"
 #include "partition/plan_build.h"
 #include "partition/registry.h"
-#include "plan/rank_sharing.h"
 #include "planner/folded_search.h"
 #include "schedule/generate.h"
 
 namespace graphpipe::planner {
 
 namespace {
-
-// The distinct devices the plan occupies (a device holding several stages counts once).
-int plan_devices(const plan::Plan& plan) {
-  std::vector<std::vector<int>> ranks;
-  for (const plan::Stage& stage : plan.stages) ranks.push_back(stage.devices);
-  return plan::ranks_used(ranks);
-}
 
 // The search with `replicate` not given: replicas allowed with the widened budgets, and the plan
 // without replicas where the replicated planning refuses.

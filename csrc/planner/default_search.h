@@ -32,7 +32,7 @@
 // wins where it simulates strictly faster. A budget is skipped where the floor of every plan
 // without replicas on it is above the step chosen so far (MMT at paper size onto 64 V100s: all
 // three, at no cost). The budgets only grow with the device count and a fold on the first b
-// ranks is the same plan at every larger count, so folding keeps the default never worse with
+// ranks is the same plan at every larger count, so folding keeps the search never worse with
 // more devices.
 //
 // Each search weighed beside the partitioner's own is told the step to beat

@@ -48,13 +48,6 @@ int devices_used(const CandidatePlan& c) {
   return c.replicas.empty() ? k : std::accumulate(c.replicas.begin(), c.replicas.end(), 0);
 }
 
-// The distinct devices the plan occupies (a device holding several stages counts once).
-int plan_devices(const plan::Plan& plan) {
-  std::vector<std::vector<int>> ranks;
-  for (const plan::Stage& stage : plan.stages) ranks.push_back(stage.devices);
-  return plan::ranks_used(ranks);
-}
-
 // The device budgets at which the plans without replicas are made: every count up to
 // PlannerOptions::plain_every_up_to, then the powers of two up to the device count and at most
 // PlannerOptions::plain_budget_limit (0: no limit); never more than max_stages. Not every count:
@@ -259,6 +252,12 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
 }
 
 }  // namespace
+
+int plan_devices(const plan::Plan& plan) {
+  std::vector<std::vector<int>> ranks;
+  for (const plan::Stage& stage : plan.stages) ranks.push_back(stage.devices);
+  return plan::ranks_used(ranks);
+}
 
 double simulated_step(const plan::Plan& plan, const cost::Devices& devices, schedule::Policy policy,
                       const sim::SimOptions& options) {

@@ -132,6 +132,10 @@ struct PlannerResult {
 PlannerResult plan_by_simulation(const graph::OpGraph& graph, const cost::Devices& devices,
                                  const partition::Options& options, const PlannerOptions& given = {});
 
+// The distinct devices the plan occupies (a device holding several stages counts once): what
+// PlannerOptions::min_devices bounds.
+int plan_devices(const plan::Plan& plan);
+
 // The step a plan's simulation gives under `policy` with the simulator's `options`: the figure
 // plan_by_simulation ranks by.
 double simulated_step(const plan::Plan& plan, const cost::Devices& devices, schedule::Policy policy,

@@ -28,6 +28,14 @@ namespace tst = graphpipe::testing;
 
 namespace {
 
+// The graphs the searches below run on: a random chain (odd seeds) or series-parallel graph of
+// 24 operators, 8 samples a batch.
+graphpipe::graph::OpGraph test_graph(unsigned seed) {
+  graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
+  g.trace_batch_size = 8;
+  return g;
+}
+
 std::vector<int> folds(pl::Fold fold, int devices, int k) {
   std::vector<int> out;
   for (int v = 0; v < k * devices; ++v) out.push_back(pl::folded_device(fold, v, devices));
@@ -63,8 +71,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
   const cost::Devices devices = cost::v100(4, 4);
   int folded_wins = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-    g.trace_batch_size = 8;
+    const graphpipe::graph::OpGraph g = test_graph(seed);
     pt::Options o;
     pl::PlannerOptions one;
     one.stages_per_rank = 1;
@@ -105,8 +112,7 @@ TEST(FoldedSearch, TheFoldBudgetsFloorIsBelowEveryFoldedPlan) {
   const cost::Devices devices = cost::v100(4, 4);
   int folded = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-    g.trace_batch_size = 8;
+    const graphpipe::graph::OpGraph g = test_graph(seed);
     pt::Options plain;
     plain.max_stages = devices.count;
     const double floor = pt::candidate_floor(g, devices, plain);
@@ -128,8 +134,7 @@ TEST(FoldedSearch, TheDefaultFoldsOnTheFirstRanksAndStaysNeverSlowerWithMoreDevi
   pl::PlannerOptions two;
   two.stages_per_rank = 2;
   for (unsigned seed = 1; seed <= 4; ++seed) {
-    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-    g.trace_batch_size = 8;
+    const graphpipe::graph::OpGraph g = test_graph(seed);
     double previous = std::numeric_limits<double>::infinity();
     for (int count = 1; count <= 12; ++count) {
       const cost::Devices devices = cost::v100(count, 8);
@@ -148,8 +153,7 @@ TEST(FoldedSearch, OneStagePerRankWeighsNoFold) {
   const pl::PlannerOptions one;  // stages_per_rank 1 unless asked
   EXPECT_EQ(one.stages_per_rank, 1);
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-    g.trace_batch_size = 8;
+    const graphpipe::graph::OpGraph g = test_graph(seed);
     const auto result = pl::plan_with_replication(g, devices, pt::Options{}, one, false);
     EXPECT_EQ(result.plan.partitioner.find("stages per device"), std::string::npos) << "seed " << seed;
   }
