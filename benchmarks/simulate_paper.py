@@ -22,7 +22,7 @@ tensors (``FakeTensorMode``: shapes without memory) instead.
 ``--replicas`` compares, for MMT, DLRM and CANDLE-Uno on 8, 16, 32 and 64 V100-class GPUs with 8
 per node, three ways of using the devices when stages may be replicated (docs/design.md §4.8):
 graph+dp (``graphpipe`` with ``plan``'s default ``replicate``: replicas allowed, the plans
-without them weighed on every count up to 16 and every power of two, and replicas granted by
+without them weighed on every count up to 16, and replicas granted by
 simulation), sequential+dp (``sequential``, the same search, PipeDream's planner), piper+dp
 (``piper``, the same search, Piper's planner without tensor parallelism) and plain data parallelism (one stage on every device, via
 a manual plan). Each plan is simulated (graph-aware 1F1B; the simulator models the replicas'

@@ -140,7 +140,7 @@ def plan(
         replicate: let stages run on several devices as data-parallel replicas, with plain data
             parallelism and the plans without replicas on 1, 2, 4 and 8 devices among the
             candidates (a tie: no replicas). ``False``: one device per stage. ``None`` (default):
-            also those on every count up to 16 and power of two, and replicas by simulation.
+            also those on every count up to 16, and replicas by simulation.
         stage_devices: for ``partitioner="manual"``: stage -> device ids (``{0: [0, 1], 1: [2]}``);
             a stage not named gets one device (the lowest free one).
         schedule: the schedule the plan will run under (``SCHEDULES``; ``zb_graph`` weighs

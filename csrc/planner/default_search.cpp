@@ -159,7 +159,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
 }  // namespace
 
 PlannerOptions widened_search(PlannerOptions search) {
-  search.plain_budget_limit = 0;
+  search.plain_budget_limit = 16;
   search.plain_every_up_to = 16;
   search.grow_replicas = true;
   return search;

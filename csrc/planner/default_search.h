@@ -6,8 +6,10 @@
 //   replicate true    replicas allowed, with the PlannerOptions as given (the plain budgets: every
 //                     power of two up to 8, planner.h);
 //   not given         replicas allowed with the widened search (widened_search): the plans
-//                     without replicas weighed on every count of devices up to 16 and every
-//                     power of two up to the device count, and replicas granted by simulation,
+//                     without replicas weighed on every count of devices up to 16 (not past
+//                     it: on the paper models at 32-64 V100s no plain plan on 32 or 64 devices
+//                     was ever the pick, and the plain DP onto 64 stages cost MMT 2 s of its
+//                     planning; docs/results.md), and replicas granted by simulation,
 //                     so that the planner's list for more devices holds every candidate of the
 //                     list for fewer and the default never returns a slower plan for more devices
 //                     (planner.h). Where the replicated planning refuses, the plan without
@@ -52,8 +54,8 @@
 
 namespace graphpipe::planner {
 
-// `search` with the default's budgets: plain_budget_limit 0 (up to the device count),
-// plain_every_up_to 16, grow_replicas.
+// `search` with the default's budgets: plain_every_up_to 16 and plain_budget_limit 16 (every count
+// up to 16, none past it), grow_replicas.
 PlannerOptions widened_search(PlannerOptions search);
 
 // The plan as `replicate` says (above); `options.replicate` is set here.

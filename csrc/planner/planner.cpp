@@ -201,7 +201,7 @@ void offer(Refinement grown, int budget, schedule::Policy policy, const PlannerO
 // aside: it bounds the plan returned, not where growth starts) grows within them. At the device
 // count that is the pool itself; a smaller budget is searched afresh on first_ranks(devices,
 // budget) unless its floor (candidate_floor: no plan on those ranks, grown or not, simulates
-// below it) is above the best step so far. A plan grown there is the same plan on the whole
+// below it) is above the best step so far or PlannerOptions::to_beat. A plan grown there is the same plan on the whole
 // description: it records the whole description's devices, and is simulated on it again.
 void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, const std::vector<Pool>& pools,
                    Ranking& ranking, const PlannerOptions& planner, PlannerResult& result) {
@@ -223,11 +223,17 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
       std::vector<Pool> smaller(1);
       smaller[0].options = pools[p].options;
       smaller[0].policy = pools[p].policy;
-      // Below the chosen step only (not to_beat: the growth's start, this search's fastest
-      // candidate, must stay listed).
+      // Listed below the chosen step only (not to_beat: the growth's start, this search's fastest
+      // candidate, must stay listed). Skipped where the floor is above either: a plan grown here
+      // would then be taken neither by this search nor by the one that set to_beat.
       const double beat = result.plan.predicted_iteration_seconds;
       try {
-        if (partition::candidate_floor(graph, first, smaller[0].options) > beat * (1.0 + 1e-9)) continue;
+        const double floor = partition::candidate_floor(graph, first, smaller[0].options);
+        if (floor > std::min(beat, planner.to_beat) * (1.0 + 1e-9)) {
+          log::debug("planner: no growth on " + std::to_string(budget) + " devices: their floor " +
+                     std::to_string(floor) + " s is above " + std::to_string(std::min(beat, planner.to_beat)) + " s");
+          continue;
+        }
         smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options, beat);
       } catch (const PlanningError& e) {
         log::debug("planner: no replicated plan on " + std::to_string(budget) + " devices to grow: " + e.what());

@@ -81,7 +81,7 @@ struct PlannerOptions {
   // plain_every_up_to, then the powers of two up to the device count and at most
   // plain_budget_limit (0: no limit). The more budgets, the more plain searches may run (each
   // only where its floor is below the best step so far). graphpipe.plan's default replicate
-  // asks for every count up to 16 and every power of two.
+  // asks for every count up to 16 (both 16).
   int plain_budget_limit = 8;
   int plain_every_up_to = 0;
   // Replicas granted by simulation (above, replica_refinement.h): at every power-of-two budget,
@@ -105,9 +105,9 @@ struct PlannerOptions {
   // passes the best step it has found to the searches it weighs beside it (baselines, folds),
   // whose plans it takes only where they simulate faster: their plain pools and micro-batch
   // sizes whose floor is above it are not listed, nor, without grow_replicas, their replicated
-  // pools' sizes (growth starts from a pool's fastest candidate, which must stay listed); none of
-  // them could be taken, so the plan returned is the same. Where nothing is listed, NoPlanBelow
-  // says so.
+  // pools' sizes (growth starts from a pool's fastest candidate, which must stay listed), nor
+  // growth on a smaller budget whose floor is above it; none of them could be taken, so the plan
+  // taken is the same. Where nothing is listed, NoPlanBelow says so.
   double to_beat = std::numeric_limits<double>::infinity();
 };
 

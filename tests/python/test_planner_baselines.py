@@ -94,7 +94,7 @@ def test_a_faster_baseline_is_the_plan() -> None:
     # the baselines) simulates slower than Piper's plan, so the default returns Piper's.
     graph = _graph("inception_blocks")
     devices = graphpipe.devices(32, "v100", per_node=8)
-    own = _C.plan_by_simulation(graph, devices, replicate=True, plain_budget_limit=0, plain_every_up_to=16,
+    own = _C.plan_by_simulation(graph, devices, replicate=True, plain_budget_limit=16, plain_every_up_to=16,
                                 grow_replicas=True, bucket_bytes=_BUCKET).plan
     piper = graphpipe.plan(graph, devices, "piper", bucket_bytes=_BUCKET)
     assert piper.predicted_iteration_seconds < own.predicted_iteration_seconds

@@ -2,7 +2,7 @@
 paper size, V100s with 8 per node) the plan's predicted step is what ``graphpipe.simulate``
 reports for it (the planner ranks its candidates by simulation); a replicating planner given
 more devices never returns a plan with a longer predicted step than for fewer, by default too
-(which weighs the plans without replicas on every count up to 16 and every power of two). (C++:
+(which weighs the plans without replicas on every count up to 16). (C++:
 tests/cpp/test_planner_rank.cpp, test_partition_monotone.cpp, test_cost_reshard.cpp.)"""
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def test_default_weighs_plain_plans_on_every_small_count_and_replicas() -> None:
 
 @pytest.mark.parametrize("name", ["dlrm", "candle_uno"])
 def test_default_never_slower_with_more_devices(name: str) -> None:
-    # The default weighs the plans without replicas on every count up to 16 and every power of
-    # two; those lists only grow with the device count. The earlier default, the faster of the
+    # The default weighs the plans without replicas on every count up to 16; those lists only
+    # grow with the device count. The earlier default, the faster of the
     # plan without replicas on every device and the replicated plan, gave DLRM 10.3 ms on 7 V100s
     # and 12.7 ms on 8 (the plain searches are not monotone in the device count).
     graph = paper_graph(name)

@@ -69,6 +69,8 @@ class PiperSearch {
   // best[i][m] = T(I_i, m) and the (pair, level) of its first stage.
   std::vector<std::vector<double>> best_;
   std::vector<std::vector<std::pair<int, int>>> choice_;
+  // first_finite_[i]: the least m with T(I_i, m) finite (budget + 1 where there is none).
+  std::vector<int> first_finite_;
 };
 
 void PiperSearch::prefix_sums() {
@@ -146,6 +148,8 @@ void PiperSearch::solve() {
   best_.assign(d_, std::vector<double>(budget_ + 1, kInf));
   choice_.assign(d_, std::vector<std::pair<int, int>>(budget_ + 1, {-1, -1}));
   std::fill(best_[all_].begin(), best_[all_].end(), 0.0);
+  first_finite_.assign(d_, budget_ + 1);
+  first_finite_[all_] = 0;
   // A stage's rest (J) is a strict superset of I, later in breadth-first order: from the back,
   // T(J, .) is final before any pair (I, J) is relaxed. Pairs are listed by I ascending.
   std::size_t k = pairs_.size();
@@ -161,6 +165,8 @@ void PiperSearch::solve() {
         choice_[i][m] = choice_[i][m - 1];
       }
     }
+    first_finite_[i] =
+        static_cast<int>(std::find_if(here, here + budget_ + 1, [](double t) { return t < kInf; }) - here);
   }
 }
 
@@ -177,11 +183,12 @@ void PiperSearch::relax(const PairStage& s) {
     const double time = replica_stage_time(p_, l, compute, s.transfer, s.cross_bytes, s.params);
     const double again = forward_[at(l, s.to)] - forward_[at(l, s.from)];
     const double act = s.act_bytes * fraction(l), input = s.input_bytes * fraction(l);
-    for (int m = r; m <= budget_; ++m) {
+    // T(J, .) is final and never grows with the devices: its infeasible entries are a prefix.
+    for (int m = r + first_finite_[s.to]; m <= budget_; ++m) {
       const double rest = after[m - r];
       // The stage alone is at least `time`: where that cannot improve T(I, m), neither can this
       // pair at this level (the memory check below is skipped too, as it only ever stops the loop).
-      if (rest == kInf || !(time < here[m])) continue;
+      if (!(time < here[m])) continue;
       // At most M micro-batches, and at most one per stage from it to the end (each later stage
       // takes a device at least).
       const int flight = s.to == all_ ? 1 : static_cast<int>(std::min<std::int64_t>(M, 1 + (m - r)));
