@@ -244,11 +244,12 @@ TEST(PlannerRank, ReplicasAllowedIsNeverSlowerThanWithout) {
 }
 
 // The plain budgets widened (every count up to plain_every_up_to, every power of two with no
-// limit; graphpipe.plan's default asks for every count up to 16 and none past it): the plan is never slower than the plan
-// without replicas on any of those budgets, and never slower with more devices (the set of
-// budgets only grows). A plain plan on 3, 5 or 6 devices is weighed there, where replicate=True
-// alone weighs 1, 2, 4 and 8: with its budgets, the plans without replicas on all of 3, 5 or 6
-// devices beat the planner's on these graphs (heavy_parameters), and the test fails.
+// limit; graphpipe.plan's default asks for every count up to 16 and none past it): the plan is
+// never slower than the plan without replicas on any of those budgets, and never slower with
+// more devices (the set of budgets only grows). A plain plan on 3, 5 or 6 devices is weighed
+// there, where replicate=True alone weighs 1, 2, 4 and 8: with its budgets, the plans without
+// replicas on all of 3, 5 or 6 devices beat the planner's on these graphs (heavy_parameters), and
+// the test fails.
 TEST(PlannerRank, WidenedPlainBudgetsAreWeighedAndNeverSlowerWithMoreDevices) {
   pl::PlannerOptions widened;
   widened.plain_every_up_to = 6;
