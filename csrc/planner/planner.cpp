@@ -201,8 +201,9 @@ void offer(Refinement grown, int budget, schedule::Policy policy, const PlannerO
 // aside: it bounds the plan returned, not where growth starts) grows within them. At the device
 // count that is the pool itself; a smaller budget is searched afresh on first_ranks(devices,
 // budget) unless its floor (candidate_floor: no plan on those ranks, grown or not, simulates
-// below it) is above the best step so far or PlannerOptions::to_beat. A plan grown there is the same plan on the whole
-// description: it records the whole description's devices, and is simulated on it again.
+// below it) is above the best step so far or PlannerOptions::to_beat. A plan grown there is the
+// same plan on the whole description: it records the whole description's devices, and is
+// simulated on it again.
 void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, const std::vector<Pool>& pools,
                    Ranking& ranking, const PlannerOptions& planner, PlannerResult& result) {
   std::size_t simulated = 0;  // the growths and the smaller budgets' searches
