@@ -39,6 +39,15 @@ benchmarks/against.py): ``--rounds`` rounds, each running every case once in a f
 per build, the builds' order alternating from round to round; medians and old / new per case.
 
     python3 benchmarks/plan_bench.py --speed --against ec0535b [--rounds 3]
+
+``--plain-budgets`` checks what stopping the default's plain pools at 16 devices costs
+(csrc/planner/default_search.h): each partitioner's own default search (replicas allowed, grown
+by simulation, plans without replicas on every count up to 16), with the plain pools also on
+every power of two up to the device count (plain_budget_limit 0) and without them (16), on the
+paper-size models at batch 256 onto 32, 48 and 64 V100s (8 per node); the simulated steps side by
+side, and how many pairs differ. Writes results/plan_plain_budgets.json (about 4 min).
+
+    python3 benchmarks/plan_bench.py --plain-budgets
 """
 
 from __future__ import annotations
@@ -409,6 +418,39 @@ def speed_against(against: str, rounds: int) -> list[dict]:
     return rows
 
 
+PLAIN_BUDGET_MODELS = {"mmt": "mmt:size=paper", "dlrm": "dlrm:size=paper", "candle_uno": "candle_uno:size=paper",
+                       "candle_uno16": "candle_uno:size=paper,branches=16", "transformer": "transformer:size=paper"}
+
+
+def plain_budgets_table() -> list[dict]:
+    """Every (model, device count, partitioner) planned with the plain pools past 16 devices
+    (plain_budget_limit 0) and without them (16): steps, seconds, and whether they differ."""
+    from graphpipe.models import build_model
+    from graphpipe.trace import trace
+
+    rows = []
+    for name, spec in PLAIN_BUDGET_MODELS.items():
+        graph = trace(*build_model(f"{spec},device=meta,batch=256"))
+        for count in (32, 48, 64):
+            devices = _C.Devices.v100(count, per_node=8)
+            for partitioner in ("graphpipe", "sequential", "piper"):
+                row = {"model": name, "devices": count, "partitioner": partitioner}
+                for limit in (0, 16):
+                    start = time.perf_counter()
+                    plan = _C.plan_by_simulation(graph, devices, partitioner=partitioner, batch_size=256,
+                                                 replicate=True, grow_replicas=True, plain_every_up_to=16,
+                                                 plain_budget_limit=limit).plan
+                    row[f"step_limit_{limit}"] = plan.predicted_iteration_seconds
+                    row[f"seconds_limit_{limit}"] = time.perf_counter() - start
+                row["same"] = row["step_limit_0"] == row["step_limit_16"]
+                rows.append(row)
+                print(f"{name:12s} {count:3d} {partitioner:10s} step {row['step_limit_0'] * 1e3:9.3f} / "
+                      f"{row['step_limit_16'] * 1e3:9.3f} ms  plan {row['seconds_limit_0']:6.2f} / "
+                      f"{row['seconds_limit_16']:6.2f} s  {'same' if row['same'] else 'DIFFERS'}", flush=True)
+    print(f"{sum(not r['same'] for r in rows)} of {len(rows)} differ (plain pools past 16 devices / not)")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-operator graphs")
@@ -420,7 +462,17 @@ def main() -> None:
     parser.add_argument("--against", default=None, help="--speed: an older build (folder or git ref) timed beside")
     parser.add_argument("--rounds", type=int, default=3, help="--against: rounds of both builds")
     parser.add_argument("--speed-json", action="store_true", help=argparse.SUPPRESS)  # --against's subprocess
+    parser.add_argument("--plain-budgets", action="store_true",
+                        help="the default's plain pools past 16 devices against none (results/plan_plain_budgets.json)")
     args = parser.parse_args()
+    if args.plain_budgets:
+        out = args.out if args.out != "results/plan_bench.json" else "results/plan_plain_budgets.json"
+        rows = plain_budgets_table()
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"benchmark": "plan_plain_budgets", "rows": rows}, f, indent=2)
+        print(f"wrote {out}")
+        return
     if args.speed_json:
         print(json.dumps(speed_table(1, quiet=True)))
         return
