@@ -45,7 +45,7 @@ per build, the builds' order alternating from round to round; medians and old / 
 by simulation, plans without replicas on every count up to 16), with the plain pools also on
 every power of two up to the device count (plain_budget_limit 0) and without them (16), on the
 paper-size models at batch 256 onto 32, 48 and 64 V100s (8 per node); the simulated steps side by
-side, and how many pairs differ. Writes results/plan_plain_budgets.json (about 4 min).
+side, and how many pairs differ. Writes results/plan_plain_budgets.json (about 2 min).
 
     python3 benchmarks/plan_bench.py --plain-budgets
 """
@@ -451,6 +451,14 @@ def plain_budgets_table() -> list[dict]:
     return rows
 
 
+def _write(out: str, payload: dict) -> None:
+    """The run's JSON at ``out`` (its folder made), and a line saying where."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-operator graphs")
@@ -467,30 +475,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.plain_budgets:
         out = args.out if args.out != "results/plan_bench.json" else "results/plan_plain_budgets.json"
-        rows = plain_budgets_table()
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"benchmark": "plan_plain_budgets", "rows": rows}, f, indent=2)
-        print(f"wrote {out}")
+        _write(out, {"benchmark": "plan_plain_budgets", "rows": plain_budgets_table()})
         return
     if args.speed_json:
         print(json.dumps(speed_table(1, quiet=True)))
         return
     if args.speed and args.against:
         out = args.out if args.out != "results/plan_bench.json" else "results/plan_speed_against.json"
-        rows = speed_against(args.against, args.rounds)
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"benchmark": "plan_speed_against", "against": args.against, "rows": rows}, f, indent=2)
-        print(f"wrote {out}")
+        _write(out, {"benchmark": "plan_speed_against", "against": args.against,
+                     "rows": speed_against(args.against, args.rounds)})
         return
     if args.speed:
         out = args.out if args.out != "results/plan_bench.json" else "results/plan_speed.json"
-        rows = speed_table(args.repeats)
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"benchmark": "plan_speed", "rows": rows}, f, indent=2)
-        print(f"wrote {out}")
+        _write(out, {"benchmark": "plan_speed", "rows": speed_table(args.repeats)})
         return
     timing, models, verdicts = [], [], []
     if not args.replicated_only:

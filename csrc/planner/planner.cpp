@@ -228,11 +228,12 @@ void grow_replicas(const graph::OpGraph& graph, const cost::Devices& devices, co
       // candidate, must stay listed). Skipped where the floor is above either: a plan grown here
       // would then be taken neither by this search nor by the one that set to_beat.
       const double beat = result.plan.predicted_iteration_seconds;
+      const double wanted_below = std::min(beat, planner.to_beat);
       try {
         const double floor = partition::candidate_floor(graph, first, smaller[0].options);
-        if (floor > std::min(beat, planner.to_beat) * (1.0 + 1e-9)) {
+        if (floor > wanted_below * (1.0 + 1e-9)) {
           log::debug("planner: no growth on " + std::to_string(budget) + " devices: their floor " +
-                     std::to_string(floor) + " s is above " + std::to_string(std::min(beat, planner.to_beat)) + " s");
+                     std::to_string(floor) + " s is above " + std::to_string(wanted_below) + " s");
           continue;
         }
         smaller[0].set = std::make_unique<partition::CandidateSet>(graph, first, smaller[0].options, beat);
