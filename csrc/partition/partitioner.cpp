@@ -353,8 +353,11 @@ std::pair<double, double> bounds(const Problem& problem, const Evaluation& ev, c
   double slowest = 0.0;
   for (int s = 0; s < k; ++s) {
     const StageFigures& f = ev.stages[s];
-    // A split backward runs as its two halves (each dispatched): the lesser of the two sums.
-    work[s] = f.forward + std::min(f.backward, f.backward_input + f.backward_weight) + f.dispatch;
+    // Planned for the zero-bubble schedule, a split backward runs as its two halves (each
+    // dispatched): the lesser of the two sums. Else every backward runs whole.
+    const double backward =
+        problem.zero_bubble ? std::min(f.backward, f.backward_input + f.backward_weight) : f.backward;
+    work[s] = f.forward + backward + f.dispatch;
     slowest = std::max(slowest, work[s]);
   }
   // Stages are numbered topologically and stage_edges sorted by source: the longest forward
@@ -384,17 +387,18 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
   return out;
 }
 
-// A lower bound on the compute_bound of every candidate CandidateSet lists at each micro-batch
-// size, by size: step_lower_bound's zero-bubble form. compute_bound charges each stage its
-// forward + the lesser of its whole and split backward; both hold every operator's
-// weight-gradient half, so the zero-bubble form bounds it.
-std::map<std::int64_t, double> size_floors(const graph::OpGraph& g, const cost::Devices& devices, const Options& o,
-                                           const cost::CostModel& model, const Partitioner& partitioner) {
-  Options counted = o;
-  counted.zero_bubble = true;
-  const PartitionRequest request = resolved_request(g, devices, counted, model, partitioner);
+// A lower bound, by micro-batch size, on the bound the planner orders each candidate
+// CandidateSet lists by, and so on its simulated step under the schedule it was planned for:
+// compute_lower_bound (step_bound.h) under a split backward (Options::zero_bubble), where
+// compute_bound orders; else the greater of it and pipeline_lower_bound, both below
+// pipeline_bound, which orders where every backward runs whole.
+std::map<std::int64_t, double> size_floors(const PartitionRequest& request) {
   std::map<std::int64_t, double> floors;
-  for (std::int64_t mb : request.micro_batch_sizes) floors[mb] = step_lower_bound(request.problem(mb));
+  for (std::int64_t mb : request.micro_batch_sizes) {
+    const Problem problem = request.problem(mb);
+    floors[mb] = problem.zero_bubble ? compute_lower_bound(problem)
+                                     : std::max(compute_lower_bound(problem), pipeline_lower_bound(problem));
+  }
   return floors;
 }
 
@@ -404,7 +408,9 @@ double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, co
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
   const cost::CostModel model(g, devices, o.optimizer);
   double least = std::numeric_limits<double>::infinity();
-  for (auto [mb, floor] : size_floors(g, devices, o, model, *partitioner)) least = std::min(least, floor);
+  for (auto [mb, floor] : size_floors(resolved_request(g, devices, o, model, *partitioner))) {
+    least = std::min(least, floor);
+  }
   return least;
 }
 
@@ -415,16 +421,12 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
   request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner));
   partitioner->prepare(*request_);
   std::vector<std::int64_t> sizes;
-  const std::map<std::int64_t, double> floors = std::isfinite(listed_below)
-                                                    ? size_floors(g, devices, options_, *model_, *partitioner)
-                                                    : std::map<std::int64_t, double>{};
+  const std::map<std::int64_t, double> floors =
+      std::isfinite(listed_below) ? size_floors(*request_) : std::map<std::int64_t, double>{};
   for (std::int64_t mb : request_->micro_batch_sizes) {
     Problem problem = request_->problem(mb);
     if (std::isfinite(listed_below)) {
-      // The bound the planner orders this candidate by: compute_bound under a split backward,
-      // pipeline_bound (at least pipeline_lower_bound) where backwards run whole.
-      double floor = floors.count(mb) != 0 ? floors.at(mb) : 0.0;
-      if (!options_.zero_bubble) floor = std::max(floor, pipeline_lower_bound(problem));
+      const double floor = floors.at(mb);
       if (floor > listed_below * (1.0 + 1e-9)) {
         log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
                    std::to_string(floor) + " s is above " + std::to_string(listed_below) + " s");

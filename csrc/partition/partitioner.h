@@ -66,9 +66,11 @@ struct RankedCandidate {
   CandidatePlan layout;
   double predicted_step = 0.0;  // the closed form (Evaluation::iteration_seconds)
   double bottleneck = 0.0;
-  // No schedule runs the plan faster: every rank runs each of the M micro-batches' forward and
-  // backward (and their dispatch), so M x the slowest stage's compute + dispatch per
-  // micro-batch, plus the step's fixed cost, is a lower bound of any simulated step.
+  // No schedule of the kind it was planned for runs the plan faster: every rank runs each of the
+  // M micro-batches' forward and backward (and their dispatch), so M x the slowest stage's
+  // compute + dispatch per micro-batch, plus the step's fixed cost, is a lower bound of its
+  // simulated step. The backward counted is the whole one, or planned for the zero-bubble
+  // schedule (Options::zero_bubble), the lesser of the whole one and its two halves.
   double compute_bound = 0.0;
   // A tighter bound where every backward runs whole (1F1B, fill-drain; not a split backward,
   // whose weight halves may run last): a stage's first forward waits for one micro-batch's
@@ -87,8 +89,8 @@ struct RankedCandidate {
 // candidates()[0] is partition()'s plan when the list is not empty. The graph and devices must
 // outlive the set. With a finite `listed_below` (the planner passes the best step it has
 // simulated), a micro-batch size is not planned where no candidate of it could be ordered below
-// that: its floor, step_lower_bound's zero-bubble form (candidate_floor's, size by size) and,
-// where backwards run whole, pipeline_lower_bound (step_bound.h), is above it.
+// that: its floor, compute_lower_bound and, where backwards run whole, pipeline_lower_bound
+// (step_bound.h; candidate_floor's, size by size), is above it.
 class CandidateSet {
  public:
   CandidateSet(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options,
@@ -121,13 +123,15 @@ class CandidateSet {
   std::vector<RankedCandidate> candidates_;
 };
 
-// A lower bound on the compute_bound of every candidate CandidateSet(graph, devices, options)
-// would list, and so on each one's simulated step under any schedule, found without listing
-// any: the least over the micro-batch sizes of step_lower_bound's zero-bubble form (M x the
-// slowest stage's floor + the step's fixed cost, with each operator counted as its forward and
-// weight-gradient half, which every stage runs whatever its backward). For the planner, which
-// lists a pool of candidates only where this is below the best step it has simulated. The same
-// checks and errors as CandidateSet.
+// A lower bound on the bound the planner orders every candidate CandidateSet(graph, devices,
+// options) would list by, and so on each one's simulated step under the schedule it is planned
+// for (Options::zero_bubble: a split backward; else whole backwards), grown replicas within the
+// devices included, found without listing any: the least over the micro-batch sizes of
+// compute_lower_bound (M x the slowest stage's floor + the step's fixed cost, each operator
+// counted as its forward and weight-gradient half under a split backward, else its whole
+// compute) and, where backwards run whole, pipeline_lower_bound (step_bound.h). For the planner,
+// which lists a pool of candidates only where this is below the best step it has simulated. The
+// same checks and errors as CandidateSet.
 double candidate_floor(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options);
 
 // The names accepted in Options::partitioner: the registry's (registry.h), in its order.

@@ -64,6 +64,15 @@ double longest_path(const Problem& p, const std::vector<double>& time) {
   return until.empty() ? 0.0 : *std::max_element(until.begin(), until.end());
 }
 
+// The slowest stage's floor (step_bound.h): at least each operator's op(), and the devices' share
+// of every operator's work().
+double slowest_stage_floor(const Problem& p, const OperatorFloor& floor) {
+  const int devices = std::max(1, p.device_budget);  // max_stages without replication
+  double slowest = floor.work / devices;
+  for (double t : floor.time) slowest = std::max(slowest, t);
+  return slowest;
+}
+
 }  // namespace
 
 double operator_work(const Problem& p, int node, int max_replicas, bool as_bound) {
@@ -86,13 +95,17 @@ double operator_least_time(const Problem& p, int node, int max_replicas, bool as
   return least;
 }
 
+double compute_lower_bound(const Problem& p) {
+  const double fixed = p.model->devices().step_overhead_seconds;
+  return static_cast<double>(p.num_micro_batches) * slowest_stage_floor(p, operator_floor(p)) + fixed;
+}
+
 double step_lower_bound(const Problem& p) {
+  if (p.zero_bubble) return compute_lower_bound(p);
   const OperatorFloor floor = operator_floor(p);
   const int devices = std::max(1, p.device_budget);  // max_stages without replication
-  double slowest = floor.work / devices;
-  for (double t : floor.time) slowest = std::max(slowest, t);
+  const double slowest = slowest_stage_floor(p, floor);
   const double fixed = p.model->devices().step_overhead_seconds;
-  if (p.zero_bubble) return static_cast<double>(p.num_micro_batches) * slowest + fixed;
   // The plan has some depth D <= devices, and its slowest stage is at least path / D too.
   const double path = longest_path(p, floor.time);
   double least = std::numeric_limits<double>::infinity();
@@ -106,13 +119,16 @@ double pipeline_lower_bound(const Problem& p) {
   const std::size_t n = p.num_nodes();
   std::vector<double> w(n, 0.0);
   for (std::size_t v = 0; v < n; ++v) {
-    w[v] = p.forward[v] + std::min(p.backward[v], p.backward_weight[v]);
+    // Under the zero-bubble schedule a stage may run the weight half alone; else every backward
+    // runs whole.
+    auto backward = [&](double whole, double weight) { return p.zero_bubble ? std::min(whole, weight) : whole; };
+    w[v] = p.forward[v] + backward(p.backward[v], p.backward_weight[v]);
     if (!p.replicated()) continue;
     const ReplicaTable& table = *p.replicas;
     const int node = static_cast<int>(v);
     for (int level = 0; level < table.num_levels() && table.replicas(level) <= p.device_budget; ++level) {
       w[v] = std::min(
-          w[v], table.forward(level, node) + std::min(table.backward(level, node), table.backward_weight(level, node)));
+          w[v], table.forward(level, node) + backward(table.backward(level, node), table.backward_weight(level, node)));
     }
   }
   const auto M = static_cast<double>(p.num_micro_batches);

@@ -29,12 +29,21 @@ namespace graphpipe::partition {
 // device_budget devices in all (max_stages without replication).
 double step_lower_bound(const Problem& problem);
 
+// A lower bound on the compute_bound (partitioner.h, RankedCandidate) of every plan of `problem`,
+// whatever its cut, depth, replica counts and placement, and so on its simulated step under the
+// schedule it was planned for: M x the slowest stage's floor above (each operator counted as
+// step_lower_bound counts it: its forward and weight-gradient half under the zero-bubble
+// schedule, else its whole compute, since every backward then runs whole) + the step's fixed
+// cost. step_lower_bound's zero-bubble form.
+double compute_lower_bound(const Problem& problem);
+
 // A lower bound on the pipeline_bound (partitioner.h, RankedCandidate) of every plan of
 // `problem`, whatever its cut, replica counts and placement: what a schedule whose backwards run
-// whole cannot beat. Write w(u) for operator u's forward plus the lesser of its backward and its
-// weight-gradient half, at its cheapest replica level. A plan's stage S holding v charges
-// M x (its forward + the lesser of its whole and split backward + dispatch) >= M x w(v) + the w
-// of its other operators + M x dispatch (a split backward still computes every weight gradient),
+// whole cannot beat. Write w(u) for operator u's forward plus its backward (planned for the
+// zero-bubble schedule: the lesser of its backward and its weight-gradient half), at its cheapest
+// replica level. A plan's stage S holding v charges M x (its forward + its backward, whole or, for
+// zero-bubble, the lesser of whole and split + dispatch) >= M x w(v) + the w of its other
+// operators + M x dispatch (a split backward still computes every weight gradient),
 // and the stages before S on a path of operators into v add at least their operators' forwards
 // (the forward path into S) and backwards (the backward path back from S); so pipeline_bound is
 // at least max over v of (the longest path of w into v, v left out, + M x w(v)) + M x dispatch

@@ -103,8 +103,10 @@ std::vector<int> fold_budgets(int count, int limit) {
 // A floor on the simulated step of every plan without replicas on `budget` devices, however
 // many stages each holds: every device runs its stages' work for each micro-batch, so the
 // busiest does at least the devices' share of it (candidate_floor's zero-bubble form, which
-// counts devices, not stages). Zero where it cannot be found: the fold is then tried.
+// counts devices, not stages: a fold may run a split backward, whatever options.zero_bubble
+// says). Zero where it cannot be found: the fold is then tried.
 double fold_floor(const graph::OpGraph& graph, const cost::Devices& devices, partition::Options options) {
+  options.zero_bubble = true;
   options.replicate = false;
   options.max_stages = devices.count;
   options.manual.clear();

@@ -126,9 +126,10 @@ TEST(PlannerRank, LeastSimulatedStepOverEveryCandidate) {
   EXPECT_TRUE(skipped_somewhere) << "no plain pool was ruled out by its floor: the test no longer covers that";
 }
 
-// candidate_floor, which lets the planner skip a pool unlisted, is below every candidate's
-// compute bound in that pool (and so below its simulation, which the test above checks of the
-// bound), for every partitioner, with and without replicas, for both backward forms.
+// candidate_floor, which lets the planner skip a pool unlisted, is below the bound every
+// candidate in that pool is ordered by (compute_bound under a split backward, pipeline_bound where
+// backwards run whole; and so below its simulation, which the test above checks of the bound), for
+// every partitioner, with and without replicas, for both backward forms.
 TEST(PlannerRank, CandidateFloorIsBelowEveryCandidate) {
   for (unsigned seed = 1; seed <= 3; ++seed) {
     graph::OpGraph g = tst::random_sp_graph(70 + seed, 20);
@@ -146,7 +147,9 @@ TEST(PlannerRank, CandidateFloorIsBelowEveryCandidate) {
             const pt::CandidateSet set(g, devices, o);
             ASSERT_FALSE(set.candidates().empty());
             double least = std::numeric_limits<double>::infinity();
-            for (const pt::RankedCandidate& c : set.candidates()) least = std::min(least, c.compute_bound);
+            for (const pt::RankedCandidate& c : set.candidates()) {
+              least = std::min(least, zero_bubble ? c.compute_bound : c.pipeline_bound);
+            }
             EXPECT_LE(floor, least * (1.0 + 1e-12))
                 << name << " seed " << seed << " replicate " << replicate << " zb " << zero_bubble;
             // Not vacuous: within a factor of the best candidate's bound.
@@ -156,6 +159,45 @@ TEST(PlannerRank, CandidateFloorIsBelowEveryCandidate) {
       }
     }
   }
+}
+
+// Where every backward runs whole (1F1B), the floor counts each operator's whole compute, not
+// its forward and weight half: above the zero-bubble floor (on the replicated pools, by at least
+// a fifth on these graphs, which is what skips growth budgets the zero-bubble floor let through),
+// and still below the simulated step of every candidate and of every plan grown from one within
+// the devices, as the planner's growth makes them (CandidateSet::replica_growths).
+TEST(PlannerRank, TheWholeBackwardFloorIsBelowEveryCandidateAndItsGrowths) {
+  int growths = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    graph::OpGraph g = tst::random_sp_graph(110 + seed, 18);
+    g.trace_batch_size = 32;
+    for (const char* name : {"graphpipe", "sequential", "piper"}) {
+      for (bool replicate : {false, true}) {
+        const cost::Devices devices = cost::v100(8, 4);
+        pt::Options o = options(name, replicate);
+        o.every_candidate = true;
+        const double whole = pt::candidate_floor(g, devices, o);
+        pt::Options split = o;
+        split.zero_bubble = true;
+        const double halves = pt::candidate_floor(g, devices, split);
+        EXPECT_GE(whole, halves) << name << " seed " << seed;
+        if (replicate) EXPECT_GT(whole, 1.2 * halves) << name << " seed " << seed;
+        const pt::CandidateSet set(g, devices, o);
+        ASSERT_FALSE(set.candidates().empty());
+        for (std::size_t i = 0; i < set.candidates().size(); ++i) {
+          const graphpipe::plan::Plan plan = set.build(i);
+          EXPECT_LE(whole, simulate_step(plan, devices, sched::Policy::one_f_one_b) * (1.0 + 1e-12))
+              << name << " seed " << seed << " candidate " << i;
+          for (const auto& ranks : set.replica_growths(i, plan)) {
+            const double grown = simulate_step(set.build(i, ranks), devices, sched::Policy::one_f_one_b);
+            EXPECT_LE(whole, grown * (1.0 + 1e-12)) << name << " seed " << seed << " candidate " << i << " grown";
+            ++growths;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(growths, 0) << "no candidate could grow: the test no longer covers growth";
 }
 
 // A CandidateSet told the best step so far (listed_below) leaves out only micro-batch sizes none
