@@ -71,6 +71,10 @@ class PiperSearch {
   std::vector<std::vector<std::pair<int, int>>> choice_;
   // first_finite_[i]: the least m with T(I_i, m) finite (budget + 1 where there is none).
   std::vector<int> first_finite_;
+  // While the pairs from I are relaxed: the least T(I, m') over m' <= m found so far. It never
+  // grows with m, and T(I, m) ends as the least over m' <= m (ties to the fewer devices), so a
+  // stage of time t >= prefix_[m] cannot change T(I, m) or any T(I, m + 1..): relax stops there.
+  std::vector<double> prefix_;
 };
 
 void PiperSearch::prefix_sums() {
@@ -156,6 +160,7 @@ void PiperSearch::solve() {
   for (int i = d_ - 2; i >= 0; --i) {
     std::size_t first = k;
     while (first > 0 && pairs_[first - 1].from == i) --first;
+    prefix_.assign(budget_ + 1, kInf);
     for (std::size_t q = first; q < k; ++q) relax(pairs_[q]);
     k = first;
     double* here = best_[i].data();
@@ -186,9 +191,9 @@ void PiperSearch::relax(const PairStage& s) {
     // T(J, .) is final and never grows with the devices: its infeasible entries are a prefix.
     for (int m = r + first_finite_[s.to]; m <= budget_; ++m) {
       const double rest = after[m - r];
-      // The stage alone is at least `time`: where that cannot improve T(I, m), neither can this
-      // pair at this level (the memory check below is skipped too, as it only ever stops the loop).
-      if (!(time < here[m])) continue;
+      // The stage alone is at least `time`: where that cannot improve T(I, m) nor, through it,
+      // T(I, m + 1..) (prefix_), neither can this pair at this level at m or more devices.
+      if (!(time < prefix_[m])) break;
       // At most M micro-batches, and at most one per stage from it to the end (each later stage
       // takes a device at least).
       const int flight = s.to == all_ ? 1 : static_cast<int>(std::min<std::int64_t>(M, 1 + (m - r)));
@@ -198,6 +203,7 @@ void PiperSearch::relax(const PairStage& s) {
       if (value < here[m]) {
         here[m] = value;
         choice_[s.from][m] = {pair, l};
+        for (int n = m; n <= budget_ && value < prefix_[n]; ++n) prefix_[n] = value;
       }
     }
   }
