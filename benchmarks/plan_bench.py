@@ -418,19 +418,15 @@ def speed_against(against: str, rounds: int) -> list[dict]:
     return rows
 
 
-PLAIN_BUDGET_MODELS = {"mmt": "mmt:size=paper", "dlrm": "dlrm:size=paper", "candle_uno": "candle_uno:size=paper",
-                       "candle_uno16": "candle_uno:size=paper,branches=16", "transformer": "transformer:size=paper"}
-
-
 def plain_budgets_table() -> list[dict]:
     """Every (model, device count, partitioner) planned with the plain pools past 16 devices
-    (plain_budget_limit 0) and without them (16): steps, seconds, and whether they differ."""
-    from graphpipe.models import build_model
-    from graphpipe.trace import trace
+    (plain_budget_limit 0) and without them (16): steps, seconds, and whether they differ. The
+    models are simulate_paper.py's, at paper size."""
+    from simulate_paper import MODELS, traced
 
     rows = []
-    for name, spec in PLAIN_BUDGET_MODELS.items():
-        graph = trace(*build_model(f"{spec},device=meta,batch=256"))
+    for name in MODELS:
+        graph = traced(name, 256, "float32")
         for count in (32, 48, 64):
             devices = _C.Devices.v100(count, per_node=8)
             for partitioner in ("graphpipe", "sequential", "piper"):
