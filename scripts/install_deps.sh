@@ -41,17 +41,28 @@ if ! python3 -c "import importlib.metadata as m, sys; v = m.version('torchvision
   python3 -m pip install -q --no-deps "${TV_REQ}"
 fi
 
+# install_beside_torch NAME==VERSION: installs that pin unless it is there, with the installed
+# torch as a constraint.
+install_beside_torch() {
+  local name=${1%%==*} version=${1#*==}
+  if ! python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$name') == '$version' else 1)" 2>/dev/null; then
+    echo "== pip: installing $1 (torch pinned to the installed one)"
+    local constraints
+    constraints=$(mktemp)
+    python3 -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" >"$constraints"
+    python3 -m pip install -q -c "$constraints" "$1"
+    rm -f "$constraints"
+  fi
+}
 # transformers (a test dependency: tests/python/test_hf_models.py builds tiny Hugging Face models
 # from configs, never downloading weights), pinned. The installed torch is passed as a constraint,
 # so pip never replaces it (transformers' own requirement, torch>=2.x, is met by it).
-TF_REQ="transformers==5.24.0"
-if ! python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('transformers') == '${TF_REQ#transformers==}' else 1)" 2>/dev/null; then
-  echo "== pip: installing ${TF_REQ} (torch pinned to the installed one)"
-  constraints=$(mktemp)
-  python3 -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" >"$constraints"
-  python3 -m pip install -q -c "$constraints" "${TF_REQ}"
-  rm -f "$constraints"
-fi
+install_beside_torch "transformers==5.24.0"
+
+# torchft (fault-tolerant replicas: graphpipe.fault_tolerant; tests/python/test_fault_tolerance.py
+# skips without it), pinned as setup.py's "fault-tolerance" extra pins it, with torch pinned to the
+# installed one as above. A fresh machine's CI skipped those tests while this was missing.
+install_beside_torch "torchft==0.2.0"
 
 python3 - <<'PY'
 import os, sys, torch
