@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -387,19 +386,14 @@ std::vector<RankedCandidate> ranked(Partitioner& partitioner, const PartitionReq
   return out;
 }
 
-// A lower bound, by micro-batch size, on the bound the planner orders each candidate
-// CandidateSet lists by, and so on its simulated step under the schedule it was planned for:
+// A lower bound on the bound the planner orders each candidate at `problem`'s micro-batch size
+// by (CandidateSet), and so on its simulated step under the schedule it was planned for:
 // compute_lower_bound (step_bound.h) under a split backward (Options::zero_bubble), where
 // compute_bound orders; else the greater of it and pipeline_lower_bound, both below
 // pipeline_bound, which orders where every backward runs whole.
-std::map<std::int64_t, double> size_floors(const PartitionRequest& request) {
-  std::map<std::int64_t, double> floors;
-  for (std::int64_t mb : request.micro_batch_sizes) {
-    const Problem problem = request.problem(mb);
-    floors[mb] = problem.zero_bubble ? compute_lower_bound(problem)
-                                     : std::max(compute_lower_bound(problem), pipeline_lower_bound(problem));
-  }
-  return floors;
+double size_floor(const Problem& problem) {
+  return problem.zero_bubble ? compute_lower_bound(problem)
+                             : std::max(compute_lower_bound(problem), pipeline_lower_bound(problem));
 }
 
 }  // namespace
@@ -407,10 +401,9 @@ std::map<std::int64_t, double> size_floors(const PartitionRequest& request) {
 double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, const Options& o) {
   std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, o);
   const cost::CostModel model(g, devices, o.optimizer);
+  const PartitionRequest request = resolved_request(g, devices, o, model, *partitioner);
   double least = std::numeric_limits<double>::infinity();
-  for (auto [mb, floor] : size_floors(resolved_request(g, devices, o, model, *partitioner))) {
-    least = std::min(least, floor);
-  }
+  for (std::int64_t mb : request.micro_batch_sizes) least = std::min(least, size_floor(request.problem(mb)));
   return least;
 }
 
@@ -421,12 +414,10 @@ CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices
   request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner));
   partitioner->prepare(*request_);
   std::vector<std::int64_t> sizes;
-  const std::map<std::int64_t, double> floors =
-      std::isfinite(listed_below) ? size_floors(*request_) : std::map<std::int64_t, double>{};
   for (std::int64_t mb : request_->micro_batch_sizes) {
     Problem problem = request_->problem(mb);
     if (std::isfinite(listed_below)) {
-      const double floor = floors.at(mb);
+      const double floor = size_floor(problem);
       if (floor > listed_below * (1.0 + 1e-9)) {
         log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
                    std::to_string(floor) + " s is above " + std::to_string(listed_below) + " s");

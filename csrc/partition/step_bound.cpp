@@ -118,10 +118,10 @@ double step_lower_bound(const Problem& p) {
 double pipeline_lower_bound(const Problem& p) {
   const std::size_t n = p.num_nodes();
   std::vector<double> w(n, 0.0);
+  // Under the zero-bubble schedule a stage may run the weight half alone; else every backward
+  // runs whole.
+  auto backward = [&](double whole, double weight) { return p.zero_bubble ? std::min(whole, weight) : whole; };
   for (std::size_t v = 0; v < n; ++v) {
-    // Under the zero-bubble schedule a stage may run the weight half alone; else every backward
-    // runs whole.
-    auto backward = [&](double whole, double weight) { return p.zero_bubble ? std::min(whole, weight) : whole; };
     w[v] = p.forward[v] + backward(p.backward[v], p.backward_weight[v]);
     if (!p.replicated()) continue;
     const ReplicaTable& table = *p.replicas;

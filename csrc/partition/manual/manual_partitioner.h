@@ -21,6 +21,8 @@ class ManualPartitioner final : public Partitioner {
   static constexpr std::string_view kName = "manual";
 
   bool places_by_user() const override { return true; }
+  // plan() hands out what prepare() made, the same at every size: the sizes' evaluations may run at once.
+  bool plans_sizes_at_once() const override { return true; }
   void prepare(const PartitionRequest& request) override;
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
 

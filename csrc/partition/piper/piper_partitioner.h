@@ -23,6 +23,8 @@ class PiperPartitioner final : public Partitioner {
 
   bool plans_chains() const override { return true; }
   bool is_baseline() const override { return true; }
+  // The layer graphs are built once in prepare() and only read after it: each size's DP is its own.
+  bool plans_sizes_at_once() const override { return true; }
   void prepare(const PartitionRequest& request) override;
   CandidatePlan plan(const PartitionRequest& request, const Problem& problem) override;
   // Every chain of every layer graph, for every device count up to the budget: the planner
