@@ -1,7 +1,8 @@
 """Measures per-operator forward and backward time at several batch sizes and stores it on the graph.
 
 For each batch size the whole traced graph runs ``warmup + repeats`` times, forward and backward,
-as in training. The forward times each operator where it stands in that run (the median per
+as in training, the sizes taken in turn within each round so that the machine's drift slows every
+size alike (the planner weighs the sizes against each other). The forward times each operator where it stands in that run (the median per
 operator is kept): timed alone in a tight loop, an operator runs with its code and data hot in
 the caches, and the sum of such timings fell 15-58% short of a real forward on the benchmark
 models, most for graphs of many small operators (benchmarks/profile_bench.py). The backward cannot be split by operator
@@ -219,27 +220,37 @@ def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any
 
 
 def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], None], warmup: int,
-                      repeats: int) -> tuple[dict[str, float], float, dict[fx.Node, Any]]:
-    """Runs the graph forward and backward ``warmup + repeats`` times, as in training.
+                      repeats: int) -> list[tuple[dict[str, float], float, dict[fx.Node, Any]]]:
+    """Runs the graph forward and backward ``warmup + repeats`` times at each batch size (one
+    entry of ``values`` per size), as in training, the sizes taken in turn within each round.
 
-    Returns each operator's median forward seconds (timed in place), the median backward
-    seconds of the whole graph (0 when no output needs a gradient), and the last run's values
-    of every node (the inputs each operator's backward is then timed on)."""
-    forward: dict[str, list[float]] = {}
-    backward: list[float] = []
-    env: dict[fx.Node, Any] = {}
+    Why in turn: the planner reads the sizes against each other (is one micro-batch of 16 rows
+    faster than two of 8?), and a machine drifts by more than that from one minute to the next
+    (MMT's forward and backward at 8 and 16 rows on the 2-core machine: two runs of the whole
+    profile, each size's runs back to back, put two micro-batches of 8 7% faster than one of 16
+    in one run and 11% slower in the other; timed in turn, 2% slower). Taken in turn, a drift
+    slows every size alike.
+
+    Returns, per size, each operator's median forward seconds (timed in place), the median
+    backward seconds of the whole graph (0 when no output needs a gradient), and the last run's
+    values of every node (the inputs each operator's backward is then timed on; every size's are
+    held until then, at most about twice the largest size's with sizes that double)."""
+    forward: list[dict[str, list[float]]] = [{} for _ in values]
+    backward: list[list[float]] = [[] for _ in values]
+    envs: list[dict[fx.Node, Any]] = [{} for _ in values]
     for i in range(warmup + repeats):
-        run = _TimedRun(gm, sync)
-        whole = _timed_backward(run.run(*values), sync)  # as in training: inputs need no gradient
-        env = run.env
-        if i < warmup:
-            continue
-        if whole is not None:
-            backward.append(whole)
-        for name, seconds in run.seconds.items():
-            forward.setdefault(name, []).append(seconds)
-    medians = {name: statistics.median(samples) for name, samples in forward.items()}
-    return medians, (statistics.median(backward) if backward else 0.0), env
+        for size, inputs in enumerate(values):
+            run = _TimedRun(gm, sync)
+            whole = _timed_backward(run.run(*inputs), sync)  # as in training: inputs need no gradient
+            envs[size] = run.env
+            if i < warmup:
+                continue
+            if whole is not None:
+                backward[size].append(whole)
+            for name, seconds in run.seconds.items():
+                forward[size].setdefault(name, []).append(seconds)
+    return [({name: statistics.median(samples) for name, samples in forward[size].items()},
+             statistics.median(backward[size]) if backward[size] else 0.0, envs[size]) for size in range(len(values))]
 
 
 def _scale_factor(seconds: Sequence[float], total: float) -> float:
@@ -307,8 +318,8 @@ def profile(
     saved_buffers = [(buf, buf.detach().clone()) for buf in model.buffers()]
     results: dict[int, list[Any]] = {i: [] for i in range(graph.num_nodes)}
     with autocast_for(model, graph.compute_dtype):
-        for b in sizes:
-            for node_id, sample in _profile_batch(traced, b, sync, warmup, repeats):
+        for size_samples in _profile_batches(traced, sizes, sync, warmup, repeats):
+            for node_id, sample in size_samples:
                 results[node_id].append(sample)
     for p, grad in saved_grads.items():
         p.grad = grad
@@ -331,28 +342,30 @@ def _measuring_device(model: nn.Module, device: str | torch.device | None) -> to
     return dev
 
 
-def _profile_batch(traced: Any, b: int, sync: Callable[[], None], warmup: int,
-                   repeats: int) -> list[tuple[int, Any]]:
-    """Each operator's ``ProfileSample`` at batch size ``b`` (rows of the traced batch repeated):
-    forwards timed in place in whole-graph runs, backwards alone, scaled so that they add up to
-    the whole graph's backward."""
+def _profile_batches(traced: Any, sizes: list[int], sync: Callable[[], None], warmup: int,
+                     repeats: int) -> list[list[tuple[int, Any]]]:
+    """Per batch size ``b`` of ``sizes``, each operator's ``ProfileSample`` (rows of the traced
+    batch repeated): forwards timed in place in whole-graph runs (the sizes in turn:
+    ``_whole_graph_runs``), backwards alone, scaled so that they add up to the whole graph's
+    backward at that size."""
     gm = traced.module
     by_name = {n.name: n for n in gm.graph.nodes}
     base_batch = traced.batch_size
-    rows = torch.arange(b) % base_batch
-    values = _take_rows(traced.placeholder_values, rows, base_batch)
-    forward_in_place, whole_backward, env = _whole_graph_runs(gm, values, sync, warmup, repeats)
-    timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
-    for name, node_id in traced.node_ids.items():
-        node = by_name[name]
-        if node.op == "placeholder":
-            alone = (0.0, 0.0, 0.0)
-        else:
-            alone = _operator_backward(gm, node, env, sync, warmup, repeats)
-        timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
-    factor = _scale_factor([t[2] for t in timed], whole_backward)
-    return [(node_id, _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
-            for node_id, fwd, bwd, inputs_half, weights_half in timed]
+    values = [_take_rows(traced.placeholder_values, torch.arange(b) % base_batch, base_batch) for b in sizes]
+    samples = []
+    for b, (forward_in_place, whole_backward, env) in zip(sizes, _whole_graph_runs(gm, values, sync, warmup, repeats)):
+        timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
+        for name, node_id in traced.node_ids.items():
+            node = by_name[name]
+            if node.op == "placeholder":
+                alone = (0.0, 0.0, 0.0)
+            else:
+                alone = _operator_backward(gm, node, env, sync, warmup, repeats)
+            timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
+        factor = _scale_factor([t[2] for t in timed], whole_backward)
+        samples.append([(node_id, _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
+                        for node_id, fwd, bwd, inputs_half, weights_half in timed])
+    return samples
 
 
 def _to(value: Any, dev: torch.device) -> Any:

@@ -71,6 +71,34 @@ def test_profile_times_each_operator_in_the_forward_of_the_whole_graph() -> None
     assert all(p.forward_seconds < 0.004 for p in by_target["Linear"].profile)
 
 
+class _Recording(nn.Module):
+    """A linear layer that records the batch size of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.rows: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows.append(x.shape[0])
+        return self.linear(x)
+
+
+def test_profile_takes_the_batch_sizes_in_turn() -> None:
+    """The whole-graph runs go round the sizes (2, 4, 8, 2, 4, 8, ...), so that a machine that
+    slows down during the profile slows every size alike; the operator-alone backwards come
+    after them."""
+    model = nn.Sequential(_Recording(), nn.ReLU())
+    inputs = (torch.randn(8, 8),)
+    graph = graphpipe.trace(model, inputs, leaf_modules=[_Recording])
+    model[0].rows.clear()
+    graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4, 8), repeats=3, warmup=1, leaf_modules=[_Recording])
+    first = model[0].rows.index(2)  # the profile traces the model again at 8 rows before it times
+    whole_graph_runs = (1 + 3) * 3
+    assert model[0].rows[first : first + whole_graph_runs] == [2, 4, 8] * 4
+    assert len(model[0].rows) > first + whole_graph_runs  # then each size's backward timed alone
+
+
 def test_profile_scales_operator_backwards_to_the_whole_graph_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backward split comes from each operator timed alone, the total from the whole-graph
     run: here the whole-graph run is replaced by one that reports known figures."""
@@ -80,10 +108,12 @@ def test_profile_scales_operator_backwards_to_the_whole_graph_backward(monkeypat
     reported: dict[int, dict[str, float]] = {}
 
     def known(gm: Any, values: Any, sync: Any, warmup: int, repeats: int) -> Any:
-        forward, _, env = real(gm, values, sync, warmup, repeats)
-        batch = values[0].shape[0]
-        reported[batch] = {name: 1e-3 * (i + 1) for i, name in enumerate(forward)}
-        return reported[batch], 0.25 * batch, env
+        out = []
+        for inputs, (forward, _, env) in zip(values, real(gm, values, sync, warmup, repeats)):
+            batch = inputs[0].shape[0]
+            reported[batch] = {name: 1e-3 * (i + 1) for i, name in enumerate(forward)}
+            out.append((reported[batch], 0.25 * batch, env))
+        return out
 
     monkeypatch.setattr(profile_module, "_whole_graph_runs", known)
     graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4), repeats=1, warmup=0)
@@ -153,8 +183,7 @@ def test_profile_scales_the_halves_by_their_operators_backward_factor(monkeypatc
     alone = {"fc": (4.0, 1.0, 2.0), "relu": (1.0, 1.0, 0.0), "linear": (3.0, 2.0, 1.5)}
 
     def whole(gm: Any, values: Any, sync: Any, warmup: int, repeats: int) -> Any:
-        forward, _, env = real(gm, values, sync, warmup, repeats)
-        return forward, 16.0, env  # twice the operators' 8.0
+        return [(forward, 16.0, env) for forward, _, env in real(gm, values, sync, warmup, repeats)]  # twice 8.0
 
     monkeypatch.setattr(profile_module, "_whole_graph_runs", whole)
     monkeypatch.setattr(profile_module, "_operator_backward", lambda gm, node, *rest: alone[node.name])
