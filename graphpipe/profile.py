@@ -2,11 +2,11 @@
 
 For each batch size the whole traced graph runs ``warmup + repeats`` times, forward and backward,
 as in training, the sizes taken in turn within each round so that the machine's drift slows every
-size alike (the planner weighs the sizes against each other). The forward times each operator where it stands in that run (the median per
-operator is kept): timed alone in a tight loop, an operator runs with its code and data hot in
-the caches, and the sum of such timings fell 15-58% short of a real forward on the benchmark
-models, most for graphs of many small operators (benchmarks/profile_bench.py). The backward cannot be split by operator
-inside one autograd pass, so each operator's backward is timed alone (on detached copies of its
+size alike (the planner weighs the sizes against each other). The forward times each operator
+where it stands in that run (the median per operator is kept): timed alone in a tight loop, an
+operator runs with its code and data hot in the caches, and the sum of such timings fell 15-58%
+short of a real forward on the benchmark models, most for graphs of many small operators
+(benchmarks/profile_bench.py). The backward cannot be split by operator inside one autograd pass, so each operator's backward is timed alone (on detached copies of its
 captured inputs, a fresh forward each time, only the backward inside the timer) and the
 operators' backward times are then scaled together so that they add up to the measured
 backward of the whole graph: the split comes from the operators, the total from the real run.
@@ -225,11 +225,10 @@ def _whole_graph_runs(gm: fx.GraphModule, values: list[Any], sync: Callable[[], 
     entry of ``values`` per size), as in training, the sizes taken in turn within each round.
 
     Why in turn: the planner reads the sizes against each other (is one micro-batch of 16 rows
-    faster than two of 8?), and a machine drifts by more than that from one minute to the next
-    (MMT's forward and backward at 8 and 16 rows on the 2-core machine: two runs of the whole
-    profile, each size's runs back to back, put two micro-batches of 8 7% faster than one of 16
-    in one run and 11% slower in the other; timed in turn, 2% slower). Taken in turn, a drift
-    slows every size alike.
+    faster than two of 8?), and a machine drifts by more than that from one minute to the next.
+    Taken in turn, a drift slows every size alike: on the 2-core machine the ratio between
+    adjacent sizes varied 1.4x (MMT) to 3.1x (the Transformer) less from one profile to the next
+    than with each size's runs back to back (benchmarks/profile_repeatability.py).
 
     Returns, per size, each operator's median forward seconds (timed in place), the median
     backward seconds of the whole graph (0 when no output needs a gradient), and the last run's
