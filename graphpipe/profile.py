@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from graphpipe._ext import _C
+from graphpipe.capture import is_opaque_module
 from graphpipe.errors import GraphError, InputError
 from graphpipe.trace import autocast_for, iter_tensors, trace_module
 
@@ -200,9 +201,18 @@ def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any
     """Median seconds of ``node``'s backward timed alone, whole and split into I and W (a fresh
     forward on fresh leaf copies of its inputs each time; 0s when no output needs a gradient)."""
     fn = _callable(gm, node)
+    # As the runtime does for a stage that writes in place (runtime/stage_call.py): autograd
+    # refuses an in-place write into a leaf that needs a gradient (nn.ReLU(inplace=True), which
+    # torchvision's ResNets and GoogLeNet use), so such an operator gets copies of its input
+    # leaves; the copies' gradients still reach the leaves.
+    copies = bool(node.meta.get("inplace")) or is_opaque_module(gm, node)
 
     def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
         args, kwargs, inputs, params = _operator_args(gm, node, env)
+        if copies:
+            leaves = {id(t) for t in inputs}
+            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.clone() if id(t) in leaves else t,
+                                                (args, kwargs))
         return fn(*args, **kwargs), inputs, params
 
     whole: list[float] = []

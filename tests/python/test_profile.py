@@ -195,6 +195,20 @@ def test_profile_scales_the_halves_by_their_operators_backward_factor(monkeypatc
             assert (p.backward_seconds, p.backward_input_seconds, p.backward_weight_seconds) == (2 * b, 2 * i, 2 * w)
 
 
+def test_profile_times_an_operator_that_writes_in_place() -> None:
+    """An operator that writes into its input (nn.ReLU(inplace=True), as torchvision's ResNets
+    and GoogLeNet have) is timed alone on copies of its input leaves: autograd refuses an
+    in-place write into a leaf that needs a gradient, and the profile raised that before."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 4))
+    inputs = (torch.randn(4, 8),)
+    graph = graphpipe.trace(model, inputs)
+    graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4), repeats=2, warmup=1)
+    relu = next(n for n in graph.nodes if n.target == "ReLU")
+    for p in relu.profile:
+        assert p.backward_seconds > 0 and p.backward_input_seconds > 0, p
+        assert p.backward_weight_seconds == 0.0
+
+
 def test_profile_leaves_the_model_as_it_was() -> None:
     model, inputs = _TwoLayers(), (torch.randn(4, 8),)
     graph = graphpipe.trace(model, inputs, leaf_modules=[_Sleepy])
