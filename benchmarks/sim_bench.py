@@ -3,7 +3,7 @@ micro-batches; prints a table and writes results/sim_bench.json.
 
     GRAPHPIPE_EXT_DIR=build/h4 python3 benchmarks/sim_bench.py [--repeats 7] [--out results/sim_bench.json]
 
-The target (issue 4): simulating 32 stages x 256 micro-batches takes under 100 ms.
+The target: simulating 32 stages x 256 micro-batches takes under 100 ms.
 
 A second table times zb_graph's generator on chains whose backward splits evenly (I = W = B / 2)
 and on chains whose every split is dear (I + W = 1.3 B, as a profile of small operators can
