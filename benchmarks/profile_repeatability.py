@@ -74,6 +74,23 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     return {f"{2 * b}/(2x{b})": t[2 * b] / (2.0 * t[b]) for b in SIZES if 2 * b in t}
 
 
+def report(model: str, build: str, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prints and returns one build's rows for ``model``: each pair's ratio in every profile."""
+    rows = []
+    per_run = [ratios(r) for r in results]
+    for pair in per_run[0]:
+        values = [r[pair] for r in per_run]
+        row = {"model": model, "build": build, "pair": pair, "ratios": values, "spread": max(values) - min(values),
+               "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+               "profile_seconds": [r["profile_seconds"] for r in results]}
+        rows.append(row)
+        print(f"  {build:12s} {pair:10s} {' '.join(f'{v:.3f}' for v in values)}   spread {row['spread']:.3f}"
+              f"  stdev {row['stdev']:.3f}")
+    seconds = " ".join(f"{r['profile_seconds']:.1f}" for r in results)
+    print(f"  {build:12s} profile seconds {seconds}")
+    return rows
+
+
 def main() -> None:
     from compare import BENCH_SPECS
 
@@ -98,17 +115,7 @@ def main() -> None:
                 runs[name].append(run(BENCH_SPECS[model], build))
         print(f"\n{model}: t(2b) / (2 t(b)), whole graph's forward + backward, {args.runs} profiles per build")
         for name, results in runs.items():
-            per_run = [ratios(r) for r in results]
-            for pair in per_run[0]:
-                values = [r[pair] for r in per_run]
-                row = {"model": model, "build": name, "pair": pair, "ratios": values,
-                       "spread": max(values) - min(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-                       "profile_seconds": [r["profile_seconds"] for r in results]}
-                rows.append(row)
-                print(f"  {name:12s} {pair:10s} {' '.join(f'{v:.3f}' for v in values)}   spread {row['spread']:.3f}"
-                      f"  stdev {row['stdev']:.3f}")
-            seconds = " ".join(f"{r['profile_seconds']:.1f}" for r in results)
-            print(f"  {name:12s} profile seconds {seconds}")
+            rows += report(model, name, results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"benchmark": "profile_repeatability", "against": args.against,
                                           "sizes": list(SIZES), "rows": rows}, indent=1))

@@ -34,8 +34,8 @@ from torch import nn
 
 from graphpipe.errors import InputError
 
-__all__ = ["Capture", "FrontEnd", "ModeSwitch", "copy_tensors", "input_leaves", "is_opaque_module", "mutates_first_argument",
-           "redirect_inplace_uses", "setitem", "user_frame"]
+__all__ = ["Capture", "FrontEnd", "ModeSwitch", "copy_tensors", "input_leaves", "is_opaque_module", "may_write_inputs",
+           "mutates_first_argument", "redirect_inplace_uses", "setitem", "user_frame"]
 
 
 class ModeSwitch:
@@ -169,6 +169,14 @@ def is_opaque_module(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op != "call_module":
         return False
     return not type(gm.get_submodule(str(node.target))).__module__.startswith("torch.nn")
+
+
+def may_write_inputs(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` may write into its inputs: an in-place write (marked by
+    ``redirect_inplace_uses``) or an opaque module. Such an operator must not be handed a leaf
+    that needs a gradient (autograd refuses the write), so the runtime gives its stage copies
+    of what it receives, and the profile times it on copies too."""
+    return bool(node.meta.get("inplace")) or is_opaque_module(gm, node)
 
 
 def redirect_inplace_uses(gm: fx.GraphModule) -> None:

@@ -6,11 +6,11 @@ size alike (the planner weighs the sizes against each other). The forward times 
 where it stands in that run (the median per operator is kept): timed alone in a tight loop, an
 operator runs with its code and data hot in the caches, and the sum of such timings fell 15-58%
 short of a real forward on the benchmark models, most for graphs of many small operators
-(benchmarks/profile_bench.py). The backward cannot be split by operator inside one autograd pass, so each operator's backward is timed alone (on detached copies of its
-captured inputs, a fresh forward each time, only the backward inside the timer) and the
-operators' backward times are then scaled together so that they add up to the measured
-backward of the whole graph: the split comes from the operators, the total from the real run.
-Inputs for batch size ``b`` are the example inputs' rows ``0..b-1`` (repeated cyclically when
+(benchmarks/profile_bench.py). The backward cannot be split by operator inside one autograd pass,
+so each operator's backward is timed alone (on detached copies of its captured inputs, a fresh
+forward each time, only the backward inside the timer) and the operators' backward times are
+then scaled together so that they add up to the measured backward of the whole graph: the split
+comes from the operators, the total from the real run. Inputs for batch size ``b`` are the example inputs' rows ``0..b-1`` (repeated cyclically when
 ``b`` exceeds the example batch).
 
 Each operator's backward is also timed split in two, as the runtime splits a stage's backward
@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from graphpipe._ext import _C
-from graphpipe.capture import is_opaque_module
+from graphpipe.capture import may_write_inputs
 from graphpipe.errors import GraphError, InputError
 from graphpipe.trace import autocast_for, iter_tensors, trace_module
 
@@ -201,11 +201,10 @@ def _operator_backward(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any
     """Median seconds of ``node``'s backward timed alone, whole and split into I and W (a fresh
     forward on fresh leaf copies of its inputs each time; 0s when no output needs a gradient)."""
     fn = _callable(gm, node)
-    # As the runtime does for a stage that writes in place (runtime/stage_call.py): autograd
-    # refuses an in-place write into a leaf that needs a gradient (nn.ReLU(inplace=True), which
-    # torchvision's ResNets and GoogLeNet use), so such an operator gets copies of its input
-    # leaves; the copies' gradients still reach the leaves.
-    copies = bool(node.meta.get("inplace")) or is_opaque_module(gm, node)
+    # As the runtime does for a stage that writes in place (runtime/stage_call.py): such an
+    # operator (nn.ReLU(inplace=True), which torchvision's ResNets and GoogLeNet use) gets copies
+    # of its input leaves; the copies' gradients still reach the leaves.
+    copies = may_write_inputs(gm, node)
 
     def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
         args, kwargs, inputs, params = _operator_args(gm, node, env)
@@ -353,28 +352,34 @@ def _measuring_device(model: nn.Module, device: str | torch.device | None) -> to
 
 def _profile_batches(traced: Any, sizes: list[int], sync: Callable[[], None], warmup: int,
                      repeats: int) -> list[list[tuple[int, Any]]]:
-    """Per batch size ``b`` of ``sizes``, each operator's ``ProfileSample`` (rows of the traced
-    batch repeated): forwards timed in place in whole-graph runs (the sizes in turn:
-    ``_whole_graph_runs``), backwards alone, scaled so that they add up to the whole graph's
-    backward at that size."""
-    gm = traced.module
-    by_name = {n.name: n for n in gm.graph.nodes}
+    """Per batch size of ``sizes`` (rows of the traced batch repeated), each operator's
+    ``ProfileSample``: the whole-graph runs of every size first, the sizes in turn
+    (``_whole_graph_runs``), then each size's operators timed alone (``_samples_at``)."""
     base_batch = traced.batch_size
     values = [_take_rows(traced.placeholder_values, torch.arange(b) % base_batch, base_batch) for b in sizes]
-    samples = []
-    for b, (forward_in_place, whole_backward, env) in zip(sizes, _whole_graph_runs(gm, values, sync, warmup, repeats)):
-        timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
-        for name, node_id in traced.node_ids.items():
-            node = by_name[name]
-            if node.op == "placeholder":
-                alone = (0.0, 0.0, 0.0)
-            else:
-                alone = _operator_backward(gm, node, env, sync, warmup, repeats)
-            timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
-        factor = _scale_factor([t[2] for t in timed], whole_backward)
-        samples.append([(node_id, _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
-                        for node_id, fwd, bwd, inputs_half, weights_half in timed])
-    return samples
+    runs = _whole_graph_runs(traced.module, values, sync, warmup, repeats)
+    return [_samples_at(traced, b, *run, sync, warmup, repeats) for b, run in zip(sizes, runs)]
+
+
+def _samples_at(traced: Any, b: int, forward_in_place: dict[str, float], whole_backward: float,
+                env: dict[fx.Node, Any], sync: Callable[[], None], warmup: int,
+                repeats: int) -> list[tuple[int, Any]]:
+    """Each operator's ``ProfileSample`` at batch size ``b``: its forward as timed in place in the
+    whole-graph runs, its backward timed alone on ``env``'s values, the backwards scaled so that
+    they add up to the whole graph's backward."""
+    gm = traced.module
+    by_name = {n.name: n for n in gm.graph.nodes}
+    timed: list[tuple[int, float, float, float, float]] = []  # (node, forward, backward, I, W alone)
+    for name, node_id in traced.node_ids.items():
+        node = by_name[name]
+        if node.op == "placeholder":
+            alone = (0.0, 0.0, 0.0)
+        else:
+            alone = _operator_backward(gm, node, env, sync, warmup, repeats)
+        timed.append((node_id, forward_in_place.get(name, 0.0), *alone))
+    factor = _scale_factor([t[2] for t in timed], whole_backward)
+    return [(node_id, _C.ProfileSample(b, fwd, bwd * factor, inputs_half * factor, weights_half * factor))
+            for node_id, fwd, bwd, inputs_half, weights_half in timed]
 
 
 def _to(value: Any, dev: torch.device) -> Any:

@@ -45,7 +45,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from graphpipe.capture import is_opaque_module
+from graphpipe.capture import may_write_inputs
 from graphpipe.errors import PlanningError
 
 __all__ = ["EdgeLayout", "LocalStage", "StageCut", "StageModule", "build_stages", "hold_unused_state",
@@ -150,7 +150,7 @@ def build_stages(gm: fx.GraphModule, plan: Any, graph: Any) -> StageCut:
         stages=stages,
         output_stage=out_stage,
         shared_params=dict(sorted(shared.items())),
-        copies_inputs=any(n.meta.get("inplace") or is_opaque_module(gm, n) for n in compute),
+        copies_inputs=any(may_write_inputs(gm, n) for n in compute),
     )
 
 
@@ -192,7 +192,7 @@ def _assign(gm: fx.GraphModule, n: fx.Node, s: int, stages: list[StageModule], i
             users.params.setdefault(id(p), {}).setdefault(s, f"{n.target}.{pname}")
         if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
             users.stateful.setdefault(f"module {n.target!r} ({type(sub).__name__})", set()).add(s)
-    if n.meta.get("inplace") or is_opaque_module(gm, n):
+    if may_write_inputs(gm, n):
         stages[s].copies_received = True
 
 
