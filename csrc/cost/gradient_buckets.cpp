@@ -7,16 +7,20 @@ namespace graphpipe::cost {
 
 std::vector<GradientBucket> bucket_layout(const std::vector<BucketEntry>& parameters, double bucket_bytes) {
   std::vector<GradientBucket> buckets;
-  std::map<std::pair<std::string, std::string>, std::size_t> open;  // (dtype, device) -> its open bucket
+  // (dtype, device) -> its open bucket, and whether that is the first it opened (DDP's small one).
+  std::map<std::pair<std::string, std::string>, std::pair<std::size_t, bool>> open;
   for (int p = static_cast<int>(parameters.size()) - 1; p >= 0; --p) {
     const BucketEntry& t = parameters[p];
     if (!t.trained) continue;
-    auto it = open.find({t.dtype, t.device});
-    if (it == open.end() || (bucket_bytes > 0.0 && buckets[it->second].bytes() >= bucket_bytes)) {
+    const std::pair<std::string, std::string> key{t.dtype, t.device};
+    auto it = open.find(key);
+    const bool none = it == open.end();
+    const double cap = !none && it->second.second ? first_bucket_cap(bucket_bytes) : bucket_bytes;
+    if (none || (cap > 0.0 && buckets[it->second.first].bytes() >= cap)) {
       buckets.push_back({t.dtype, t.element_size, 0, {}});
-      it = open.insert_or_assign({t.dtype, t.device}, buckets.size() - 1).first;
+      it = open.insert_or_assign(key, std::make_pair(buckets.size() - 1, none)).first;
     }
-    GradientBucket& b = buckets[it->second];
+    GradientBucket& b = buckets[it->second.first];
     b.numel += t.numel;
     b.parameters.push_back(p);
   }

@@ -1,20 +1,26 @@
 // gradient_buckets: how the gradients of a replicated stage are grouped for their sync.
 //
-// The runtime (runtime/gradient_buckets.h) sums a replicated stage's gradients in buckets of
-// about kDefaultBucketBytes, filled with parameters in reverse registration order (roughly the
-// order the backward produces their gradients, as DDP does), and starts each bucket's sum as
-// soon as the last backward has produced all of its gradients; the simulator prices the same
-// buckets. A small first-to-last size keeps the overlap: with one large bucket nothing could
-// start before the backward ends. 1 MiB is DDP's first-bucket size.
+// The runtime (runtime/gradient_buckets.h) sums a replicated stage's gradients in buckets,
+// filled with parameters in reverse registration order (roughly the order the backward produces
+// their gradients, as DDP does), and starts each bucket's sum as soon as the last backward has
+// produced all of its gradients; the simulator prices the same buckets. The sizes are DDP's
+// (torch.nn.parallel.DistributedDataParallel after its first iteration): a small first bucket,
+// kFirstBucketBytes (1 MiB, torch's dist._DEFAULT_FIRST_BUCKET_BYTES), so that a sum starts
+// early in the backward, then buckets of bucket_bytes, by default kDefaultBucketBytes (25 MiB,
+// DDP's bucket_cap_mb). Why not small buckets throughout: every collective has a fixed cost, and
+// on Gloo CPU ranks, where the collectives' threads share the cores with the backward, 1 MiB
+// buckets throughout measured 5-9% slower steps than DDP's sizes (docs/results.md, "Gradient
+// buckets of DDP's sizes").
 //
 // bucket_layout() is the one layout rule: the runtime lays out its tensors with it, and the cost
 // model prices what each bucket holds with it (top-k's k and PowerSGD's factors depend on bucket
 // contents; gradient_buckets() for parameter shapes). The parameters are walked from last to
 // first, skipping those that are not trained; each (dtype, device) has one open bucket; a
-// parameter goes into its open bucket unless that bucket already holds bucket_bytes or more, in
+// parameter goes into its open bucket unless that bucket already holds its cap or more, in
 // which case it opens a new one (so a bucket passes the cap by its last parameter, and a
-// parameter larger than the cap is a bucket of its own); a cap <= 0 puts all of a (dtype,
-// device)'s parameters in one bucket. Buckets are listed in the order they were opened, which is
+// parameter larger than the cap is a bucket of its own). The cap of a (dtype, device)'s first
+// bucket is first_bucket_cap(bucket_bytes), of the others bucket_bytes; a cap <= 0 puts all of a
+// (dtype, device)'s parameters in one bucket. Buckets are listed in the order they were opened, which is
 // the order the runtime starts them in. O(P log P) for P parameters.
 #pragma once
 
@@ -28,14 +34,42 @@
 
 namespace graphpipe::cost {
 
-inline constexpr double kDefaultBucketBytes = 1024.0 * 1024.0;
+inline constexpr double kDefaultBucketBytes = 25.0 * 1024.0 * 1024.0;
+inline constexpr double kFirstBucketBytes = 1024.0 * 1024.0;
 
-// How many buckets of at most `cap` bytes hold `bytes` of gradients (at least one when there
-// is anything to sum). The simulator's figure for a stage whose parameter shapes are unknown.
-inline int bucket_count(double bytes, double cap = kDefaultBucketBytes) {
-  if (bytes <= 0.0) return 0;
-  if (cap <= 0.0) return 1;
-  return std::max(1, static_cast<int>(std::ceil(bytes / cap)));
+// The cap of the first bucket when the others' is `cap`: DDP's first-bucket size, or `cap` when
+// that is smaller (or <= 0: one bucket).
+inline double first_bucket_cap(double cap) { return cap <= 0.0 ? cap : std::min(kFirstBucketBytes, cap); }
+
+// The sizes of the buckets that hold `bytes` of gradients whose parameter shapes are unknown, in
+// start order: a first bucket of up to first_bucket_cap(cap), then the rest in equal buckets of
+// at most `cap` (none when there is nothing to sum; one when cap <= 0). The simulator's and the
+// planner's figure for a stage without parameter shapes.
+inline std::vector<double> bucket_sizes(double bytes, double cap = kDefaultBucketBytes) {
+  if (bytes <= 0.0) return {};
+  if (cap <= 0.0) return {bytes};
+  const double first = std::min(bytes, first_bucket_cap(cap));
+  std::vector<double> sizes{first};
+  const double rest = bytes - first;
+  const int k = static_cast<int>(std::ceil(rest / cap));
+  for (int i = 0; i < k; ++i) sizes.push_back(rest / k);
+  return sizes;
+}
+
+// How far past the end of a backward of `backward` seconds the sum of buckets of `sizes` bytes
+// ends, when the backward makes their gradients final at an even pace over the bytes (bucket i
+// once it has produced the bytes up to i) and each bucket, one after another, takes its share of
+// `all_reduce` seconds. With one bucket, all of it; never less than the last bucket's share.
+inline double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes) {
+  double total = 0.0;
+  for (double b : sizes) total += b;
+  if (total <= 0.0) return all_reduce;
+  double produced = 0.0, free = 0.0;
+  for (double b : sizes) {
+    produced += b;
+    free = std::max(free, backward * produced / total) + all_reduce * b / total;
+  }
+  return free - backward;
 }
 
 struct GradientBucket {

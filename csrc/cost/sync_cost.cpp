@@ -85,8 +85,7 @@ std::vector<SyncLoad> stage_bucket_loads(const SyncMethod& method, const std::ve
                           " parameter bytes come without them (a graph traced before shapes were recorded, or a "
                           "hand-made plan): trace the model again with graphpipe.trace");
     }
-    const int K = bucket_count(param_bytes, bucket_bytes);
-    for (int k = 0; k < K; ++k) loads.push_back(flat_load(param_bytes / K));
+    for (double bytes : bucket_sizes(param_bytes, bucket_bytes)) loads.push_back(flat_load(bytes));
     return loads;
   }
   for (const GradientBucket& b : gradient_buckets(parameters, bucket_bytes)) {

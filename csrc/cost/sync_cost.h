@@ -144,7 +144,7 @@ double single_bucket_seconds(const SyncMethod& method, const SyncLoad& load, con
 
 // The loads of a stage's gradient buckets: `parameters` in the stage module's order laid out as
 // the runtime does (gradient_buckets.h). Without shapes (`parameters` empty), `param_bytes` in
-// bucket_count equal flat buckets, as the simulator always assumed; PowerSGD then throws
+// the flat buckets of bucket_sizes (gradient_buckets.h); PowerSGD then throws
 // PlanningError (it prices by shape; re-trace the model). `devices` prices PowerSGD's compute.
 std::vector<SyncLoad> stage_bucket_loads(const SyncMethod& method, const std::vector<graph::ParamShape>& parameters,
                                          double param_bytes, double bucket_bytes, const Devices& devices);

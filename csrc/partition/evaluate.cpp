@@ -404,11 +404,11 @@ class Evaluator {
   }
 
   // The runtime sums a replicated stage's gradients in buckets (cost/gradient_buckets.h) that
-  // start while its last backward still runs (the backward fills them at an even pace, the
-  // simulator's model): with n equal buckets of c = all_reduce / n each, bucket i is ready i / n
-  // into that backward B, and the last one ends max over i of (i B / n + (n - i + 1) c) - B after
-  // the backward, max(c, all_reduce - B (n - 1) / n) (the expression is linear in i). Backward
-  // work upstream of a stage hides as much of its tail.
+  // start while its last backward B still runs (the backward fills them at an even pace over the
+  // bytes, the simulator's model) and run one after another, each priced at its share of the
+  // stage's all_reduce: bucket i is ready when B has produced the bytes up to it, and the sum's
+  // exposed part is how far the last one ends past B's end (cost::exposed_sync_seconds).
+  // Backward work upstream of a stage hides as much of its tail.
   void optimizer_tail() {
     // Backward work upstream of each stage (stages are numbered topologically, edges by src).
     std::vector<double> upstream(k_, 0.0);
@@ -419,8 +419,7 @@ class Evaluator {
       const StageFigures& f = ev_.stages[s];
       double exposed = f.all_reduce;
       if (f.all_reduce > 0.0) {
-        const double buckets = std::max(1, cost::bucket_count(stage_params[s]));
-        exposed = std::max(f.all_reduce / buckets, f.all_reduce - f.backward * (buckets - 1.0) / buckets);
+        exposed = cost::exposed_sync_seconds(f.all_reduce, f.backward, cost::bucket_sizes(stage_params[s]));
       }
       ev_.optimizer_tail = std::max(ev_.optimizer_tail, exposed + f.optimizer - upstream[s]);
     }

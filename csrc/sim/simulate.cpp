@@ -171,16 +171,11 @@ class Replay {
         continue;
       }
       ss.buckets = std::move(priced.buckets);
-      // Without parameter shapes the buckets are equal: bucket k is final k / K of the way.
-      const bool equal = stage.parameters.empty();
-      ss.ready_whole = equal ? static_cast<double>(loads.size()) : 0.0;
-      for (std::size_t k = 0; k < loads.size(); ++k) {
-        if (equal) {
-          ss.ready.push_back(static_cast<double>(k + 1));
-        } else {
-          ss.ready_whole += loads[k].bytes;
-          ss.ready.push_back(ss.ready_whole);
-        }
+      // Bucket k is final once the backward has produced the bytes up to it.
+      ss.ready_whole = 0.0;
+      for (const cost::SyncLoad& load : loads) {
+        ss.ready_whole += load.bytes;
+        ss.ready.push_back(ss.ready_whole);
       }
       if (ss.ready_whole <= 0.0) ss.ready_whole = 1.0;
     }

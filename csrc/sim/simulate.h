@@ -40,7 +40,7 @@
 //
 // Sync methods (cost/sync_method.h, SimOptions::sync, by default the plan's): the buckets are the
 // runtime's (cost/gradient_buckets.h, from Stage::parameters; without parameter shapes,
-// bucket_count equal buckets of param_bytes), each priced by cost/sync_cost.h. Bucket k's
+// bucket_sizes' flat buckets of param_bytes), each priced by cost/sync_cost.h. Bucket k's
 // gradients are final once the last backward has produced its share of the bytes (the backward
 // produces them at an even pace, in bucket order). Top-k and PowerSGD first compress the bucket
 // (a `compress` task on the rank, after the previous bucket's compression), then run its

@@ -48,7 +48,8 @@ class WrapOptions:
         leaf_modules: module classes traced as one operator.
         bucket_bytes: size of the buckets in which a replicated stage's gradients are summed
             over its replicas, each starting as soon as the last backward has produced its
-            gradients (default ``graphpipe._C.default_bucket_bytes``, 1 MiB).
+            gradients (default ``graphpipe._C.default_bucket_bytes``, 25 MiB, DDP's); the first
+            bucket holds up to 1 MiB (DDP's first bucket), so the first sum starts early.
         sync: how replicated stages synchronise (graphpipe/sync.py): ``"allreduce"`` (default,
             exact; any name the C++ parser takes for it, ``"all_reduce"`` too),
             ``AllReduce(hierarchical=True)``, ``LocalSGD(period)``, ``QSR(base_period, alpha)``,

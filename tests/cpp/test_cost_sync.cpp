@@ -147,6 +147,43 @@ TEST(CostSync, BucketsFollowTheRuntimesRule) {
   EXPECT_EQ(gc::gradient_buckets(params, 0.0).size(), 2u);
 }
 
+TEST(CostSync, TheFirstBucketIsDdpsSmallOne) {
+  // DDP's sizes: the first bucket of each (dtype, device) closes at 1 MiB, the others at the cap.
+  // Float32 parameters of 0.5, 0.75, 8, 8 and 8 MiB, registered in that order (walked from the
+  // last): 8 MiB opens the first bucket and passes 1 MiB alone; the next two 8 MiB share the
+  // second (16 MiB >= 10 MiB closes it); 0.75 and 0.5 MiB open the third.
+  const double mib = gc::kFirstBucketBytes;
+  const std::int64_t quarter = 65536;  // float32 elements in 0.25 MiB
+  const std::vector<ParamShape> params = {param("a", {2 * quarter}), param("b", {3 * quarter}),
+                                          param("c", {32 * quarter}), param("d", {32 * quarter}),
+                                          param("e", {32 * quarter})};
+  auto buckets = gc::gradient_buckets(params, 10 * mib);
+  ASSERT_EQ(buckets.size(), 3u);
+  EXPECT_EQ(buckets[0].parameters, (std::vector<int>{4}));
+  EXPECT_EQ(buckets[1].parameters, (std::vector<int>{3, 2}));
+  EXPECT_EQ(buckets[2].parameters, (std::vector<int>{1, 0}));
+  // A cap under 1 MiB caps the first bucket too; the default cap is DDP's 25 MiB.
+  EXPECT_DOUBLE_EQ(gc::first_bucket_cap(0.5 * mib), 0.5 * mib);
+  EXPECT_DOUBLE_EQ(gc::first_bucket_cap(gc::kDefaultBucketBytes), mib);
+  EXPECT_DOUBLE_EQ(gc::kDefaultBucketBytes, 25 * mib);
+  // Without shapes: 1 MiB, then the rest in equal buckets of at most the cap.
+  EXPECT_EQ(gc::bucket_sizes(0.0), std::vector<double>{});
+  EXPECT_EQ(gc::bucket_sizes(0.5 * mib), (std::vector<double>{0.5 * mib}));
+  EXPECT_EQ(gc::bucket_sizes(41 * mib, 25 * mib), (std::vector<double>{mib, 20 * mib, 20 * mib}));
+  EXPECT_EQ(gc::bucket_sizes(41 * mib, 0.0), (std::vector<double>{41 * mib}));
+}
+
+TEST(CostSync, ExposedSyncFollowsTheBucketsReadyTimes) {
+  // One bucket: the whole sum after the backward.
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(3.0, 10.0, {5.0}), 3.0);
+  // Four equal buckets, ready at 2.5, 5, 7.5 and 10 s, each 1 s: only the last one is exposed.
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(4.0, 10.0, {1.0, 1.0, 1.0, 1.0}), 1.0);
+  // Sums longer than their spacing queue up: 4 s each from 2.5 s, back to back, end at 18.5 s.
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(16.0, 10.0, {1.0, 1.0, 1.0, 1.0}), 8.5);
+  // A small first bucket and a large last one: the last one's share is exposed.
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(4.0, 10.0, {1.0, 3.0}), 3.0);
+}
+
 TEST(CostSync, AllGatherClosedForms) {
   gc::Devices d = two_level(8, 4);
   const double c = 1e6;

@@ -2,6 +2,7 @@
 // last backward, the per-pair shares of a re-sharded edge, and replicas' figures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cost/all_reduce.h"
@@ -19,25 +20,28 @@ using graphpipe::testing::devices;
 using graphpipe::testing::find_task;
 
 TEST(SimulateReplicas, AllReduceBucketsStartDuringTheLastBackward) {
-  // One stage on ranks {0, 1}, two micro-batches, f = 1, b = 2, 4 MiB of gradients: 4 buckets
-  // of 1 MiB, each summed in `each` seconds (ring of two over 100 MB/s links). Program: F0 B0 F1
-  // B1 AR OPT; B1 runs [4, 6], bucket k is ready at 4 + 2k/4, so the sums run back to back
-  // from 4.5 when each takes at least 0.5 s.
+  // One stage on ranks {0, 1}, two micro-batches, f = 1, b = 2, 4 MiB of gradients (no shapes):
+  // DDP's buckets, a first one of 1 MiB, then the other 3 MiB in one (under the 25 MiB cap),
+  // summed in `first` and `rest` seconds (rings of two over 1 MB/s links). Program: F0 B0 F1 B1
+  // AR OPT; B1 runs [4, 6]; the first bucket is ready a quarter of the way, at 4.5, the second
+  // at B1's end.
   auto plan = chain_plan(1, 2, 1.0, 2.0);
   plan.stages[0].devices = {0, 1};
   plan.num_devices = 2;
   plan.micro_batch_size = 2;
-  plan.stages[0].param_bytes = 4 * graphpipe::cost::kDefaultBucketBytes;
+  const double mib = graphpipe::cost::kFirstBucketBytes;
+  plan.stages[0].param_bytes = 4 * mib;
   const auto d = devices(2, 0.0, 1e6);
-  const double each = graphpipe::cost::ring_all_reduce(d, {0, 1}, graphpipe::cost::kDefaultBucketBytes).seconds;
-  ASSERT_GT(each, 0.5);
+  const double first = graphpipe::cost::ring_all_reduce(d, {0, 1}, mib).seconds;
+  const double rest = graphpipe::cost::ring_all_reduce(d, {0, 1}, 3 * mib).seconds;
+  ASSERT_GT(first, 0.5);
   const auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
   const Task& b1 = find_task(r, "B1 s0");
   const Task& ar = find_task(r, "AR s0");
   EXPECT_DOUBLE_EQ(b1.start, 4.0);  // after F0 [0, 1], B0 [1, 3], F1 [3, 4]
   EXPECT_DOUBLE_EQ(ar.start, b1.start + 0.5);
   EXPECT_LT(ar.start, b1.end);  // the sum overlaps the backward
-  EXPECT_NEAR(ar.end, ar.start + 4 * each, 1e-9);
+  EXPECT_NEAR(ar.end, std::max(ar.start + first, b1.end) + rest, 1e-9);
   EXPECT_NEAR(r.iteration_seconds, ar.end, 1e-9);  // the optimizer step is free here
   // The replica's figures are its lead's.
   EXPECT_DOUBLE_EQ(r.ranks[1].busy_seconds, r.ranks[0].busy_seconds);

@@ -36,7 +36,7 @@ graphpipe::plan::Plan replicated_stage() {
   plan.stages[0].devices = {0, 1};
   plan.num_devices = 2;
   plan.micro_batch_size = 2;
-  plan.stages[0].param_bytes = 4 * cost::kDefaultBucketBytes;
+  plan.stages[0].param_bytes = 4 * cost::kFirstBucketBytes;
   plan.stages[0].parameters = {{"w", {1024, 1024}, "float32", 4, true}};
   return plan;
 }
@@ -59,7 +59,7 @@ cost::SyncMethod local_sgd(double period) {
 
 TEST(SimulateSync, LocalSgdAveragesAfterTheOptimizerStep) {
   const auto plan = replicated_stage();
-  const double average = cost::ring_all_reduce(devices(2, 0.0, 1e8), {0, 1}, 4 * cost::kDefaultBucketBytes).seconds;
+  const double average = cost::ring_all_reduce(devices(2, 0.0, 1e8), {0, 1}, 4 * cost::kFirstBucketBytes).seconds;
   ASSERT_GT(average, 0.01);
   // A local step: no exchange at all, the iteration ends with the last backward (the optimizer
   // step is free on these devices).
@@ -96,7 +96,7 @@ TEST(SimulateSync, LocalSgdLowersTheAmortisedIterationAndPeriodOneAveragesEveryS
   // only at the end of the backward, and a free optimizer step, that is what summing the
   // gradients costs.
   const SimResult h1 = run(plan, local_sgd(1.0));
-  const double average = cost::ring_all_reduce(devices(2, 0.0, 1e8), {0, 1}, 4 * cost::kDefaultBucketBytes).seconds;
+  const double average = cost::ring_all_reduce(devices(2, 0.0, 1e8), {0, 1}, 4 * cost::kFirstBucketBytes).seconds;
   EXPECT_NEAR(h1.amortized_iteration_seconds, 6.0 + average, 1e-12);
   EXPECT_DOUBLE_EQ(h1.amortized_iteration_seconds, h1.iteration_seconds);
   EXPECT_NEAR(h1.iteration_seconds, all.iteration_seconds, 1e-12);
