@@ -1,0 +1,159 @@
+"""graphpipe's one replicated stage against torch DDP, in the same ranks, steps interleaved.
+
+Where the planner's pick is plain data parallelism (one stage, every rank a replica), graphpipe
+should train as fast as DDP. ``compare.py --no-emulate`` measures each variant in its own spawned
+ranks, round after round; on a 2-core machine that drifts 10-20% from minute to minute, two runs
+of the same plan there differ by up to that much. Here every variant lives in the same 2 ranks
+(Gloo, one torch thread each), and they take turns every ``--chunk`` steps (rotating who goes
+first), so a drift hits all alike. Variants:
+
+- ``ddp``: DistributedDataParallel over the eager model, on each rank's half of the batch
+  (compare.py's DDP step: forward, backward with DDP's gradient all-reduce, SGD, the global
+  loss by an all-reduce of one number);
+- ``ddp on the fx module``: the same over graphpipe's traced GraphModule of the model (whether
+  the captured module is slower than the eager one);
+- ``graphpipe``: ``wrap`` with the one-stage plan on both ranks, 1 micro-batch of the whole
+  batch, ``step(optimizer=)``; its gradient buckets are DDP's sizes (1 MiB first, then 25 MiB);
+- ``graphpipe, 1 MiB buckets``: the same with ``bucket_bytes=1 MiB``, every bucket 1 MiB (the
+  runtime's layout before it took DDP's sizes).
+
+Prints a table (median ms per step and each variant's speed against DDP) and writes JSON.
+
+    python benchmarks/ddp_parity_bench.py [--models transformer mmt] [--steps 15] [--chunk 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from compare import BENCH_SPECS, LR  # noqa: E402
+
+MIB = 2**20
+VARIANTS = ("ddp", "ddp on the fx module", "graphpipe", "graphpipe, 1 MiB buckets")
+
+
+def _ddp_step(module: Any, rows: tuple[Any, ...], target_rows: Any, loss_fn: Any, world: int) -> Any:
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+
+    def step() -> float:
+        for p in ddp.parameters():
+            p.grad = None
+        local = loss_fn(ddp(*rows), target_rows)  # even shards: DDP's average is the gradient
+        local.backward()
+        optimizer.step()
+        total = local.detach().reshape(1) / world
+        dist.all_reduce(total)
+        return float(total)
+
+    return step
+
+
+def _graphpipe_step(spec: str, inputs: Any, targets: Any, plan_json: str, bucket_bytes: float | None) -> Any:
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    model, _ = build_model(spec)
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, skip_nonfinite=False,
+                          bucket_bytes=bucket_bytes)
+    optimizer = torch.optim.SGD(list(pipe.parameters()), lr=LR)
+    step = lambda: float(pipe.step(inputs, targets, optimizer=optimizer))  # noqa: E731
+    return step, pipe
+
+
+def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: int) -> dict[str, list[float]]:
+    """Every variant's seconds per step on this rank (run_ranks has joined the Gloo group)."""
+    from graphpipe.models import build_model, default_loss
+    from graphpipe.trace import trace_module
+
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    batch = inputs[0].shape[0]
+    targets = model.example_targets(batch, torch.Generator().manual_seed(1))
+    loss_fn = default_loss(spec)
+    rows = batch // world
+    mine = tuple(t[rank * rows:(rank + 1) * rows] for t in inputs)
+    target_rows = targets[rank * rows:(rank + 1) * rows]
+    fx_model, _ = build_model(spec)
+    steppers = {"ddp": _ddp_step(model, mine, target_rows, loss_fn, world),
+                "ddp on the fx module": _ddp_step(trace_module(fx_model, inputs).module, mine, target_rows, loss_fn,
+                                                  world)}
+    pipes = []
+    for name, bucket in (("graphpipe", None), ("graphpipe, 1 MiB buckets", float(MIB))):
+        steppers[name], pipe = _graphpipe_step(spec, inputs, targets, plan_json, bucket)
+        pipes.append(pipe)
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    warmup = 2
+    for i in range(warmup + steps):
+        turn = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
+        for name in turn:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(chunk):  # back to back, as a training loop runs them
+                steppers[name]()
+            if i >= warmup:
+                times[name].append((time.perf_counter() - start) / chunk)
+    for pipe in pipes:
+        pipe.close()
+    return times
+
+
+def measure(name: str, steps: int, chunk: int) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.local_ranks import expect_ok, run_ranks
+    from graphpipe.models import build_model
+
+    spec = BENCH_SPECS[name]
+    model, inputs = build_model(spec)
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.plan(graph, 2, "manual", manual={"": 0}, stage_devices={0: [0, 1]}, micro_batches=1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "plan.json")
+        plan.save(graph, path)
+        plan_json = Path(path).read_text()
+    times = expect_ok(run_ranks(_rank, 2, spec, plan_json, steps, chunk, timeout=1800))[0].value
+    medians = {v: statistics.median(times[v]) for v in VARIANTS}
+    return {"model": name, "spec": spec, "median_seconds": medians,
+            "speed_vs_ddp": {v: medians["ddp"] / medians[v] for v in VARIANTS}, "seconds": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["transformer", "mmt"], choices=sorted(BENCH_SPECS))
+    parser.add_argument("--steps", type=int, default=15, help="timed turns per variant")
+    parser.add_argument("--chunk", type=int, default=4, help="steps per turn")
+    parser.add_argument("--out", default="results/ddp_parity_bench.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    print("| model | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " +
+          " | ".join(f"{v} vs DDP" for v in VARIANTS[1:]) + " |")
+    print("|---" * (2 * len(VARIANTS)) + "|")
+    for name in args.models:
+        r = measure(name, args.steps, args.chunk)
+        rows.append(r)
+        print(f"| {name} | " + " | ".join(f"{r['median_seconds'][v] * 1e3:.1f}" for v in VARIANTS) + " | " +
+              " | ".join(f"{r['speed_vs_ddp'][v]:.3f}x" for v in VARIANTS[1:]) + " |", flush=True)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "ddp_parity_bench", "torch": torch.__version__, "cpus": os.cpu_count(),
+                   "steps": args.steps, "chunk": args.chunk, "rows": rows}, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
