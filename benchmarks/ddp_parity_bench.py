@@ -46,24 +46,7 @@ MIB = 2**20
 VARIANTS = ("ddp", "ddp on the fx module", "graphpipe", "graphpipe, 1 MiB buckets")
 
 
-def _ddp_step(module: Any, rows: tuple[Any, ...], target_rows: Any, loss_fn: Any, world: int) -> Any:
-    ddp = torch.nn.parallel.DistributedDataParallel(module)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
-
-    def step() -> float:
-        for p in ddp.parameters():
-            p.grad = None
-        local = loss_fn(ddp(*rows), target_rows)  # even shards: DDP's average is the gradient
-        local.backward()
-        optimizer.step()
-        total = local.detach().reshape(1) / world
-        dist.all_reduce(total)
-        return float(total)
-
-    return step
-
-
-def _graphpipe_step(spec: str, inputs: Any, targets: Any, plan_json: str, bucket_bytes: float | None) -> Any:
+def _graphpipe_stepper(spec: str, inputs: Any, targets: Any, plan_json: str, bucket_bytes: float | None) -> Any:
     import graphpipe
     from graphpipe.models import build_model, default_loss
 
@@ -77,6 +60,8 @@ def _graphpipe_step(spec: str, inputs: Any, targets: Any, plan_json: str, bucket
 
 def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: int) -> dict[str, list[float]]:
     """Every variant's seconds per step on this rank (run_ranks has joined the Gloo group)."""
+    from baselines.torch_ddp import make_stepper
+
     from graphpipe.models import build_model, default_loss
     from graphpipe.trace import trace_module
 
@@ -85,16 +70,15 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: i
     batch = inputs[0].shape[0]
     targets = model.example_targets(batch, torch.Generator().manual_seed(1))
     loss_fn = default_loss(spec)
-    rows = batch // world
-    mine = tuple(t[rank * rows:(rank + 1) * rows] for t in inputs)
-    target_rows = targets[rank * rows:(rank + 1) * rows]
     fx_model, _ = build_model(spec)
-    steppers = {"ddp": _ddp_step(model, mine, target_rows, loss_fn, world),
-                "ddp on the fx module": _ddp_step(trace_module(fx_model, inputs).module, mine, target_rows, loss_fn,
-                                                  world)}
+    fx_module = trace_module(fx_model, inputs).module
+    # compare.py's DDP step: this rank's shard, DDP's all-reduce, SGD, the global loss.
+    ddp = {name: make_stepper(module, rank, world, loss_fn, lr=LR)
+           for name, module in (("ddp", model), ("ddp on the fx module", fx_module))}
+    steppers: dict[str, Any] = {name: (lambda step=step: step(tuple(inputs), targets)) for name, step in ddp.items()}
     pipes = []
     for name, bucket in (("graphpipe", None), ("graphpipe, 1 MiB buckets", float(MIB))):
-        steppers[name], pipe = _graphpipe_step(spec, inputs, targets, plan_json, bucket)
+        steppers[name], pipe = _graphpipe_stepper(spec, inputs, targets, plan_json, bucket)
         pipes.append(pipe)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     warmup = 2
