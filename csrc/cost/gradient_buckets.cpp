@@ -1,5 +1,7 @@
 #include "cost/gradient_buckets.h"
 
+#include <algorithm>
+
 #include <map>
 #include <utility>
 
@@ -34,6 +36,40 @@ std::vector<GradientBucket> gradient_buckets(const std::vector<graph::ParamShape
     entries.push_back({t.dtype, std::string(), t.element_size, t.numel(), t.requires_grad});
   }
   return bucket_layout(entries, bucket_bytes);
+}
+
+std::vector<BucketSpan> bucket_spans(double backward_start, double backward_end, const std::vector<double>& bytes,
+                                     const std::vector<double>& compress_seconds,
+                                     const std::vector<double>& comm_seconds) {
+  double total = 0.0;
+  for (double b : bytes) total += b;
+  std::vector<BucketSpan> spans(bytes.size());
+  double produced = 0.0, compressed = backward_start, free = backward_start;
+  for (std::size_t k = 0; k < bytes.size(); ++k) {
+    BucketSpan& span = spans[k];
+    produced += bytes[k];
+    span.ready = total > 0.0 ? backward_start + (backward_end - backward_start) * produced / total : backward_end;
+    span.compress_start = span.compress_end = span.ready;
+    if (compress_seconds[k] > 0.0) {
+      span.compress_start = std::max(span.ready, compressed);
+      span.compress_end = compressed = span.compress_start + compress_seconds[k];
+    }
+    span.start = std::max(span.compress_end, free);
+    span.end = free = span.start + comm_seconds[k];
+  }
+  return spans;
+}
+
+double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes) {
+  double total = 0.0;
+  for (double b : sizes) total += b;
+  if (total <= 0.0) return all_reduce;
+  std::vector<double> shares;
+  shares.reserve(sizes.size());
+  for (double b : sizes) shares.push_back(all_reduce * b / total);
+  const std::vector<BucketSpan> spans =
+      bucket_spans(0.0, backward, sizes, std::vector<double>(sizes.size(), 0.0), shares);
+  return spans.back().end - backward;
 }
 
 }  // namespace graphpipe::cost

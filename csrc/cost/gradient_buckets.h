@@ -56,21 +56,26 @@ inline std::vector<double> bucket_sizes(double bytes, double cap = kDefaultBucke
   return sizes;
 }
 
+// When each bucket's sum runs, the one timing rule the simulator (its all_reduce and compress
+// tasks) and the planner's closed form (exposed_sync_seconds) share. The last backward makes the
+// gradients final at an even pace over the bytes, from `backward_start` to `backward_end`:
+// bucket k is ready once the buckets up to it are produced (with no bytes at all, at the end).
+// A bucket that is compressed (compress_seconds[k] > 0) is compressed after the previous one's
+// compression, and its collectives run after the previous bucket's, for comm_seconds[k].
+// `bytes`, `compress_seconds` and `comm_seconds` are per bucket, in start order, of one length.
+struct BucketSpan {
+  double ready = 0.0;
+  double compress_start = 0.0, compress_end = 0.0;  // equal to ready when not compressed
+  double start = 0.0, end = 0.0;                    // its collectives
+};
+std::vector<BucketSpan> bucket_spans(double backward_start, double backward_end, const std::vector<double>& bytes,
+                                     const std::vector<double>& compress_seconds,
+                                     const std::vector<double>& comm_seconds);
+
 // How far past the end of a backward of `backward` seconds the sum of buckets of `sizes` bytes
-// ends, when the backward makes their gradients final at an even pace over the bytes (bucket i
-// once it has produced the bytes up to i) and each bucket, one after another, takes its share of
-// `all_reduce` seconds. With one bucket, all of it; never less than the last bucket's share.
-inline double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes) {
-  double total = 0.0;
-  for (double b : sizes) total += b;
-  if (total <= 0.0) return all_reduce;
-  double produced = 0.0, free = 0.0;
-  for (double b : sizes) {
-    produced += b;
-    free = std::max(free, backward * produced / total) + all_reduce * b / total;
-  }
-  return free - backward;
-}
+// ends (bucket_spans), when each bucket takes its share of `all_reduce` seconds by its bytes.
+// With no buckets (or no bytes), all of it; never less than the last bucket's share.
+double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes);
 
 struct GradientBucket {
   std::string dtype;

@@ -419,7 +419,8 @@ class Evaluator {
       const StageFigures& f = ev_.stages[s];
       double exposed = f.all_reduce;
       if (f.all_reduce > 0.0) {
-        exposed = cost::exposed_sync_seconds(f.all_reduce, f.backward, cost::bucket_sizes(stage_params[s]));
+        exposed =
+            cost::exposed_sync_seconds(f.all_reduce, f.backward, cost::bucket_sizes(stage_params[s], p_.bucket_bytes));
       }
       ev_.optimizer_tail = std::max(ev_.optimizer_tail, exposed + f.optimizer - upstream[s]);
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "cost/gradient_buckets.h"
 #include "cost/in_flight.h"
 #include "cost/sync_method.h"
 #include "partition/manual/manual.h"
@@ -40,6 +41,10 @@ struct Options {
   // stage this method's cost per step (docs/design.md, "Pricing the sync methods"), so a cheaper
   // method makes more replicas worth their devices. Ignored for stages of one device.
   cost::SyncMethod sync;
+  // The replicated stages' gradient bucket cap (cost/gradient_buckets.h; wrap's bucket_bytes): the
+  // closed form's exposed sync (evaluate.h) follows those buckets' ready times. The planner sets
+  // it from sim::SimOptions::bucket_bytes, so that both price the buckets the runtime will fill.
+  double bucket_bytes = cost::kDefaultBucketBytes;
   // For "manual": the ranks of some stages (stage -> device ids); a stage not named gets one
   // device, the lowest one no stage names. Implies replicated stages for the stages named.
   std::map<int, std::vector<int>> stage_devices;

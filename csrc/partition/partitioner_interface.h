@@ -49,6 +49,7 @@ struct PartitionRequest {
       p.replicas = std::make_shared<const ReplicaTable>(model, micro_batch_size, devices.count);
       p.device_budget = devices.count;
       set_sync(p, options.sync);
+      p.bucket_bytes = options.bucket_bytes;
     }
     return p;
   }

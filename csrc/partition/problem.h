@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "cost/gradient_buckets.h"
 #include "cost/in_flight.h"
 #include "cost/sync_load.h"
 #include "cost/sync_method.h"
@@ -52,9 +53,10 @@ struct Problem {
   // planner prices a stage's sync as one bucket holding all of its operators' gradients
   // (docs/design.md §4.9).
   cost::SyncMethod sync;
-  std::vector<cost::SyncLoad> sync_load;  // per operator
-  cost::SyncLoad sync_total;              // the whole graph's
-  double total_param_bytes = 0.0;         // the whole graph's param_bytes
+  double bucket_bytes = cost::kDefaultBucketBytes;  // the gradient buckets' cap (Options::bucket_bytes)
+  std::vector<cost::SyncLoad> sync_load;            // per operator
+  cost::SyncLoad sync_total;                        // the whole graph's
+  double total_param_bytes = 0.0;                   // the whole graph's param_bytes
 
   std::vector<graph::NodeId> order;                // topological order of the operators
   std::vector<int> position;                       // position[v] = index of v in order

@@ -80,6 +80,7 @@ std::vector<Pool> pool_options(const cost::Devices& devices, const partition::Op
     partition::Options wide = options;
     wide.every_candidate = true;
     wide.zero_bubble = schedule::traits(policy).splits_backward;
+    wide.bucket_bytes = planner.sim.bucket_bytes;  // the closed form prices the buckets simulated
     if (plain_too) {  // first, so that a tie leaves devices idle rather than replicate for nothing
       partition::Options plain = wide;
       plain.replicate = false;

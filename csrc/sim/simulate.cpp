@@ -148,10 +148,8 @@ class Replay {
   struct StageSync {
     bool replicated = false;
     std::vector<cost::BucketCost> buckets;  // gradient methods, in start order
-    // Bucket k's gradients are final once ready[k] / ready_whole of the last backward has run.
-    std::vector<double> ready;
-    double ready_whole = 1.0;
-    cost::BucketCost average;  // local SGD: one averaging of the parameters
+    std::vector<double> bytes;              // each bucket's gradient bytes (when it is ready: cost::bucket_spans)
+    cost::BucketCost average;               // local SGD: one averaging of the parameters
   };
 
   void price_syncs() {
@@ -171,13 +169,7 @@ class Replay {
         continue;
       }
       ss.buckets = std::move(priced.buckets);
-      // Bucket k is final once the backward has produced the bytes up to it.
-      ss.ready_whole = 0.0;
-      for (const cost::SyncLoad& load : loads) {
-        ss.ready_whole += load.bytes;
-        ss.ready.push_back(ss.ready_whole);
-      }
-      if (ss.ready_whole <= 0.0) ss.ready_whole = 1.0;
+      for (const cost::SyncLoad& load : loads) ss.bytes.push_back(load.bytes);
     }
   }
 
@@ -253,18 +245,15 @@ class Replay {
     return index;
   }
 
-  // The sync of a replicated stage's gradients, as the runtime runs it (cost/gradient_buckets.h):
-  // bucket k's gradients are final once the stage's last backward has produced the buckets up to
-  // k (at an even pace over the bytes); a compressing method then compresses the bucket (after
-  // the previous bucket's compression), and its collectives run after the previous bucket's
-  // (cost/sync_cost.h prices both; with the default all-reduce, cost::best_all_reduce over the
-  // stage's ranks). The all_reduce task spans the first collective's start to the last one's
-  // end; the rank goes on (to its optimizer step) at its end. Since `start` (the rank's clock)
-  // is at or after the last backward's end, the task ends no earlier than it. Local SGD has no
-  // gradient exchange: an empty task.
+  // The sync of a replicated stage's gradients, as the runtime runs it: each bucket's compression
+  // (by a compressing method) and collectives at the times cost::bucket_spans gives over the
+  // stage's last backward (cost/sync_cost.h prices both; with the default all-reduce,
+  // cost::best_all_reduce over the stage's ranks). The all_reduce task spans the first
+  // collective's start to the last one's end; the rank goes on (to its optimizer step) at its
+  // end. Since `start` (the rank's clock) is at or after the last backward's end, the task ends
+  // no earlier than it. Local SGD has no gradient exchange: an empty task.
   int add_all_reduce(int r, const Instruction& i, double start, int cause) {
     const StageSync& ss = sync_[i.stage];
-    const int K = static_cast<int>(ss.buckets.size());
     Task t;
     t.kind = TaskKind::all_reduce;
     t.rank = r;
@@ -273,34 +262,32 @@ class Replay {
     t.end = start;
     t.cause = cause;
     const int b = last_backward_[i.stage];
-    if (K > 0 && b >= 0) {
-      const double b0 = tasks_[b].start, b1 = tasks_[b].end;
-      double free = 0.0, compressed = 0.0;
-      int last_compress = -1;
-      for (int k = 1; k <= K; ++k) {
-        const cost::BucketCost& bucket = ss.buckets[k - 1];
-        const double ready = b0 + (b1 - b0) * ss.ready[k - 1] / ss.ready_whole;
-        double begin = ready;
-        if (bucket.compute_seconds > 0.0) {
-          Task c;
-          c.kind = TaskKind::compress;
-          c.rank = r;
-          c.stage = i.stage;
-          c.micro_batch = k - 1;
-          c.start = std::max(ready, compressed);
-          c.end = c.start + bucket.compute_seconds;
-          c.cause = last_compress >= 0 && compressed > ready ? last_compress : b;
-          tasks_.push_back(c);
-          last_compress = static_cast<int>(tasks_.size()) - 1;
-          compressed = c.end;
-          begin = c.end;
-        }
-        begin = std::max(begin, free);
-        if (k == 1) t.start = begin;
-        free = begin + bucket.comm_seconds;
+    if (!ss.buckets.empty() && b >= 0) {
+      std::vector<double> compress, comm;
+      for (const cost::BucketCost& bucket : ss.buckets) {
+        compress.push_back(bucket.compute_seconds);
+        comm.push_back(bucket.comm_seconds);
       }
-      t.end = std::max(free, start);
-      if (last_compress >= 0 && free > start) t.cause = last_compress;
+      const std::vector<cost::BucketSpan> spans =
+          cost::bucket_spans(tasks_[b].start, tasks_[b].end, ss.bytes, compress, comm);
+      int last_compress = -1;
+      for (std::size_t k = 0; k < spans.size(); ++k) {
+        if (compress[k] <= 0.0) continue;
+        Task c;
+        c.kind = TaskKind::compress;
+        c.rank = r;
+        c.stage = i.stage;
+        c.micro_batch = static_cast<int>(k);
+        c.start = spans[k].compress_start;
+        c.end = spans[k].compress_end;
+        // Waiting on the previous bucket's compression, or on the backward.
+        c.cause = last_compress >= 0 && spans[k].compress_start > spans[k].ready ? last_compress : b;
+        tasks_.push_back(c);
+        last_compress = static_cast<int>(tasks_.size()) - 1;
+      }
+      t.start = spans.front().start;
+      t.end = std::max(spans.back().end, start);
+      if (last_compress >= 0 && spans.back().end > start) t.cause = last_compress;
     }
     tasks_.push_back(t);
     return static_cast<int>(tasks_.size()) - 1;

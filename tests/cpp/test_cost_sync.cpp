@@ -184,6 +184,27 @@ TEST(CostSync, ExposedSyncFollowsTheBucketsReadyTimes) {
   EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(4.0, 10.0, {1.0, 3.0}), 3.0);
 }
 
+TEST(CostSync, BucketSpansQueueCompressionAndCollectives) {
+  // A backward from 10 to 20 s fills buckets of 1, 1 and 2 bytes: ready at 12.5, 15 and 20 s.
+  // Compression 3 s each (one after another): 12.5-15.5, 15.5-18.5, 20-23; collectives 1 s
+  // each after their compression and the previous bucket's collectives.
+  const auto spans = gc::bucket_spans(10.0, 20.0, {1.0, 1.0, 2.0}, {3.0, 3.0, 3.0}, {1.0, 1.0, 1.0});
+  ASSERT_EQ(spans.size(), 3U);
+  EXPECT_DOUBLE_EQ(spans[0].ready, 12.5);
+  EXPECT_DOUBLE_EQ(spans[1].ready, 15.0);
+  EXPECT_DOUBLE_EQ(spans[1].compress_start, 15.5);  // waits for the first bucket's compression
+  EXPECT_DOUBLE_EQ(spans[1].end, 19.5);
+  EXPECT_DOUBLE_EQ(spans[2].compress_start, 20.0);
+  EXPECT_DOUBLE_EQ(spans[2].start, 23.0);
+  EXPECT_DOUBLE_EQ(spans[2].end, 24.0);
+  // Without compression a bucket starts when it is ready or when the previous one ends.
+  const auto plain = gc::bucket_spans(0.0, 10.0, {1.0, 1.0}, {0.0, 0.0}, {6.0, 1.0});
+  EXPECT_DOUBLE_EQ(plain[0].compress_end, plain[0].ready);
+  EXPECT_DOUBLE_EQ(plain[1].start, 11.0);
+  // No bytes at all: every bucket is ready when the backward ends.
+  EXPECT_DOUBLE_EQ(gc::bucket_spans(0.0, 10.0, {0.0}, {0.0}, {2.0})[0].end, 12.0);
+}
+
 TEST(CostSync, AllGatherClosedForms) {
   gc::Devices d = two_level(8, 4);
   const double c = 1e6;

@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "cost/cost_model.h"
+#include "cost/gradient_buckets.h"
 #include "cost/presets.h"
 #include "partition/evaluate.h"
 #include "partition/problem.h"
+
+#include <algorithm>
+#include <memory>
 
 namespace graph = graphpipe::graph;
 namespace cost = graphpipe::cost;
@@ -14,15 +18,15 @@ namespace pt = graphpipe::partition;
 namespace {
 
 // x (input) -> a -> b, cut as {x, a} | {b}.
-graph::OpGraph chain3() {
+graph::OpGraph chain3(double b_param_bytes = 8000, double flops = 1e6) {
   graph::OpGraph g;
   for (const char* name : {"x", "a", "b"}) {
     graph::Node n;
     n.name = name;
     n.op = std::string(name) == "x" ? "input" : "call_module";
-    n.forward_flops = 1e6;
+    n.forward_flops = flops;
     n.output_bytes = 64;
-    n.param_bytes = std::string(name) == "b" ? 8000 : 0;
+    n.param_bytes = std::string(name) == "b" ? b_param_bytes : 0;
     g.add_node(n);
   }
   g.add_edge(0, 1, 64);
@@ -54,4 +58,27 @@ TEST(PartitionEvaluate, OptimizerStepOverlapsTheBackwardUpstream) {
   // Short steps vanish behind the upstream backward: no tail.
   p.optimizer = {0.0, 0.0, 1.5};
   EXPECT_DOUBLE_EQ(pt::evaluate(p, {0, 0, 1}).optimizer_tail, 0.0);
+}
+
+TEST(PartitionEvaluate, ExposedSyncFollowsTheBucketCapAsked) {
+  // One stage of everything on 2 replicas; b holds 4 MiB of parameters. With the default cap the
+  // buckets are 1 MiB then 3 MiB, with a 1 MiB cap four of 1 MiB: the exposed tail of the sum is
+  // the last bucket's share after the backward, as the simulator times it (cost::bucket_spans).
+  const double mib = 1024.0 * 1024.0;
+  auto g = chain3(4 * mib, 1e10);  // a backward far longer than the sum: the buckets never queue
+  cost::CostModel model(g, cost::v100(2));
+  auto tail_with = [&](double cap) {
+    pt::Problem p = pt::make_problem(model, 4, 2, 2, 1e12, {});
+    p.replicas = std::make_shared<const pt::ReplicaTable>(model, 2, 2);
+    p.device_budget = 2;
+    pt::set_sync(p, cost::SyncMethod{});
+    p.bucket_bytes = cap;
+    std::fill(p.optimizer.begin(), p.optimizer.end(), 0.0);
+    const pt::Evaluation ev = pt::evaluate(p, {0, 0, 0}, {2}, {});
+    EXPECT_GT(ev.stages[0].backward, 4.0 * ev.stages[0].all_reduce);
+    EXPECT_DOUBLE_EQ(ev.optimizer_tail, cost::exposed_sync_seconds(ev.stages[0].all_reduce, ev.stages[0].backward,
+                                                                   cost::bucket_sizes(4 * mib, cap)));
+    return ev.optimizer_tail;
+  };
+  EXPECT_LT(tail_with(mib), tail_with(cost::kDefaultBucketBytes));
 }
