@@ -34,7 +34,9 @@ the cost model's, the same for every variant: the planners plan under it, FSDP2 
 micro-batches (gradient accumulation) at which its cost-model figure fits, and DDP is reported
 as "does not fit" with the bytes it needs.
 
-Every variant is measured in ``--rounds`` interleaved rounds (A, B, C, then A, B, C again),
+Every variant is measured in ``--rounds`` interleaved rounds (A, B, C, then C, B, A: the order
+reversed every other round, so that over an even number of rounds a steady drift of the machine
+hits every variant alike; 4 measured, 2 emulated by default),
 each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under ``torchrun``, on
 the launched ranks; warm-up iterations, then measured ones, back to back (one barrier per
 round; an iteration is the mean over the working ranks of the time between their returns),
@@ -128,7 +130,7 @@ DEFAULT_MEASURED_LIMITS = ("none",)
 # Every round of every variant spawns its ranks afresh (about 10 s for 4 ranks on 2 busy
 # cores): 2 rounds keep the default run within 6 minutes there, still interleaved.
 DEFAULT_EMULATED_ROUNDS = 2
-DEFAULT_MEASURED_ROUNDS = 3
+DEFAULT_MEASURED_ROUNDS = 4
 
 
 # ---- what is timed: one record per runtime, in a Variant ------------------------------------
@@ -946,8 +948,12 @@ def run_job(job: Job, args: argparse.Namespace, launch: Launch, calibration: dic
     bar.total += len(runnable) * len(rounds)
     label = f"{job.model} x{job.world} {'limit' if limit else 'no limit'}"
     results: dict[str, dict] = {v.name: {} for v in variants}
-    for round_index in range(len(rounds)):  # A B C, A B C, ...: drifts hit every variant alike
-        for variant in runnable:
+    # A B C, C B A, A B C, ...: the machine drifts over minutes, and a fixed order keeps the first
+    # and the last variant a whole round apart every time; with the order reversed every other
+    # round, an even number of rounds gives every variant the same mean position, so a steady
+    # drift hits all alike.
+    for round_index in range(len(rounds)):
+        for variant in runnable if round_index % 2 == 0 else runnable[::-1]:
             bar.set_postfix_str(f"{label} {variant.name} (round {round_index + 1})")
             run_variant(job.spec, job.world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
                         round_index, results[variant.name])
