@@ -17,7 +17,9 @@ first), so a drift hits all alike. Variants:
 - ``graphpipe, 1 MiB buckets``: the same with ``bucket_bytes=1 MiB``, every bucket 1 MiB (the
   runtime's layout before it took DDP's sizes).
 
-Prints a table (median ms per step and each variant's speed against DDP) and writes JSON.
+Prints a table (median ms per step and each variant's speed against DDP), then each rank's
+milliseconds in graphpipe's last step by instruction (forward, backward, the gradient sum's wait
+after the backward, the optimizer step; from its executor's flight recorder), and writes JSON.
 
     python benchmarks/ddp_parity_bench.py [--models transformer mmt] [--steps 15] [--chunk 4]
 """
@@ -58,8 +60,9 @@ def _graphpipe_stepper(spec: str, inputs: Any, targets: Any, plan_json: str, buc
     return step, pipe
 
 
-def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: int) -> dict[str, list[float]]:
-    """Every variant's seconds per step on this rank (run_ranks has joined the Gloo group)."""
+def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: int) -> dict[str, Any]:
+    """Every variant's seconds per step on this rank ("seconds") and graphpipe's last step by
+    instruction ("timeline_ms"); run_ranks has joined the Gloo group."""
     from baselines.torch_ddp import make_stepper
 
     from graphpipe.models import build_model, default_loss
@@ -91,9 +94,15 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, chunk: i
                 steppers[name]()
             if i >= warmup:
                 times[name].append((time.perf_counter() - start) / chunk)
+    # Where graphpipe's last step spent its time on this rank (its executor's flight recorder):
+    # each instruction's milliseconds, and the gradient sum's wait after the backward, which the
+    # simulator prices as the last bucket's all-reduce (docs/results.md).
+    records = pipes[0].executor.flight_recorder.records()
+    last = [r for r in records if r["run"] == max(q["run"] for q in records)]
+    timeline = {r["kind"]: (r["end"] - r["start"]) * 1e3 for r in last}
     for pipe in pipes:
         pipe.close()
-    return times
+    return {"seconds": times, "timeline_ms": timeline}
 
 
 def measure(name: str, steps: int, chunk: int) -> dict[str, Any]:
@@ -109,10 +118,12 @@ def measure(name: str, steps: int, chunk: int) -> dict[str, Any]:
         path = os.path.join(folder, "plan.json")
         plan.save(graph, path)
         plan_json = Path(path).read_text()
-    times = expect_ok(run_ranks(_rank, 2, spec, plan_json, steps, chunk, timeout=1800))[0].value
+    ranks = expect_ok(run_ranks(_rank, 2, spec, plan_json, steps, chunk, timeout=1800))
+    times = ranks[0].value["seconds"]
     medians = {v: statistics.median(times[v]) for v in VARIANTS}
     return {"model": name, "spec": spec, "median_seconds": medians,
-            "speed_vs_ddp": {v: medians["ddp"] / medians[v] for v in VARIANTS}, "seconds": times}
+            "speed_vs_ddp": {v: medians["ddp"] / medians[v] for v in VARIANTS}, "seconds": times,
+            "graphpipe_last_step_ms": [r.value["timeline_ms"] for r in ranks]}
 
 
 def main() -> None:
@@ -124,6 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
+    steps_ms: list[tuple[str, list[dict[str, float]]]] = []
     print("| model | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " +
           " | ".join(f"{v} vs DDP" for v in VARIANTS[1:]) + " |")
     print("|---" * (2 * len(VARIANTS)) + "|")
@@ -132,6 +144,11 @@ def main() -> None:
         rows.append(r)
         print(f"| {name} | " + " | ".join(f"{r['median_seconds'][v] * 1e3:.1f}" for v in VARIANTS) + " | " +
               " | ".join(f"{r['speed_vs_ddp'][v]:.3f}x" for v in VARIANTS[1:]) + " |", flush=True)
+        steps_ms.append((name, r["graphpipe_last_step_ms"]))
+    for name, ranks in steps_ms:
+        for rank, timeline in enumerate(ranks):
+            print(f"{name}, rank {rank}, graphpipe's last step: " +
+                  ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in timeline.items()))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "ddp_parity_bench", "torch": torch.__version__, "cpus": os.cpu_count(),
