@@ -15,7 +15,9 @@ on to the stage that reads it, as they send any activation.
 
 Compared with ``baselines.torch_pipelining`` (a hand-written interpreter over
 ``torch.fx.passes.split_module``), nothing is added to the stages: no contiguous-gradient node,
-no float64 carriers for integer tensors, no clones of relayed tensors.
+no float64 carriers for integer tensors, no clones of relayed tensors. One exception, under the
+schedules that split the backward (``FreshOutputs``): a copy of each stage output, without which
+torch fails on some cuts.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from baselines.torch_pipelining import schedule_step
 
-__all__ = ["MULTI_STAGE_SCHEDULES", "EnterAtStageZero", "make_multi_stage_stepper", "make_stepper", "split_points",
-           "stage_placement"]
+__all__ = ["MULTI_STAGE_SCHEDULES", "SPLIT_BACKWARD_SCHEDULES", "EnterAtStageZero", "FreshOutputs",
+           "make_multi_stage_stepper", "make_stepper", "split_points", "stage_placement"]
 
 
 class EnterAtStageZero(nn.Module):
@@ -44,6 +47,30 @@ class EnterAtStageZero(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         return self.model(*(x.view_as(x) for x in inputs))
+
+
+class FreshOutputs(nn.Module):
+    """A stage whose outputs that carry a gradient are copies (``clone``) of what ``inner``
+    returns.
+
+    torch's schedules that split the backward (``SPLIT_BACKWARD_SCHEDULES``) detach a stage's
+    outputs in place once its input backward has run (torch 2.13, ``stage.py``), to free the
+    graph early, and run the weight backward over the same graph afterwards. Where the stage
+    also saved one of its outputs for its own backward (a cut just after a block's residual sum,
+    which the next layer norm inside the stage saves), the weight backward then fails: "Trying to
+    use a saved tensor that has been detached in-place". Which cut the sequential plan gives
+    follows the profile, so the failure came and went from run to run of compare.py. A copy is
+    saved by nothing, so detaching it frees what torch means to free and nothing else; it costs
+    one copy of the stage's outputs per micro-batch. The gradients are unchanged.
+    """
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return pytree.tree_map(
+            lambda v: v.clone() if isinstance(v, torch.Tensor) and v.requires_grad else v, self.inner(*args))
 
 
 def _split(model: nn.Module, micro: tuple[torch.Tensor, ...], points: list[str]) -> Any:
@@ -178,6 +205,9 @@ MULTI_STAGE_SCHEDULES: dict[str, tuple[str, str]] = {
     "zbv": ("ScheduleZBVZeroBubble", "v"),
     "dualpipev": ("ScheduleDualPipeV", "v"),
 }
+#: The ones that split each backward into an input and a weight half (their stages' outputs are
+#: copied: FreshOutputs).
+SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved zb", "zbv", "dualpipev"})
 
 
 def stage_placement(schedule: str, world: int, num_stages: int) -> list[list[int]]:
@@ -222,7 +252,8 @@ def make_multi_stage_stepper(model: nn.Module, example_inputs: tuple[torch.Tenso
     modules = [pipe.get_stage_module(i) for i in mine]
     if stage_wrapper is not None:
         modules = [stage_wrapper(i, m) for i, m in zip(mine, modules)]
-    stages = [PipelineStage(m, i, num_stages, device, group=group) for i, m in zip(mine, modules)]
+    run = [FreshOutputs(m) for m in modules] if schedule in SPLIT_BACKWARD_SCHEDULES else modules
+    stages = [PipelineStage(m, i, num_stages, device, group=group) for i, m in zip(mine, run)]
     runner = getattr(torch_schedules, MULTI_STAGE_SCHEDULES[schedule][0])(stages, micro_batches, loss_fn=loss_fn)
     params = [p for m in modules for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=lr) if params else None
