@@ -196,18 +196,18 @@ def train_rank(rank: int, world: int, spec: str, points: list[str], micro_batche
 
 
 #: torch's schedules that run several stages per rank, by the name compare.py gives them: the
-#: class in torch.distributed.pipelining, and how it places the stages on the ranks ("loop":
+#: class in torch.distributed.pipelining, how it places the stages on the ranks ("loop":
 #: rank r holds stages r, r + world, ...; "v": rank r holds stages r and 2 world - 1 - r, so
-#: rank 0 holds the first stage and the last).
-MULTI_STAGE_SCHEDULES: dict[str, tuple[str, str]] = {
-    "interleaved 1f1b": ("ScheduleInterleaved1F1B", "loop"),
-    "interleaved zb": ("ScheduleInterleavedZeroBubble", "loop"),
-    "zbv": ("ScheduleZBVZeroBubble", "v"),
-    "dualpipev": ("ScheduleDualPipeV", "v"),
+#: rank 0 holds the first stage and the last), and whether it splits each backward into an input
+#: and a weight half (its stages' outputs are then copied: FreshOutputs).
+MULTI_STAGE_SCHEDULES: dict[str, tuple[str, str, bool]] = {
+    "interleaved 1f1b": ("ScheduleInterleaved1F1B", "loop", False),
+    "interleaved zb": ("ScheduleInterleavedZeroBubble", "loop", True),
+    "zbv": ("ScheduleZBVZeroBubble", "v", True),
+    "dualpipev": ("ScheduleDualPipeV", "v", True),
 }
-#: The ones that split each backward into an input and a weight half (their stages' outputs are
-#: copied: FreshOutputs).
-SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved zb", "zbv", "dualpipev"})
+#: The schedules of MULTI_STAGE_SCHEDULES that split the backward.
+SPLIT_BACKWARD_SCHEDULES = frozenset(name for name, (_, _, split) in MULTI_STAGE_SCHEDULES.items() if split)
 
 
 def stage_placement(schedule: str, world: int, num_stages: int) -> list[list[int]]:
