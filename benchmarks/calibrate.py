@@ -31,7 +31,8 @@ def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]
     return devices, costs, {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                             "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                             "step_overhead_seconds": costs.step_overhead_seconds,
-                            "extra_tensor_seconds": costs.extra_tensor_seconds}
+                            "extra_tensor_seconds": costs.extra_tensor_seconds,
+                            "collective_overlap_loss": costs.collective_overlap_loss}
 
 
 if __name__ == "__main__":

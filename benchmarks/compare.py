@@ -456,6 +456,9 @@ def calibrated_description(devices: Any, world: int, slowdown: float, calibratio
         # A transfer's tensors share one latency; each extra one costs one more message (absent
         # from reports written before it was measured: a latency per tensor).
         devices.extra_tensor_seconds = calibration.get("extra_tensor_seconds")
+        # What an all-reduce beside the backward costs it on these ranks (absent from reports
+        # written before it was measured: nothing).
+        devices.collective_overlap_loss = calibration.get("collective_overlap_loss", 0.0)
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
@@ -915,6 +918,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                               "collective_latency_seconds": costs.collective_latency_seconds,
                               "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
                               "extra_tensor_seconds": costs.extra_tensor_seconds,
+                              "collective_overlap_loss": costs.collective_overlap_loss,
                               "dispatch_wait_seconds": wait}
         if launch.rank == 0:
             extra = ("-" if costs.extra_tensor_seconds is None
@@ -922,7 +926,8 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
             print(f"calibration, {world} ranks at once: link latency {latency * 1e6:.0f} us ({extra} per extra "
                   f"tensor), bandwidth {bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
                   f"instruction{' (between emulated waits)' if wait else ''} and "
-                  f"{costs.step_overhead_seconds * 1e3:.2f} ms per step", file=sys.stderr)
+                  f"{costs.step_overhead_seconds * 1e3:.2f} ms per step, an all-reduce beside compute costs it "
+                  f"{costs.collective_overlap_loss:.2f}x its time", file=sys.stderr)
     return calibration
 
 

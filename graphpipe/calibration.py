@@ -33,6 +33,15 @@ EXTRA_TENSORS of them, posted at once; the difference per extra tensor is the fi
 ranks on 2 cores 126-160 us, against a 250-306 us one-way latency, which the cost model charged
 per tensor before it was measured).
 
+A last-but-one figure prices what a collective beside the compute costs it
+(``Devices.collective_overlap_loss``): the runtime posts a gradient bucket's all-reduce while the
+backward goes on, and the cost model would hide it behind that backward, but on Gloo CPU ranks
+the collective's threads share the cores the backward computes on. Each rank times a compute of
+its own (real work; for emulated runs, an emulated wait) alone and with an all-reduce of
+OVERLAP_BYTES posted at its start; the compute's lengthening over the lone all-reduce's time is
+the figure (0: the collective hides for free; 1: not at all). On 2 Gloo ranks on 2 cores it read
+0.8-2.0 (docs/results.md).
+
 Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
@@ -76,6 +85,11 @@ BUCKET_BYTES = 1 << 20
 #: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
 #: latency dominates, large enough that bandwidth does (a few buckets).
 COLLECTIVE_SIZES = (64 << 10, 4 << 20)
+#: The all-reduce (bytes) posted beside a compute to time the overlap loss (_overlap_loss), and
+#: that compute's length (seconds, at least; and four times the all-reduce, so that the
+#: collective runs wholly beside it).
+OVERLAP_BYTES = COLLECTIVE_SIZES[1]
+OVERLAP_COMPUTE_SECONDS = 0.02
 #: All-reduces timed per size (at least): a median of 8 under 4 ranks on 2 busy cores moved the
 #: fitted 1 MiB price by 20% from run to run.
 ALL_REDUCE_REPEATS = 24
@@ -99,6 +113,9 @@ class RuntimeCosts:
     # What each tensor of one transfer after the first adds (``Devices.extra_tensor_seconds``;
     # None for one rank, which has no peer to send to).
     extra_tensor_seconds: float | None = None
+    # The compute a rank loses per second of an all-reduce beside it
+    # (``Devices.collective_overlap_loss``; 0 for one rank, which sums nothing).
+    collective_overlap_loss: float = 0.0
 
 
 def _sync(device: str) -> None:
@@ -174,8 +191,63 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
+    overlap = (_overlap_loss(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
+               if world > 1 else 0.0)
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
-            "all_reduce": reduces, "extra_tensor": extra}
+            "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap}
+
+
+def _overlap_loss(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
+    """On one rank (every rank calls it): the compute it loses per second of an all-reduce of
+    OVERLAP_BYTES posted beside it, whose lone time is ``all_reduce_seconds``. A compute of at
+    least OVERLAP_COMPUTE_SECONDS and four times the all-reduce (a real one, matrix products and
+    their backward; an emulated wait where ``wait`` > 0, as the runs it describes compute) is timed
+    alone and with the all-reduce posted at its start, interleaved; the medians' difference over
+    the all-reduce's time, clamped at 0."""
+    import torch.distributed as dist
+
+    from graphpipe.emulation import wait as emulated_wait
+
+    seconds = max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds)
+    if wait > 0.0:
+        def compute() -> None:
+            emulated_wait(seconds)
+    else:
+        layer = torch.nn.Linear(512, 512, device=device)
+        rows = torch.randn(128, 512, device=device)
+
+        def unit() -> None:
+            layer(rows).sum().backward()
+
+        unit()
+        start = time.perf_counter()
+        for _ in range(4):
+            unit()
+        _sync(device)
+        units = max(1, round(seconds / max((time.perf_counter() - start) / 4, 1e-9)))
+
+        def compute() -> None:
+            for _ in range(units):
+                unit()
+
+    buf = torch.zeros(OVERLAP_BYTES // 4, device=device)
+    alone: list[float] = []
+    beside: list[float] = []
+    for _ in range(max(repeats, 3)):
+        dist.barrier()
+        start = time.perf_counter()
+        compute()
+        _sync(device)
+        alone.append(time.perf_counter() - start)
+        dist.barrier()
+        start = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        work.wait()
+        _sync(device)
+        beside.append(time.perf_counter() - start)
+    lost = statistics.median(beside) - statistics.median(alone)
+    return max(lost, 0.0) / all_reduce_seconds if all_reduce_seconds > 0.0 else 0.0
 
 
 def _extra_tensor_seconds(rank: int, world: int, repeats: int, device: str = "cpu") -> float | None:
@@ -269,7 +341,8 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) ->
                           else (0.0, 0.0))
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
-    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra)
+    overlap = statistics.median(v.get("overlap_loss", 0.0) for v in values)
+    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
@@ -304,8 +377,9 @@ def _cached_runtime_costs(concurrency: int) -> RuntimeCosts:
 def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts | None = None) -> Any:
     """Sets ``devices``' ``instruction_overhead_seconds``, ``step_overhead_seconds``,
     collective link figures (``collective_latency_seconds``,
-    ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links)
-    and ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor)
+    ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links),
+    ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor) and
+    ``collective_overlap_loss`` (0 from one rank)
     to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
     costs = costs if costs is not None else _cached_runtime_costs(concurrency)
@@ -314,6 +388,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     devices.collective_latency_seconds = costs.collective_latency_seconds
     devices.collective_bandwidth_bytes_per_second = costs.collective_bandwidth_bytes_per_second
     devices.extra_tensor_seconds = costs.extra_tensor_seconds
+    devices.collective_overlap_loss = costs.collective_overlap_loss
     return devices
 
 

@@ -62,7 +62,8 @@ def simulate(
             ``device_kind``). Stage times come from the plan; transfers from the devices' links;
             the runtime's costs per instruction and per step from the devices' measured
             ``instruction_overhead_seconds`` and ``step_overhead_seconds`` (0 unless measured),
-            the figures the planner charges too.
+            and what the gradient buckets' sums beside the backward cost it from
+            ``collective_overlap_loss`` (0 unless measured): the figures the planner charges too.
         schedule_kind: a name from ``SCHEDULES`` or a ``Schedule``; default: the schedule the
             plan was made for (``plan.schedule``).
         overlap: whether transfers overlap computation (own streams) or block the rank.

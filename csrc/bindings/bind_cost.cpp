@@ -49,6 +49,9 @@ void bind_devices(py::module_& m) {
                      "Bandwidth of one collective ring step's link (0: collectives priced from the links).")
       .def_readwrite("extra_tensor_seconds", &Devices::extra_tensor_seconds,
                      "What each tensor of one transfer after the first adds (None: one link latency each).")
+      .def_readwrite("collective_overlap_loss", &Devices::collective_overlap_loss,
+                     "The compute a rank loses per second of a collective beside it (0: none; measured by "
+                     "graphpipe.calibration).")
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
       .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")

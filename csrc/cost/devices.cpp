@@ -80,6 +80,12 @@ void Devices::validate() const {
         "non-negative numbers (0: not given), found " +
         number(collective_latency_seconds) + " and " + number(collective_bandwidth_bytes_per_second));
   }
+  if (!(collective_overlap_loss >= 0.0) || !std::isfinite(collective_overlap_loss)) {
+    throw PlanningError(
+        "devices.collective_overlap_loss must be a non-negative number (0: collectives overlap "
+        "compute for free), found " +
+        number(collective_overlap_loss));
+  }
   if (collective_latency_seconds > 0.0 && !has_collective_link()) {
     throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +
                         " but collective_bandwidth_bytes_per_second is not given: a collective ring step needs both");

@@ -9,7 +9,7 @@
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0 (the 16-bit rates >= 0, 0: not given); latencies and the overhead >= 0;
 // relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth;
-// extra_tensor_seconds, where set, a finite number >= 0; `node` is
+// extra_tensor_seconds, where set, and collective_overlap_loss finite numbers >= 0; `node` is
 // empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
 // O(1).
 //
@@ -69,6 +69,14 @@ struct Devices {
   // graphpipe/calibration.py; unset, each extra tensor is charged one link latency, the
   // conservative rule for a description that was not measured (the presets).
   std::optional<double> extra_tensor_seconds;
+  // The compute a rank loses per second of a collective that runs beside it (0: none, the
+  // collective has an engine of its own). On Gloo CPU ranks the collectives' threads share the
+  // cores with the backward they are meant to hide behind: with as many ranks as cores, an
+  // all-reduce posted at the start of a backward lengthened it by 0.8-2.0 times the all-reduce's
+  // own time (docs/results.md), so the overlap that a gradient bucket's sum is priced with does
+  // not happen. The simulator charges it (cost::overlap_loss_seconds, cost/gradient_buckets.h),
+  // and so does the planner's closed form; graphpipe/calibration.py measures it.
+  double collective_overlap_loss = 0.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
   std::vector<int> node;                            // node of each device; empty: one node

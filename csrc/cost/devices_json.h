@@ -7,7 +7,7 @@
 //    "node": [0, 0, 0, 0, 1, ...],            (optional: each device's node; absent: one node)
 //    "instruction_overhead_seconds": ..., "step_overhead_seconds": ...,   (optional: measured
 //    "collective_latency_seconds": ..., "collective_bandwidth_bytes_per_second": ...,   runtime
-//    "extra_tensor_seconds": ...,                                          and link figures)
+//    "extra_tensor_seconds": ..., "collective_overlap_loss": ...,          and link figures)
 //    "bfloat16_flops_per_second": ..., "float16_flops_per_second": ...}   (optional: 0, absent)
 //
 // Loading checks the header, every field's presence and type, and the invariants of devices.h;

@@ -60,7 +60,14 @@ std::vector<BucketSpan> bucket_spans(double backward_start, double backward_end,
   return spans;
 }
 
-double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes) {
+double overlap_loss_seconds(const std::vector<BucketSpan>& spans, double compute_end, double loss) {
+  if (loss <= 0.0) return 0.0;
+  double beside = 0.0;
+  for (const BucketSpan& span : spans) beside += std::max(std::min(span.end, compute_end) - span.start, 0.0);
+  return loss * beside;
+}
+
+double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes, double overlap_loss) {
   double total = 0.0;
   for (double b : sizes) total += b;
   if (total <= 0.0) return all_reduce;
@@ -69,7 +76,7 @@ double exposed_sync_seconds(double all_reduce, double backward, const std::vecto
   for (double b : sizes) shares.push_back(all_reduce * b / total);
   const std::vector<BucketSpan> spans =
       bucket_spans(0.0, backward, sizes, std::vector<double>(sizes.size(), 0.0), shares);
-  return spans.back().end - backward;
+  return spans.back().end - backward + overlap_loss_seconds(spans, backward, overlap_loss);
 }
 
 }  // namespace graphpipe::cost

@@ -72,10 +72,18 @@ std::vector<BucketSpan> bucket_spans(double backward_start, double backward_end,
                                      const std::vector<double>& compress_seconds,
                                      const std::vector<double>& comm_seconds);
 
+// What the rank loses to its buckets' collectives running beside its compute, which goes on
+// until `compute_end` (the last backward's end): `loss` (Devices::collective_overlap_loss) times
+// the collectives' seconds before it. The simulator pushes the rank's end of the sum back by it
+// (sim/simulate.h), the closed form below adds it: the one rule for both. 0 where loss is 0.
+double overlap_loss_seconds(const std::vector<BucketSpan>& spans, double compute_end, double loss);
+
 // How far past the end of a backward of `backward` seconds the sum of buckets of `sizes` bytes
-// ends (bucket_spans), when each bucket takes its share of `all_reduce` seconds by its bytes.
+// ends (bucket_spans), when each bucket takes its share of `all_reduce` seconds by its bytes,
+// plus what the collectives beside the backward cost it (overlap_loss_seconds with `overlap_loss`).
 // With no buckets (or no bytes), all of it; never less than the last bucket's share.
-double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes);
+double exposed_sync_seconds(double all_reduce, double backward, const std::vector<double>& sizes,
+                            double overlap_loss = 0.0);
 
 struct GradientBucket {
   std::string dtype;

@@ -407,7 +407,8 @@ class Evaluator {
   // start while its last backward B still runs (the backward fills them at an even pace over the
   // bytes, the simulator's model) and run one after another, each priced at its share of the
   // stage's all_reduce: bucket i is ready when B has produced the bytes up to it, and the sum's
-  // exposed part is how far the last one ends past B's end (cost::exposed_sync_seconds).
+  // exposed part is how far the last one ends past B's end, and what the sums beside B cost it
+  // on devices whose collectives share its cores (cost::exposed_sync_seconds).
   // Backward work upstream of a stage hides as much of its tail.
   void optimizer_tail() {
     // Backward work upstream of each stage (stages are numbered topologically, edges by src).
@@ -420,7 +421,8 @@ class Evaluator {
       double exposed = f.all_reduce;
       if (f.all_reduce > 0.0) {
         exposed =
-            cost::exposed_sync_seconds(f.all_reduce, f.backward, cost::bucket_sizes(stage_params[s], p_.bucket_bytes));
+            cost::exposed_sync_seconds(f.all_reduce, f.backward, cost::bucket_sizes(stage_params[s], p_.bucket_bytes),
+                                       p_.model->devices().collective_overlap_loss);
       }
       ev_.optimizer_tail = std::max(ev_.optimizer_tail, exposed + f.optimizer - upstream[s]);
     }

@@ -250,8 +250,10 @@ class Replay {
   // stage's last backward (cost/sync_cost.h prices both; with the default all-reduce,
   // cost::best_all_reduce over the stage's ranks). The all_reduce task spans the first
   // collective's start to the last one's end; the rank goes on (to its optimizer step) at its
-  // end. Since `start` (the rank's clock) is at or after the last backward's end, the task ends
-  // no earlier than it. Local SGD has no gradient exchange: an empty task.
+  // end, pushed back by what the collectives beside the backward cost it
+  // (Devices::collective_overlap_loss). Since `start` (the rank's clock) is at or after the last
+  // backward's end, the task ends no earlier than it. Local SGD has no gradient exchange: an
+  // empty task.
   int add_all_reduce(int r, const Instruction& i, double start, int cause) {
     const StageSync& ss = sync_[i.stage];
     Task t;
@@ -286,7 +288,10 @@ class Replay {
         last_compress = static_cast<int>(tasks_.size()) - 1;
       }
       t.start = spans.front().start;
-      t.end = std::max(spans.back().end, start);
+      // Collectives beside the backward slow it where they share its cores (the rank goes on
+      // that much later: cost::overlap_loss_seconds).
+      t.end = std::max(spans.back().end, start) +
+              cost::overlap_loss_seconds(spans, tasks_[b].end, devices_.collective_overlap_loss);
       if (last_compress >= 0 && spans.back().end > start) t.cause = last_compress;
     }
     tasks_.push_back(t);

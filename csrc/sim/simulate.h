@@ -36,7 +36,10 @@
 // each replica's figures are its lead's. Forward and backward times are the plan's, which are per
 // replica (its shard of the micro-batch); a re-sharded edge moves each pair of replicas' shared
 // rows at once (schedule/shards.h); the all_reduce task sums the stage's gradients in buckets
-// that start during the last backward, as the runtime does (add_all_reduce in simulate.cpp).
+// that start during the last backward, as the runtime does (add_all_reduce in simulate.cpp);
+// where the devices' collectives share the compute's cores (Devices::collective_overlap_loss),
+// the rank goes on later by what the collectives beside its backward cost it
+// (cost::overlap_loss_seconds).
 //
 // Sync methods (cost/sync_method.h, SimOptions::sync, by default the plan's): the buckets are the
 // runtime's (cost/gradient_buckets.h, from Stage::parameters; without parameter shapes,

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -89,6 +90,19 @@ TEST(CostDevices, MeasuredRuntimeCostsRoundTripAndOlderFilesReadAsUnmeasured) {
   EXPECT_EQ(older.step_overhead_seconds, 0.0);
   doc["step_overhead_seconds"] = -1.0;
   EXPECT_THROW(devices_from_json(doc), FormatError);
+}
+
+TEST(CostDevices, OverlapLossRoundTripsIsAbsentUnlessMeasuredAndNeverNegative) {
+  Devices d = v100(4, 2);
+  EXPECT_FALSE(to_json(d).contains("collective_overlap_loss"));
+  EXPECT_EQ(loads_devices(dumps(d)).collective_overlap_loss, 0.0);
+  d.collective_overlap_loss = 0.93;
+  EXPECT_DOUBLE_EQ(loads_devices(dumps(d)).collective_overlap_loss, 0.93);
+  nlohmann::json doc = to_json(d);
+  doc["collective_overlap_loss"] = -0.5;
+  EXPECT_THROW(devices_from_json(doc), FormatError);
+  d.collective_overlap_loss = std::nan("");
+  EXPECT_THROW(d.validate(), PlanningError);
 }
 
 TEST(CostDevices, ExtraTensorFigureRoundTripsAndIsAbsentUnlessMeasured) {

@@ -205,6 +205,20 @@ TEST(CostSync, BucketSpansQueueCompressionAndCollectives) {
   EXPECT_DOUBLE_EQ(gc::bucket_spans(0.0, 10.0, {0.0}, {0.0}, {2.0})[0].end, 12.0);
 }
 
+TEST(CostSync, OverlapLossChargesTheCollectivesBesideTheBackward) {
+  // A backward from 0 to 10 s fills two equal buckets: the first's sum runs 5-7 s, beside it;
+  // the second's 10-13 s, after it. Only the first costs the rank: loss x 2 s.
+  const auto spans = gc::bucket_spans(0.0, 10.0, {1.0, 1.0}, {0.0, 0.0}, {2.0, 3.0});
+  EXPECT_DOUBLE_EQ(gc::overlap_loss_seconds(spans, 10.0, 0.0), 0.0);
+  EXPECT_DOUBLE_EQ(gc::overlap_loss_seconds(spans, 10.0, 1.0), 2.0);
+  EXPECT_DOUBLE_EQ(gc::overlap_loss_seconds(spans, 10.0, 1.5), 3.0);
+  EXPECT_DOUBLE_EQ(gc::overlap_loss_seconds(spans, 6.0, 1.0), 1.0);  // compute ends halfway through the first
+  // The closed form: the last bucket's share past the backward (2.5 s of a 5 s sum), and with
+  // loss 1 the first bucket's 2.5 s beside it again.
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(5.0, 10.0, {1.0, 1.0}), 2.5);
+  EXPECT_DOUBLE_EQ(gc::exposed_sync_seconds(5.0, 10.0, {1.0, 1.0}, 1.0), 5.0);
+}
+
 TEST(CostSync, AllGatherClosedForms) {
   gc::Devices d = two_level(8, 4);
   const double c = 1e6;

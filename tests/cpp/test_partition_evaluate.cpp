@@ -82,3 +82,27 @@ TEST(PartitionEvaluate, ExposedSyncFollowsTheBucketCapAsked) {
   };
   EXPECT_LT(tail_with(mib), tail_with(cost::kDefaultBucketBytes));
 }
+
+TEST(PartitionEvaluate, ExposedSyncChargesTheOverlapLossOfTheDevices) {
+  // The same stage on devices whose collectives share the backward's cores: the first bucket's
+  // sum, which runs beside the backward, costs the tail that much again (loss 1), as the
+  // simulator charges it (cost::overlap_loss_seconds).
+  const double mib = 1024.0 * 1024.0;
+  auto g = chain3(4 * mib, 1e10);
+  auto tail_with = [&](double loss) {
+    cost::Devices d = cost::v100(2);
+    d.collective_overlap_loss = loss;
+    cost::CostModel model(g, d);
+    pt::Problem p = pt::make_problem(model, 4, 2, 2, 1e12, {});
+    p.replicas = std::make_shared<const pt::ReplicaTable>(model, 2, 2);
+    p.device_budget = 2;
+    pt::set_sync(p, cost::SyncMethod{});
+    std::fill(p.optimizer.begin(), p.optimizer.end(), 0.0);
+    const pt::Evaluation ev = pt::evaluate(p, {0, 0, 0}, {2}, {});
+    const double share = ev.stages[0].all_reduce / 4.0;  // the first bucket's: 1 MiB of 4
+    return std::pair{ev.optimizer_tail, share};
+  };
+  const auto [free_tail, share] = tail_with(0.0);
+  EXPECT_NEAR(tail_with(1.0).first, free_tail + share, 1e-12);
+  EXPECT_NEAR(tail_with(2.5).first, free_tail + 2.5 * share, 1e-12);
+}

@@ -57,6 +57,32 @@ cost::SyncMethod local_sgd(double period) {
 
 }  // namespace
 
+TEST(SimulateSync, CollectivesBesideTheBackwardCostTheRankTheirOverlapLoss) {
+  // Two buckets (3 MiB, then 1 MiB: w2 fills DDP's first bucket on its own): the first's sum
+  // runs beside the last backward, the second's after it. On devices whose collectives share
+  // the compute's cores the rank goes on later by loss x the first's collective; with one bucket
+  // nothing runs beside the backward and the loss costs nothing.
+  auto plan = replicated_stage();
+  plan.stages[0].parameters = {{"w1", {512, 512}, "float32", 4, true}, {"w2", {768, 1024}, "float32", 4, true}};
+  auto step = [](const graphpipe::plan::Plan& p, double loss) {
+    auto d = devices(2, 0.0, 1e8);
+    d.collective_overlap_loss = loss;
+    return simulate(p, generate(p, Policy::one_f_one_b), d, SimOptions{}).iteration_seconds;
+  };
+  const double free = step(plan, 0.0);
+  const double once = step(plan, 1.0) - free;
+  EXPECT_GT(once, 0.0);
+  EXPECT_NEAR(step(plan, 2.0) - free, 2.0 * once, 1e-12);
+  // The first bucket's collective alone: 3 MiB of the 4 MiB the AR task sums past the backward.
+  auto d = devices(2, 0.0, 1e8);
+  const SimResult r = simulate(plan, generate(plan, Policy::one_f_one_b), d, SimOptions{});
+  const Task* ar = find(r, "AR s0");
+  ASSERT_NE(ar, nullptr);
+  EXPECT_LT(once, ar->end - ar->start);
+  auto one_bucket = replicated_stage();
+  EXPECT_DOUBLE_EQ(step(one_bucket, 1.0), step(one_bucket, 0.0));
+}
+
 TEST(SimulateSync, LocalSgdAveragesAfterTheOptimizerStep) {
   const auto plan = replicated_stage();
   const double average = cost::ring_all_reduce(devices(2, 0.0, 1e8), {0, 1}, 4 * cost::kFirstBucketBytes).seconds;

@@ -56,6 +56,39 @@ def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
     assert costs.bucket_all_reduce_seconds > 0.0  # measured for the reports
     assert costs.collective_bandwidth_bytes_per_second > 0.0 and costs.collective_latency_seconds >= 0.0
     assert costs.extra_tensor_seconds is not None and costs.extra_tensor_seconds >= 0.0
+    assert costs.collective_overlap_loss >= 0.0
+
+
+def _overlap_loss_on_one_core(rank: int, world: int) -> float:
+    import os
+
+    from graphpipe.calibration import OVERLAP_BYTES, _overlap_loss, timed_all_reduces
+
+    # Every thread of the rank (Gloo's, started with the process group, among them) on core 0.
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), {0})
+    torch.set_num_threads(1)
+    lone = timed_all_reduces((OVERLAP_BYTES,), 8)[OVERLAP_BYTES]
+    return _overlap_loss(lone, 8)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="needs Linux's sched_setaffinity")
+def test_overlap_loss_sees_a_collective_that_shares_the_compute_core() -> None:
+    # Two ranks whose every thread runs on one core: the all-reduce's work can only take the
+    # compute's time, so an all-reduce posted beside the compute lengthens it by a good part of
+    # its own time (2 ranks on 2 cores read 0.8-2.0; a loss near 0 would mean the timing missed
+    # the collective).
+    from graphpipe.local_ranks import run_ranks
+
+    results = run_ranks(_overlap_loss_on_one_core, 2, timeout=120)
+    assert all(r.ok for r in results), [r.message for r in results if not r.ok]
+    losses = [r.value for r in results]
+    assert all(0.25 < loss < 20.0 for loss in losses), losses
+    # The figure travels with the description, and only where it was measured.
+    devices = graphpipe.devices(2, "cpu")
+    assert "collective_overlap_loss" not in devices.to_json()
+    devices.collective_overlap_loss = losses[0]
+    assert graphpipe.Devices.from_json(devices.to_json()).collective_overlap_loss == losses[0]
 
 
 def test_dispatch_measured_between_emulated_waits_leaves_the_waits_out() -> None:
