@@ -68,8 +68,8 @@ def _overlap_loss_on_one_core(rank: int, world: int) -> float:
     for thread in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(thread), {0})
     torch.set_num_threads(1)
-    lone = timed_all_reduces((OVERLAP_BYTES,), 8)[OVERLAP_BYTES]
-    return _overlap_loss(lone, 8)
+    lone = timed_all_reduces((OVERLAP_BYTES,), 12)[OVERLAP_BYTES]
+    return _overlap_loss(lone, 12)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="needs Linux's sched_setaffinity")
@@ -77,13 +77,16 @@ def test_overlap_loss_sees_a_collective_that_shares_the_compute_core() -> None:
     # Two ranks whose every thread runs on one core: the all-reduce's work can only take the
     # compute's time, so an all-reduce posted beside the compute lengthens it by a good part of
     # its own time (2 ranks on 2 cores read 0.8-2.0; a loss near 0 would mean the timing missed
-    # the collective).
+    # the collective). Both ranks share that core, so one rank's compute also waits on the
+    # other's: under a busy machine one rank alone read 0.17 beside 0.91 (CI) and 0.168 beside
+    # 0.908 (here, with a third process spinning), so the pair's mean is the figure checked.
     from graphpipe.local_ranks import run_ranks
 
     results = run_ranks(_overlap_loss_on_one_core, 2, timeout=120)
     assert all(r.ok for r in results), [r.message for r in results if not r.ok]
     losses = [r.value for r in results]
-    assert all(0.25 < loss < 20.0 for loss in losses), losses
+    assert all(0.0 <= loss < 20.0 for loss in losses), losses
+    assert sum(losses) / len(losses) > 0.25, losses
     # The figure travels with the description, and only where it was measured.
     devices = graphpipe.devices(2, "cpu")
     assert "collective_overlap_loss" not in devices.to_json()
