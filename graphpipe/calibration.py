@@ -26,14 +26,14 @@ size / n, each latency + bytes / bandwidth) is inverted, so that the priced all-
 the measured one at both sizes. (One gradient bucket's all-reduce is timed with them, for the
 reports.)
 
-A last figure prices a transfer of several tensors (``Devices.extra_tensor_seconds``): the
+Another figure prices a transfer of several tensors (``Devices.extra_tensor_seconds``): the
 runtime posts them together, so they share one latency, and each extra tensor costs only the
 backend's work for one more message. Pairs of ranks ping-pong one small tensor and then
 EXTRA_TENSORS of them, posted at once; the difference per extra tensor is the figure (on 8 Gloo
 ranks on 2 cores 126-160 us, against a 250-306 us one-way latency, which the cost model charged
 per tensor before it was measured).
 
-A last-but-one figure prices what a collective beside the compute costs it
+One more figure prices what a collective beside the compute costs it
 (``Devices.collective_overlap_loss``): the runtime posts a gradient bucket's all-reduce while the
 backward goes on, and the cost model would hide it behind that backward, but on Gloo CPU ranks
 the collective's threads share the cores the backward computes on. Each rank times a compute of
@@ -42,7 +42,7 @@ OVERLAP_BYTES posted at its start; the compute's lengthening over the lone all-r
 the figure (0: the collective hides for free; 1: not at all). On 2 Gloo ranks on 2 cores it read
 0.8-2.0 (docs/results.md).
 
-Both are measured with ``concurrency`` ranks working at once, as many as the runs they describe
+All are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
 measurement is short (a few seconds, most of it spawning the ranks) and bounded by ``timeout``.
