@@ -341,7 +341,7 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) ->
                           else (0.0, 0.0))
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
-    overlap = statistics.median(v.get("overlap_loss", 0.0) for v in values)
+    overlap = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
     return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap)
 
 
@@ -350,7 +350,9 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
                   in_group: bool = False, device: str = "cpu", wait: float = 0.0) -> RuntimeCosts:
     """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
     working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
-    ranks of the current process group instead (every rank calls it, every rank gets the figures).
+    ranks of the current process group instead (every rank calls it, every rank gets the figures;
+    there ``timeout`` is not used: every barrier and collective wait is bounded by the group's own
+    timeout, as ``init_process_group`` set it: ``dist.barrier`` takes no timeout of its own).
     ``wait``: an emulated compute of that many seconds in each measured forward and backward,
     taken off the figure again (0: the runtime alone, every rank dispatching without a pause, as
     ranks that compute for real are busy; EMULATED_WAIT for runs whose compute is emulated by
