@@ -1,0 +1,251 @@
+"""Where the simulator misses a real run: compare.py's graphpipe V row on real CPU ranks, each
+instruction measured against its simulated task, and the ranks' idle time against the
+simulated schedule's.
+
+    python benchmarks/sim_gap_bench.py [--models transformer mmt] [--world 2] [--steps 16]
+        [--out results/sim_gap_bench.json]
+
+For each model (compare.py's BENCH_SPECS), as ``compare.py --no-emulate`` makes its "graphpipe/V
+zb" row: trace, profile on this CPU, calibrate the description on ``--world`` ranks
+(graphpipe.calibration, compare.calibrate), cut the model with the sequential partitioner for
+twice the ranks and place the stages in a V (rank r: stages r and 2 world - 1 - r), ``zb_graph``.
+The plan is simulated (graphpipe.simulate: every task of the step) and run on ``--world``
+spawned ranks (Gloo, one torch thread each, SGD), ``--steps`` timed steps after 3 warm-up steps;
+each rank's executor flight recorder keeps the last 4 steps' instructions with their start and
+end (one clock for all ranks: CLOCK_MONOTONIC on one machine).
+
+It prints, per model:
+
+- the measured step (median) against the simulated one;
+- per stage and kind (forward, backward, backward_input, backward_weight), the median measured
+  instruction against the simulated task: whether the cost model prices the compute right;
+- per rank, its compute and its idle time between compute instructions, measured (mean over the
+  recorded steps; the part in gaps under SHORT_GAP, the executor's own work between
+  instructions, apart) against simulated: what the schedule's waits add;
+- for every compute instruction whose rank waited for another rank's output (idle when that
+  output was not yet made), the lag from the producer's end there to its own start, against the
+  simulated transfer: how long data took to be usable when a rank was waiting for it.
+
+Nothing is emulated: real compute, real Gloo transfers. The table's figures are one run's on a
+noisy machine (compare the ratios, not the milliseconds, across runs). Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import compare  # noqa: E402  this folder's compare.py: the V row's plan and the calibration
+
+COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+RECORDED_STEPS = 4
+WARMUP = 3
+# A gap between two instructions shorter than this is the executor's own work between them
+# (dispatch, posting, bookkeeping), not a wait for another rank.
+SHORT_GAP = 3e-4
+
+
+def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[str, Any]:
+    """One rank: the plan's steps timed, and the flight records of the last RECORDED_STEPS."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe.models import build_model, default_loss
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, inputs = build_model(spec)
+    targets = model.example_targets(inputs[0].shape[0])
+    pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, skip_nonfinite=False)
+    optimizer = torch.optim.SGD(list(pipe.parameters()), lr=compare.LR)
+    seconds = []
+    for i in range(WARMUP + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        pipe.step(inputs, targets, optimizer=optimizer)
+        if i >= WARMUP:
+            seconds.append(time.perf_counter() - start)
+    records = pipe.executor.flight_recorder.records()
+    kept = sorted({r["run"] for r in records})[-RECORDED_STEPS:]
+    pipe.close()
+    return {"seconds": seconds,
+            "records": [{k: r[k] for k in ("run", "kind", "stage", "micro_batch", "start", "end")}
+                        for r in records if r["run"] in kept]}
+
+
+def _producer(kind: str, stage: int, edges: list[tuple[int, int]]) -> list[tuple[str, int]]:
+    """The compute instructions whose outputs ``kind`` on ``stage`` consumes from other stages:
+    a forward takes its producers' forwards, a backward (or its input half) its consumers'
+    backward inputs."""
+    if kind == "forward":
+        return [("forward", s) for s, d in edges if d == stage]
+    if kind in ("backward", "backward_input"):
+        return [(k, d) for s, d in edges if s == stage for k in ("backward", "backward_input")]
+    return []
+
+
+def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures the table prints, from the simulation and the ranks' records."""
+    edges = [(e.src, e.dst) for e in plan.edges]
+    rank_of = {s.id: int(s.devices[0]) for s in plan.stages}
+    simulated: dict[tuple[str, int], list[float]] = defaultdict(list)
+    sim_rank_tasks: dict[int, list[Any]] = defaultdict(list)
+    transfer: list[float] = []
+    for t in sim.tasks:
+        if t.kind in COMPUTE:
+            simulated[(t.kind, t.stage)].append(t.end - t.start)
+            sim_rank_tasks[t.rank].append(t)
+        elif t.kind in ("activation", "gradient"):
+            transfer.append(t.end - t.start)
+    measured: dict[tuple[str, int], list[float]] = defaultdict(list)
+    per_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"compute": [], "idle": [], "short": []})
+    waits: list[dict[str, Any]] = []
+    runs = sorted({r["run"] for r in ranks[0]["records"]})
+    for run in runs:
+        done: dict[tuple[str, int, int], dict[str, Any]] = {}
+        by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for rank, value in enumerate(ranks):
+            for r in value["records"]:
+                if r["run"] == run and r["kind"] in COMPUTE:
+                    done[(r["kind"], r["stage"], r["micro_batch"])] = r
+                    by_rank[rank].append(r)
+        for rank, items in by_rank.items():
+            items.sort(key=lambda r: r["start"])
+            per_rank[rank]["compute"].append(sum(r["end"] - r["start"] for r in items))
+            gaps = [max(0.0, b["start"] - a["end"]) for a, b in zip(items, items[1:])]
+            per_rank[rank]["idle"].append(sum(gaps))
+            per_rank[rank]["short"].append(sum(g for g in gaps if g < SHORT_GAP))
+            for a, b in zip(items, items[1:]):
+                measured[(b["kind"], b["stage"])].append(b["end"] - b["start"])
+                if b["start"] - a["end"] < 1e-4:
+                    continue  # no wait before it
+                ends = [done[(k, s, b["micro_batch"])]["end"] for k, s in _producer(b["kind"], b["stage"], edges)
+                        if (k, s, b["micro_batch"]) in done and rank_of[s] != rank]
+                # Only where the input was not there yet when the rank became free: the rank
+                # waited for it (and not for something else first).
+                if ends and max(ends) > a["end"]:
+                    waits.append({"run": run, "rank": rank, "kind": b["kind"], "stage": b["stage"],
+                                  "micro_batch": b["micro_batch"], "lag_seconds": b["start"] - max(ends)})
+            if items:
+                measured[(items[0]["kind"], items[0]["stage"])].append(items[0]["end"] - items[0]["start"])
+    step = statistics.median(ranks[0]["seconds"])
+    sim_ranks = {}
+    for rank, tasks in sim_rank_tasks.items():
+        tasks.sort(key=lambda t: t.start)
+        sim_ranks[rank] = {"compute": sum(t.end - t.start for t in tasks),
+                           "idle": sum(max(0.0, b.start - a.end) for a, b in zip(tasks, tasks[1:]))}
+    return {
+        "measured_step_seconds": step, "simulated_step_seconds": sim.iteration_seconds,
+        "simulator_error": sim.iteration_seconds / step - 1.0,
+        "instructions": [{"kind": k, "stage": s, "measured_seconds": statistics.median(measured[(k, s)]),
+                          "simulated_seconds": statistics.median(simulated[(k, s)])}
+                         for k, s in sorted(simulated, key=lambda key: (key[1], key[0])) if measured.get((k, s))],
+        "ranks": [{"rank": r, "measured_compute_seconds": statistics.fmean(v["compute"]),
+                   "measured_idle_seconds": statistics.fmean(v["idle"]),
+                   "measured_short_gap_seconds": statistics.fmean(v["short"]),
+                   "simulated_compute_seconds": sim_ranks.get(r, {}).get("compute", 0.0),
+                   "simulated_idle_seconds": sim_ranks.get(r, {}).get("idle", 0.0)}
+                  for r, v in sorted(per_rank.items())],
+        "waits_on_transfers": {"count": len(waits), "waits": waits,
+                               "simulated_transfer_seconds_median": statistics.median(transfer) if transfer else 0.0},
+    }
+
+
+def measure(name: str, world: int, steps: int, calibration: dict[str, float]) -> dict[str, Any]:
+    import graphpipe
+    from graphpipe.local_ranks import expect_ok, run_ranks
+    from graphpipe.models import build_model
+
+    spec = compare.BENCH_SPECS[name]
+    model, inputs = build_model(spec)
+    graph = graphpipe.trace(model, inputs)
+    batch = graph.trace_batch_size
+    graphpipe.profile(graph, model, inputs, device="cpu",
+                      batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch), repeats=3, warmup=1)
+    devices = compare.calibrated_description(graphpipe.devices(world, "cpu", measure=True), world, 1.0, calibration)
+    doubled = compare.doubled_sequential_cut(graph, devices, None)
+    if doubled.reason:
+        return {"model": name, "spec": spec, "unavailable": doubled.reason}
+    plan = graphpipe.plan(graph, devices, "manual", manual=doubled.labels, stage_devices=compare.v_placement(world),
+                          micro_batches=doubled.cut.micro_batches, schedule="zb_graph", replicate=False)
+    sim = graphpipe.simulate(plan, devices, "zb_graph")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "plan.json")
+        plan.save(graph, path)
+        plan_json = Path(path).read_text()
+    ranks = expect_ok(run_ranks(_rank, world, spec, plan_json, steps, timeout=1800))
+    out = analyse(plan, sim, [r.value for r in ranks])
+    return {"model": name, "spec": spec, "world": world, "stages": plan.num_stages,
+            "micro_batches": plan.num_micro_batches, **out}
+
+
+def print_model(row: dict[str, Any]) -> None:
+    if "unavailable" in row:
+        print(f"\n## {row['model']}: not run ({row['unavailable']})")
+        return
+    print(f"\n## {row['model']}: {row['stages']} stages in a V on {row['world']} ranks, {row['micro_batches']} "
+          f"micro-batches, zb_graph: measured step {row['measured_step_seconds'] * 1e3:.1f} ms, simulated "
+          f"{row['simulated_step_seconds'] * 1e3:.1f} ms ({row['simulator_error'] * 100:+.1f}%)\n")
+    print("| stage | instruction | measured ms | simulated ms | measured / simulated |")
+    print("|---|---|---|---|---|")
+    for i in row["instructions"]:
+        ratio = i["measured_seconds"] / i["simulated_seconds"] if i["simulated_seconds"] > 0 else float("nan")
+        print(f"| {i['stage']} | {i['kind']} | {i['measured_seconds'] * 1e3:.2f} | {i['simulated_seconds'] * 1e3:.2f} "
+              f"| {ratio:.2f} |")
+    print("\n| rank | compute ms, measured | simulated | idle ms between instructions, measured | of it in gaps under "
+          f"{SHORT_GAP * 1e3:.1f} ms | simulated idle ms |")
+    print("|---|---|---|---|---|---|")
+    for r in row["ranks"]:
+        print(f"| {r['rank']} | {r['measured_compute_seconds'] * 1e3:.1f} | {r['simulated_compute_seconds'] * 1e3:.1f} | "
+              f"{r['measured_idle_seconds'] * 1e3:.1f} | {r['measured_short_gap_seconds'] * 1e3:.1f} | "
+              f"{r['simulated_idle_seconds'] * 1e3:.1f} |")
+    waits = row["waits_on_transfers"]
+    lags = [w["lag_seconds"] for w in waits["waits"]]
+    if lags:
+        late = [x for x in lags if x > 1e-3]
+        print(f"\n{waits['count']} compute instructions waited for another rank's output: from its producer's end to "
+              f"their start, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfer "
+              f"{waits['simulated_transfer_seconds_median'] * 1e3:.2f} ms); {len(late)} over 1 ms "
+              f"(median {statistics.median(late) * 1e3 if late else 0.0:.2f} ms, sum {sum(late) * 1e3:.1f} ms over "
+              f"{RECORDED_STEPS} steps)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["transformer", "mmt"], choices=sorted(compare.BENCH_SPECS))
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=16, help="timed steps (after 3 warm-up steps)")
+    parser.add_argument("--out", default="results/sim_gap_bench.json")
+    args = parser.parse_args()
+    if args.world < 2:
+        parser.error("--world must be at least 2: a V needs two ranks")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    torch.set_num_threads(1)
+    calibration = compare.calibrate([args.world], compare.Launch.spawned())[args.world]
+    rows = []
+    for name in args.models:
+        rows.append(measure(name, args.world, args.steps, calibration))
+        print_model(rows[-1])
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "sim_gap", "world": args.world, "steps": args.steps, "calibration": calibration,
+                   "rows": rows}, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
