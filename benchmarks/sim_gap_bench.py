@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,40 @@ def _producer(kind: str, stage: int, edges: list[tuple[int, int]]) -> list[tuple
     return []
 
 
+Instruction = tuple[str, int, int]  # kind, stage, micro-batch
+
+
+def replay(order: dict[int, list[Instruction]], seconds: Callable[[Instruction], float], edges: list[tuple[int, int]],
+           rank_of: dict[int, int], transfer: float, gap: float) -> float:
+    """The step of the ranks' instruction orders (rank -> instructions in the order the rank ran
+    them) replayed with each instruction lasting ``seconds(instruction)``: an instruction starts
+    when its rank is done with the one before (plus ``gap``, the executor's own work between
+    them) and every output it takes from another rank has been made (plus ``transfer``)."""
+    present = {ins for items in order.values() for ins in items}
+    end: dict[Instruction, float] = {}
+    position = dict.fromkeys(order, 0)
+    free = dict.fromkeys(order, 0.0)
+    remaining = len(present)
+    while remaining:
+        progressed = False
+        for r, items in order.items():
+            while position[r] < len(items):
+                ins = items[position[r]]
+                inputs = [(k, s, ins[2]) for k, s in _producer(ins[0], ins[1], edges)
+                          if rank_of[s] != r and (k, s, ins[2]) in present]
+                if any(i not in end for i in inputs):
+                    break  # an input not made yet: the other ranks go on first
+                start = max([free[r] + (gap if position[r] else 0.0)] + [end[i] + transfer for i in inputs])
+                end[ins] = start + seconds(ins)
+                free[r] = end[ins]
+                position[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the recorded orders wait on each other: not one schedule's step")
+    return max(free.values())
+
+
 def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures the table prints, from the simulation and the ranks' records."""
     edges = [(e.src, e.dst) for e in plan.edges]
@@ -113,6 +148,8 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     measured: dict[tuple[str, int], list[float]] = defaultdict(list)
     per_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"compute": [], "idle": [], "short": []})
     waits: list[dict[str, Any]] = []
+    recorded: list[tuple[dict[int, list[Instruction]], dict[Instruction, float]]] = []  # per run
+    short_gaps: list[float] = []
     runs = sorted({r["run"] for r in ranks[0]["records"]})
     for run in runs:
         done: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -128,6 +165,7 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             gaps = [max(0.0, b["start"] - a["end"]) for a, b in zip(items, items[1:])]
             per_rank[rank]["idle"].append(sum(gaps))
             per_rank[rank]["short"].append(sum(g for g in gaps if g < SHORT_GAP))
+            short_gaps += [g for g in gaps if g < SHORT_GAP]
             for a, b in zip(items, items[1:]):
                 measured[(b["kind"], b["stage"])].append(b["end"] - b["start"])
                 if b["start"] - a["end"] < 1e-4:
@@ -141,6 +179,9 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
                                   "micro_batch": b["micro_batch"], "lag_seconds": b["start"] - max(ends)})
             if items:
                 measured[(items[0]["kind"], items[0]["stage"])].append(items[0]["end"] - items[0]["start"])
+        recorded.append(({rank: [(r["kind"], r["stage"], r["micro_batch"]) for r in items]
+                          for rank, items in sorted(by_rank.items())},
+                         {key: r["end"] - r["start"] for key, r in done.items()}))
     step = statistics.median(ranks[0]["seconds"])
     sim_ranks = {}
     for rank, tasks in sim_rank_tasks.items():
@@ -161,7 +202,32 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
                   for r, v in sorted(per_rank.items())],
         "waits_on_transfers": {"count": len(waits), "waits": waits,
                                "simulated_transfer_seconds_median": statistics.median(transfer) if transfer else 0.0},
+        "replays": replays(recorded, measured, simulated, edges, rank_of,
+                           statistics.median(transfer) if transfer else 0.0,
+                           statistics.median(short_gaps) if short_gaps else 0.0),
     }
+
+
+def replays(recorded: list[tuple[dict[int, list[Instruction]], dict[Instruction, float]]],
+            measured: dict[tuple[str, int], list[float]], simulated: dict[tuple[str, int], list[float]],
+            edges: list[tuple[int, int]], rank_of: dict[int, int], transfer: float, gap: float) -> dict[str, float]:
+    """Each recorded step's instruction orders replayed (replay(), the simulated transfer and
+    the median short gap between instructions): with the durations the step measured, with
+    every instruction at its (stage, kind) median over the recorded steps (no spread), and at
+    its simulated duration. The first against the second is what the durations' spread alone
+    costs the schedule; the second against the third, what their medians' error costs."""
+    def median_of(table: dict[tuple[str, int], list[float]]) -> Callable[[Instruction], float]:
+        medians = {key: statistics.median(v) for key, v in table.items() if v}
+        return lambda ins: medians.get((ins[0], ins[1]), 0.0)
+
+    out = {"recorded_seconds": [], "medians_seconds": [], "simulated_durations_seconds": []}
+    for order, durations in recorded:
+        for name, seconds in (("recorded_seconds", lambda ins, d=durations: d[ins]),
+                              ("medians_seconds", median_of(measured)),
+                              ("simulated_durations_seconds", median_of(simulated))):
+            out[name].append(replay(order, seconds, edges, rank_of, transfer, gap))
+    return {name: statistics.fmean(v) for name, v in out.items()} | {"gap_seconds": gap,
+                                                                      "transfer_seconds": transfer}
 
 
 def measure(name: str, world: int, steps: int, calibration: dict[str, float]) -> dict[str, Any]:
@@ -221,6 +287,12 @@ def print_model(row: dict[str, Any]) -> None:
               f"{waits['simulated_transfer_seconds_median'] * 1e3:.2f} ms); {len(late)} over 1 ms "
               f"(median {statistics.median(late) * 1e3 if late else 0.0:.2f} ms, sum {sum(late) * 1e3:.1f} ms over "
               f"{RECORDED_STEPS} steps)")
+    rp = row["replays"]
+    print(f"\nThe recorded steps' instruction orders replayed (each instruction after its rank's previous one "
+          f"and {rp['gap_seconds'] * 1e6:.0f} us, and after its inputs from other ranks and "
+          f"{rp['transfer_seconds'] * 1e3:.2f} ms): with the measured durations {rp['recorded_seconds'] * 1e3:.1f} ms, "
+          f"every instruction at its median {rp['medians_seconds'] * 1e3:.1f} ms, at its simulated duration "
+          f"{rp['simulated_durations_seconds'] * 1e3:.1f} ms")
 
 
 def main() -> None:

@@ -74,6 +74,15 @@ def test_the_simulators_own_timeline_has_no_gap(bench: Any, v_run: tuple[Any, An
     waits = out["waits_on_transfers"]
     assert waits["count"] > 0
     assert all(0.0 <= w["lag_seconds"] < 0.1 for w in waits["waits"]), waits
+    # Replayed in the ranks' orders, the step is the simulated one (its compute's span; the
+    # replay prices every transfer at the median one), whichever durations it takes: here they
+    # are all the simulator's.
+    compute = [t for t in sim.tasks if t.kind in bench.COMPUTE]
+    span = max(t.end for t in compute) - min(t.start for t in compute)
+    replays = out["replays"]
+    assert replays["recorded_seconds"] == pytest.approx(span, rel=0.02)
+    assert replays["medians_seconds"] == pytest.approx(replays["recorded_seconds"])
+    assert replays["simulated_durations_seconds"] == pytest.approx(replays["recorded_seconds"])
 
 
 def test_a_late_input_shows_as_lag_and_idle(bench: Any, v_run: tuple[Any, Any]) -> None:
@@ -95,3 +104,31 @@ def test_a_late_input_shows_as_lag_and_idle(bench: Any, v_run: tuple[Any, Any]) 
         assert idle[rank] == pytest.approx(idle0[rank] + (0.005 if rank == first["rank"] else 0.0), abs=1e-9)
     for before, after in zip(base["instructions"], delayed["instructions"]):
         assert after["measured_seconds"] == pytest.approx(before["measured_seconds"])
+    # The replay starts every instruction as early as its rank and inputs allow: a step made
+    # late by a wait alone replays as the step without it.
+    assert delayed["replays"]["recorded_seconds"] == pytest.approx(base["replays"]["recorded_seconds"])
+
+
+def test_a_longer_instruction_lengthens_the_replay_with_recorded_durations_only(bench: Any,
+                                                                               v_run: tuple[Any, Any]) -> None:
+    plan, sim = v_run
+    ranks = records_of(sim, bench)
+    base = bench.analyse(plan, sim, ranks)
+    # One instruction 5 ms longer in the records (everything after it on its rank moved along):
+    # the replay with the recorded durations grows, and by at most those 5 ms; with the medians
+    # it stays (one of the stage's micro-batches moves no median of 4).
+    target = ranks[0]["records"][0]
+    key = (target["kind"], target["stage"], target["micro_batch"])
+    longer = records_of(sim, bench, late=None)
+    for value in longer:
+        items = sorted(value["records"], key=lambda r: r["start"])
+        hit = [i for i, r in enumerate(items) if (r["kind"], r["stage"], r["micro_batch"]) == key]
+        if hit:
+            items[hit[0]]["end"] += 0.005
+            for r in items[hit[0] + 1:]:
+                r["start"] += 0.005
+                r["end"] += 0.005
+    out = bench.analyse(plan, sim, longer)
+    grown = out["replays"]["recorded_seconds"] - base["replays"]["recorded_seconds"]
+    assert 0.0 < grown <= 0.005 + 1e-9
+    assert out["replays"]["medians_seconds"] == pytest.approx(base["replays"]["medians_seconds"])
