@@ -21,7 +21,9 @@ It prints, per model:
   instruction against the simulated task: whether the cost model prices the compute right;
 - per rank, its compute and its idle time between compute instructions, measured (mean over the
   recorded steps; the part in gaps under SHORT_GAP, the executor's own work between
-  instructions, apart) against simulated: what the schedule's waits add;
+  instructions, apart) against simulated: what the schedule's waits add; and the time from the
+  step's start to its first instruction and from its last to the step's end (the step's set-up,
+  the optimizer, the closing loss sum);
 - for every compute instruction whose rank waited for another rank's output (idle when that
   output was not yet made), the lag from the producer's end there to its own start, against the
   simulated transfer: how long data took to be usable when a rank was waiting for it.
@@ -73,16 +75,19 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[
     pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, skip_nonfinite=False)
     optimizer = torch.optim.SGD(list(pipe.parameters()), lr=compare.LR)
     seconds = []
+    spans = []  # each step's start and end on the flight recorder's clock (time.time())
     for i in range(WARMUP + steps):
         dist.barrier()
-        start = time.perf_counter()
+        start, wall = time.perf_counter(), time.time()
         pipe.step(inputs, targets, optimizer=optimizer)
         if i >= WARMUP:
             seconds.append(time.perf_counter() - start)
+            spans.append((wall, time.time()))
     records = pipe.executor.flight_recorder.records()
     kept = sorted({r["run"] for r in records})[-RECORDED_STEPS:]
     pipe.close()
-    return {"seconds": seconds,
+    # One executor run per step: the last runs are the last steps.
+    return {"seconds": seconds, "steps": dict(zip(kept, spans[-len(kept):])),
             "records": [{k: r[k] for k in ("run", "kind", "stage", "micro_batch", "start", "end")}
                         for r in records if r["run"] in kept]}
 
@@ -146,7 +151,8 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         elif t.kind in ("activation", "gradient"):
             transfer.append(t.end - t.start)
     measured: dict[tuple[str, int], list[float]] = defaultdict(list)
-    per_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"compute": [], "idle": [], "short": []})
+    per_rank: dict[int, dict[str, list[float]]] = defaultdict(
+        lambda: {"compute": [], "idle": [], "short": [], "head": [], "tail": []})
     waits: list[dict[str, Any]] = []
     recorded: list[tuple[dict[int, list[Instruction]], dict[Instruction, float]]] = []  # per run
     short_gaps: list[float] = []
@@ -166,6 +172,11 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             per_rank[rank]["idle"].append(sum(gaps))
             per_rank[rank]["short"].append(sum(g for g in gaps if g < SHORT_GAP))
             short_gaps += [g for g in gaps if g < SHORT_GAP]
+            steps = ranks[rank].get("steps", {})
+            step_start, step_end = steps.get(run, steps.get(str(run), (None, None)))
+            if step_start is not None and items:
+                per_rank[rank]["head"].append(items[0]["start"] - step_start)
+                per_rank[rank]["tail"].append(step_end - items[-1]["end"])
             for a, b in zip(items, items[1:]):
                 measured[(b["kind"], b["stage"])].append(b["end"] - b["start"])
                 if b["start"] - a["end"] < 1e-4:
@@ -187,7 +198,8 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     for rank, tasks in sim_rank_tasks.items():
         tasks.sort(key=lambda t: t.start)
         sim_ranks[rank] = {"compute": sum(t.end - t.start for t in tasks),
-                           "idle": sum(max(0.0, b.start - a.end) for a, b in zip(tasks, tasks[1:]))}
+                           "idle": sum(max(0.0, b.start - a.end) for a, b in zip(tasks, tasks[1:])),
+                           "head": tasks[0].start, "tail": sim.iteration_seconds - max(t.end for t in tasks)}
     return {
         "measured_step_seconds": step, "simulated_step_seconds": sim.iteration_seconds,
         "simulator_error": sim.iteration_seconds / step - 1.0,
@@ -197,8 +209,12 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "ranks": [{"rank": r, "measured_compute_seconds": statistics.fmean(v["compute"]),
                    "measured_idle_seconds": statistics.fmean(v["idle"]),
                    "measured_short_gap_seconds": statistics.fmean(v["short"]),
+                   "measured_before_first_seconds": statistics.fmean(v["head"]) if v["head"] else None,
+                   "measured_after_last_seconds": statistics.fmean(v["tail"]) if v["tail"] else None,
                    "simulated_compute_seconds": sim_ranks.get(r, {}).get("compute", 0.0),
-                   "simulated_idle_seconds": sim_ranks.get(r, {}).get("idle", 0.0)}
+                   "simulated_idle_seconds": sim_ranks.get(r, {}).get("idle", 0.0),
+                   "simulated_before_first_seconds": sim_ranks.get(r, {}).get("head", 0.0),
+                   "simulated_after_last_seconds": sim_ranks.get(r, {}).get("tail", 0.0)}
                   for r, v in sorted(per_rank.items())],
         "waits_on_transfers": {"count": len(waits), "waits": waits,
                                "simulated_transfer_seconds_median": statistics.median(transfer) if transfer else 0.0},
@@ -272,12 +288,18 @@ def print_model(row: dict[str, Any]) -> None:
         print(f"| {i['stage']} | {i['kind']} | {i['measured_seconds'] * 1e3:.2f} | {i['simulated_seconds'] * 1e3:.2f} "
               f"| {ratio:.2f} |")
     print("\n| rank | compute ms, measured | simulated | idle ms between instructions, measured | of it in gaps under "
-          f"{SHORT_GAP * 1e3:.1f} ms | simulated idle ms |")
-    print("|---|---|---|---|---|---|")
+          f"{SHORT_GAP * 1e3:.1f} ms | simulated | before the first instruction ms, measured | simulated | after "
+          "the last, measured | simulated |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in row["ranks"]:
-        print(f"| {r['rank']} | {r['measured_compute_seconds'] * 1e3:.1f} | {r['simulated_compute_seconds'] * 1e3:.1f} | "
-              f"{r['measured_idle_seconds'] * 1e3:.1f} | {r['measured_short_gap_seconds'] * 1e3:.1f} | "
-              f"{r['simulated_idle_seconds'] * 1e3:.1f} |")
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x * 1e3:.1f}"
+
+        print(f"| {r['rank']} | {ms(r['measured_compute_seconds'])} | {ms(r['simulated_compute_seconds'])} | "
+              f"{ms(r['measured_idle_seconds'])} | {ms(r['measured_short_gap_seconds'])} | "
+              f"{ms(r['simulated_idle_seconds'])} | {ms(r['measured_before_first_seconds'])} | "
+              f"{ms(r['simulated_before_first_seconds'])} | {ms(r['measured_after_last_seconds'])} | "
+              f"{ms(r['simulated_after_last_seconds'])} |")
     waits = row["waits_on_transfers"]
     lags = [w["lag_seconds"] for w in waits["waits"]]
     if lags:

@@ -57,7 +57,8 @@ def records_of(sim: Any, bench: Any, late: tuple[str, int, int] | None = None, b
                 for r in items[hit[0]:]:
                     r["start"] += by
                     r["end"] += by
-    return [{"seconds": [sim.iteration_seconds], "records": ranks[r]} for r in sorted(ranks)]
+    return [{"seconds": [sim.iteration_seconds], "records": ranks[r], "steps": {1: (0.0, sim.iteration_seconds)}}
+            for r in sorted(ranks)]
 
 
 def test_the_simulators_own_timeline_has_no_gap(bench: Any, v_run: tuple[Any, Any]) -> None:
@@ -70,6 +71,8 @@ def test_the_simulators_own_timeline_has_no_gap(bench: Any, v_run: tuple[Any, An
     for r in out["ranks"]:
         assert r["measured_compute_seconds"] == pytest.approx(r["simulated_compute_seconds"])
         assert r["measured_idle_seconds"] == pytest.approx(r["simulated_idle_seconds"])
+        assert r["measured_before_first_seconds"] == pytest.approx(r["simulated_before_first_seconds"])
+        assert r["measured_after_last_seconds"] == pytest.approx(r["simulated_after_last_seconds"])
     # A V on 2 ranks crosses ranks at every stage boundary: some instruction waits for one.
     waits = out["waits_on_transfers"]
     assert waits["count"] > 0
