@@ -334,11 +334,12 @@ def main() -> None:
     for name in args.models:
         rows.append(measure(name, args.world, args.steps, calibration))
         print_model(rows[-1])
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"benchmark": "sim_gap", "world": args.world, "steps": args.steps, "calibration": calibration,
-                   "rows": rows}, f, indent=1)
-    print(f"\nwrote {args.out}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # The commit beside the figures: the simulator and the runtime they describe are that code.
+    out.write_text(json.dumps({"benchmark": "sim_gap", "commit": compare.git_commit(), "world": args.world,
+                               "steps": args.steps, "calibration": calibration, "rows": rows}, indent=1))
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
