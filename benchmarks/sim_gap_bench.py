@@ -12,7 +12,7 @@ twice the ranks and place the stages in a V (rank r: stages r and 2 world - 1 - 
 The plan is simulated (graphpipe.simulate: every task of the step) and run on ``--world``
 spawned ranks (Gloo, one torch thread each, SGD), ``--steps`` timed steps after 3 warm-up steps;
 each rank's executor flight recorder keeps the last 4 steps' instructions with their start and
-end (one clock for all ranks: CLOCK_MONOTONIC on one machine).
+end (one clock for all ranks: the system clock, time.time(), on one machine).
 
 It prints, per model:
 
@@ -24,9 +24,15 @@ It prints, per model:
   instructions, apart) against simulated: what the schedule's waits add; and the time from the
   step's start to its first instruction and from its last to the step's end (the step's set-up,
   the optimizer, the closing loss sum);
-- for every compute instruction whose rank waited for another rank's output (idle when that
-  output was not yet made), the lag from the producer's end there to its own start, against the
-  simulated transfer: how long data took to be usable when a rank was waiting for it.
+- every wait of a rank for another rank's output (the rank free, the output landing later, as
+  its receive's record ends): the lag from the producer's end to the landing, against the
+  simulated transfer, and how many landed over 1 ms later than that transfer allows;
+- the recorded steps' mean, measured minus simulated, in five parts that add up to it, from
+  replays of the recorded instruction orders (replay()) with the simulated durations, with each
+  instruction at its median, and with the recorded durations: the replay's own model against the
+  simulator, the medians against their prices, the durations' spread around their medians (in a
+  schedule without slack a rank that runs long makes the other wait), the waits the replay does
+  not have (late landings, the executor's own work), and the set-up and close beyond their price.
 
 Nothing is emulated: real compute, real Gloo transfers. The table's figures are one run's on a
 noisy machine (compare the ratios, not the milliseconds, across runs). Writes JSON.
@@ -41,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +65,7 @@ WARMUP = 3
 # A gap between two instructions shorter than this is the executor's own work between them
 # (dispatch, posting, bookkeeping), not a wait for another rank.
 SHORT_GAP = 3e-4
+RECORDER_SIZE = 16384
 
 
 def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[str, Any]:
@@ -70,6 +77,8 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    # Room in the recorder's ring for the recorded steps whole (the default keeps 1024 records).
+    os.environ["GRAPHPIPE_FLIGHT_RECORDER_SIZE"] = str(RECORDER_SIZE)
     model, inputs = build_model(spec)
     targets = model.example_targets(inputs[0].shape[0])
     pipe = graphpipe.wrap(model, inputs, default_loss(spec), plan=plan_json, skip_nonfinite=False)
@@ -84,10 +93,15 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[
             seconds.append(time.perf_counter() - start)
             spans.append((wall, time.time()))
     records = pipe.executor.flight_recorder.records()
-    kept = sorted({r["run"] for r in records})[-RECORDED_STEPS:]
     pipe.close()
-    # One executor run per step: the last runs are the last steps.
-    return {"seconds": seconds, "steps": dict(zip(kept, spans[-len(kept):])),
+    # One executor run per step: the last runs are the last steps. Every step runs the same
+    # instructions, so a run with fewer records than the last lost its first ones to the ring.
+    counts = Counter(r["run"] for r in records)
+    last = max(counts)
+    kept = [run for run in range(last - RECORDED_STEPS + 1, last + 1) if counts.get(run) == counts[last]]
+    if not kept:
+        raise RuntimeError("the flight recorder kept no whole step")
+    return {"seconds": seconds, "steps": {run: spans[len(spans) - 1 - (last - run)] for run in kept},
             "records": [{k: r[k] for k in ("run", "kind", "stage", "micro_batch", "start", "end")}
                         for r in records if r["run"] in kept]}
 
@@ -137,116 +151,145 @@ def replay(order: dict[int, list[Instruction]], seconds: Callable[[Instruction],
     return max(free.values())
 
 
-def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures the table prints, from the simulation and the ranks' records."""
-    edges = [(e.src, e.dst) for e in plan.edges]
-    rank_of = {s.id: int(s.devices[0]) for s in plan.stages}
-    simulated: dict[tuple[str, int], list[float]] = defaultdict(list)
-    sim_rank_tasks: dict[int, list[Any]] = defaultdict(list)
-    transfer: list[float] = []
+RECEIVES = {"forward": "recv_activation", "backward": "recv_gradient", "backward_input": "recv_gradient"}
+
+
+def _simulated(sim: Any) -> dict[str, Any]:
+    """The simulated step's figures: each compute task's duration by (kind, stage), each rank's
+    tasks in order, the transfers' median, and the compute's span."""
+    durations: dict[tuple[str, int], list[float]] = defaultdict(list)
+    tasks: dict[int, list[Any]] = defaultdict(list)
+    transfers = []
     for t in sim.tasks:
         if t.kind in COMPUTE:
-            simulated[(t.kind, t.stage)].append(t.end - t.start)
-            sim_rank_tasks[t.rank].append(t)
+            durations[(t.kind, t.stage)].append(t.end - t.start)
+            tasks[t.rank].append(t)
         elif t.kind in ("activation", "gradient"):
-            transfer.append(t.end - t.start)
+            transfers.append(t.end - t.start)
+    for items in tasks.values():
+        items.sort(key=lambda t: t.start)
+    compute = [t for items in tasks.values() for t in items]
+    return {"durations": durations, "tasks": tasks, "transfer": statistics.median(transfers) if transfers else 0.0,
+            "span": max(t.end for t in compute) - min(t.start for t in compute) if compute else 0.0}
+
+
+def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]], rank_of: dict[int, int],
+              transfer: float, short_gap: float) -> dict[str, Any]:
+    """One recorded step: per rank its compute, idle, set-up and close; the waits on another
+    rank's output; the ranks' instruction orders and durations (for replay()); its spans."""
+    done: dict[Instruction, dict[str, Any]] = {}
+    landed: dict[tuple[int, str, int, int], float] = {}  # (rank, receive kind, stage, micro-batch)
+    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for rank, value in enumerate(ranks):
+        for r in value["records"]:
+            if r["run"] != run:
+                continue
+            if r["kind"] in COMPUTE:
+                done[(r["kind"], r["stage"], r["micro_batch"])] = r
+                by_rank[rank].append(r)
+            elif r["kind"] in ("recv_activation", "recv_gradient"):
+                key = (rank, r["kind"], r["stage"], r["micro_batch"])
+                landed[key] = max(landed.get(key, 0.0), r["end"])
+    per_rank, waits, gaps_short = {}, [], []
+    for rank, items in sorted(by_rank.items()):
+        items.sort(key=lambda r: r["start"])
+        gaps = [max(0.0, b["start"] - a["end"]) for a, b in zip(items, items[1:])]
+        gaps_short += [g for g in gaps if g < short_gap]
+        start, end = ranks[rank]["steps"][run]
+        per_rank[rank] = {"compute": sum(r["end"] - r["start"] for r in items), "idle": sum(gaps),
+                          "short": sum(g for g in gaps if g < short_gap), "head": items[0]["start"] - start,
+                          "tail": end - items[-1]["end"]}
+        for a, b in zip(items, items[1:]):
+            # The rank was free at a's end and b's inputs from another rank landed after it:
+            # the rank waited for them. A receive's record ends when the executor lands it, just
+            # before b, so a landing after a short gap is the executor's bookkeeping, not a wait.
+            arrival = landed.get((rank, RECEIVES.get(b["kind"], ""), b["stage"], b["micro_batch"]))
+            ends = [done[(k, s, b["micro_batch"])]["end"] for k, s in _producer(b["kind"], b["stage"], edges)
+                    if (k, s, b["micro_batch"]) in done and rank_of[s] != rank]
+            if b["start"] - a["end"] < short_gap or arrival is None or arrival <= a["end"] or not ends:
+                continue
+            waits.append({"run": run, "rank": rank, "kind": b["kind"], "stage": b["stage"],
+                          "micro_batch": b["micro_batch"], "lag_seconds": arrival - max(ends),
+                          "late_seconds": max(0.0, arrival - max(a["end"], max(ends) + transfer))})
+    compute = [r for items in by_rank.values() for r in items]
+    steps = [ranks[rank]["steps"][run] for rank in by_rank]
+    return {"ranks": per_rank, "waits": waits, "short_gaps": gaps_short,
+            "order": {rank: [(r["kind"], r["stage"], r["micro_batch"]) for r in items]
+                      for rank, items in sorted(by_rank.items())},
+            "durations": {key: r["end"] - r["start"] for key, r in done.items()},
+            "compute_span": max(r["end"] for r in compute) - min(r["start"] for r in compute),
+            "step": max(e for _, e in steps) - min(s for s, _ in steps)}
+
+
+def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]], short_gap: float = SHORT_GAP) -> dict[str, Any]:
+    """The figures the table prints, from the simulation and the ranks' records (each rank's
+    ``records`` of whole steps and ``steps``: run -> its start and end on the records' clock);
+    ``short_gap``: the longest gap between two instructions that is the executor's own work."""
+    edges = [(e.src, e.dst) for e in plan.edges]
+    rank_of = {s.id: int(s.devices[0]) for s in plan.stages}
+    simulated = _simulated(sim)
+    steps = [_one_step(run, ranks, edges, rank_of, simulated["transfer"], short_gap)
+             for run in sorted(ranks[0]["steps"])]
     measured: dict[tuple[str, int], list[float]] = defaultdict(list)
-    per_rank: dict[int, dict[str, list[float]]] = defaultdict(
-        lambda: {"compute": [], "idle": [], "short": [], "head": [], "tail": []})
-    waits: list[dict[str, Any]] = []
-    recorded: list[tuple[dict[int, list[Instruction]], dict[Instruction, float]]] = []  # per run
-    short_gaps: list[float] = []
-    runs = sorted({r["run"] for r in ranks[0]["records"]})
-    for run in runs:
-        done: dict[tuple[str, int, int], dict[str, Any]] = {}
-        by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for rank, value in enumerate(ranks):
-            for r in value["records"]:
-                if r["run"] == run and r["kind"] in COMPUTE:
-                    done[(r["kind"], r["stage"], r["micro_batch"])] = r
-                    by_rank[rank].append(r)
-        for rank, items in by_rank.items():
-            items.sort(key=lambda r: r["start"])
-            per_rank[rank]["compute"].append(sum(r["end"] - r["start"] for r in items))
-            gaps = [max(0.0, b["start"] - a["end"]) for a, b in zip(items, items[1:])]
-            per_rank[rank]["idle"].append(sum(gaps))
-            per_rank[rank]["short"].append(sum(g for g in gaps if g < SHORT_GAP))
-            short_gaps += [g for g in gaps if g < SHORT_GAP]
-            steps = ranks[rank].get("steps", {})
-            step_start, step_end = steps.get(run, steps.get(str(run), (None, None)))
-            if step_start is not None and items:
-                per_rank[rank]["head"].append(items[0]["start"] - step_start)
-                per_rank[rank]["tail"].append(step_end - items[-1]["end"])
-            for a, b in zip(items, items[1:]):
-                measured[(b["kind"], b["stage"])].append(b["end"] - b["start"])
-                if b["start"] - a["end"] < 1e-4:
-                    continue  # no wait before it
-                ends = [done[(k, s, b["micro_batch"])]["end"] for k, s in _producer(b["kind"], b["stage"], edges)
-                        if (k, s, b["micro_batch"]) in done and rank_of[s] != rank]
-                # Only where the input was not there yet when the rank became free: the rank
-                # waited for it (and not for something else first).
-                if ends and max(ends) > a["end"]:
-                    waits.append({"run": run, "rank": rank, "kind": b["kind"], "stage": b["stage"],
-                                  "micro_batch": b["micro_batch"], "lag_seconds": b["start"] - max(ends)})
-            if items:
-                measured[(items[0]["kind"], items[0]["stage"])].append(items[0]["end"] - items[0]["start"])
-        recorded.append(({rank: [(r["kind"], r["stage"], r["micro_batch"]) for r in items]
-                          for rank, items in sorted(by_rank.items())},
-                         {key: r["end"] - r["start"] for key, r in done.items()}))
-    step = statistics.median(ranks[0]["seconds"])
-    sim_ranks = {}
-    for rank, tasks in sim_rank_tasks.items():
-        tasks.sort(key=lambda t: t.start)
-        sim_ranks[rank] = {"compute": sum(t.end - t.start for t in tasks),
-                           "idle": sum(max(0.0, b.start - a.end) for a, b in zip(tasks, tasks[1:])),
-                           "head": tasks[0].start, "tail": sim.iteration_seconds - max(t.end for t in tasks)}
-    return {
-        "measured_step_seconds": step, "simulated_step_seconds": sim.iteration_seconds,
-        "simulator_error": sim.iteration_seconds / step - 1.0,
-        "instructions": [{"kind": k, "stage": s, "measured_seconds": statistics.median(measured[(k, s)]),
-                          "simulated_seconds": statistics.median(simulated[(k, s)])}
-                         for k, s in sorted(simulated, key=lambda key: (key[1], key[0])) if measured.get((k, s))],
-        "ranks": [{"rank": r, "measured_compute_seconds": statistics.fmean(v["compute"]),
-                   "measured_idle_seconds": statistics.fmean(v["idle"]),
-                   "measured_short_gap_seconds": statistics.fmean(v["short"]),
-                   "measured_before_first_seconds": statistics.fmean(v["head"]) if v["head"] else None,
-                   "measured_after_last_seconds": statistics.fmean(v["tail"]) if v["tail"] else None,
-                   "simulated_compute_seconds": sim_ranks.get(r, {}).get("compute", 0.0),
-                   "simulated_idle_seconds": sim_ranks.get(r, {}).get("idle", 0.0),
-                   "simulated_before_first_seconds": sim_ranks.get(r, {}).get("head", 0.0),
-                   "simulated_after_last_seconds": sim_ranks.get(r, {}).get("tail", 0.0)}
-                  for r, v in sorted(per_rank.items())],
-        "waits_on_transfers": {"count": len(waits), "waits": waits,
-                               "simulated_transfer_seconds_median": statistics.median(transfer) if transfer else 0.0},
-        "replays": replays(recorded, measured, simulated, edges, rank_of,
-                           statistics.median(transfer) if transfer else 0.0,
-                           statistics.median(short_gaps) if short_gaps else 0.0),
-    }
+    for step in steps:
+        for (kind, stage, _), seconds in step["durations"].items():
+            measured[(kind, stage)].append(seconds)
+    short = [g for step in steps for g in step["short_gaps"]]
+    gap = statistics.median(short) if short else 0.0
 
-
-def replays(recorded: list[tuple[dict[int, list[Instruction]], dict[Instruction, float]]],
-            measured: dict[tuple[str, int], list[float]], simulated: dict[tuple[str, int], list[float]],
-            edges: list[tuple[int, int]], rank_of: dict[int, int], transfer: float, gap: float) -> dict[str, float]:
-    """Each recorded step's instruction orders replayed (replay(), the simulated transfer and
-    the median short gap between instructions): with the durations the step measured, with
-    every instruction at its (stage, kind) median over the recorded steps (no spread), and at
-    its simulated duration. The first against the second is what the durations' spread alone
-    costs the schedule; the second against the third, what their medians' error costs."""
-    def median_of(table: dict[tuple[str, int], list[float]]) -> Callable[[Instruction], float]:
+    def at(table: dict[tuple[str, int], list[float]]) -> Callable[[Instruction], float]:
         medians = {key: statistics.median(v) for key, v in table.items() if v}
         return lambda ins: medians.get((ins[0], ins[1]), 0.0)
 
-    out = {"recorded_seconds": [], "medians_seconds": [], "simulated_durations_seconds": []}
-    for order, durations in recorded:
-        for name, seconds in (("recorded_seconds", lambda ins, d=durations: d[ins]),
-                              ("medians_seconds", median_of(measured)),
-                              ("simulated_durations_seconds", median_of(simulated))):
-            out[name].append(replay(order, seconds, edges, rank_of, transfer, gap))
-    return {name: statistics.fmean(v) for name, v in out.items()} | {"gap_seconds": gap,
-                                                                      "transfer_seconds": transfer}
+    def replayed(seconds: Callable[[Instruction, dict], float]) -> float:
+        return statistics.fmean(replay(s["order"], lambda ins, s=s: seconds(ins, s), edges, rank_of,
+                                       simulated["transfer"], gap) for s in steps)
+
+    replays = {"simulated_durations": replayed(lambda ins, s: at(simulated["durations"])(ins)),
+               "medians": replayed(lambda ins, s: at(measured)(ins)),
+               "recorded": replayed(lambda ins, s: s["durations"][ins])}
+    step = statistics.fmean(s["step"] for s in steps)
+    span = statistics.fmean(s["compute_span"] for s in steps)
+    sim_rank = {r: {"compute": sum(t.end - t.start for t in ts),
+                    "idle": sum(max(0.0, b.start - a.end) for a, b in zip(ts, ts[1:])),
+                    "head": ts[0].start, "tail": sim.iteration_seconds - ts[-1].end}
+                for r, ts in simulated["tasks"].items()}
+    mean = lambda rank, key: statistics.fmean(s["ranks"][rank][key] for s in steps)  # noqa: E731
+    return {
+        "measured_step_seconds": statistics.median(ranks[0]["seconds"]),
+        "simulated_step_seconds": sim.iteration_seconds,
+        "simulator_error": sim.iteration_seconds / statistics.median(ranks[0]["seconds"]) - 1.0,
+        "steps_analysed": len(steps),
+        "instructions": [{"kind": k, "stage": s, "measured_seconds": statistics.median(measured[(k, s)]),
+                          "simulated_seconds": statistics.median(v)}
+                         for (k, s), v in sorted(simulated["durations"].items(), key=lambda kv: (kv[0][1], kv[0][0]))
+                         if measured.get((k, s))],
+        "ranks": [{"rank": r, **{f"measured_{name}_seconds": mean(r, key) for name, key in FIGURES},
+                   **{f"simulated_{name}_seconds": sim_rank[r][key] for name, key in FIGURES if key != "short"}}
+                  for r in sorted(steps[0]["ranks"]) if r in sim_rank],
+        "waits_on_transfers": {"waits": [w for s in steps for w in s["waits"]],
+                               "simulated_transfer_seconds": simulated["transfer"]},
+        # The analysed steps' mean, measured minus simulated, in five parts that add up to it.
+        "decomposition": {
+            "replay_against_simulator": replays["simulated_durations"] - simulated["span"],
+            "medians_against_prices": replays["medians"] - replays["simulated_durations"],
+            "spread_around_medians": replays["recorded"] - replays["medians"],
+            "waits_the_replay_lacks": span - replays["recorded"],
+            "set_up_and_close": (step - span) - (sim.iteration_seconds - simulated["span"]),
+            "measured_step": step, "simulated_step": sim.iteration_seconds,
+        },
+        "replays": {f"{name}_seconds": v for name, v in replays.items()} | {"gap_seconds": gap},
+    }
+
+
+# The per-rank figures: (name in the report, key in _one_step's ranks).
+FIGURES = (("compute", "compute"), ("idle", "idle"), ("short_gap", "short"), ("before_first", "head"),
+           ("after_last", "tail"))
 
 
 def measure(name: str, world: int, steps: int, calibration: dict[str, float]) -> dict[str, Any]:
+    """The model's V row planned as compare.py plans it, simulated, run on ``world`` spawned
+    ranks for ``steps`` timed steps, and analysed."""
     import graphpipe
     from graphpipe.local_ranks import expect_ok, run_ranks
     from graphpipe.models import build_model
@@ -274,7 +317,12 @@ def measure(name: str, world: int, steps: int, calibration: dict[str, float]) ->
             "micro_batches": plan.num_micro_batches, **out}
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
 def print_model(row: dict[str, Any]) -> None:
+    """The model's tables and lines (the module's docstring says what each holds)."""
     if "unavailable" in row:
         print(f"\n## {row['model']}: not run ({row['unavailable']})")
         return
@@ -287,34 +335,32 @@ def print_model(row: dict[str, Any]) -> None:
         ratio = i["measured_seconds"] / i["simulated_seconds"] if i["simulated_seconds"] > 0 else float("nan")
         print(f"| {i['stage']} | {i['kind']} | {i['measured_seconds'] * 1e3:.2f} | {i['simulated_seconds'] * 1e3:.2f} "
               f"| {ratio:.2f} |")
-    print("\n| rank | compute ms, measured | simulated | idle ms between instructions, measured | of it in gaps under "
-          f"{SHORT_GAP * 1e3:.1f} ms | simulated | before the first instruction ms, measured | simulated | after "
+    print(f"\nper rank, ms (measured: mean of the {row['steps_analysed']} recorded steps)\n")
+    print("| rank | compute, measured | simulated | idle between instructions, measured | of it in gaps under "
+          f"{SHORT_GAP * 1e3:.1f} ms | simulated | before the first instruction, measured | simulated | after "
           "the last, measured | simulated |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in row["ranks"]:
-        def ms(x: float | None) -> str:
-            return "-" if x is None else f"{x * 1e3:.1f}"
-
-        print(f"| {r['rank']} | {ms(r['measured_compute_seconds'])} | {ms(r['simulated_compute_seconds'])} | "
-              f"{ms(r['measured_idle_seconds'])} | {ms(r['measured_short_gap_seconds'])} | "
-              f"{ms(r['simulated_idle_seconds'])} | {ms(r['measured_before_first_seconds'])} | "
-              f"{ms(r['simulated_before_first_seconds'])} | {ms(r['measured_after_last_seconds'])} | "
-              f"{ms(r['simulated_after_last_seconds'])} |")
-    waits = row["waits_on_transfers"]
-    lags = [w["lag_seconds"] for w in waits["waits"]]
-    if lags:
-        late = [x for x in lags if x > 1e-3]
-        print(f"\n{waits['count']} compute instructions waited for another rank's output: from its producer's end to "
-              f"their start, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfer "
-              f"{waits['simulated_transfer_seconds_median'] * 1e3:.2f} ms); {len(late)} over 1 ms "
-              f"(median {statistics.median(late) * 1e3 if late else 0.0:.2f} ms, sum {sum(late) * 1e3:.1f} ms over "
-              f"{RECORDED_STEPS} steps)")
-    rp = row["replays"]
-    print(f"\nThe recorded steps' instruction orders replayed (each instruction after its rank's previous one "
-          f"and {rp['gap_seconds'] * 1e6:.0f} us, and after its inputs from other ranks and "
-          f"{rp['transfer_seconds'] * 1e3:.2f} ms): with the measured durations {rp['recorded_seconds'] * 1e3:.1f} ms, "
-          f"every instruction at its median {rp['medians_seconds'] * 1e3:.1f} ms, at its simulated duration "
-          f"{rp['simulated_durations_seconds'] * 1e3:.1f} ms")
+        figures = [r[f"{side}_{name}_seconds"] for name, side in (
+            ("compute", "measured"), ("compute", "simulated"), ("idle", "measured"), ("short_gap", "measured"),
+            ("idle", "simulated"), ("before_first", "measured"), ("before_first", "simulated"),
+            ("after_last", "measured"), ("after_last", "simulated"))]
+        print(f"| {r['rank']} | " + " | ".join(_ms(x) for x in figures) + " |")
+    waits = row["waits_on_transfers"]["waits"]
+    if waits:
+        lags = [w["lag_seconds"] for w in waits]
+        late = [w["late_seconds"] for w in waits if w["late_seconds"] > 1e-3]
+        print(f"\n{len(waits)} waits of a rank for another rank's output to land: from the producer's end to the "
+              f"landing, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfer "
+              f"{row['waits_on_transfers']['simulated_transfer_seconds'] * 1e3:.2f} ms); {len(late)} landed over 1 ms "
+              f"later than the simulated transfer allows ({_ms(sum(late) / row['steps_analysed'])} ms a step)")
+    d = row["decomposition"]
+    print(f"\nmeasured minus simulated, the recorded steps' mean ({_ms(d['measured_step'])} against "
+          f"{_ms(d['simulated_step'])} ms), in parts: the replay's own model against the simulator "
+          f"{_ms(d['replay_against_simulator'])}, the instructions' medians against their prices "
+          f"{_ms(d['medians_against_prices'])}, their spread around the medians {_ms(d['spread_around_medians'])}, "
+          f"waits the replay lacks {_ms(d['waits_the_replay_lacks'])}, set-up and close beyond their price "
+          f"{_ms(d['set_up_and_close'])}")
 
 
 def main() -> None:
@@ -326,8 +372,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.world < 2:
         parser.error("--world must be at least 2: a V needs two ranks")
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
+    if args.steps < RECORDED_STEPS:
+        parser.error(f"--steps must be at least {RECORDED_STEPS}: the analysis reads the last {RECORDED_STEPS} "
+                     "timed steps")
     torch.set_num_threads(1)
     calibration = compare.calibrate([args.world], compare.Launch.spawned())[args.world]
     rows = []
