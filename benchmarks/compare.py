@@ -816,12 +816,22 @@ class Launch:
     torchrun: bool
     device: str  # "cpu" or "cuda"
     timeout: float
+    # Spawned CPU ranks each bound to a core of their own where they are no more than the cores
+    # (local_ranks.run_ranks(bind_cpus=True)): unbound, a rank's Gloo thread waits for a core
+    # while the other ranks compute, and its transfers land milliseconds late.
+    bind_cpus: bool = False
 
     @classmethod
-    def spawned(cls, device: str = "cpu", timeout: float = 600.0) -> Launch:
+    def spawned(cls, device: str = "cpu", timeout: float = 600.0, bind_cpus: bool = False) -> Launch:
         """Ranks this script spawns per run (the side benchmarks' way: they are never run under
         torchrun)."""
-        return cls(torchrun=False, device=device, timeout=timeout)
+        return cls(torchrun=False, device=device, timeout=timeout, bind_cpus=bind_cpus)
+
+    def binds(self, world: int) -> bool:
+        """Whether ``world`` spawned ranks are bound to a CPU each (bind_cpus asked, CPU ranks,
+        no more of them than the CPUs this process may use)."""
+        return (self.bind_cpus and not self.torchrun and self.device == "cpu" and hasattr(os, "sched_getaffinity")
+                and world <= len(os.sched_getaffinity(0)))
 
     @property
     def backend(self) -> str:
@@ -837,7 +847,7 @@ class Launch:
         """``measure_rank`` on every rank; every rank's result (on every rank under torchrun)."""
         if not self.torchrun:
             return run_ranks(measure_rank, world, spec, variant, steps, emulate, self.device,
-                             timeout=self.timeout, backend=self.backend)
+                             timeout=self.timeout, backend=self.backend, bind_cpus=self.binds(world))
         import torch.distributed as dist
 
         rank = dist.get_rank()
@@ -909,8 +919,12 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
     for world in worlds:
         # A torchrun launch of one process has no pair of its own ranks to time a link between:
         # it is measured on two spawned ranks, as a spawned launch does at any world size.
-        latency, bandwidth = link(concurrency=world, in_group=launch.torchrun and world > 1, device=launch.device)
-        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device, wait=wait)
+        # Bound as the runs will be: a link measured between unbound ranks would carry their
+        # late landings.
+        latency, bandwidth = link(concurrency=world, in_group=launch.torchrun and world > 1, device=launch.device,
+                                  bind_cpus=launch.binds(max(2, world)))
+        costs = runtime_costs(world, in_group=launch.torchrun, device=launch.device, wait=wait,
+                              bind_cpus=launch.binds(world))
         calibration[world] = {"link_latency_seconds": latency, "link_bandwidth_bytes_per_second": bandwidth,
                               "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                               "step_overhead_seconds": costs.step_overhead_seconds,
@@ -1064,6 +1078,9 @@ def parse_args() -> argparse.Namespace:
                         help="cpu: Gloo CPU ranks (default); cuda: one GPU per rank, NCCL")
     parser.add_argument("--gpu-kind", default="h100", help="device preset the planner uses with --device cuda")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before giving up")
+    parser.add_argument("--bind-cpus", action=argparse.BooleanOptionalAction, default=True,
+                        help="bind each spawned CPU rank to a core of its own where the ranks are no more than the "
+                             "cores (default: on; not under torchrun)")
     parser.add_argument("--out", default="results/compare.json")
     parser.add_argument("--png", default="results/compare.png")
     args = parser.parse_args()
@@ -1083,7 +1100,7 @@ def start(args: argparse.Namespace) -> Launch:
     """This process's launch: spawned ranks per run, or the torchrun group (joined here)."""
     torch.set_num_threads(1)
     keep_freed_memory()  # the profiles rank 0 takes see the same allocator as the runs
-    launch = Launch(_launched_by_torchrun(), args.device, args.timeout)
+    launch = Launch(_launched_by_torchrun(), args.device, args.timeout, args.bind_cpus)
     if launch.torchrun:
         import datetime
 
@@ -1139,7 +1156,8 @@ def write_json(rows: list[dict], args: argparse.Namespace, mode: str, launch: La
     out.write_text(json.dumps({
         "benchmark": "compare", "mode": mode, "device": args.device, "machine": platform.platform(),
         "cpus": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
-        "launch": "torchrun" if launch.torchrun else "spawn", "slowdown": args.slowdown, "steps": args.steps,
+        "launch": "torchrun" if launch.torchrun else "spawn", "bind_cpus": launch.bind_cpus,
+        "slowdown": args.slowdown, "steps": args.steps,
         "rounds": rounds, "warmup": args.warmup, "calibration": calibration, "rows": rows,
         "verdict": verdict(rows)}, indent=1))
     print(f"wrote {out}")

@@ -49,6 +49,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -287,11 +288,22 @@ FIGURES = (("compute", "compute"), ("idle", "idle"), ("short_gap", "short"), ("b
            ("after_last", "tail"))
 
 
-def measure(name: str, world: int, steps: int, calibration: dict[str, float]) -> dict[str, Any]:
-    """The model's V row planned as compare.py plans it, simulated, run on ``world`` spawned
-    ranks for ``steps`` timed steps, and analysed."""
+@dataclass
+class VRow:
+    """compare.py's "graphpipe/V zb" row of one model: its plan, the description it was made
+    for, and the plan's JSON for the ranks (or the reason there is none)."""
+
+    spec: str
+    plan: Any = None
+    devices: Any = None
+    plan_json: str = ""
+    reason: str = ""
+
+
+def v_row(name: str, world: int, calibration: dict[str, float]) -> VRow:
+    """The V row as ``compare.py --no-emulate`` makes it: traced, profiled on this CPU, the
+    description calibrated, the sequential cut for twice the ranks placed in a V, zb_graph."""
     import graphpipe
-    from graphpipe.local_ranks import expect_ok, run_ranks
     from graphpipe.models import build_model
 
     spec = compare.BENCH_SPECS[name]
@@ -303,18 +315,31 @@ def measure(name: str, world: int, steps: int, calibration: dict[str, float]) ->
     devices = compare.calibrated_description(graphpipe.devices(world, "cpu", measure=True), world, 1.0, calibration)
     doubled = compare.doubled_sequential_cut(graph, devices, None)
     if doubled.reason:
-        return {"model": name, "spec": spec, "unavailable": doubled.reason}
+        return VRow(spec, reason=doubled.reason)
     plan = graphpipe.plan(graph, devices, "manual", manual=doubled.labels, stage_devices=compare.v_placement(world),
                           micro_batches=doubled.cut.micro_batches, schedule="zb_graph", replicate=False)
-    sim = graphpipe.simulate(plan, devices, "zb_graph")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "plan.json")
         plan.save(graph, path)
         plan_json = Path(path).read_text()
-    ranks = expect_ok(run_ranks(_rank, world, spec, plan_json, steps, timeout=1800))
-    out = analyse(plan, sim, [r.value for r in ranks])
-    return {"model": name, "spec": spec, "world": world, "stages": plan.num_stages,
-            "micro_batches": plan.num_micro_batches, **out}
+    return VRow(spec, plan, devices, plan_json)
+
+
+def measure(name: str, world: int, steps: int, calibration: dict[str, float], launch: Any) -> dict[str, Any]:
+    """The model's V row simulated, run on ``world`` spawned ranks for ``steps`` timed steps
+    (bound to a CPU each where ``launch`` binds them), and analysed."""
+    import graphpipe
+    from graphpipe.local_ranks import expect_ok, run_ranks
+
+    row = v_row(name, world, calibration)
+    if row.reason:
+        return {"model": name, "spec": row.spec, "unavailable": row.reason}
+    sim = graphpipe.simulate(row.plan, row.devices, "zb_graph")
+    ranks = expect_ok(run_ranks(_rank, world, row.spec, row.plan_json, steps, timeout=1800,
+                                bind_cpus=launch.binds(world)))
+    out = analyse(row.plan, sim, [r.value for r in ranks])
+    return {"model": name, "spec": row.spec, "world": world, "stages": row.plan.num_stages,
+            "micro_batches": row.plan.num_micro_batches, **out}
 
 
 def _ms(x: float | None) -> str:
@@ -369,6 +394,9 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16, help="timed steps (after 3 warm-up steps)")
     parser.add_argument("--out", default="results/sim_gap_bench.json")
+    parser.add_argument("--bind-cpus", action=argparse.BooleanOptionalAction, default=True,
+                        help="each rank on a core of its own where the ranks are no more than the cores, as "
+                             "compare.py runs them (default: on)")
     args = parser.parse_args()
     if args.world < 2:
         parser.error("--world must be at least 2: a V needs two ranks")
@@ -376,15 +404,17 @@ def main() -> None:
         parser.error(f"--steps must be at least {RECORDED_STEPS}: the analysis reads the last {RECORDED_STEPS} "
                      "timed steps")
     torch.set_num_threads(1)
-    calibration = compare.calibrate([args.world], compare.Launch.spawned())[args.world]
+    launch = compare.Launch.spawned(bind_cpus=args.bind_cpus)
+    calibration = compare.calibrate([args.world], launch)[args.world]
     rows = []
     for name in args.models:
-        rows.append(measure(name, args.world, args.steps, calibration))
+        rows.append(measure(name, args.world, args.steps, calibration, launch))
         print_model(rows[-1])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # The commit beside the figures: the simulator and the runtime they describe are that code.
     out.write_text(json.dumps({"benchmark": "sim_gap", "commit": compare.git_commit(), "world": args.world,
+                               "bind_cpus": launch.binds(args.world),
                                "steps": args.steps, "calibration": calibration, "rows": rows}, indent=1))
     print(f"\nwrote {out}")
 

@@ -145,10 +145,10 @@ def _check_pairs(what: str) -> None:
                          f"in_group=False)")
 
 
-def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any) -> list[Any]:
+def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any, bind_cpus: bool = False) -> list[Any]:
     from graphpipe.local_ranks import run_ranks
 
-    results = run_ranks(fn, concurrency, *args, timeout=timeout)
+    results = run_ranks(fn, concurrency, *args, timeout=timeout, bind_cpus=bind_cpus)
     failed = [r for r in results if not r.ok]
     if failed:
         raise RuntimeError(f"{what} calibration failed on rank {failed[0].rank}: {failed[0].error_type}: "
@@ -347,7 +347,8 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) ->
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
                   micro_batches: tuple[int, ...] = MICRO_BATCHES, timeout: float = 60.0,
-                  in_group: bool = False, device: str = "cpu", wait: float = 0.0) -> RuntimeCosts:
+                  in_group: bool = False, device: str = "cpu", wait: float = 0.0,
+                  bind_cpus: bool = False) -> RuntimeCosts:
     """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
     working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
     ranks of the current process group instead (every rank calls it, every rank gets the figures;
@@ -356,7 +357,8 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     ``wait``: an emulated compute of that many seconds in each measured forward and backward,
     taken off the figure again (0: the runtime alone, every rank dispatching without a pause, as
     ranks that compute for real are busy; EMULATED_WAIT for runs whose compute is emulated by
-    waits)."""
+    waits). ``bind_cpus``: each spawned rank on a CPU of its own (local_ranks.run_ranks), as the
+    runs it describes."""
     if concurrency < 1:
         raise ValueError(f"runtime_costs: concurrency must be at least 1, got {concurrency}")
     if not wait >= 0.0:
@@ -367,7 +369,7 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
         values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait)
     else:
         values = _spawned(_step_samples, concurrency, timeout, "runtime cost", spec, tuple(micro_batches), steps,
-                          device, wait)
+                          device, wait, bind_cpus=bind_cpus)
     return _costs(values, len(values), wait)
 
 
@@ -471,16 +473,17 @@ def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rou
 
 
 def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
-         timeout: float = 120.0) -> tuple[float, float]:
+         timeout: float = 120.0, bind_cpus: bool = False) -> tuple[float, float]:
     """(latency seconds, bandwidth bytes/s) of one point-to-point transfer between two ranks,
     with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs): what a
     pipeline's transfers see. ``in_group``: measure on the ranks of the current process group
-    instead of spawning (it must have two ranks or more)."""
+    instead of spawning (it must have two ranks or more). ``bind_cpus``: each spawned rank on a
+    CPU of its own (local_ranks.run_ranks), as the runs it describes."""
     if in_group:
         _check_pairs("link")
         values = _in_group(_pingpong, repeats, device)
     else:
-        values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device)
+        values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device, bind_cpus=bind_cpus)
     timed = [v for v in values if v]
     latency = statistics.median(t[SMALL] for t in timed)
     large = statistics.median(t[PAIR_LARGE] for t in timed)
@@ -488,16 +491,17 @@ def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, dev
 
 
 def collective_link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
-                    timeout: float = 120.0) -> tuple[float, float]:
+                    timeout: float = 120.0, bind_cpus: bool = False) -> tuple[float, float]:
     """(latency seconds, bandwidth bytes/s) of one link of a ring step, with ``concurrency``
     ranks all sending to their successor at once (_ring_exchange; medians over the ranks):
     what a ring all-reduce over those ranks sees. ``in_group``: on the ranks of the current
-    process group (two or more)."""
+    process group (two or more). ``bind_cpus``: as for link()."""
     if in_group:
         _check_pairs("collective_link")
         values = _in_group(_ring_exchange, repeats, device)
     else:
-        values = _spawned(_ring_exchange, max(2, concurrency), timeout, "collective link", repeats, device)
+        values = _spawned(_ring_exchange, max(2, concurrency), timeout, "collective link", repeats, device,
+                          bind_cpus=bind_cpus)
     latency = statistics.median(t[SMALL] for t in values)
     large = statistics.median(t[LARGE] for t in values)
     return latency, LARGE / max(large - latency, 1e-9)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["RankResult", "expect_ok", "run_ranks"]
+__all__ = ["RankResult", "bind_to_cpus", "expect_ok", "rank_cpus", "run_ranks"]
 
 
 @dataclass
@@ -49,8 +49,34 @@ def _thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+def bind_to_cpus(cpus: set[int]) -> None:
+    """Every thread of this process, and every thread it starts from now on, on the CPUs ``cpus``
+    alone (Linux). Gloo's threads start with the process group, so a rank binds before joining
+    it (run_ranks); benchmarks/cpu_binding_bench.py binds and unbinds a running rank."""
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread), cpus)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that ended meanwhile
+            pass
+
+
+def rank_cpus(world: int) -> list[int]:
+    """The CPU each of ``world`` ranks binds to with ``run_ranks(bind_cpus=True)``: rank r the
+    r-th CPU this process may run on. A ValueError where there are fewer such CPUs than ranks, or
+    where this system cannot bind (no ``os.sched_setaffinity``)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("bind_cpus=True needs os.sched_setaffinity (Linux); this system has none")
+    allowed = sorted(os.sched_getaffinity(0))
+    if world > len(allowed):
+        raise ValueError(f"bind_cpus=True gives each rank a CPU of its own: {world} ranks but this process may run "
+                         f"on {len(allowed)} CPUs ({allowed}); bind fewer ranks or leave bind_cpus off")
+    return allowed[:world]
+
+
 def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., Any], args: tuple, q: Any,
-           backend: str) -> None:
+           backend: str, cpu: int | None = None) -> None:
+    if cpu is not None:
+        bind_to_cpus({cpu})
     torch.set_num_threads(1)
     _thread_lock_for_tqdm()
     import faulthandler
@@ -76,10 +102,16 @@ def _entry(rank: int, world: int, store: str, out_dir: str, fn: Callable[..., An
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0,
-              backend: str = "gloo", start_method: str = "spawn") -> list[RankResult]:
+              backend: str = "gloo", start_method: str = "spawn", bind_cpus: bool = False) -> list[RankResult]:
     """Calls ``fn(rank, world, *args)`` on ``world`` spawned ranks; one result per rank (a rank
     that neither returned nor raised within ``timeout`` seconds reports ``TimeoutError``).
     ``backend="nccl"`` gives rank r the GPU r (modulo the GPUs present) before joining.
+
+    ``bind_cpus=True`` binds rank r, all its threads (Gloo's among them), to a CPU of its own
+    (rank_cpus(); a ValueError where the ranks outnumber the CPUs). With as many busy ranks as
+    cores and no binding, the scheduler lets a rank's Gloo thread wait for a core while another
+    rank computes: a transfer then lands milliseconds late (docs/results.md, "Ranks bound to a
+    core each").
 
     ``start_method="forkserver"`` forks the ranks from a server process that imported torch and
     graphpipe once (and ran nothing), instead of starting each interpreter afresh: for tests that
@@ -89,6 +121,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
         raise ValueError(f"run_ranks: backend must be 'gloo' or 'nccl', got {backend!r}")
     if start_method not in ("spawn", "forkserver"):
         raise ValueError(f"run_ranks: start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+    cpus = rank_cpus(world) if bind_cpus else [None] * world
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         # torch._dynamo too: the first tensor clone of a trace imports it (seconds) through
@@ -98,7 +131,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     with tempfile.TemporaryDirectory(prefix="graphpipe-ranks-") as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(r, world, store, tmp, fn, args, q, backend), daemon=True)
+            ctx.Process(target=_entry, args=(r, world, store, tmp, fn, args, q, backend, cpus[r]), daemon=True)
             for r in range(world)
         ]
         for p in procs:
