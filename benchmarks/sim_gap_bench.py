@@ -325,7 +325,7 @@ def v_row(name: str, world: int, calibration: dict[str, float]) -> VRow:
     return VRow(spec, plan, devices, plan_json)
 
 
-def measure(name: str, world: int, steps: int, calibration: dict[str, float], launch: Any) -> dict[str, Any]:
+def measure(name: str, world: int, steps: int, calibration: dict[str, float], launch: compare.Launch) -> dict[str, Any]:
     """The model's V row simulated, run on ``world`` spawned ranks for ``steps`` timed steps
     (bound to a CPU each where ``launch`` binds them), and analysed."""
     import graphpipe

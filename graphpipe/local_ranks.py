@@ -108,10 +108,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     ``backend="nccl"`` gives rank r the GPU r (modulo the GPUs present) before joining.
 
     ``bind_cpus=True`` binds rank r, all its threads (Gloo's among them), to a CPU of its own
-    (rank_cpus(); a ValueError where the ranks outnumber the CPUs). With as many busy ranks as
-    cores and no binding, the scheduler lets a rank's Gloo thread wait for a core while another
-    rank computes: a transfer then lands milliseconds late (docs/results.md, "Ranks bound to a
-    core each").
+    (rank_cpus(); a ValueError where the ranks outnumber the CPUs). Two such ranks on 2 cores
+    stepped 1.003-1.108x as fast as unbound ones (docs/results.md, "Ranks bound to a core
+    each"); some transfers still land milliseconds late either way.
 
     ``start_method="forkserver"`` forks the ranks from a server process that imported torch and
     graphpipe once (and ran nothing), instead of starting each interpreter afresh: for tests that
