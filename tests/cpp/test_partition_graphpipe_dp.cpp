@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "cost/presets.h"
 #include "graph/series_parallel.h"
 #include "partition/evaluate.h"
@@ -232,4 +233,69 @@ TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
   std::printf("[ shortcuts ] %d searches with the same plans (%d replicated, %d without a plan)\n", compared,
               replicated, without_plan);
   EXPECT_LT(without_plan, compared / 2);
+}
+
+// The budgets of the replicated portfolio's ladder searched one after the other on one solver
+// (graphpipe_ladder_plans), each search's probes bounded by the depths the ones before kept, give
+// each budget the plans of a search of its own: a fragment's least depth on n devices does not
+// depend on the budget at the root. Largest budget first, as the portfolio runs them, and in
+// another order; memory limits that bind and that do not; an exact search (no pinned rebuild) too.
+TEST(PartitionGraphpipeDp, LadderOfBudgetsOnOneSolverGivesEachBudgetsOwnPlans) {
+  int compared = 0, with_plan = 0;
+  for (int seed = 0; seed < 40; ++seed) {
+    const auto g = seed % 4 == 3 ? tst::random_chain(7100 + seed, 8 + seed % 23)
+                                 : tst::random_sp_graph(7100 + seed, 8 + seed % 40);
+    const int devices = 4 + seed % 29;
+    const double limit = seed % 3 == 0 ? 1.5 * g.total_param_bytes() / devices + 1e6 : 1e15;
+    cost::Devices d = cost::v100(devices, 8);
+    cost::CostModel model(g, d);
+    auto sp = graph::decompose_series_parallel(g);
+    ASSERT_TRUE(sp.is_series_parallel);
+    for (std::int64_t mb : {1, 8}) {
+      pt::Problem top = pt::make_problem(model, 32, mb, std::min<int>(devices, g.num_nodes()), limit, {});
+      top.replicas = std::make_shared<const pt::ReplicaTable>(model, mb, devices);
+      top.device_budget = devices;
+      std::vector<int> budgets;
+      for (int b = devices; b >= 1; b /= 2) budgets.push_back(b);
+      if (seed % 2 == 1) std::reverse(budgets.begin(), budgets.end());
+      const pt::SearchShortcuts shortcuts{.pinned_rebuild = seed % 5 != 4};
+      const auto ladder = pt::graphpipe_ladder_plans(top, sp.tree, 1e-3, budgets, shortcuts);
+      ASSERT_EQ(ladder.size(), budgets.size());
+      for (std::size_t i = 0; i < budgets.size(); ++i) {
+        pt::Problem at = top;
+        at.device_budget = budgets[i];
+        at.max_stages = std::min(top.max_stages, budgets[i]);
+        const auto own = pt::graphpipe_plans(at, sp.tree, 1e-3, shortcuts);
+        const std::string label = "seed " + std::to_string(seed) + " micro-batch " + std::to_string(mb) + " budget " +
+                                  std::to_string(budgets[i]) + " of " + std::to_string(devices);
+        ASSERT_EQ(ladder[i].size(), own.size()) << label;
+        for (std::size_t k = 0; k < own.size(); ++k) {
+          EXPECT_EQ(ladder[i][k].assignment, own[k].assignment) << label << " plan " << k;
+          EXPECT_EQ(ladder[i][k].replicas, own[k].replicas) << label << " plan " << k;
+        }
+        ++compared;
+        with_plan += own.empty() ? 0 : 1;
+      }
+    }
+  }
+  std::printf("[ ladder ] %d budgets with the same plans (%d with a plan)\n", compared, with_plan);
+  EXPECT_GT(with_plan, compared / 2);
+}
+
+TEST(PartitionGraphpipeDp, LadderRefusesABudgetOutsideTheProblems) {
+  const auto g = tst::random_sp_graph(7200, 20);
+  cost::Devices d = cost::v100(8, 8);
+  cost::CostModel model(g, d);
+  auto sp = graph::decompose_series_parallel(g);
+  pt::Problem top = pt::make_problem(model, 32, 4, 8, 1e15, {});
+  top.replicas = std::make_shared<const pt::ReplicaTable>(model, 4, 8);
+  top.device_budget = 8;
+  for (int bad : {0, 9}) {
+    try {
+      pt::graphpipe_ladder_plans(top, sp.tree, 1e-3, {8, bad});
+      ADD_FAILURE() << "a budget of " << bad << " was searched";
+    } catch (const graphpipe::PlanningError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad) + " devices"), std::string::npos) << e.what();
+    }
+  }
 }

@@ -185,11 +185,15 @@ void PiperSearch::relax(const PairStage& s) {
     const int r = replicas(l);
     if (r > budget_) break;
     const double compute = compute_[at(l, s.to)] - compute_[at(l, s.from)];
+    const int least = r + first_finite_[s.to];
+    // A replica's time is at least its compute (replica_stage_time adds transfers and sync): where
+    // that cannot improve T(I, least), the loop below stops at once, and the time is not priced.
+    if (least > budget_ || !(compute < prefix_[least])) continue;
     const double time = replica_stage_time(p_, l, compute, s.transfer, s.cross_bytes, s.params);
     const double again = forward_[at(l, s.to)] - forward_[at(l, s.from)];
     const double act = s.act_bytes * fraction(l), input = s.input_bytes * fraction(l);
     // T(J, .) is final and never grows with the devices: its infeasible entries are a prefix.
-    for (int m = r + first_finite_[s.to]; m <= budget_; ++m) {
+    for (int m = least; m <= budget_; ++m) {
       const double rest = after[m - r];
       // The stage alone is at least `time`: where that cannot improve T(I, m) nor, through it,
       // T(I, m + 1..) (prefix_), neither can this pair at this level at m or more devices.

@@ -23,7 +23,7 @@ std::vector<int> Solver::rebuild() {
   std::vector<int> assignment(p_.num_nodes(), -1);
   rebuilt_replicas_.clear();
   int next_label = 0;
-  rebuild_solve(tree_.root, devices_, 0, assignment, next_label);
+  rebuild_solve(tree_.root, root_devices_, 0, assignment, next_label);
   return assignment;
 }
 

@@ -69,7 +69,12 @@ class Solver {
   // shortcuts: whether too_few() rules fragments out, and whether memory_free_ drops d
   // (graphpipe_plans).
   Solver(const Problem& p, const graph::SPTree& tree, SearchShortcuts shortcuts = {});
-  std::vector<ReplicatedAssignment> run(double tolerance);
+  // The plans of the search with `root_devices` (1..devices()) at the root. Searches on several
+  // budgets may run one after another on one Solver: the fragments' depths kept by each bound the
+  // next one's probes.
+  std::vector<ReplicatedAssignment> run(double tolerance, int root_devices);
+  // The most devices a search may give the root: the problem's budget (at most 255).
+  int devices() const { return devices_; }
 
  private:
   struct Row {
@@ -382,7 +387,9 @@ class Solver {
   std::vector<int> rebuilt_replicas_;        // replica count per label of the last rebuild()
   std::vector<int> stamps_;
   int next_stamp_ = 0;
-  int devices_ = 1;
+  int devices_ = 1;       // the problem's budget: the floors below are made for it
+  int root_devices_ = 1;  // the budget of the search under way (run())
+  int root_levels_ = 1;   // replica levels whose counts fit root_devices_
   double target_ = 0.0;
   int probe_id_ = 0;  // bumped with every target (Stats::probe)
   std::vector<std::vector<graph::NodeId>> leaves_;

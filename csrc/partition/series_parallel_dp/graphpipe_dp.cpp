@@ -6,6 +6,7 @@
 #include <iterator>
 #include <string>
 
+#include "common/error.h"
 #include "common/log.h"
 #include "partition/evaluate.h"
 #include "partition/series_parallel_dp/dp_solver.h"
@@ -138,7 +139,20 @@ void Solver::paths() {
   }
 }
 
-std::vector<ReplicatedAssignment> Solver::run(double tolerance) {
+std::vector<ReplicatedAssignment> Solver::run(double tolerance, int root_devices) {
+  // The root's devices: the budget of this search. Every fragment's least depth with n devices at
+  // a target is the same whatever the root's budget, so the depths kept from a search on another
+  // budget bound this one's probes as its own do (graphpipe_ladder_plans).
+  root_devices_ = std::clamp(root_devices, 1, devices_);
+  root_levels_ = 1;
+  if (rep_) {
+    root_levels_ = 0;
+    while (root_levels_ < num_levels_ && rep_->replicas(root_levels_) <= root_devices_) ++root_levels_;
+  }
+  seen_.clear();
+  plan_at_.clear();
+  replicas_at_.clear();
+  probes_ = 0;
   std::optional<double> least;
   std::vector<double> picks;
   int main_probes = 0;
@@ -162,7 +176,7 @@ std::vector<ReplicatedAssignment> Solver::run(double tolerance) {
         replicas_at_.emplace(target, rebuilt_replicas_);
         continue;
       }
-      const int depth = feasible(target, Bounds::none) ? solve(tree_.root, devices_, 0).depth : kInf;
+      const int depth = feasible(target, Bounds::none) ? solve(tree_.root, root_devices_, 0).depth : kInf;
       if (depth != seen_.at(target)) {
         agree = false;
         break;
@@ -179,7 +193,6 @@ std::vector<ReplicatedAssignment> Solver::run(double tolerance) {
     depths_.clear();
     probes_ = 0;
   }
-  depths_.clear();
   log::debug("graphpipe: target " + std::to_string(*least) + " s per micro-batch after " + std::to_string(main_probes) +
              " probes; " + std::to_string(picks.size() - 1) + " shallower plans after " +
              std::to_string(probes_ - main_probes) + " more");
@@ -195,8 +208,9 @@ int Solver::probe(double target) {
   auto [it, fresh] = seen_.try_emplace(target, 0);
   if (fresh) {
     ++probes_;
-    it->second =
-        feasible(target, bounded_ ? Bounds::neighbours : Bounds::none) ? solve(tree_.root, devices_, 0).depth : kInf;
+    it->second = feasible(target, bounded_ ? Bounds::neighbours : Bounds::none)
+                     ? solve(tree_.root, root_devices_, 0).depth
+                     : kInf;
     // A bounded probe's memo has no moves to rebuild from: run() solves its picks again.
     if (!bounded_ && it->second < kInf) {
       plan_at_.emplace(target, rebuild());
@@ -210,9 +224,9 @@ std::optional<double> Solver::least_target(double tolerance) {
   double lo = 0.0;
   // With replicas an operator's time can shrink to its time on the smallest shard.
   for (std::size_t v = 0; v < p_.num_nodes(); ++v) {
-    lo = std::max(lo, rep_ ? rep_->compute(num_levels_ - 1, static_cast<int>(v)) : p_.compute[v]);
+    lo = std::max(lo, rep_ ? rep_->compute(root_levels_ - 1, static_cast<int>(v)) : p_.compute[v]);
   }
-  lo = std::max(lo, p_.total_compute() / devices_);
+  lo = std::max(lo, p_.total_compute() / root_devices_);
   double hi = whole_[tree_.root].time;
   // At the whole graph's time every grouping meets the target (on one device a stage: with
   // replicas, at level 0): only memory can fail. A stage that fits only recomputed runs its
@@ -287,8 +301,11 @@ std::vector<double> Solver::shallower_targets(double least, double tolerance) {
 }
 
 Solver::BoundsInForce::BoundsInForce(Solver& solver, double target, Bounds bounds) : solver_(solver) {
-  if (bounds == Bounds::own) {  // the nearest of all: its depths are the depths at the target
-    const Depths& own = solver_.depths_.at(target);
+  // The nearest of all: its depths are the depths at the target. A probe (Bounds::neighbours) finds
+  // them where a search on another budget probed the same target (run()).
+  const auto at = solver_.depths_.find(target);
+  if (bounds == Bounds::own || (bounds == Bounds::neighbours && at != solver_.depths_.end())) {
+    const Depths& own = at->second;
     solver_.lower_.push_back(&own);
     solver_.upper_.push_back(&own);
   }
@@ -310,7 +327,7 @@ bool Solver::solve_fresh(double target) {
   ++probe_id_;  // every Stats' cached meets() mask is stale now
   memo_.clear();
   join_memo_.clear();
-  return solve(tree_.root, devices_, 0).depth < kInf;
+  return solve(tree_.root, root_devices_, 0).depth < kInf;
 }
 
 bool Solver::feasible(double target, Bounds bounds) {
@@ -338,7 +355,24 @@ std::vector<int> Solver::rebuild_pinned(double target) {
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
                                                   SearchShortcuts shortcuts) {
   if (tree.root < 0) return {};
-  return series_parallel_dp::Solver(problem, tree, shortcuts).run(tolerance);
+  series_parallel_dp::Solver solver(problem, tree, shortcuts);
+  return solver.run(tolerance, solver.devices());
+}
+
+std::vector<std::vector<ReplicatedAssignment>> graphpipe_ladder_plans(const Problem& problem, const graph::SPTree& tree,
+                                                                      double tolerance, const std::vector<int>& budgets,
+                                                                      SearchShortcuts shortcuts) {
+  std::vector<std::vector<ReplicatedAssignment>> plans(budgets.size());
+  if (tree.root < 0) return plans;
+  series_parallel_dp::Solver solver(problem, tree, shortcuts);
+  for (std::size_t i = 0; i < budgets.size(); ++i) {
+    if (budgets[i] < 1 || budgets[i] > solver.devices()) {
+      throw PlanningError("graphpipe: a search budget of " + std::to_string(budgets[i]) + " devices is outside 1.." +
+                          std::to_string(solver.devices()));
+    }
+    plans[i] = solver.run(tolerance, budgets[i]);
+  }
+  return plans;
 }
 
 std::vector<std::vector<int>> graphpipe_assignments(const Problem& problem, const graph::SPTree& tree,

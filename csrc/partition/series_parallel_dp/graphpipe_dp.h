@@ -109,5 +109,14 @@ struct SearchShortcuts {
 // graphpipe_assignments with the replica counts.
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
                                                   SearchShortcuts shortcuts = {});
+// graphpipe_plans on each of `budgets` (devices, 1..problem's budget): the plans of the problem
+// with that device budget, searched one after the other on one solver, whose probes keep every
+// fragment's depth. A fragment's least depth on n devices at a target is the same whatever the
+// budget, so each search's probes are bounded by the depths of the searches before it (MMT at
+// paper size onto 64 V100s, replicated: see docs/design.md §4.10). The same plans as
+// graphpipe_plans(problem at that budget) each.
+std::vector<std::vector<ReplicatedAssignment>> graphpipe_ladder_plans(const Problem& problem, const graph::SPTree& tree,
+                                                                      double tolerance, const std::vector<int>& budgets,
+                                                                      SearchShortcuts shortcuts = {});
 
 }  // namespace graphpipe::partition

@@ -218,13 +218,9 @@ GraphpipePortfolio::Chains GraphpipePortfolio::chains_beside(const PartitionRequ
 }
 
 std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& request, const Problem& problem,
-                                                       const Chains& chains, std::size_t cap) {
+                                                       const Chains& chains, std::size_t cap,
+                                                       std::vector<ReplicatedAssignment> dp) {
   if (!sp_->is_series_parallel) return fallback_layouts(request, problem);
-  // The plain chains are cut on another thread while the tree DP runs, the longer of the two
-  // (about 0.07 s against 0.21 s per micro-batch size on a 10,000-operator graph). Both only
-  // read the problem and the tree, and the candidates keep their fixed order, so the plan is the
-  // same as cut one after the other.
-  std::vector<ReplicatedAssignment> dp = graphpipe_plans(problem, sp_->tree, request.options.tolerance);
   const std::vector<CandidatePlan>& plain = chains.get()[cap];
   if (dp.empty()) return fallback_layouts(request, problem);
   std::vector<CandidatePlan> candidates;
@@ -238,7 +234,16 @@ std::vector<CandidatePlan> GraphpipePortfolio::layouts(const PartitionRequest& r
 }
 
 std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest& request, const Problem& problem) {
-  if (!problem.replicated()) return layouts(request, problem, chains_beside(request, problem, {problem.max_stages}), 0);
+  if (!problem.replicated()) {
+    // The plain chains are cut on another thread while the tree DP runs, the longer of the two
+    // (about 0.07 s against 0.21 s per micro-batch size on a 10,000-operator graph). Both only
+    // read the problem and the tree, and the candidates keep their fixed order, so the plan is the
+    // same as cut one after the other.
+    const Chains chains = chains_beside(request, problem, {problem.max_stages});
+    std::vector<ReplicatedAssignment> dp;
+    if (sp_->is_series_parallel) dp = graphpipe_plans(problem, sp_->tree, request.options.tolerance);
+    return layouts(request, problem, chains, 0, std::move(dp));
+  }
   // Never worse with more devices: the searches above are run at every budget of the ladder
   // (largest first), their layouts topped up with replicas within the whole budget by the
   // allocation that only gains moves as the budget grows (replica_allocation.h), and PipeDream's
@@ -259,10 +264,22 @@ std::vector<CandidatePlan> GraphpipePortfolio::candidates(const PartitionRequest
     caps.push_back(rungs.back().max_stages);
   }
   const Chains chains = chains_beside(request, problem, caps);
+  // The tree DP of every budget, one after the other on one solver: a fragment's least depth on
+  // n devices is the same whatever the budget, so each budget's probes are bounded by the depths
+  // the searches before it kept (graphpipe_dp.h, graphpipe_ladder_plans): the same plans as a
+  // search per budget. Largest first: a smaller budget's probes then find depths at lower
+  // targets, which bound them from above, as well as at higher ones.
+  std::vector<std::vector<ReplicatedAssignment>> dp(rungs.size());
+  if (sp_->is_series_parallel) {
+    std::vector<int> budgets;
+    for (auto b = ladder.rbegin(); b != ladder.rend(); ++b) budgets.push_back(*b);
+    dp = graphpipe_ladder_plans(rungs.front(), sp_->tree, request.options.tolerance, budgets);
+  }
   std::vector<std::future<std::vector<CandidatePlan>>> runs;
   for (std::size_t i = 0; i < rungs.size(); ++i) {
-    runs.push_back(std::async(std::launch::async,
-                              [this, &request, chains, i, &at = rungs[i]] { return layouts(request, at, chains, i); }));
+    runs.push_back(std::async(std::launch::async, [this, &request, chains, i, &at = rungs[i], &dp] {
+      return layouts(request, at, chains, i, std::move(dp[i]));
+    }));
   }
   for (auto& run : runs) {
     for (CandidatePlan& c : run.get()) {

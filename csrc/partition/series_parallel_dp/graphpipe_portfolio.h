@@ -57,6 +57,7 @@
 
 #include "graph/series_parallel.h"
 #include "partition/partitioner_interface.h"
+#include "partition/series_parallel_dp/graphpipe_dp.h"
 
 namespace graphpipe::partition {
 
@@ -92,7 +93,7 @@ class GraphpipePortfolio final : public Partitioner {
   // The layouts of one search budget (problem.device_budget), before replica allocation: the
   // tree DP's plans, the plain chains of chains[cap] and the downset plans.
   std::vector<CandidatePlan> layouts(const PartitionRequest& request, const Problem& problem, const Chains& chains,
-                                     std::size_t cap);
+                                     std::size_t cap, std::vector<ReplicatedAssignment> dp);
   std::vector<CandidatePlan> fallback_layouts(const PartitionRequest& request, const Problem& problem);
   // METIS's start for the fallback at problem.device_budget (the stage count without
   // replication): made once, at the middle candidate micro-batch size, when a size first asks.
