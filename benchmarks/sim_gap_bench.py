@@ -25,10 +25,12 @@ It prints, per model:
   step's start to its first instruction and from its last to the step's end (the step's set-up,
   the optimizer, the closing loss sum);
 - every wait of a rank for another rank's output (the rank free, the output landing later, as
-  its receive's record ends): the lag from the producer's end to the landing, against the
-  simulated transfer, and how many landed over 1 ms later than that transfer allows;
+  its receive's record ends): the lag from the (last) producer's end to the landing, against the
+  simulated transfers, and how many landed over 1 ms later than their edge's simulated transfer
+  allows;
 - the recorded steps' mean, measured minus simulated, in five parts that add up to it, from
-  replays of the recorded instruction orders (replay()) with the simulated durations, with each
+  replays of the recorded instruction orders (replay(), each input brought over in its edge's
+  simulated transfer time) with the simulated durations, with each
   instruction at its median, and with the recorded durations: the replay's own model against the
   simulator, the medians against their prices, the durations' spread around their medians (in a
   schedule without slack a rank that runs long makes the other wait), the waits the replay does
@@ -119,14 +121,28 @@ def _producer(kind: str, stage: int, edges: list[tuple[int, int]]) -> list[tuple
 
 
 Instruction = tuple[str, int, int]  # kind, stage, micro-batch
+# The simulated transfer of each edge and direction: (activation or gradient, the edge's source
+# stage, its destination stage) -> the median over the micro-batches.
+Transfers = dict[tuple[str, int, int], float]
+
+
+def _transfer(transfers: Transfers, producer: tuple[str, int], consumer: int, fallback: float) -> float:
+    """How long the simulator takes to bring ``producer``'s output (its kind and stage) to stage
+    ``consumer``: a forward's activations go along the edge producer -> consumer, a backward's
+    gradients back along consumer -> producer; ``fallback`` where the simulation has no such
+    transfer."""
+    kind, stage = producer
+    key = ("activation", stage, consumer) if kind == "forward" else ("gradient", consumer, stage)
+    return transfers.get(key, fallback)
 
 
 def replay(order: dict[int, list[Instruction]], seconds: Callable[[Instruction], float], edges: list[tuple[int, int]],
-           rank_of: dict[int, int], transfer: float, gap: float) -> float:
+           rank_of: dict[int, int], transfers: Transfers, transfer: float, gap: float) -> float:
     """The step of the ranks' instruction orders (rank -> instructions in the order the rank ran
     them) replayed with each instruction lasting ``seconds(instruction)``: an instruction starts
     when its rank is done with the one before (plus ``gap``, the executor's own work between
-    them) and every output it takes from another rank has been made (plus ``transfer``)."""
+    them) and every output it takes from another rank has been made and brought over (the
+    edge's simulated transfer, ``transfers``; ``transfer`` where it has none)."""
     present = {ins for items in order.values() for ins in items}
     end: dict[Instruction, float] = {}
     position = dict.fromkeys(order, 0)
@@ -141,7 +157,8 @@ def replay(order: dict[int, list[Instruction]], seconds: Callable[[Instruction],
                           if rank_of[s] != r and (k, s, ins[2]) in present]
                 if any(i not in end for i in inputs):
                     break  # an input not made yet: the other ranks go on first
-                start = max([free[r] + (gap if position[r] else 0.0)] + [end[i] + transfer for i in inputs])
+                start = max([free[r] + (gap if position[r] else 0.0)]
+                            + [end[i] + _transfer(transfers, i[:2], ins[1], transfer) for i in inputs])
                 end[ins] = start + seconds(ins)
                 free[r] = end[ins]
                 position[r] += 1
@@ -155,27 +172,31 @@ def replay(order: dict[int, list[Instruction]], seconds: Callable[[Instruction],
 RECEIVES = {"forward": "recv_activation", "backward": "recv_gradient", "backward_input": "recv_gradient"}
 
 
-def _simulated(sim: Any) -> dict[str, Any]:
+def _simulated(sim: Any, edges: list[tuple[int, int]]) -> dict[str, Any]:
     """The simulated step's figures: each compute task's duration by (kind, stage), each rank's
-    tasks in order, the transfers' median, and the compute's span."""
+    tasks in order, each edge's transfers' median by direction and all transfers' median, and the
+    compute's span."""
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     tasks: dict[int, list[Any]] = defaultdict(list)
     transfers = []
+    by_edge: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     for t in sim.tasks:
         if t.kind in COMPUTE:
             durations[(t.kind, t.stage)].append(t.end - t.start)
             tasks[t.rank].append(t)
         elif t.kind in ("activation", "gradient"):
             transfers.append(t.end - t.start)
+            by_edge[(t.kind, *edges[t.edge])].append(t.end - t.start)
     for items in tasks.values():
         items.sort(key=lambda t: t.start)
     compute = [t for items in tasks.values() for t in items]
     return {"durations": durations, "tasks": tasks, "transfer": statistics.median(transfers) if transfers else 0.0,
+            "transfers": {key: statistics.median(v) for key, v in by_edge.items()},
             "span": max(t.end for t in compute) - min(t.start for t in compute) if compute else 0.0}
 
 
 def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]], rank_of: dict[int, int],
-              transfer: float, short_gap: float) -> dict[str, Any]:
+              transfers: Transfers, transfer: float, short_gap: float) -> dict[str, Any]:
     """One recorded step: per rank its compute, idle, set-up and close; the waits on another
     rank's output; the ranks' instruction orders and durations (for replay()); its spans."""
     done: dict[Instruction, dict[str, Any]] = {}
@@ -205,13 +226,15 @@ def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]
             # the rank waited for them. A receive's record ends when the executor lands it, just
             # before b, so a landing after a short gap is the executor's bookkeeping, not a wait.
             arrival = landed.get((rank, RECEIVES.get(b["kind"], ""), b["stage"], b["micro_batch"]))
-            ends = [done[(k, s, b["micro_batch"])]["end"] for k, s in _producer(b["kind"], b["stage"], edges)
+            made = [(done[(k, s, b["micro_batch"])]["end"], _transfer(transfers, (k, s), b["stage"], transfer))
+                    for k, s in _producer(b["kind"], b["stage"], edges)
                     if (k, s, b["micro_batch"]) in done and rank_of[s] != rank]
-            if b["start"] - a["end"] < short_gap or arrival is None or arrival <= a["end"] or not ends:
+            if b["start"] - a["end"] < short_gap or arrival is None or arrival <= a["end"] or not made:
                 continue
+            # The lag from the last producer's end; late: past where the simulator lands the last input.
             waits.append({"run": run, "rank": rank, "kind": b["kind"], "stage": b["stage"],
-                          "micro_batch": b["micro_batch"], "lag_seconds": arrival - max(ends),
-                          "late_seconds": max(0.0, arrival - max(a["end"], max(ends) + transfer))})
+                          "micro_batch": b["micro_batch"], "lag_seconds": arrival - max(e for e, _ in made),
+                          "late_seconds": max(0.0, arrival - max([a["end"]] + [e + t for e, t in made]))})
     compute = [r for items in by_rank.values() for r in items]
     steps = [ranks[rank]["steps"][run] for rank in by_rank]
     return {"ranks": per_rank, "waits": waits, "short_gaps": gaps_short,
@@ -228,8 +251,8 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]], short_gap: float =
     ``short_gap``: the longest gap between two instructions that is the executor's own work."""
     edges = [(e.src, e.dst) for e in plan.edges]
     rank_of = {s.id: int(s.devices[0]) for s in plan.stages}
-    simulated = _simulated(sim)
-    steps = [_one_step(run, ranks, edges, rank_of, simulated["transfer"], short_gap)
+    simulated = _simulated(sim, edges)
+    steps = [_one_step(run, ranks, edges, rank_of, simulated["transfers"], simulated["transfer"], short_gap)
              for run in sorted(ranks[0]["steps"])]
     measured: dict[tuple[str, int], list[float]] = defaultdict(list)
     for step in steps:
@@ -244,7 +267,7 @@ def analyse(plan: Any, sim: Any, ranks: list[dict[str, Any]], short_gap: float =
 
     def replayed(seconds: Callable[[Instruction, dict], float]) -> float:
         return statistics.fmean(replay(s["order"], lambda ins, s=s: seconds(ins, s), edges, rank_of,
-                                       simulated["transfer"], gap) for s in steps)
+                                       simulated["transfers"], simulated["transfer"], gap) for s in steps)
 
     replays = {"simulated_durations": replayed(lambda ins, s: at(simulated["durations"])(ins)),
                "medians": replayed(lambda ins, s: at(measured)(ins)),
@@ -376,9 +399,9 @@ def print_model(row: dict[str, Any]) -> None:
         lags = [w["lag_seconds"] for w in waits]
         late = [w["late_seconds"] for w in waits if w["late_seconds"] > 1e-3]
         print(f"\n{len(waits)} waits of a rank for another rank's output to land: from the producer's end to the "
-              f"landing, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfer "
+              f"landing, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfers' median "
               f"{row['waits_on_transfers']['simulated_transfer_seconds'] * 1e3:.2f} ms); {len(late)} landed over 1 ms "
-              f"later than the simulated transfer allows ({_ms(sum(late) / row['steps_analysed'])} ms a step)")
+              f"later than their edge's simulated transfer allows ({_ms(sum(late) / row['steps_analysed'])} ms a step)")
     d = row["decomposition"]
     print(f"\nmeasured minus simulated, the recorded steps' mean ({_ms(d['measured_step'])} against "
           f"{_ms(d['simulated_step'])} ms), in parts: the replay's own model against the simulator "

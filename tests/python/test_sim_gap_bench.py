@@ -148,3 +148,30 @@ def test_a_longer_instruction_shows_in_the_spread_not_the_medians(bench: Any, v_
     assert parts["medians_against_prices"] == pytest.approx(parts0["medians_against_prices"], abs=1e-12)
     assert 0.0 < parts["spread_around_medians"] - parts0["spread_around_medians"] <= LATE + 1e-9
     assert total(parts) == pytest.approx(parts["measured_step"] - parts["simulated_step"], abs=1e-12)
+
+
+def test_a_stage_with_two_producers_waits_for_the_later_one(bench: Any) -> None:
+    """MMT's two branches on ranks 0 and 1 feed the fusion stage on rank 2: its forward waits for
+    the later branch, so each of its waits lags the later producer's end by a transfer (taking the
+    earlier one would read the branches' difference as lag), and the replay starts it after the
+    later input too."""
+    model, inputs = build_model("mmt:branches=2,depth=1")
+    graph = graphpipe.trace(model, inputs)
+    devices = graphpipe.devices(3, "cpu")
+    plan = graphpipe.plan(graph, devices, "graphpipe", micro_batches=4, schedule="1f1b", replicate=False)
+    producers = sorted(e.src for e in plan.edges if e.dst == 2)
+    assert producers == [0, 1] and [s.devices for s in plan.stages] == [[0], [1], [2]]
+    sim = graphpipe.simulate(plan, devices, "1f1b")
+    ends = {(t.stage, t.micro_batch): t.end for t in sim.tasks if t.kind == "forward"}
+    # The branches end apart by more than any transfer lasts: the earlier end would be caught.
+    transfers = [t.end - t.start for t in sim.tasks if t.kind in ("activation", "gradient")]
+    assert abs(ends[(0, 0)] - ends[(1, 0)]) > max(transfers)
+    out = bench.analyse(plan, sim, records_of(plan, sim, bench), EXACT)
+    fusion = [w for w in out["waits_on_transfers"]["waits"] if (w["kind"], w["stage"]) == ("forward", 2)]
+    assert fusion
+    for w in fusion:
+        assert min(transfers) - 1e-12 <= w["lag_seconds"] <= max(transfers) + 1e-9, w
+    parts = out["decomposition"]
+    assert abs(parts["replay_against_simulator"]) < 5e-3 * parts["simulated_step"]
+    assert abs(parts["waits_the_replay_lacks"]) < 5e-3 * parts["simulated_step"]
+    assert total(parts) == pytest.approx(parts["measured_step"] - parts["simulated_step"], abs=1e-12)
