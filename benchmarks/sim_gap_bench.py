@@ -195,6 +195,11 @@ def _simulated(sim: Any, edges: list[tuple[int, int]]) -> dict[str, Any]:
             "span": max(t.end for t in compute) - min(t.start for t in compute) if compute else 0.0}
 
 
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    """How long the intervals [a0, a1] and [b0, b1] overlap."""
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
 def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]], rank_of: dict[int, int],
               transfers: Transfers, transfer: float, short_gap: float) -> dict[str, Any]:
     """One recorded step: per rank its compute, idle, set-up and close; the waits on another
@@ -212,9 +217,10 @@ def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]
             elif r["kind"] in ("recv_activation", "recv_gradient"):
                 key = (rank, r["kind"], r["stage"], r["micro_batch"])
                 landed[key] = max(landed.get(key, 0.0), r["end"])
+    for items in by_rank.values():
+        items.sort(key=lambda r: r["start"])
     per_rank, waits, gaps_short = {}, [], []
     for rank, items in sorted(by_rank.items()):
-        items.sort(key=lambda r: r["start"])
         gaps = [max(0.0, b["start"] - a["end"]) for a, b in zip(items, items[1:])]
         gaps_short += [g for g in gaps if g < short_gap]
         start, end = ranks[rank]["steps"][run]
@@ -226,15 +232,19 @@ def _one_step(run: int, ranks: list[dict[str, Any]], edges: list[tuple[int, int]
             # the rank waited for them. A receive's record ends when the executor lands it, just
             # before b, so a landing after a short gap is the executor's bookkeeping, not a wait.
             arrival = landed.get((rank, RECEIVES.get(b["kind"], ""), b["stage"], b["micro_batch"]))
-            made = [(done[(k, s, b["micro_batch"])]["end"], _transfer(transfers, (k, s), b["stage"], transfer))
-                    for k, s in _producer(b["kind"], b["stage"], edges)
+            made = [(done[(k, s, b["micro_batch"])]["end"], _transfer(transfers, (k, s), b["stage"], transfer),
+                     rank_of[s]) for k, s in _producer(b["kind"], b["stage"], edges)
                     if (k, s, b["micro_batch"]) in done and rank_of[s] != rank]
             if b["start"] - a["end"] < short_gap or arrival is None or arrival <= a["end"] or not made:
                 continue
-            # The lag from the last producer's end; late: past where the simulator lands the last input.
+            # The lag from the last producer's end; late: past where the simulator lands the last
+            # input; the last producer's rank's compute during the lag.
+            last, _, sender = max(made)
+            busy = sum(_overlap(r["start"], r["end"], last, arrival) for r in by_rank[sender])
             waits.append({"run": run, "rank": rank, "kind": b["kind"], "stage": b["stage"],
-                          "micro_batch": b["micro_batch"], "lag_seconds": arrival - max(e for e, _ in made),
-                          "late_seconds": max(0.0, arrival - max([a["end"]] + [e + t for e, t in made]))})
+                          "micro_batch": b["micro_batch"], "lag_seconds": arrival - last,
+                          "late_seconds": max(0.0, arrival - max([a["end"]] + [e + t for e, t, _ in made])),
+                          "sender_busy_seconds": busy})
     compute = [r for items in by_rank.values() for r in items]
     steps = [ranks[rank]["steps"][run] for rank in by_rank]
     return {"ranks": per_rank, "waits": waits, "short_gaps": gaps_short,
@@ -402,6 +412,11 @@ def print_model(row: dict[str, Any]) -> None:
               f"landing, median {statistics.median(lags) * 1e3:.2f} ms (simulated transfers' median "
               f"{row['waits_on_transfers']['simulated_transfer_seconds'] * 1e3:.2f} ms); {len(late)} landed over 1 ms "
               f"later than their edge's simulated transfer allows ({_ms(sum(late) / row['steps_analysed'])} ms a step)")
+        for name, group in (("late", [w for w in waits if w["late_seconds"] > 1e-3]),
+                            ("on time", [w for w in waits if w["late_seconds"] <= 1e-3])):
+            if group:
+                busy = sum(w["sender_busy_seconds"] for w in group) / sum(w["lag_seconds"] for w in group)
+                print(f"  {name}: the last producer's rank computed through {busy:.0%} of their lag")
     d = row["decomposition"]
     print(f"\nmeasured minus simulated, the recorded steps' mean ({_ms(d['measured_step'])} against "
           f"{_ms(d['simulated_step'])} ms), in parts: the replay's own model against the simulator "

@@ -171,6 +171,16 @@ def test_a_stage_with_two_producers_waits_for_the_later_one(bench: Any) -> None:
     assert fusion
     for w in fusion:
         assert min(transfers) - 1e-12 <= w["lag_seconds"] <= max(transfers) + 1e-9, w
+    # The sending rank's compute during a lag: within it, and the sender's own timeline's.
+    for w in out["waits_on_transfers"]["waits"]:
+        assert 0.0 <= w["sender_busy_seconds"] <= w["lag_seconds"] + 1e-12, w
+        sender = 1 if (w["kind"], w["stage"]) == ("forward", 2) else 2
+        start = max(t.end for t in sim.tasks if t.kind in bench.COMPUTE and t.micro_batch == w["micro_batch"]
+                    and t.rank == sender and (t.kind, t.stage) == (("forward", 1) if sender == 1 else
+                                                                   ("backward", 2)))
+        busy = sum(max(0.0, min(t.end, start + w["lag_seconds"]) - max(t.start, start))
+                   for t in sim.tasks if t.kind in bench.COMPUTE and t.rank == sender)
+        assert w["sender_busy_seconds"] == pytest.approx(busy, abs=1e-12), w
     parts = out["decomposition"]
     assert abs(parts["replay_against_simulator"]) < 5e-3 * parts["simulated_step"]
     assert abs(parts["waits_the_replay_lacks"]) < 5e-3 * parts["simulated_step"]
