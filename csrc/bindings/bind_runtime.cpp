@@ -252,6 +252,10 @@ void bind_flight_recorder(py::module_& m) {
 void bind_executor_running(py::class_<runtime::Executor>& executor);
 
 void bind_executor(py::module_& m) {
+  py::enum_<runtime::ReceivePosting>(m, "ReceivePosting",
+                                     "When a tag-matching backend's receives are posted (runtime/executor.h).")
+      .value("one_ahead", runtime::ReceivePosting::one_ahead)
+      .value("whole_step", runtime::ReceivePosting::whole_step);
   auto executor =
       py::class_<runtime::Executor>(m, "Executor",
                                     "Runs one rank's instruction list of a schedule (runtime/executor.h).")
@@ -324,6 +328,11 @@ void bind_executor_running(py::class_<runtime::Executor>& executor) {
       .def("set_host_staging", &runtime::Executor::set_host_staging, py::arg("on"),
            "Send and receive GPU tensors through CPU copies, for a backend that moves only CPU "
            "memory (Gloo), e.g. several ranks sharing one GPU (runtime/transport.h).")
+      .def("set_receive_posting", &runtime::Executor::set_receive_posting, py::arg("posting"),
+           "When receives are posted over a backend that matches by tag (Gloo): one_ahead (each with the "
+           "next of its stream) or whole_step (every receive of a step at its start; runtime/executor.h). "
+           "whole_step over a backend that matches by order raises.")
+      .def_property_readonly("receive_posting", &runtime::Executor::receive_posting)
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
       .def_property_readonly("flight_recorder", &runtime::Executor::flight_recorder,
                              "This rank's FlightRecorder (shared: keeping it does not keep the executor).")

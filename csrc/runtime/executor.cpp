@@ -449,6 +449,15 @@ void Executor::backward_weight(const Instruction& ins) {
 // waited for before its own instruction, so no new wait exists that could deadlock. NCCL
 // matches by order, not tag, and keeps the program's order. Cost: one more receive buffer per
 // incoming edge and direction.
+//
+// One ahead is not always early enough: where the sender runs further ahead, or the receive's
+// notice reaches the sender while it computes, the sender's communication thread has not read
+// the notice when the send is posted, and the send waits for that thread after all. In traces
+// of the V on 2 bound CPU ranks (benchmarks/sim_gap_bench.py) a third to a half of the waits
+// for another rank's output still landed 1-17 ms late. ReceivePosting::whole_step posts every
+// receive of the run at its start, while the peers are at the start of theirs too, so every
+// notice is read before any send: no late landing in 45 waits, against 39 of 87 one ahead
+// (docs/results.md). Cost: every micro-batch's receive buffers from the run's start.
 
 struct Executor::Run {
   Run(const ForwardFn& f, bool tr, bool rec) : fn(f), train(tr), record(rec) {}
@@ -617,6 +626,23 @@ void Executor::post_transfer(Run& run, const Instruction& ins) {
   }
 }
 
+void Executor::set_receive_posting(ReceivePosting posting) {
+  if (posting == ReceivePosting::whole_step && !transport_.matches_by_tag()) {
+    throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
+                ": receives can be posted for the whole step only over a backend that matches messages by tag "
+                "(gloo); this process group's backend, " +
+                transport_.backend_name() + ", matches them by order");
+  }
+  receive_posting_ = posting;
+}
+
+void Executor::post_receives(Run& run) {
+  // In program order, so each stream's receives keep the order its sends come in.
+  for (const auto& ins : run.list) {
+    if (schedule::is_recv(ins.kind) && !run.posted(ins)) post_transfer(run, ins);
+  }
+}
+
 void Executor::reach_transfer(Run& run, std::size_t i) {
   const auto& ins = run.list[i];
   if (!run.posted(ins)) post_transfer(run, ins);
@@ -758,6 +784,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   Run run(fn, train, record);
   prepare(run);
   try {
+    if (receive_posting_ == ReceivePosting::whole_step) post_receives(run);
     for (std::size_t i = 0; i < run.list.size(); ++i) {
       if (!faults_.empty()) inject(run, i);
       dispatch(run, i);

@@ -43,7 +43,8 @@
 // compute that reads it, a send at the end of the run (transport.h, executor.cpp). Over a
 // backend that matches by tag (Gloo), receives are posted one ahead: reaching a receive also
 // posts the next one of the same kind over the same edge, so that a rendezvous send finds its
-// receive waiting (executor.cpp says why).
+// receive waiting (executor.cpp says why); or, with ReceivePosting::whole_step, every receive of
+// the run is posted at its start.
 // Only floating tensors carry gradients, decided by the declared dtype on both ends, so a sender
 // and a receiver always agree on which tensors travel back; a tensor that does not require grad
 // on the sending side just ignores its gradient.
@@ -103,6 +104,17 @@ struct InstructionTiming {
   double end = 0.0;
 };
 
+// When a tag-matching backend's receives are posted (set_receive_posting). Gloo's send is a
+// rendezvous: where its receive's notice has not reached the sender when the send is posted, the
+// data leaves only once the sender's communication thread reads that notice, and on a rank that
+// computes that thread may wait milliseconds for its CPU (docs/design.md, "Receives posted
+// ahead").
+enum class ReceivePosting {
+  one_ahead,   // reaching a receive posts it and the next one of its stream (kind and edge)
+  whole_step,  // every receive of the run at its start: its buffers, every micro-batch's, live
+               // from then on (at most M x the stage's inputs and output gradients)
+};
+
 class Executor {
  public:
   Executor(schedule::Schedule schedule, int rank, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -152,6 +164,11 @@ class Executor {
   void set_device(c10::Device device) { device_ = device; }
   // GPU stages over a CPU-only backend (Gloo): transfers go through host copies (transport.h).
   void set_host_staging(bool on) { transport_.set_host_staging(on); }
+  // When receives are posted (ReceivePosting; one_ahead unless set). whole_step needs a backend
+  // that matches by tag (a backend matching by order, NCCL, would pair them wrongly): elsewhere
+  // it throws Error naming the backend.
+  void set_receive_posting(ReceivePosting posting);
+  ReceivePosting receive_posting() const { return receive_posting_; }
   c10::Device device() const { return device_; }
   void set_transfer_hooks(TransferHooks hooks) { hooks_ = std::move(hooks); }
   // The ring of this rank's last instructions (shared: a watcher or a dump may outlive the
@@ -214,6 +231,8 @@ class Executor {
   // run()'s steps.
   void check_ready(bool train) const;
   void prepare(Run& run) const;
+  // ReceivePosting::whole_step: posts every receive of the run, in program order.
+  void post_receives(Run& run);
   void drain(Run& run);
   // A transfer reached in program order: posts it unless posted ahead, and posts ahead the next
   // receive of its stream (tag-matching backends).
@@ -289,6 +308,7 @@ class Executor {
   std::map<int, std::vector<at::Tensor>> parameters_;  // per stage; absent: set_parameters never called
   Transport transport_;
   c10::Device device_{c10::kCPU};
+  ReceivePosting receive_posting_ = ReceivePosting::one_ahead;
   TransferHooks hooks_;
   std::map<std::pair<int, int>, MicroBatchState> state_;  // (stage, micro-batch)
   std::vector<int> replica_peers_;                        // the other ranks of this rank's stage (AR's peers)

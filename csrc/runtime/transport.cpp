@@ -32,7 +32,8 @@ Transport::~Transport() = default;
 
 int Transport::rank() const { return group_->getRank(); }
 int Transport::size() const { return group_->getSize(); }
-bool Transport::matches_by_tag() const { return group_->getBackendName() == "gloo"; }
+bool Transport::matches_by_tag() const { return backend_name() == "gloo"; }
+std::string Transport::backend_name() const { return group_->getBackendName(); }
 
 std::vector<Transport::Posted> Transport::post(std::vector<TransferOp> ops) {
   const int me = rank();

@@ -58,6 +58,7 @@ class Transport {
   // all operations between the pair (Gloo: yes; NCCL: no). Only then may a rank post receives of
   // different tags out of the schedule's order.
   bool matches_by_tag() const;
+  std::string backend_name() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   void set_host_staging(bool on) { host_staging_ = on; }

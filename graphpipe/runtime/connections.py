@@ -136,6 +136,11 @@ class Connections:
             self.executor.use_cuda(device.index if device.index is not None else torch.cuda.current_device())
             if "nccl" not in maker.backend:
                 self.executor.set_host_staging(True)
+        elif "gloo" in maker.backend:
+            # CPU stages over Gloo: every receive of a step posted at its start, so that no rendezvous
+            # send waits for its sender's communication thread (runtime/executor.h, ReceivePosting);
+            # the buffers are host memory. GPU stages keep one ahead: their buffers are GPU memory.
+            self.executor.set_receive_posting(_C.ReceivePosting.whole_step)
 
     def _replicas(self, maker: GroupMaker, rank: int, st: StageModule, mine: bool, module: nn.Module,
                   method: SyncMethod, bucket_bytes: float) -> None:

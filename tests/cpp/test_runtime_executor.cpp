@@ -270,3 +270,21 @@ TEST(RuntimeExecutor, RunAfterDisconnectIsRefused) {
     EXPECT_NE(std::string(e.what()).find("disconnected after a failure"), std::string::npos) << e.what();
   }
 }
+
+// Every receive of a step posted at its start (ReceivePosting::whole_step) is only for a backend
+// that matches messages by tag: over one that matches by order (here the loopback group) it is
+// refused, naming the backend, and the executor keeps posting one ahead.
+TEST(RuntimeExecutor, WholeStepPostingNeedsATagMatchingBackend) {
+  auto box = std::make_shared<Mailbox>();
+  Executor e0(two_stage_schedule(2, "1f1b"), 0, c10::make_intrusive<LoopbackGroup>(box, 0, 2),
+              std::chrono::milliseconds(200));
+  EXPECT_EQ(e0.receive_posting(), graphpipe::runtime::ReceivePosting::one_ahead);
+  try {
+    e0.set_receive_posting(graphpipe::runtime::ReceivePosting::whole_step);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend, loopback, matches them by order"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(e0.receive_posting(), graphpipe::runtime::ReceivePosting::one_ahead);
+  e0.set_receive_posting(graphpipe::runtime::ReceivePosting::one_ahead);
+}

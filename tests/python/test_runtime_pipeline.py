@@ -86,6 +86,7 @@ def test_hand_plan_matches_single_process(hand_results: list[Any], name: str) ->
 def _api_worker(rank: int, world: int) -> dict[str, Any]:
     import graphpipe
     import graphpipe.viz
+    from graphpipe._ext import _C
     from graphpipe.errors import InputError
     from graphpipe.models import default_loss
 
@@ -106,9 +107,16 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     out["full_keys"] = list(pipe.full_state_dict())
     out["model_keys"] = list(full)
     out["full_equal"] = all(torch.equal(full[k], v) for k, v in pipe.full_state_dict().items())
-    pipe.step(*batches[0], record=True)
+    out["posting"] = pipe.executor.receive_posting.name
+    out["loss_whole_step"] = pipe.step(*batches[0], record=True)
     out["timings"] = [(t.token, t.start, t.end) for t in pipe.last_timings]
     out["timed"] = [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings]
+    # The same step with each receive posted one ahead instead: the same loss, and the receives
+    # posted as that rule says.
+    pipe.executor.set_receive_posting(_C.ReceivePosting.one_ahead)
+    out["loss_one_ahead"] = pipe.step(*batches[0], record=True)
+    out["timed_one_ahead"] = [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings]
+    pipe.executor.set_receive_posting(_C.ReceivePosting.whole_step)
     # One currency: the executor runs, instruction for instruction, the schedule that
     # graphpipe.schedule makes for the plan (the call graphpipe.simulate makes), also for the
     # plan read back from its JSON text.
@@ -149,6 +157,15 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _assert_receives_posted_at_the_start(timed: list[tuple[str, int, int, int, float]]) -> None:
+    """With every receive of a step posted at its start (CPU stages over Gloo): each receive's
+    recorded start (when it was posted) is before the step's first compute."""
+    receives = [s for kind, _, _, _, s in timed if kind.startswith("recv")]
+    compute = [s for kind, _, _, _, s in timed if kind in ("forward", "backward", "backward_input", "backward_weight")]
+    assert receives and compute
+    assert max(receives) <= min(compute), timed
+
+
 def _assert_receives_posted_one_ahead(timed: list[tuple[str, int, int, int, float]]) -> None:
     """Over Gloo a receive of micro-batch m is posted when the program reaches the receive of
     m - 1 over the same edge, so before the compute of m - 1 starts (a recorded transfer starts
@@ -175,7 +192,10 @@ def test_pipeline_api() -> None:
         assert v["full_equal"]
         assert v["timings"] and all(end >= start for _, start, end in v["timings"])
         assert {tok[-3:] for tok, _, _ in v["timings"]} >= {"OPT"}
-        _assert_receives_posted_one_ahead(v["timed"])
+        assert v["posting"] == "whole_step"
+        _assert_receives_posted_at_the_start(v["timed"])
+        _assert_receives_posted_one_ahead(v["timed_one_ahead"])
+        assert v["loss_one_ahead"] == v["loss_whole_step"]
         assert v["schedule_types"] == ("Plan", "Schedule")
         assert v["schedules_equal"] and all(v["schedules_equal"]) and v["simulated_same"]
         assert v["task_ranks"] == [0, 1, 2] and v["trace_events"] > v["num_tasks"] > 0

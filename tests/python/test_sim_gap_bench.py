@@ -34,6 +34,10 @@ def bench() -> Any:
 
 @pytest.fixture(scope="module")
 def v_run(bench: Any) -> tuple[Any, Any]:
+    return v_plan(bench)
+
+
+def v_plan(bench: Any) -> tuple[Any, Any]:
     """The V plan the benchmark runs (the sequential cut for 4 ranks, in a V on 2), simulated."""
     model, inputs = build_model(SPEC)
     graph = graphpipe.trace(model, inputs)
