@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -455,9 +456,11 @@ void Executor::backward_weight(const Instruction& ins) {
 // the notice when the send is posted, and the send waits for that thread after all. In traces
 // of the V on 2 bound CPU ranks (benchmarks/sim_gap_bench.py) a third to a half of the waits
 // for another rank's output still landed 1-17 ms late. ReceivePosting::whole_step posts every
-// receive of the run at its start, while the peers are at the start of theirs too, so every
-// notice is read before any send: no late landing in 45 waits, against 39 of 87 one ahead
-// (docs/results.md). Cost: every micro-batch's receive buffers from the run's start.
+// receive of the run at its start, while the peers are at the start of theirs too, so most
+// notices are read before their sends: 0-4 late landings a run where one ahead had 11-26
+// (benchmarks/receive_posting_bench.py, docs/results.md). Cost: the receive buffers of every
+// micro-batch of every stage on the rank from the run's start, up to kWholeStepBytes (the rest
+// one ahead); a run longer than the flight recorder's ring posts one ahead.
 
 struct Executor::Run {
   Run(const ForwardFn& f, bool tr, bool rec) : fn(f), train(tr), record(rec) {}
@@ -472,6 +475,7 @@ struct Executor::Run {
   std::vector<std::size_t> next_receive;                   // index of the next receive of the same stream (or size)
   std::size_t last_backward = 0;                           // the last B or W: it finishes the weight gradients
   std::map<std::tuple<int, int, int>, InFlight> receives;  // (kind, micro-batch, edge)
+  std::set<std::tuple<int, int, int>> landed;              // receives waited for and stored
   std::vector<InFlight> sends;
   std::vector<InstructionTiming> timings;
 
@@ -480,6 +484,10 @@ struct Executor::Run {
     return std::make_tuple(static_cast<int>(kind), mb, edge);
   }
   bool posted(const Instruction& ins) const { return receives.count(key(ins.kind, ins.micro_batch, ins.edge)) > 0; }
+  // Posted now or before (a receive posted for the whole step may land before its instruction).
+  bool handled(const Instruction& ins) const {
+    return posted(ins) || landed.count(key(ins.kind, ins.micro_batch, ins.edge)) > 0;
+  }
 };
 
 // One case per schedule::OpKind (the header says why a switch).
@@ -581,6 +589,7 @@ void Executor::land(Run& run, OpKind kind, int mb, int edge) {
   finish(run, it->second);
   const auto& se = schedule_.edges[static_cast<std::size_t>(edge)];
   auto& st = state_of(kind == OpKind::recv_activation ? se.dst : se.src, mb);
+  run.landed.insert(it->first);
   auto tensors = std::move(it->second.tensors);
   if (kind == OpKind::recv_activation) {
     if (run.train) {
@@ -637,18 +646,29 @@ void Executor::set_receive_posting(ReceivePosting posting) {
 }
 
 void Executor::post_receives(Run& run) {
-  // In program order, so each stream's receives keep the order its sends come in.
+  // A record opened now must still be in the flight recorder's ring when its receive is waited
+  // for: the run opens about one record per instruction.
+  const std::size_t ring = flight_->capacity();
+  if (ring != 0 && run.list.size() + kFaultRecords > ring) return;
+  // In program order, so each stream's receives keep the order its sends come in; up to
+  // kWholeStepBytes of buffers, the rest one ahead.
+  std::int64_t bytes = 0;
   for (const auto& ins : run.list) {
-    if (schedule::is_recv(ins.kind) && !run.posted(ins)) post_transfer(run, ins);
+    if (!schedule::is_recv(ins.kind) || run.posted(ins)) continue;
+    if (bytes >= kWholeStepBytes) return;
+    post_transfer(run, ins);
+    for (const auto& t : run.receives.at(Run::key(ins.kind, ins.micro_batch, ins.edge)).tensors) {
+      if (t.defined()) bytes += static_cast<std::int64_t>(t.nbytes());
+    }
   }
 }
 
 void Executor::reach_transfer(Run& run, std::size_t i) {
   const auto& ins = run.list[i];
-  if (!run.posted(ins)) post_transfer(run, ins);
+  if (!run.handled(ins)) post_transfer(run, ins);
   if (run.next_receive[i] < run.list.size()) {
     const auto& ahead = run.list[run.next_receive[i]];
-    if (!run.posted(ahead)) post_transfer(run, ahead);
+    if (!run.handled(ahead)) post_transfer(run, ahead);
   }
 }
 

@@ -63,6 +63,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -111,9 +113,15 @@ struct InstructionTiming {
 // ahead").
 enum class ReceivePosting {
   one_ahead,   // reaching a receive posts it and the next one of its stream (kind and edge)
-  whole_step,  // every receive of the run at its start: its buffers, every micro-batch's, live
-               // from then on (at most M x the stage's inputs and output gradients)
+  whole_step,  // the run's receives at its start, in program order, up to kWholeStepBytes of
+               // buffers (the rest one ahead): those buffers live from then on, memory the
+               // planner's model does not count (it counts the micro-batches a stage holds)
 };
+// The most receive buffers whole_step posts at a run's start, in bytes. A run with more
+// instructions than the flight recorder's ring holds (less kFaultRecords) posts one ahead: a
+// record opened at the start must still be in the ring when its receive is waited for.
+constexpr std::int64_t kWholeStepBytes = std::int64_t{256} << 20;
+constexpr std::size_t kFaultRecords = 16;
 
 class Executor {
  public:

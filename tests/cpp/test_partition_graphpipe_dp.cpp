@@ -282,6 +282,33 @@ TEST(PartitionGraphpipeDp, LadderOfBudgetsOnOneSolverGivesEachBudgetsOwnPlans) {
   EXPECT_GT(with_plan, compared / 2);
 }
 
+// Past the DP's 255 devices a budget searches on 255, as a solver of its own does: a ladder from
+// 300 devices gives the 300- and 256-device budgets the 255-device plans.
+TEST(PartitionGraphpipeDp, LadderPast255DevicesSearchesOn255) {
+  const auto g = tst::random_sp_graph(7300, 24);
+  cost::Devices d = cost::v100(300, 8);
+  cost::CostModel model(g, d);
+  auto sp = graph::decompose_series_parallel(g);
+  pt::Problem top = pt::make_problem(model, 512, 64, std::min<int>(300, g.num_nodes()), 1e15, {});
+  top.replicas = std::make_shared<const pt::ReplicaTable>(model, 64, 300);
+  top.device_budget = 300;
+  const auto ladder = pt::graphpipe_ladder_plans(top, sp.tree, 1e-3, {300, 256, 128});
+  ASSERT_EQ(ladder.size(), 3u);
+  for (const int budget : {300, 256, 128}) {
+    pt::Problem at = top;
+    at.device_budget = budget;
+    at.max_stages = std::min(top.max_stages, budget);
+    const auto own = pt::graphpipe_plans(at, sp.tree, 1e-3);
+    const auto& got = ladder[budget == 300 ? 0 : budget == 256 ? 1 : 2];
+    ASSERT_FALSE(own.empty()) << budget;
+    ASSERT_EQ(got.size(), own.size()) << budget;
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      EXPECT_EQ(got[k].assignment, own[k].assignment) << budget;
+      EXPECT_EQ(got[k].replicas, own[k].replicas) << budget;
+    }
+  }
+}
+
 TEST(PartitionGraphpipeDp, LadderRefusesABudgetOutsideTheProblems) {
   const auto g = tst::random_sp_graph(7200, 20);
   cost::Devices d = cost::v100(8, 8);

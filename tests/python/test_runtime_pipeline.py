@@ -117,6 +117,13 @@ def _api_worker(rank: int, world: int) -> dict[str, Any]:
     out["loss_one_ahead"] = pipe.step(*batches[0], record=True)
     out["timed_one_ahead"] = [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings]
     pipe.executor.set_receive_posting(_C.ReceivePosting.whole_step)
+    # A flight recorder ring smaller than the run: a record opened at the start could be gone when
+    # its receive is waited for, so the run posts one ahead after all.
+    ring = pipe.executor.flight_recorder.capacity
+    pipe.executor.flight_recorder.capacity = 8
+    out["loss_small_ring"] = pipe.step(*batches[0], record=True)
+    out["timed_small_ring"] = [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings]
+    pipe.executor.flight_recorder.capacity = ring
     # One currency: the executor runs, instruction for instruction, the schedule that
     # graphpipe.schedule makes for the plan (the call graphpipe.simulate makes), also for the
     # plan read back from its JSON text.
@@ -195,7 +202,10 @@ def test_pipeline_api() -> None:
         assert v["posting"] == "whole_step"
         _assert_receives_posted_at_the_start(v["timed"])
         _assert_receives_posted_one_ahead(v["timed_one_ahead"])
-        assert v["loss_one_ahead"] == v["loss_whole_step"]
+        assert v["loss_one_ahead"] == v["loss_whole_step"] == v["loss_small_ring"]
+        _assert_receives_posted_one_ahead(v["timed_small_ring"])
+        with pytest.raises(AssertionError):
+            _assert_receives_posted_at_the_start(v["timed_small_ring"])
         assert v["schedule_types"] == ("Plan", "Schedule")
         assert v["schedules_equal"] and all(v["schedules_equal"]) and v["simulated_same"]
         assert v["task_ranks"] == [0, 1, 2] and v["trace_events"] > v["num_tasks"] > 0

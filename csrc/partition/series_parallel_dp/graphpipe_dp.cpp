@@ -305,7 +305,7 @@ Solver::BoundsInForce::BoundsInForce(Solver& solver, double target, Bounds bound
   // them where a search on another budget probed the same target (run()).
   const auto at = solver_.depths_.find(target);
   if (bounds == Bounds::own || (bounds == Bounds::neighbours && at != solver_.depths_.end())) {
-    const Depths& own = at->second;
+    const Depths& own = bounds == Bounds::own ? solver_.depths_.at(target) : at->second;
     solver_.lower_.push_back(&own);
     solver_.upper_.push_back(&own);
   }
@@ -366,11 +366,13 @@ std::vector<std::vector<ReplicatedAssignment>> graphpipe_ladder_plans(const Prob
   if (tree.root < 0) return plans;
   series_parallel_dp::Solver solver(problem, tree, shortcuts);
   for (std::size_t i = 0; i < budgets.size(); ++i) {
-    if (budgets[i] < 1 || budgets[i] > solver.devices()) {
+    // A budget past the solver's 255 devices searches on 255, as a solver of its own would.
+    const int most = problem.replicated() ? problem.device_budget : problem.max_stages;
+    if (budgets[i] < 1 || budgets[i] > most) {
       throw PlanningError("graphpipe: a search budget of " + std::to_string(budgets[i]) + " devices is outside 1.." +
-                          std::to_string(solver.devices()));
+                          std::to_string(most));
     }
-    plans[i] = solver.run(tolerance, budgets[i]);
+    plans[i] = solver.run(tolerance, std::min(budgets[i], solver.devices()));
   }
   return plans;
 }

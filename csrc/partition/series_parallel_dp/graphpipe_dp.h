@@ -109,7 +109,8 @@ struct SearchShortcuts {
 // graphpipe_assignments with the replica counts.
 std::vector<ReplicatedAssignment> graphpipe_plans(const Problem& problem, const graph::SPTree& tree, double tolerance,
                                                   SearchShortcuts shortcuts = {});
-// graphpipe_plans on each of `budgets` (devices, 1..problem's budget): the plans of the problem
+// graphpipe_plans on each of `budgets` (devices, 1..problem's budget; past 255 the DP's 255, as
+// graphpipe_plans caps them): the plans of the problem
 // with that device budget, searched one after the other on one solver, whose probes keep every
 // fragment's depth. A fragment's least depth on n devices at a target is the same whatever the
 // budget, so each search's probes are bounded by the depths of the searches before it (MMT at
