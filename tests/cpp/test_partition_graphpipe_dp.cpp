@@ -159,6 +159,22 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
   }
 }
 
+namespace {
+
+// Every fourth seed a random chain, else a random series-parallel graph (seeds from `base`).
+graph::OpGraph chain_or_series_parallel(unsigned base, int seed) {
+  const auto at = base + static_cast<unsigned>(seed);
+  return seed % 4 == 3 ? tst::random_chain(at, 8 + seed % 23) : tst::random_sp_graph(at, 8 + seed % 40);
+}
+
+// Every third seed a memory limit that the parameters bind (1.5 x their share of the devices),
+// else none to speak of.
+double limit_for(const graph::OpGraph& g, int devices, int seed) {
+  return seed % 3 == 0 ? 1.5 * g.total_param_bytes() / devices + 1e6 : 1e15;
+}
+
+}  // namespace
+
 // The search's shortcuts (graphpipe_dp.h) change no answer: the device floor rules out only
 // fragments that have no plan, a memory-free subtree's fragments have the same plan whatever
 // the depth after them, a plan rebuilt from its probe's depths takes the exact search's
@@ -168,10 +184,9 @@ TEST(PartitionGraphpipeDp, ReplicatedTreeDpIsAsBalancedAsTheChainDpOnChains) {
 TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
   int compared = 0, replicated = 0, without_plan = 0;
   for (int seed = 0; seed < 60; ++seed) {
-    const auto g = seed % 4 == 3 ? tst::random_chain(5300 + seed, 8 + seed % 23)
-                                 : tst::random_sp_graph(5300 + seed, 8 + seed % 40);
+    const auto g = chain_or_series_parallel(5300, seed);
     const int devices = 2 + seed % 15;
-    const double limit = seed % 3 == 0 ? 1.5 * g.total_param_bytes() / devices + 1e6 : 1e15;
+    const double limit = limit_for(g, devices, seed);
     cost::Devices d = cost::v100(devices, 4);
     cost::CostModel model(g, d);
     auto sp = graph::decompose_series_parallel(g);
@@ -243,10 +258,9 @@ TEST(PartitionGraphpipeDp, SearchShortcutsLeaveEveryPlanAsItWas) {
 TEST(PartitionGraphpipeDp, LadderOfBudgetsOnOneSolverGivesEachBudgetsOwnPlans) {
   int compared = 0, with_plan = 0;
   for (int seed = 0; seed < 40; ++seed) {
-    const auto g = seed % 4 == 3 ? tst::random_chain(7100 + seed, 8 + seed % 23)
-                                 : tst::random_sp_graph(7100 + seed, 8 + seed % 40);
+    const auto g = chain_or_series_parallel(7100, seed);
     const int devices = 4 + seed % 29;
-    const double limit = seed % 3 == 0 ? 1.5 * g.total_param_bytes() / devices + 1e6 : 1e15;
+    const double limit = limit_for(g, devices, seed);
     cost::Devices d = cost::v100(devices, 8);
     cost::CostModel model(g, d);
     auto sp = graph::decompose_series_parallel(g);

@@ -1,7 +1,9 @@
 """benchmarks/sim_gap_bench.py's analysis: fed the simulator's own timeline as the ranks'
 records it finds no gap at all; a wait whose input lands 5 ms late shows as 5 ms more lag and
 lateness on that wait, 5 ms more idle on its rank and among the waits the replay lacks; one
-instruction 5 ms longer shows in the durations' spread, not in their medians."""
+instruction 5 ms longer shows in the durations' spread, not in their medians; a stage with two
+producers on two ranks waits for the later one. benchmarks/receive_posting_bench.py's count of late
+landings per posting mode (the same analysis) counts a late landing in its own mode only."""
 
 from __future__ import annotations
 
@@ -23,13 +25,18 @@ LATE = 0.005
 EXACT = 1e-12
 
 
-@pytest.fixture(scope="module")
-def bench() -> Any:
+def import_benchmark(name: str) -> Any:
+    """benchmarks/<name>.py as a module (the folder is not a package)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        return importlib.import_module("sim_gap_bench")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    return import_benchmark("sim_gap_bench")
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +196,34 @@ def test_a_stage_with_two_producers_waits_for_the_later_one(bench: Any) -> None:
     assert abs(parts["replay_against_simulator"]) < 5e-3 * parts["simulated_step"]
     assert abs(parts["waits_the_replay_lacks"]) < 5e-3 * parts["simulated_step"]
     assert total(parts) == pytest.approx(parts["measured_step"] - parts["simulated_step"], abs=1e-12)
+
+
+# benchmarks/receive_posting_bench.py counts late landings per posting mode with this analysis.
+@pytest.fixture(scope="module")
+def posting() -> Any:
+    return import_benchmark("receive_posting_bench")
+
+
+def two_steps(one_ahead: list[dict], whole_step: list[dict]) -> list[dict]:
+    """Each rank's records of two steps: run 1 (one ahead) and run 2 (the whole step), the second
+    the first's records moved past its end."""
+    ranks = []
+    for a, b in zip(one_ahead, whole_step):
+        span = max(a["steps"][1][1], b["steps"][1][1])
+        moved = [dict(r, run=2, start=r["start"] + span, end=r["end"] + span) for r in b["records"]]
+        ranks.append({"runs": {1: "one_ahead", 2: "whole_step"}, "steps": {1: a["steps"][1], 2: (span, 2 * span)},
+                      "records": a["records"] + moved})
+    return ranks
+
+
+def test_late_landings_are_counted_in_their_own_mode(bench: Any, posting: Any, v_run: tuple[Any, Any]) -> None:
+    plan, sim = v_run
+    clean = records_of(plan, sim, bench)
+    out = posting.late_waits(plan, sim, two_steps(clean, clean), EXACT)
+    for mode in posting.MODES:
+        assert out[mode]["steps"] == 1 and out[mode]["waits"] > 0 and out[mode]["late"] == 0, out
+    first = bench.analyse(plan, sim, clean, EXACT)["waits_on_transfers"]["waits"][0]
+    key = (first["kind"], first["stage"], first["micro_batch"])
+    out = posting.late_waits(plan, sim, two_steps(records_of(plan, sim, bench, late=key), clean), EXACT)
+    assert out["one_ahead"]["late"] == 1 and out["whole_step"]["late"] == 0, out
+    assert out["one_ahead"]["late_seconds_per_step"] == pytest.approx(LATE, abs=1e-9)
