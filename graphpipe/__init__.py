@@ -11,6 +11,7 @@ from __future__ import annotations
 from graphpipe import sync
 from graphpipe._ext import _C
 from graphpipe.errors import (
+    CalibrationError,
     CheckpointError,
     FormatError,
     GraphError,
@@ -63,6 +64,7 @@ __all__ = [
     "OPTIMIZERS",
     "PARTITIONERS",
     "SCHEDULES",
+    "CalibrationError",
     "CheckpointError",
     "CrossReplica",
     "Devices",

@@ -62,6 +62,8 @@ from typing import Any
 
 import torch
 
+from graphpipe.errors import CalibrationError
+
 __all__ = ["RuntimeCosts", "runtime_costs", "apply_runtime_costs", "link", "collective_link", "ring_link",
            "timed_all_reduces"]
 
@@ -78,6 +80,14 @@ MICRO_BATCHES = (2, 8)
 EMULATED_WAIT = 2e-3
 SMALL, LARGE = 4, 512 << 10  # bytes, of the ring exchange's two messages (a ring chunk of a few MiB)
 PAIR_LARGE = 4 << 20  # bytes, of the ping-pong's large message
+#: Times a link is measured again when its figures cannot be a link's (_link_figures): a burst of
+#: load on a shared machine once set a 2-rank link's latency to 1266 us, above its 4 MiB
+#: message's time, and the bandwidth to the 1e-9 s floor's 4 PB/s; the simulator then read the
+#: run's transfers as free.
+LINK_ATTEMPTS = 3
+#: Bandwidth above this (bytes/s) is not a link's but a timing's artefact: ten times NVLink 5's
+#: 1.8 TB/s.
+MOST_PLAUSIBLE_BANDWIDTH = 2e13
 #: Tensors of the transfer whose extra cost over one tensor is timed (_extra_tensor_seconds).
 EXTRA_TENSORS = 8
 #: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
@@ -400,20 +410,23 @@ def _pingpong(rank: int, world: int, repeats: int, device: str = "cpu", rounds: 
     """Per message size, one-way seconds: the median ping-pong of each of ``rounds`` rounds of
     ``repeats``, 50 ms apart, and of those the quietest round's. A shared machine's hiccups come
     in bursts; one that lasts a whole round would otherwise set the planner's link latency (a
-    2-rank calibration once read 1.8 ms where 0.1 ms is usual, and the plans changed shape)."""
+    2-rank calibration once read 1.8 ms where 0.1 ms is usual, and the plans changed shape).
+    Each round times both sizes, one right after the other, so that a burst slows both alike
+    instead of the small message's rounds alone (which once put the latency above the large
+    message's time: :data:`LINK_ATTEMPTS`)."""
     import torch.distributed as dist
 
     # Ranks pair up (0-1, 2-3, ...) and ping-pong at the same time.
     peer = rank ^ 1
+    sizes = (SMALL, PAIR_LARGE)
     if peer >= world:
-        for _ in range(2 * rounds * repeats):
+        for _ in range(len(sizes) * rounds * repeats):
             dist.barrier()
         return {}
-    out = {}
-    for size in (SMALL, PAIR_LARGE):
-        buf = torch.zeros(size // 4, device=device)
-        medians = []
-        for _ in range(rounds):
+    buffers = {size: torch.zeros(size // 4, device=device) for size in sizes}
+    medians: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(rounds):
+        for size, buf in buffers.items():
             samples = []
             for _ in range(repeats):
                 dist.barrier()
@@ -427,10 +440,9 @@ def _pingpong(rank: int, world: int, repeats: int, device: str = "cpu", rounds: 
                     dist.send(buf, peer)
                 _sync(device)
                 samples.append((time.perf_counter() - start) / 2)
-            medians.append(statistics.median(samples))
-            time.sleep(0.05)
-        out[size] = min(medians)
-    return out
+            medians[size].append(statistics.median(samples))
+        time.sleep(0.05)
+    return {size: min(m) for size, m in medians.items()}
 
 
 def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rounds: int = 5) -> dict[int, float]:
@@ -450,13 +462,13 @@ def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rou
     point-to-point transfers need figures of their own (:func:`collective_link`, :func:`link`)."""
     import torch.distributed as dist
 
-    out = {}
     successor, predecessor = (rank + 1) % world, (rank - 1) % world
-    for size in (SMALL, LARGE):
-        send = torch.zeros(size // 4, device=device)
-        recv = torch.zeros(size // 4, device=device)
-        medians = []
-        for _ in range(rounds):
+    buffers = {size: (torch.zeros(size // 4, device=device), torch.zeros(size // 4, device=device))
+               for size in (SMALL, LARGE)}
+    medians: dict[int, list[float]] = {size: [] for size in buffers}
+    for _ in range(rounds):
+        # Both sizes in each round, as _pingpong times them.
+        for size, (send, recv) in buffers.items():
             samples = []
             for _ in range(repeats):
                 dist.barrier()
@@ -466,10 +478,42 @@ def _ring_exchange(rank: int, world: int, repeats: int, device: str = "cpu", rou
                     work.wait()
                 _sync(device)
                 samples.append(time.perf_counter() - start)
-            medians.append(statistics.median(samples))
-            time.sleep(0.05)
-        out[size] = statistics.median(medians)
-    return out
+            medians[size].append(statistics.median(samples))
+        time.sleep(0.05)
+    return {size: statistics.median(m) for size, m in medians.items()}
+
+
+def _link_figures(small_seconds: float, large_seconds: float, large_bytes: int) -> tuple[float, float] | None:
+    """(latency seconds, bandwidth bytes/s) of a link whose 4-byte message took
+    ``small_seconds`` and whose ``large_bytes`` message ``large_seconds``; None where those
+    cannot be a link's: the large message no slower than the small one, or so little slower that
+    the bandwidth would pass :data:`MOST_PLAUSIBLE_BANDWIDTH` (a burst of load during the small
+    message's timing, not a link)."""
+    if not large_seconds > small_seconds:
+        return None
+    bandwidth = large_bytes / (large_seconds - small_seconds)
+    if bandwidth > MOST_PLAUSIBLE_BANDWIDTH:
+        return None
+    return small_seconds, bandwidth
+
+
+def _measured_link(what: str, measure: Any, large_bytes: int) -> tuple[float, float]:
+    """The figures of ``measure()`` (every rank's {size: seconds}, ranks without a pair giving
+    {}), medians over the ranks, measured again up to :data:`LINK_ATTEMPTS` times while they
+    cannot be a link's (_link_figures). Every rank sees every rank's values, so in a process
+    group all decide alike."""
+    tried = []
+    for _ in range(LINK_ATTEMPTS):
+        timed = [v for v in measure() if v]
+        small = statistics.median(t[SMALL] for t in timed)
+        large = statistics.median(t[large_bytes] for t in timed)
+        figures = _link_figures(small, large, large_bytes)
+        if figures is not None:
+            return figures
+        tried.append(f"{small * 1e6:.0f} us for {SMALL} bytes, {large * 1e6:.0f} us for {large_bytes} bytes")
+    raise CalibrationError(f"{what}: the large message was no slower than the small one in each of "
+                           f"{LINK_ATTEMPTS} measurements ({'; '.join(tried)}); the machine is too loaded to "
+                           f"time a link, and no latency or bandwidth is returned")
 
 
 def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
@@ -478,16 +522,14 @@ def link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, dev
     with ``concurrency`` ranks ping-ponging in pairs at once (medians over the pairs): what a
     pipeline's transfers see. ``in_group``: measure on the ranks of the current process group
     instead of spawning (it must have two ranks or more). ``bind_cpus``: each spawned rank on a
-    CPU of its own (local_ranks.run_ranks), as the runs it describes."""
+    CPU of its own (local_ranks.run_ranks), as the runs it describes. Figures that cannot be a
+    link's are measured again, and :class:`graphpipe.CalibrationError` is raised when none of
+    :data:`LINK_ATTEMPTS` measurements gives any (_measured_link)."""
     if in_group:
         _check_pairs("link")
-        values = _in_group(_pingpong, repeats, device)
-    else:
-        values = _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device, bind_cpus=bind_cpus)
-    timed = [v for v in values if v]
-    latency = statistics.median(t[SMALL] for t in timed)
-    large = statistics.median(t[PAIR_LARGE] for t in timed)
-    return latency, PAIR_LARGE / max(large - latency, 1e-9)
+        return _measured_link("link", lambda: _in_group(_pingpong, repeats, device), PAIR_LARGE)
+    return _measured_link("link", lambda: _spawned(_pingpong, max(2, concurrency), timeout, "link", repeats, device,
+                                                   bind_cpus=bind_cpus), PAIR_LARGE)
 
 
 def collective_link(repeats: int = 20, concurrency: int = 2, *, in_group: bool = False, device: str = "cpu",
@@ -495,13 +537,11 @@ def collective_link(repeats: int = 20, concurrency: int = 2, *, in_group: bool =
     """(latency seconds, bandwidth bytes/s) of one link of a ring step, with ``concurrency``
     ranks all sending to their successor at once (_ring_exchange; medians over the ranks):
     what a ring all-reduce over those ranks sees. ``in_group``: on the ranks of the current
-    process group (two or more). ``bind_cpus``: as for link()."""
+    process group (two or more). ``bind_cpus``, and figures that cannot be a link's: as for
+    link()."""
     if in_group:
         _check_pairs("collective_link")
-        values = _in_group(_ring_exchange, repeats, device)
-    else:
-        values = _spawned(_ring_exchange, max(2, concurrency), timeout, "collective link", repeats, device,
-                          bind_cpus=bind_cpus)
-    latency = statistics.median(t[SMALL] for t in values)
-    large = statistics.median(t[LARGE] for t in values)
-    return latency, LARGE / max(large - latency, 1e-9)
+        return _measured_link("collective link", lambda: _in_group(_ring_exchange, repeats, device), LARGE)
+    return _measured_link("collective link", lambda: _spawned(_ring_exchange, max(2, concurrency), timeout,
+                                                              "collective link", repeats, device,
+                                                              bind_cpus=bind_cpus), LARGE)

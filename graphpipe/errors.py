@@ -30,6 +30,12 @@ class CheckpointError(GraphpipeError):
     any, is unchanged, and the pipeline can go on training."""
 
 
+class CalibrationError(GraphpipeError):
+    """A measurement of this machine (graphpipe.calibration) that came out inconsistent every
+    time it was taken: a large message no slower than a small one, say. Its figures would
+    mislead the planner and the simulator, so none are returned."""
+
+
 __all__ = [
     "GraphpipeError",
     "GraphError",
@@ -39,4 +45,5 @@ __all__ = [
     "TraceError",
     "InputError",
     "CheckpointError",
+    "CalibrationError",
 ]

@@ -11,7 +11,21 @@ import torch
 from torch import nn
 
 import graphpipe
-from graphpipe.calibration import COLLECTIVE_SIZES, RuntimeCosts, _fit, apply_runtime_costs, ring_link, runtime_costs
+from graphpipe.calibration import (
+    COLLECTIVE_SIZES,
+    LINK_ATTEMPTS,
+    MOST_PLAUSIBLE_BANDWIDTH,
+    PAIR_LARGE,
+    SMALL,
+    RuntimeCosts,
+    _fit,
+    _link_figures,
+    _measured_link,
+    apply_runtime_costs,
+    link,
+    ring_link,
+    runtime_costs,
+)
 from graphpipe.models import build_model
 from graphpipe.runtime import stage_assignment
 
@@ -183,6 +197,46 @@ def test_ring_link_inverts_the_cost_models_all_reduce() -> None:
     assert latency >= 0.0 and 0.0 < bandwidth < float("inf")
     with pytest.raises(ValueError, match="two ranks or more"):
         ring_link(1, {small: 1e-3, large: 2e-3})
+
+
+def test_link_figures_refuse_what_cannot_be_a_link() -> None:
+    # The calibration that once read 1266 us of latency and a 4 MiB message in less: no figures,
+    # where the old fit gave 4 PB/s.
+    assert _link_figures(1266e-6, 1000e-6, PAIR_LARGE) is None
+    assert _link_figures(100e-6, 100e-6, PAIR_LARGE) is None
+    # Slower by a hair: a bandwidth no link has.
+    assert _link_figures(100e-6, 100e-6 + 0.5 * PAIR_LARGE / MOST_PLAUSIBLE_BANDWIDTH, PAIR_LARGE) is None
+    latency, bandwidth = _link_figures(100e-6, 1.1e-3, PAIR_LARGE)
+    assert latency == 100e-6 and bandwidth == pytest.approx(PAIR_LARGE / 1e-3)
+
+
+def test_an_inconsistent_link_is_measured_again_then_refused() -> None:
+    # Each measurement: every rank's {size: seconds}; a rank without a pair gives {}.
+    bad = [{SMALL: 1266e-6, PAIR_LARGE: 1000e-6}, {SMALL: 1300e-6, PAIR_LARGE: 900e-6}, {}]
+    good = [{SMALL: 100e-6, PAIR_LARGE: 1.1e-3}, {SMALL: 120e-6, PAIR_LARGE: 1.3e-3}, {}]
+    calls = []
+
+    def once_bad_then_good() -> list[dict[int, float]]:
+        calls.append(1)
+        return bad if len(calls) == 1 else good
+
+    latency, bandwidth = _measured_link("link", once_bad_then_good, PAIR_LARGE)
+    assert len(calls) == 2  # measured again, once
+    assert latency == pytest.approx(110e-6) and bandwidth == pytest.approx(PAIR_LARGE / 1.09e-3)
+    calls.clear()
+
+    def always_bad() -> list[dict[int, float]]:
+        calls.append(1)
+        return bad
+
+    with pytest.raises(graphpipe.CalibrationError, match=r"link: the large message was no slower .* 1283 us for 4 bytes"):
+        _measured_link("link", always_bad, PAIR_LARGE)
+    assert len(calls) == LINK_ATTEMPTS
+
+
+def test_a_spawned_link_measures_two_ranks() -> None:
+    latency, bandwidth = link(repeats=5, concurrency=2, timeout=120.0)
+    assert 0.0 < latency < 0.1 and 0.0 < bandwidth <= MOST_PLAUSIBLE_BANDWIDTH
 
 
 def test_collective_link_round_trips_and_is_checked() -> None:
