@@ -73,6 +73,13 @@ def _records(out: Path, replica: int) -> dict[int, list[dict[str, Any]]]:
             for rank in (0, 1)}
 
 
+def _cause(log: str, limit: int = 6000) -> str:
+    """What a failed replica's log says of its cause: from its first traceback on (torchrun's
+    footer, which a log's tail holds, names none), else its tail; at most ``limit`` characters."""
+    first = log.find("Traceback (most recent call last)")
+    return log[first:first + limit] if first >= 0 else log[-limit:]
+
+
 def _run_job(out: Path, faults: dict[int, str], replicas: int = 2,
              extra: tuple[str, ...] = ()) -> tuple[list[dict[int, Any]], float]:
     """Runs the replicas, ``faults[r]`` on replica r; each replica's per-step records (by rank)
@@ -93,7 +100,7 @@ def _run_job(out: Path, faults: dict[int, str], replicas: int = 2,
                 job.kill()
         lighthouse.shutdown()
     seconds = time.monotonic() - start
-    logs = [(out / f"replica{r}.log").read_text()[-6000:] for r in range(replicas)]
+    logs = [_cause((out / f"replica{r}.log").read_text()) for r in range(replicas)]
     assert codes == [0] * replicas, logs
     return [_records(out, r) for r in range(replicas)], seconds
 
