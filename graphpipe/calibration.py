@@ -511,7 +511,8 @@ def _measured_link(what: str, measure: Any, large_bytes: int) -> tuple[float, fl
         if figures is not None:
             return figures
         tried.append(f"{small * 1e6:.0f} us for {SMALL} bytes, {large * 1e6:.0f} us for {large_bytes} bytes")
-    raise CalibrationError(f"{what}: the large message was no slower than the small one in each of "
+    raise CalibrationError(f"{what}: the large message was no slower than the small one, or so little slower "
+                           f"that the bandwidth passed {MOST_PLAUSIBLE_BANDWIDTH / 1e12:.0f} TB/s, in each of "
                            f"{LINK_ATTEMPTS} measurements ({'; '.join(tried)}); the machine is too loaded to "
                            f"time a link, and no latency or bandwidth is returned")
 
