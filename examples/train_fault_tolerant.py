@@ -12,7 +12,10 @@ Each replica trains on its own batches (seeded by step and replica); the stages'
 the loss are averaged over the replicas alive in the step (graphpipe.fault_tolerance). Kill a
 rank of one replica (``GRAPHPIPE_FAULT=1:3:forward:kill`` on that replica's torchrun, which this
 script honours on the first attempt only): its torchrun restarts the replica, the other replica
-redoes step 3 alone and goes on, and the restarted one heals from it and rejoins.
+redoes step 3 alone and goes on, and the restarted one heals from it and rejoins. A replacement
+that starts after the others have finished finds nobody to heal from and refuses to train from
+scratch; ``--until-full 2`` keeps every replica training past ``--steps`` until two steps in a
+row had all of them in (the tests use it: a restart can outlast a short run).
 
 ``--record-dir DIR`` writes one JSON line per step and rank (``DIR/replica<r>_rank<s>.jsonl``: the step,
 whether it committed, the averaged loss, the participants, the seconds of each phase of the step,
@@ -72,6 +75,11 @@ def main() -> None:
     parser.add_argument("--digest", action="store_true", help="record a digest of each rank's state after every step")
     parser.add_argument("--nan-at", type=int, default=-1, help="tests: replica 1's batch of this step holds a NaN")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (paces a demo)")
+    parser.add_argument("--until-full", type=int, default=0,
+                        help="after --steps, go on until this many committed steps in a row had every one of "
+                             "--replicas in (a replacement slower to start than the run is long still joins); "
+                             "at most --max-steps")
+    parser.add_argument("--max-steps", type=int, default=100, help="the bound on --until-full's steps")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -103,7 +111,10 @@ def main() -> None:
             with open(os.path.join(args.record_dir, f"replica{args.replica}_plan.json"), "w", encoding="utf-8") as f:
                 f.write(ft.pipe.plan.to_json(ft.pipe.graph))
         log = open(os.path.join(args.record_dir, f"replica{args.replica}_rank{rank}.jsonl"), "a", encoding="utf-8")
-    while ft.current_step < args.steps:
+    # Committed steps in a row with every replica in: every replica counts the same ones (they
+    # see the same quorums from a replacement's join on), so all stop at the same step.
+    full_run = 0
+    while ft.current_step < args.steps or (full_run < args.until_full and ft.current_step < args.max_steps):
         began = time.time()
         result = ft.step(lambda step: poisoned(replica_batch(model, batch, step, args.replica), step))
         record: dict[str, Any] = {"attempt": attempt, "step": result.step, "committed": result.committed,
@@ -117,6 +128,7 @@ def main() -> None:
         if rank == 0:
             print(f"replica {args.replica} attempt {attempt}: {record}", flush=True)
         if result.committed:  # pacing stands for compute; a step that did not land is redone at once
+            full_run = full_run + 1 if result.participants == args.replicas else 0
             time.sleep(args.step_seconds)
     if args.record_dir:
         state = {"module": ft.pipe.module.state_dict(),

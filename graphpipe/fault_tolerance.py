@@ -221,7 +221,8 @@ class FaultTolerantPipeline:
                 where = f" ({self._checkpoint_hint})" if self._checkpoint_hint else ""
                 raise NoReplicaToHealFrom(
                     f"graphpipe.fault_tolerant: replica {self.replica} restarted (attempt {attempt}) and no live "
-                    f"replica has a trained state to heal from: every replica was lost; resume from the last "
+                    f"replica has a trained state to heal from: every replica was lost (or the others finished "
+                    f"the run before this one started); resume from the last "
                     f"checkpoint{where} with Pipeline.load instead of training from the initial parameters")
         return self._healed
 

@@ -26,7 +26,7 @@ ctest_rc=$?
 
 echo "== pytest"
 # Run from tests/ so that `import graphpipe` finds the installed package, not the source folder.
-(cd tests && python3 -m pytest python -q -p no:cacheprovider "$@")
+(cd tests && python3 -m pytest python -q -p no:cacheprovider --durations=15 "$@")
 pytest_rc=$?
 
 if [ $ctest_rc -ne 0 ] || [ $pytest_rc -ne 0 ] || [ $cuda_rc -ne 0 ] || [ $lint_rc -ne 0 ]; then
