@@ -47,6 +47,27 @@ PlannerResult data_parallel(const graph::OpGraph& graph, const cost::Devices& de
   return plan_by_simulation(graph, devices, options, search);
 }
 
+// A floor on the simulated step of every plan on the devices of `devices` (a budget's first
+// ranks), with replicas where `replicated` (data parallelism on them) or without (however many
+// stages each device holds: a fold): every device runs its stages' work for each micro-batch,
+// so the busiest does at least the devices' share of it (candidate_floor's zero-bubble form,
+// which counts devices, not stages, and holds whatever schedule runs: a fold may run a split
+// backward whatever options.zero_bubble says). Zero where it cannot be found: the plans are
+// then weighed.
+double floor_on(const graph::OpGraph& graph, const cost::Devices& devices, partition::Options options,
+                bool replicated) {
+  options.zero_bubble = true;
+  options.replicate = replicated;
+  options.max_stages = devices.count;
+  options.manual.clear();
+  options.stage_devices.clear();
+  try {
+    return partition::candidate_floor(graph, devices, options);
+  } catch (const PlanningError&) {
+    return 0.0;
+  }
+}
+
 // A baseline's plan replaces the chosen one where it simulates strictly faster (relative 1e-12:
 // a tie keeps the graph partitioner's plan) and uses at least min_devices; the counts add up.
 void offer(PlannerResult baseline, const std::string& what, const PlannerOptions& search, PlannerResult& result) {
@@ -83,6 +104,15 @@ void weigh_baselines(const graph::OpGraph& graph, const cost::Devices& devices, 
   }
   for (int replicas = 1; replicas <= devices.count; replicas *= 2) {
     beat.to_beat = result.plan.predicted_iteration_seconds;
+    // Data parallelism on the first r ranks is a plan on those ranks: where their floor is above
+    // the step to beat it cannot be taken, and is not searched (MMT at paper size onto 64 V100s:
+    // 1 to 16 replicas).
+    const double floor = floor_on(graph, cost::first_ranks(devices, replicas), options, true);
+    if (floor > beat.to_beat * (1.0 + 1e-9)) {
+      log::debug("planner: no data parallelism on " + std::to_string(replicas) + " devices can beat " +
+                 std::to_string(beat.to_beat) + " s (their floor is " + std::to_string(floor) + " s)");
+      continue;
+    }
     try {
       offer(data_parallel(graph, devices, options, beat, replicas), "data parallelism on " + std::to_string(replicas),
             search, result);
@@ -100,24 +130,6 @@ std::vector<int> fold_budgets(int count, int limit) {
   return budgets;
 }
 
-// A floor on the simulated step of every plan without replicas on `budget` devices, however
-// many stages each holds: every device runs its stages' work for each micro-batch, so the
-// busiest does at least the devices' share of it (candidate_floor's zero-bubble form, which
-// counts devices, not stages: a fold may run a split backward, whatever options.zero_bubble
-// says). Zero where it cannot be found: the fold is then tried.
-double fold_floor(const graph::OpGraph& graph, const cost::Devices& devices, partition::Options options) {
-  options.zero_bubble = true;
-  options.replicate = false;
-  options.max_stages = devices.count;
-  options.manual.clear();
-  options.stage_devices.clear();
-  try {
-    return partition::candidate_floor(graph, devices, options);
-  } catch (const PlanningError&) {
-    return 0.0;
-  }
-}
-
 // Weighs the partitioner's plans folded j stages per device (j = 2 up to search.stages_per_rank;
 // folded_search.h), in a V and looping, on the first b ranks for every fold budget b, beside the
 // chosen one. A budget whose floor is above the chosen plan's step is passed over (none of its
@@ -129,7 +141,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
   PlannerOptions beat = search;
   for (int budget : fold_budgets(devices.count, search.fold_budget_limit)) {
     const cost::Devices first = cost::first_ranks(devices, budget);
-    const double floor = fold_floor(graph, first, options);
+    const double floor = floor_on(graph, first, options, false);
     if (floor > result.plan.predicted_iteration_seconds * (1.0 + 1e-9)) {
       log::debug("planner: no plan folded onto " + std::to_string(budget) + " devices can beat " +
                  std::to_string(result.plan.predicted_iteration_seconds) + " s (their floor is " +

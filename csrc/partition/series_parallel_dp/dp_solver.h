@@ -317,11 +317,13 @@ class Solver {
   // unsearched: only a strictly shallower move replaces the best, so the least depth and its
   // first move are the same. At generous targets rows are long, and most of a scan's moves
   // leave a rest too long to beat the best (MMT at paper size onto 64 V100s, replicated).
-  int path_depth(double path) const {
+  int path_depth(double path) const { return path_depth_at(path, target_); }
+  // The same at another target than the one being solved (shallower_targets()).
+  int path_depth_at(double path, double target) const {
     if (!path_floor_ || !(path > 0.0)) return 0;
     // The margin keeps a path summed in another order than its stages, or taken as a difference
     // of suffix sums, from rounding above them.
-    const double stages = std::ceil(path * (1.0 - 1e-6) / target_);
+    const double stages = std::ceil(path * (1.0 - 1e-6) / target);
     return stages >= kInf ? kInf : static_cast<int>(stages);
   }
   // Of the branches of `branch`'s parallel node other than `branch` (one of the two largest).

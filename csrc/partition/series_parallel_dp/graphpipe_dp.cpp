@@ -261,8 +261,9 @@ std::vector<double> Solver::shallower_targets(double least, double tolerance) {
   // The step is (M + depth - 1) x slowest stage, so a plan one stage shallower pays for a
   // slightly slower stage. For each depth h below the least target's, the least target reaching
   // h is found by bisection (bracketed by the targets probed so far), but only below the target
-  // at which h would stop paying off; a depth that cannot pay off costs at most one probe. Extra
-  // probes are capped at max(16, probes so far).
+  // at which h would stop paying off; a depth that cannot pay off costs at most one probe (none
+  // where the longest path needs more than h stages there). Extra probes are capped at
+  // max(16, probes so far).
   std::vector<double> picks{least};
   double best = pipeline_step(p_.num_micro_batches, probe(least), least);
   const int limit = probes_ + std::max(16, probes_);
@@ -282,7 +283,12 @@ std::vector<double> Solver::shallower_targets(double least, double tolerance) {
       else if (!reached)
         b = target, reached = true;
     }
-    if (!reached && (too_deep_above || upper <= a * (1.0 + tolerance) || probe(upper) > h)) {
+    // Nor is it where the longest path alone needs more than h stages at `upper` (path_depth()):
+    // the depth there is above h without a probe, and probes this far above the least target are
+    // among the search's dearest (MMT at paper size onto 64 V100s: the shallower searches' probes
+    // cost a quarter less).
+    if (!reached && (too_deep_above || upper <= a * (1.0 + tolerance) || path_depth_at(path_[tree_.root], upper) > h ||
+                     probe(upper) > h)) {
       --h;
       continue;
     }
