@@ -14,14 +14,23 @@ namespace graphpipe::partition::series_parallel_dp {
 template <class Key, class Value>
 class Memo {
  public:
-  const Value* find(const Key& key) const {
+  const Value* find(const Key& key) const { return find(key, hash(key)); }
+  // find() with the key's hash() given: one key looked up in several memos is hashed once.
+  const Value* find(const Key& key, std::size_t hashed) const {
     if (slots_.empty()) return nullptr;
-    for (std::size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+    for (std::size_t i = hashed & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.generation != generation_) return nullptr;
       if (s.key == key) return &s.value;
     }
   }
+  // Asks the processor to fetch the slot where a look-up of the key with this hash() starts, so
+  // that look-ups in several memos wait for memory once rather than once each.
+  void prefetch(std::size_t hashed) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[hashed & mask_]);
+  }
+  static std::size_t hash(std::uint64_t k) { return mix(k); }
+  static std::size_t hash(const std::pair<std::uint64_t, std::uint64_t>& k) { return mix(k.first ^ mix(k.second)); }
   void insert(const Key& key, const Value& value) {
     if ((size_ + 1) * 2 > slots_.size()) grow();
     for (std::size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
@@ -77,8 +86,6 @@ class Memo {
     x *= 0x81dadef4bc2dd44dull;
     return static_cast<std::size_t>(x ^ (x >> 33));
   }
-  static std::size_t hash(std::uint64_t k) { return mix(k); }
-  static std::size_t hash(const std::pair<std::uint64_t, std::uint64_t>& k) { return mix(k.first ^ mix(k.second)); }
   void grow() {
     std::vector<Slot> old = std::move(slots_);
     const std::uint32_t live = generation_;

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -36,6 +37,9 @@ namespace graphpipe::partition::series_parallel_dp {
 // reader stops at the first union whose compute exceeds the target). 1.5 measured best on the
 // 10,000-operator series-parallel benchmark graph (rows regrown ~2x less, DP ~15% faster).
 inline constexpr double kGrowMargin = 1.5;
+
+// How many of the nearest probes' depth memos on each side bound() prefetches a key's slot in.
+inline constexpr std::size_t kPrefetched = 4;
 
 // The figures of a group of operators as one stage.
 struct Stats {
@@ -136,24 +140,35 @@ class Solver {
   // returns whether they pin the depth down (equal, or the larger target has no plan either).
   // A search for the fragment may then start from high + 1 as its best so far and stop at a
   // move reaching low: the least depth, and its first move, are the same.
+  // `hashed`: the key's hash (Memo::hash), its slots in the nearest memos fetched already
+  // (prefetch_bounds()).
   template <class Key, class Table>
-  bool bound(const Key& key, Table Depths::*table, int& low, int& high) const {
+  bool bound(const Key& key, std::size_t hashed, Table Depths::*table, int& low, int& high) const {
     low = 1;  // every fragment memoised has at least one stage
     high = kInf;
     for (const Depths* above : lower_) {
-      if (const int* d = (above->*table).find(key)) {
+      if (const int* d = (above->*table).find(key, hashed)) {
         low = std::max(low, *d);
         break;
       }
     }
     if (low >= kInf) return true;
     for (const Depths* below : upper_) {
-      if (const int* d = (below->*table).find(key)) {
+      if (const int* d = (below->*table).find(key, hashed)) {
         high = *d;
         break;
       }
     }
     return low == high;
+  }
+  // The key's slots in this probe's memo and in the nearest probes' depth memos on both sides are
+  // fetched at once before any is read: most look-ups end there, and each would otherwise wait for
+  // memory in turn (the DP's time goes mostly to look-ups that miss the cache).
+  template <class Key, class Table>
+  void prefetch_bounds(const Memo<Key, Entry>& memo, std::size_t hashed, Table Depths::*table) const {
+    memo.prefetch(hashed);
+    for (std::size_t i = 0; i < kPrefetched && i < lower_.size(); ++i) (lower_[i]->*table).prefetch(hashed);
+    for (std::size_t i = 0; i < kPrefetched && i < upper_.size(); ++i) (upper_[i]->*table).prefetch(hashed);
   }
   // Where every memoised recurrence starts: the fragment's entry when the memo has it, or the
   // depth its bounds pin it to (memoised without a move); nullopt when it must be searched, with
@@ -163,8 +178,10 @@ class Solver {
   template <class Key, class Table>
   std::optional<Entry> settled(Memo<Key, Entry>& memo, const Key& key, Table Depths::*table, int& low, int& high) {
     const bool unpin = std::exchange(unpin_once_, false);
-    if (const Entry* hit = memo.find(key); hit != nullptr && !(unpin && pinned(*hit))) return *hit;
-    if (bound(key, table, low, high) && !unpin) {
+    const std::size_t hashed = Memo<Key, Entry>::hash(key);
+    prefetch_bounds(memo, hashed, table);
+    if (const Entry* hit = memo.find(key, hashed); hit != nullptr && !(unpin && pinned(*hit))) return *hit;
+    if (bound(key, hashed, table, low, high) && !unpin) {
       memo.insert(key, {low, Nothing{}});
       return Entry{low, Nothing{}};
     }
