@@ -21,12 +21,13 @@
 // every baseline partitioner (Partitioner::is_baseline: sequential, piper) under their own
 // default search, and plain data parallelism (one stage, via the manual partitioner) on the
 // first 1, 2, 4, ... ranks up to the device count, except on those whose floor (every plan on
-// them, replicated or not) is above the step to beat: none of their plans could be taken. A baseline's plan is returned where it
-// simulates strictly faster (Plan::partitioner then names it), so the default plan's simulated
-// step is never longer than any of theirs on the same devices; ties keep the graph plan. Every
-// set weighed only grows with the device count, and each baseline's default search is itself
-// never slower with more devices, so the default stays so too. It costs the baselines'
-// searches (MMT at paper size onto 64 V100s: see docs/design.md §4.10).
+// them, replicated or not) is above the step to beat: none of their plans could be taken. A
+// baseline's plan is returned where it simulates strictly faster (Plan::partitioner then names
+// it), so the default plan's simulated step is never longer than any of theirs on the same
+// devices; ties keep the graph plan. Every set weighed only grows with the device count, and
+// each baseline's default search is itself never slower with more devices, so the default stays
+// so too. It costs the baselines' searches (MMT at paper size onto 64 V100s: see
+// docs/design.md §4.10).
 //
 // Several stages per device: with PlannerOptions::stages_per_rank k > 1 (1 unless set), whatever
 // `replicate` says, the partitioner's plans folded j stages per device (j = 2..k, in a V and

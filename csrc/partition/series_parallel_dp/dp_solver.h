@@ -17,7 +17,6 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
-#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
