@@ -407,41 +407,73 @@ double candidate_floor(const graph::OpGraph& g, const cost::Devices& devices, co
   return least;
 }
 
-CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o, double listed_below)
+CandidateSet::CandidateSet(const graph::OpGraph& g, const cost::Devices& devices, const Options& o, double listed_below,
+                           std::size_t first_sizes)
     : graph_(g), devices_(devices), options_(o) {
-  std::unique_ptr<Partitioner> partitioner = checked_partitioner(g, devices, options_);
+  partitioner_ = checked_partitioner(g, devices, options_);
   model_ = std::make_unique<cost::CostModel>(g, devices, options_.optimizer);
-  request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner));
-  partitioner->prepare(*request_);
-  std::vector<std::int64_t> sizes;
+  request_ = std::make_unique<PartitionRequest>(resolved_request(g, devices, options_, *model_, *partitioner_));
+  partitioner_->prepare(*request_);
   for (std::int64_t mb : request_->micro_batch_sizes) {
     Problem problem = request_->problem(mb);
-    if (std::isfinite(listed_below)) {
-      const double floor = size_floor(problem);
-      if (floor > listed_below * (1.0 + 1e-9)) {
-        log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
-                   std::to_string(floor) + " s is above " + std::to_string(listed_below) + " s");
-        continue;
-      }
+    const double floor = size_floor(problem);
+    if (std::isfinite(listed_below) && floor > listed_below * (1.0 + 1e-9)) {
+      log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
+                 std::to_string(floor) + " s is above " + std::to_string(listed_below) + " s");
+      continue;
     }
-    sizes.push_back(mb);
+    pending_.emplace_back(floor, mb);
     problems_.emplace(mb, std::move(problem));
   }
+  // Least floor first; among equal floors the larger size (the order partition()'s pool plans them
+  // in does not matter here: every size below the step is listed in the end).
+  std::stable_sort(pending_.begin(), pending_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::size_t now = first_sizes == 0 ? pending_.size() : std::min(first_sizes, pending_.size());
+  std::vector<std::int64_t> sizes;
+  for (std::size_t i = 0; i < now; ++i) sizes.push_back(pending_[i].second);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(now));
+  list(sizes);
+}
+
+bool CandidateSet::pending_below(double step) const {
+  return !pending_.empty() && pending_.front().first <= step * (1.0 + 1e-9);
+}
+
+void CandidateSet::list_below(double step) {
+  std::vector<std::int64_t> sizes;
+  for (const auto& [floor, mb] : pending_) {
+    if (floor <= step * (1.0 + 1e-9)) {
+      sizes.push_back(mb);
+    } else {
+      log::debug("candidates: micro-batch size " + std::to_string(mb) + " not listed: its floor " +
+                 std::to_string(floor) + " s is above " + std::to_string(step) + " s");
+    }
+  }
+  pending_.clear();
+  list(sizes);
+}
+
+void CandidateSet::list(const std::vector<std::int64_t>& sizes) {
   // As partition() does: as many workers as the machine has cores, where the partitioner allows
   // it, each listing and evaluating the next size's candidates; the lists are joined in
   // ascending order of size all the same.
   std::vector<std::vector<RankedCandidate>> lists(sizes.size());
   std::size_t next = 0;
   on_workers(
-      partitioner->plans_sizes_at_once() ? concurrency() : 1, sizes.size(),
+      partitioner_->plans_sizes_at_once() ? concurrency() : 1, sizes.size(),
       [&]() -> std::optional<std::size_t> {
         if (next == sizes.size()) return std::nullopt;
         return next++;
       },
-      [&](std::size_t i) { return ranked(*partitioner, *request_, problems_.at(sizes[i])); },
+      [&](std::size_t i) { return ranked(*partitioner_, *request_, problems_.at(sizes[i])); },
       [&](std::size_t i, std::vector<RankedCandidate> list) { lists[i] = std::move(list); });
-  for (std::vector<RankedCandidate>& list : lists) {
-    for (RankedCandidate& c : list) candidates_.push_back(std::move(c));
+  for (std::size_t i = 0; i < sizes.size(); ++i) by_size_[sizes[i]] = std::move(lists[i]);
+  candidates_.clear();
+  for (const auto& [mb, list] : by_size_) {  // ascending size
+    for (std::size_t c = 0; c < list.size(); ++c) {
+      candidates_.push_back(list[c]);
+      candidates_.back().listed = c;
+    }
   }
   // partition()'s preference: predicted step, then slowest stage (predicted_faster), then the
   // earlier micro-batch size and candidate, which the stable sort keeps.

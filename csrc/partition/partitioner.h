@@ -42,11 +42,13 @@
 // ranks them by other means (planner/planner.h simulates them).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cost/cost_model.h"
@@ -79,6 +81,9 @@ struct RankedCandidate {
   // max over stages of (that path's forwards + M x the stage's compute + dispatch + the path's
   // backwards), plus the step's fixed cost. At least compute_bound.
   double pipeline_bound = 0.0;
+  // Its place among its micro-batch size's candidates as listed: with micro_batch_size, a name
+  // for it that stays when the set lists more sizes (CandidateSet::list_below).
+  std::size_t listed = 0;
 };
 
 // Every distinct candidate of the partitioner (Partitioner::candidates, with
@@ -91,13 +96,25 @@ struct RankedCandidate {
 // simulated), a micro-batch size is not planned where no candidate of it could be ordered below
 // that: its floor, compute_lower_bound and, where backwards run whole, pipeline_lower_bound
 // (step_bound.h; candidate_floor's, size by size), is above it.
+//
+// Sizes listed in turns: with `first_sizes` k > 0, only the k sizes of least floor (ties: the
+// larger size) are listed at first, the others kept pending; list_below(step) then lists the
+// pending ones whose floor is not above a step the caller has found among those listed, and
+// leaves out for good those above it, which could not be ordered below it. The candidates are
+// always those of the sizes listed, in partition()'s order, so listing in turns changes which
+// sizes are listed, never the order among those that are.
 class CandidateSet {
  public:
   CandidateSet(const graph::OpGraph& graph, const cost::Devices& devices, const Options& options,
-               double listed_below = std::numeric_limits<double>::infinity());
+               double listed_below = std::numeric_limits<double>::infinity(), std::size_t first_sizes = 0);
   ~CandidateSet();
   CandidateSet(const CandidateSet&) = delete;
   CandidateSet& operator=(const CandidateSet&) = delete;
+
+  // Whether a pending size's floor is not above `step` (list_below would list it).
+  bool pending_below(double step) const;
+  // Lists the pending sizes whose floor is not above `step`; the others are left out for good.
+  void list_below(double step);
 
   const std::vector<RankedCandidate>& candidates() const { return candidates_; }
   // The Plan of candidates()[i], built as partition() builds its plan.
@@ -117,9 +134,17 @@ class CandidateSet {
   const graph::OpGraph& graph_;
   const cost::Devices& devices_;
   Options options_;
+  // Lists `sizes` (each size's candidates planned by a pool of workers) and orders every listed
+  // candidate again.
+  void list(const std::vector<std::int64_t>& sizes);
+
   std::unique_ptr<cost::CostModel> model_;
   std::unique_ptr<PartitionRequest> request_;
+  std::unique_ptr<Partitioner> partitioner_;
   std::map<std::int64_t, Problem> problems_;
+  // (floor, size) of the sizes not listed yet, least floor first.
+  std::vector<std::pair<double, std::int64_t>> pending_;
+  std::map<std::int64_t, std::vector<RankedCandidate>> by_size_;  // the listed sizes' candidates
   std::vector<RankedCandidate> candidates_;
 };
 
