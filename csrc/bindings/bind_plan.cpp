@@ -7,6 +7,7 @@
 #include "plan/plan.h"
 #include "plan/plan_format.h"
 #include "plan/plan_io.h"
+#include "plan/rank_memory.h"
 
 namespace py = pybind11;
 
@@ -97,6 +98,11 @@ void bind_plan(py::module_& m) {
       .def_readwrite("compute_flops_per_second", &Plan::compute_flops_per_second,
                      "The analytic compute rate the plan was priced at (0: not recorded).")
       .def_property_readonly("num_stages", [](const Plan& p) { return p.stages.size(); })
+      .def("rank_memory_bytes", &plan::rank_memory_bytes, py::arg("rank"),
+           "The predicted peak of `rank`: the sum of memory_bytes over the stages it runs (plan/rank_memory.h).")
+      .def("memory_headroom", &plan::rank_memory_headroom, py::arg("rank"),
+           "memory_limit_bytes less rank_memory_bytes(rank), never below 0; inf without a limit: what the "
+           "runtime may spend on receive buffers posted ahead (plan/rank_memory.h).")
       .def(
           "to_string", [](const Plan& p, const graph::OpGraph& g) { return plan::to_string(p, g); }, py::arg("graph"),
           "Readable table with operator names.")

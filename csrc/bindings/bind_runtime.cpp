@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
+#include <limits>
 #include <tuple>
 
 #include "bindings/bindings.h"
@@ -191,6 +192,7 @@ void bind_gradient_buckets(py::module_& m) {
       .def_property_readonly("armed", &runtime::GradientBuckets::armed,
                              "Whether the backward running now is the iteration's last (between arm and finish).");
   m.attr("default_bucket_bytes") = cost::kDefaultBucketBytes;
+  m.attr("whole_step_bytes") = runtime::kWholeStepBytes;
 }
 
 // A flight record as the dumps write it (graphpipe/runtime/flight.py): plain types only.
@@ -329,10 +331,17 @@ void bind_executor_running(py::class_<runtime::Executor>& executor) {
            "Send and receive GPU tensors through CPU copies, for a backend that moves only CPU "
            "memory (Gloo), e.g. several ranks sharing one GPU (runtime/transport.h).")
       .def("set_receive_posting", &runtime::Executor::set_receive_posting, py::arg("posting"),
+           py::arg("memory_headroom_bytes") = std::numeric_limits<double>::infinity(),
            "When receives are posted over a backend that matches by tag (Gloo): one_ahead (each with the "
-           "next of its stream) or whole_step (every receive of a step at its start; runtime/executor.h). "
-           "whole_step over a backend that matches by order raises.")
+           "next of its stream) or whole_step (the receives of a step at its start while their buffers fit "
+           "min(memory_headroom_bytes, whole_step_bytes), the rest one ahead; runtime/executor.h). The headroom "
+           "is what the plan leaves of its memory limit on this rank (Plan.memory_headroom). whole_step over "
+           "a backend that matches by order raises.")
       .def_property_readonly("receive_posting", &runtime::Executor::receive_posting)
+      .def_property_readonly("whole_step_budget_bytes", &runtime::Executor::whole_step_budget_bytes,
+                             "The most bytes of receive buffers whole_step posts at a run's start.")
+      .def_property_readonly("posted_at_start_bytes", &runtime::Executor::posted_at_start_bytes,
+                             "The bytes of receive buffers the last run posted at its start.")
       .def("set_timeout", [](runtime::Executor& e, double seconds) { e.set_timeout(to_ms(seconds)); })
       .def_property_readonly("flight_recorder", &runtime::Executor::flight_recorder,
                              "This rank's FlightRecorder (shared: keeping it does not keep the executor).")

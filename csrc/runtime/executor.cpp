@@ -459,8 +459,9 @@ void Executor::backward_weight(const Instruction& ins) {
 // receive of the run at its start, while the peers are at the start of theirs too, so most
 // notices are read before their sends: 0-4 late landings a run where one ahead had 11-26
 // (benchmarks/receive_posting_bench.py, docs/results.md). Cost: the receive buffers of every
-// micro-batch of every stage on the rank from the run's start, up to kWholeStepBytes (the rest
-// one ahead); a run longer than the flight recorder's ring posts one ahead.
+// micro-batch of every stage on the rank from the run's start, while they fit the budget (what the
+// plan leaves of its memory limit on the rank, at most kWholeStepBytes; the rest one ahead); a run
+// longer than the flight recorder's ring posts one ahead.
 
 struct Executor::Run {
   Run(const ForwardFn& f, bool tr, bool rec) : fn(f), train(tr), record(rec) {}
@@ -635,7 +636,11 @@ void Executor::post_transfer(Run& run, const Instruction& ins) {
   }
 }
 
-void Executor::set_receive_posting(ReceivePosting posting) {
+void Executor::set_receive_posting(ReceivePosting posting, double memory_headroom_bytes) {
+  if (!(memory_headroom_bytes >= 0.0)) {
+    throw Error("graphpipe runtime: rank " + std::to_string(rank_) + ": a memory headroom of " +
+                std::to_string(memory_headroom_bytes) + " bytes for the receives posted ahead; it must be >= 0");
+  }
   if (posting == ReceivePosting::whole_step && !transport_.matches_by_tag()) {
     throw Error("graphpipe runtime: rank " + std::to_string(rank_) +
                 ": receives can be posted for the whole step only over a backend that matches messages by tag "
@@ -643,6 +648,21 @@ void Executor::set_receive_posting(ReceivePosting posting) {
                 transport_.backend_name() + ", matches them by order");
   }
   receive_posting_ = posting;
+  whole_step_budget_ = memory_headroom_bytes >= static_cast<double>(kWholeStepBytes)
+                           ? kWholeStepBytes
+                           : static_cast<std::int64_t>(memory_headroom_bytes);
+}
+
+std::int64_t Executor::receive_bytes(const Instruction& ins) const {
+  const bool grad = ins.kind == OpKind::recv_gradient;
+  std::int64_t bytes = 0;
+  for (const auto& spec : specs_.at(ins.edge)) {
+    if (grad && !carries_grad(spec)) continue;  // as post() allocates them
+    std::int64_t numel = 1;
+    for (auto d : local_shape(spec)) numel *= d;
+    bytes += numel * static_cast<std::int64_t>(spec.element_size());
+  }
+  return bytes;
 }
 
 void Executor::post_receives(Run& run) {
@@ -650,16 +670,15 @@ void Executor::post_receives(Run& run) {
   // for: the run opens about one record per instruction.
   const std::size_t ring = flight_->capacity();
   if (ring != 0 && run.list.size() + kFaultRecords > ring) return;
-  // In program order, so each stream's receives keep the order its sends come in; up to
-  // kWholeStepBytes of buffers, the rest one ahead.
-  std::int64_t bytes = 0;
+  // In program order, so each stream's receives keep the order its sends come in; while their
+  // buffers fit the budget, the rest one ahead (stopping at the first that does not fit, so
+  // that no later receive of a stream is posted before an earlier one).
   for (const auto& ins : run.list) {
     if (!schedule::is_recv(ins.kind) || run.posted(ins)) continue;
-    if (bytes >= kWholeStepBytes) return;
+    const std::int64_t bytes = receive_bytes(ins);
+    if (posted_at_start_bytes_ + bytes > whole_step_budget_) return;
     post_transfer(run, ins);
-    for (const auto& t : run.receives.at(Run::key(ins.kind, ins.micro_batch, ins.edge)).tensors) {
-      if (t.defined()) bytes += static_cast<std::int64_t>(t.nbytes());
-    }
+    posted_at_start_bytes_ += bytes;
   }
 }
 
@@ -804,6 +823,7 @@ std::vector<InstructionTiming> Executor::run(const ForwardFn& fn, bool train, bo
   Run run(fn, train, record);
   prepare(run);
   try {
+    posted_at_start_bytes_ = 0;
     if (receive_posting_ == ReceivePosting::whole_step) post_receives(run);
     for (std::size_t i = 0; i < run.list.size(); ++i) {
       if (!faults_.empty()) inject(run, i);

@@ -66,6 +66,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -113,13 +114,16 @@ struct InstructionTiming {
 // ahead").
 enum class ReceivePosting {
   one_ahead,   // reaching a receive posts it and the next one of its stream (kind and edge)
-  whole_step,  // the run's receives at its start, in program order, up to kWholeStepBytes of
-               // buffers (the rest one ahead): those buffers live from then on, memory the
-               // planner's model does not count (it counts the micro-batches a stage holds)
+  whole_step,  // the run's receives at its start, in program order, while their buffers fit
+               // the posting's budget (the rest one ahead): those buffers live from then on,
+               // memory the planner's model does not count (it counts the micro-batches a stage
+               // holds), so the budget is what the plan leaves of its memory limit on the rank
+               // (plan/rank_memory.h), and at most kWholeStepBytes
 };
-// The most receive buffers whole_step posts at a run's start, in bytes. A run with more
-// instructions than the flight recorder's ring holds (less kFaultRecords) posts one ahead: a
-// record opened at the start must still be in the ring when its receive is waited for.
+// The most receive buffers whole_step posts at a run's start, in bytes, where the plan has no
+// memory limit. A run with more instructions than the flight recorder's ring holds (less
+// kFaultRecords) posts one ahead: a record opened at the start must still be in the ring when its
+// receive is waited for.
 constexpr std::int64_t kWholeStepBytes = std::int64_t{256} << 20;
 constexpr std::size_t kFaultRecords = 16;
 
@@ -174,9 +178,17 @@ class Executor {
   void set_host_staging(bool on) { transport_.set_host_staging(on); }
   // When receives are posted (ReceivePosting; one_ahead unless set). whole_step needs a backend
   // that matches by tag (a backend matching by order, NCCL, would pair them wrongly): elsewhere
-  // it throws Error naming the backend.
-  void set_receive_posting(ReceivePosting posting);
+  // it throws Error naming the backend. whole_step posts buffers of at most
+  // min(memory_headroom_bytes, kWholeStepBytes) at a run's start: the memory this rank may hold
+  // beyond the plan's prediction (plan::rank_memory_headroom; infinity: no limit). A negative
+  // or NaN headroom throws Error.
+  void set_receive_posting(ReceivePosting posting,
+                           double memory_headroom_bytes = std::numeric_limits<double>::infinity());
   ReceivePosting receive_posting() const { return receive_posting_; }
+  // whole_step's budget, in bytes (kWholeStepBytes until set_receive_posting gives a headroom).
+  std::int64_t whole_step_budget_bytes() const { return whole_step_budget_; }
+  // The bytes of receive buffers the last run posted at its start (0 posting one ahead).
+  std::int64_t posted_at_start_bytes() const { return posted_at_start_bytes_; }
   c10::Device device() const { return device_; }
   void set_transfer_hooks(TransferHooks hooks) { hooks_ = std::move(hooks); }
   // The ring of this rank's last instructions (shared: a watcher or a dump may outlive the
@@ -239,8 +251,11 @@ class Executor {
   // run()'s steps.
   void check_ready(bool train) const;
   void prepare(Run& run) const;
-  // ReceivePosting::whole_step: posts every receive of the run, in program order.
+  // ReceivePosting::whole_step: posts the run's receives in program order while their buffers
+  // fit whole_step_budget_.
   void post_receives(Run& run);
+  // The bytes of the buffers a receive instruction allocates on this rank.
+  std::int64_t receive_bytes(const schedule::Instruction& ins) const;
   void drain(Run& run);
   // A transfer reached in program order: posts it unless posted ahead, and posts ahead the next
   // receive of its stream (tag-matching backends).
@@ -317,6 +332,8 @@ class Executor {
   Transport transport_;
   c10::Device device_{c10::kCPU};
   ReceivePosting receive_posting_ = ReceivePosting::one_ahead;
+  std::int64_t whole_step_budget_ = kWholeStepBytes;
+  std::int64_t posted_at_start_bytes_ = 0;
   TransferHooks hooks_;
   std::map<std::pair<int, int>, MicroBatchState> state_;  // (stage, micro-batch)
   std::vector<int> replica_peers_;                        // the other ranks of this rank's stage (AR's peers)

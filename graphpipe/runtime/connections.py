@@ -99,17 +99,20 @@ class Connections:
 
     @classmethod
     def connect(cls, maker: GroupMaker, world_size: int, schedule: Any, local: LocalStage, method: SyncMethod,
-                bucket_bytes: float, device: torch.device) -> Connections:
-        """Makes the groups, the executor and the replicas' sync for this rank's stages."""
+                bucket_bytes: float, device: torch.device, memory_headroom: float) -> Connections:
+        """Makes the groups, the executor and the replicas' sync for this rank's stages.
+        ``memory_headroom``: what the plan leaves of its memory limit on this rank
+        (``Plan.memory_headroom``), which bounds the receive buffers posted ahead."""
         rank = maker.board.rank
         self = cls()
         _live[id(self)] = self
         self.pg = maker.board.guard(lambda: maker.make(list(range(world_size)), "the pipeline"))
-        maker.board.guard(lambda: self._wire(maker, rank, schedule, local, method, bucket_bytes, device))
+        maker.board.guard(lambda: self._wire(maker, rank, schedule, local, method, bucket_bytes, device,
+                                             memory_headroom))
         return self
 
     def _wire(self, maker: GroupMaker, rank: int, schedule: Any, local: LocalStage, method: SyncMethod,
-              bucket_bytes: float, device: torch.device) -> None:
+              bucket_bytes: float, device: torch.device, memory_headroom: float) -> None:
         cut, stage, module = local.cut, local.stage, local.module
         self.shared = SharedParameterSync(
             cut.shared_params, [st.ranks for st in cut.stages], [st.index for st in local.stages], module,
@@ -139,8 +142,9 @@ class Connections:
         elif "gloo" in maker.backend:
             # CPU stages over Gloo: every receive of a step posted at its start, so that no rendezvous
             # send waits for its sender's communication thread (runtime/executor.h, ReceivePosting);
-            # the buffers are host memory. GPU stages keep one ahead: their buffers are GPU memory.
-            self.executor.set_receive_posting(_C.ReceivePosting.whole_step)
+            # the buffers are host memory, as many as fit what the plan leaves of its memory limit.
+            # GPU stages keep one ahead: their buffers are GPU memory.
+            self.executor.set_receive_posting(_C.ReceivePosting.whole_step, memory_headroom)
 
     def _replicas(self, maker: GroupMaker, rank: int, st: StageModule, mine: bool, module: nn.Module,
                   method: SyncMethod, bucket_bytes: float) -> None:

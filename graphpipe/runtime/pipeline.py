@@ -106,7 +106,7 @@ class Pipeline:
         maker = GroupMaker(list(ranks.global_ranks), ranks.world_size == dist.get_world_size(), backend,
                            self.timeout, board)
         conn = Connections.connect(maker, ranks.world_size, self.schedule, self._local, sync_method, bucket_bytes,
-                                   self.device)
+                                   self.device, self.plan.memory_headroom(ranks.rank))
         self._link.connect(conn, Flight(board.store, ranks.rank, ranks.world_size, self.timeout, folder,
                                         [(int(e.src), int(e.dst)) for e in self.plan.edges]))
         del conn

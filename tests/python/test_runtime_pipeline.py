@@ -218,6 +218,73 @@ def test_pipeline_api() -> None:
         assert "closed" in v["step_after_close"]
 
 
+def _posting_budget_worker(rank: int, world: int) -> dict[str, Any]:
+    """The receives a rank posts at a step's start fit what the plan leaves of its memory limit
+    on that rank; the rest are posted one ahead, and the step computes the same loss."""
+    import torch.distributed as dist
+
+    import graphpipe
+    from graphpipe._ext import _C
+    from graphpipe.models import default_loss
+
+    model, example, batches = make_model("transformer")
+    loss_fn = default_loss("transformer")
+    plan = hand_plan(model, example, world)
+    pipe = graphpipe.wrap(copy.deepcopy(model), example, loss_fn, plan=plan, timeout=60)
+    out: dict[str, Any] = {"unlimited_budget": pipe.executor.whole_step_budget_bytes,
+                           "loss": pipe.step(*batches[0])}
+    every = pipe.executor.posted_at_start_bytes  # every receive of the step: the limit is far
+    # Half of it, then nothing, set by hand: as many receives as fit, in program order, at the
+    # start; the rest one ahead.
+    for budget in (every // 2, 0):
+        pipe.executor.set_receive_posting(_C.ReceivePosting.whole_step, float(budget))
+        loss = pipe.step(*batches[0], record=True)
+        out[budget] = (loss, pipe.executor.posted_at_start_bytes,
+                       [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings])
+    out["every"], out["half"] = every, every // 2
+    pipe.close()
+    # A plan whose limit leaves the fullest rank half the smallest step's receive buffers: wrap
+    # hands each rank its headroom.
+    least = torch.tensor([every], dtype=torch.int64)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    held = [plan.rank_memory_bytes(r) for r in range(world)]
+    plan.memory_limit_bytes = max(held) + float(least.item() // 2)
+    tight = graphpipe.wrap(copy.deepcopy(model), example, loss_fn, plan=plan, timeout=60)
+    out["tight"] = {"headroom": plan.memory_headroom(rank), "held": held[rank], "limit": plan.memory_limit_bytes,
+                    "budget": tight.executor.whole_step_budget_bytes, "loss": tight.step(*batches[0])}
+    out["tight"]["posted"] = tight.executor.posted_at_start_bytes
+    out["fullest"] = held[rank] == max(held)
+    out["whole_step_bytes"] = _C.whole_step_bytes
+    tight.close()
+    return out
+
+
+def test_receives_posted_ahead_fit_what_the_plans_memory_limit_leaves() -> None:
+    results = run_ranks(_posting_budget_worker, 2, timeout=180)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    for v in (r.value for r in results):
+        # Without a limit that binds (the device's memory), the cap of host buffers; every
+        # receive of the step fits it and is posted at the start.
+        assert v["unlimited_budget"] == v["whole_step_bytes"]
+        assert v["every"] > 0
+        loss, posted, timed = v[v["half"]]
+        assert loss == v["loss"]
+        assert 0 < posted <= v["half"] < v["every"], (posted, v["half"], v["every"])
+        with pytest.raises(AssertionError):  # not every receive at the start
+            _assert_receives_posted_at_the_start(timed)
+        loss, posted, timed = v[0]
+        assert loss == v["loss"] and posted == 0
+        _assert_receives_posted_one_ahead(timed)
+        tight = v["tight"]
+        assert tight["loss"] == v["loss"]
+        assert tight["budget"] == int(tight["headroom"]) < v["whole_step_bytes"]
+        # What the rank holds by the model plus what it posted ahead stays under the limit.
+        assert tight["held"] + tight["posted"] <= tight["limit"]
+        if v["fullest"]:
+            assert tight["posted"] < v["every"]
+
+
 def _lifetime_worker(rank: int, world: int) -> dict[str, Any]:
     """Two pipelines: the first closed (its groups parked), the second left open until the exit
     hook, which closes it and releases every parked group."""
