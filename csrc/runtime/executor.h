@@ -43,8 +43,8 @@
 // compute that reads it, a send at the end of the run (transport.h, executor.cpp). Over a
 // backend that matches by tag (Gloo), receives are posted one ahead: reaching a receive also
 // posts the next one of the same kind over the same edge, so that a rendezvous send finds its
-// receive waiting (executor.cpp says why); or, with ReceivePosting::whole_step, every receive of
-// the run is posted at its start.
+// receive waiting (executor.cpp says why); or, with ReceivePosting::whole_step, the run's
+// receives are posted at its start, as many as fit the memory the plan leaves on the rank.
 // Only floating tensors carry gradients, decided by the declared dtype on both ends, so a sender
 // and a receiver always agree on which tensors travel back; a tensor that does not require grad
 // on the sending side just ignores its gradient.
