@@ -11,7 +11,8 @@ namespace graphpipe::plan {
 
 // The predicted peak of `rank`: the sum of memory_bytes over the stages it runs (a rank may hold
 // several, each alone on it; a replicated stage counts one replica's). 0 for a rank without a
-// stage. Throws PlanningError for a rank outside [0, num_devices).
+// stage, also one past num_devices (a plan on fewer devices than the job has ranks leaves the
+// rest idle). Throws PlanningError for a negative rank.
 double rank_memory_bytes(const Plan& plan, int rank);
 
 // memory_limit_bytes - rank_memory_bytes(rank), never below 0; +infinity where the plan was made
