@@ -229,7 +229,11 @@ class Pipeline:
         in eval, or branching on self.training)."""
         modes = self._facts.modes
         modes.check(self._facts.name, bool(mode))
-        modes.switch(self.module, bool(mode))
+        # Each stage's own module: with several stages on this rank, self.module only holds their
+        # state, and the operators a capture switches are in the stages' graphs.
+        for st in self._local.stages:
+            modes.switch(st.module, bool(mode))
+            st.module.train(mode)
         self.module.train(mode)
         return self
 
