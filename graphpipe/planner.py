@@ -120,7 +120,7 @@ def plan(
     sync: Any = None,
     bucket_bytes: float | None = None,
     dtype: str | torch.dtype | None = None,
-    stages_per_rank: int = 1,
+    stages_per_rank: int | None = None,
     fold_budget_limit: int = 8,
     cross_replica: Any = None,
 ) -> Any:
@@ -153,6 +153,8 @@ def plan(
             training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
         stages_per_rank / fold_budget_limit: the most stages a device may hold (1: one); from 2,
             plans folded so (a V, looping) on the first 2, 4, ... ranks up to the limit (0: all).
+            None: 2 in the default search (``partitioner="graphpipe"``, ``replicate`` unset), 1
+            for a partitioner named otherwise or with ``replicate`` given (their own search).
         cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many
             fault-tolerant replicas; each step is simulated with their average (cost/cross_replica.h).
 
@@ -175,7 +177,9 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes),
                "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica(),
-               "stages_per_rank": int(stages_per_rank), "fold_budget_limit": int(fold_budget_limit)}
+               "fold_budget_limit": int(fold_budget_limit)}
+    if stages_per_rank is not None:  # None: the core's default for the search asked for
+        options["stages_per_rank"] = int(stages_per_rank)
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,

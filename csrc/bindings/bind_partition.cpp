@@ -139,7 +139,7 @@ void bind_partition(py::module_& m) {
       "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
       "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
       "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
-      "device, in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
+      "device (0, the default: 2 in the default search, else 1), in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
       "fold_budget_limit (0: up to the device count; planner/default_search.h). cross_replica: the plan will run as one of "
       "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
       "with the average across them.");

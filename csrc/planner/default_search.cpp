@@ -172,6 +172,13 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
 
 }  // namespace
 
+int stages_per_rank_for(const PlannerOptions& search, const partition::Options& options,
+                        std::optional<bool> replicate) {
+  if (search.stages_per_rank != kDefaultStagesPerRank) return search.stages_per_rank;
+  const bool default_search = !replicate.has_value() && options.partitioner == partition::Options{}.partitioner;
+  return default_search ? 2 : 1;
+}
+
 PlannerOptions widened_search(PlannerOptions search) {
   search.plain_budget_limit = 16;
   search.plain_every_up_to = 16;
@@ -185,9 +192,10 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
   // One link for the replicas across every search below (plan_by_simulation says why).
   PlannerOptions search = given;
   search.sim.cross_replica = cost::with_link(given.sim.cross_replica, devices);
-  if (search.stages_per_rank < 1) {
+  if (search.stages_per_rank < 1 && search.stages_per_rank != kDefaultStagesPerRank) {
     throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(search.stages_per_rank));
   }
+  search.stages_per_rank = stages_per_rank_for(search, options, replicate);
   if (search.fold_budget_limit < 0) {
     throw PlanningError("fold_budget_limit must be a device count (0: no limit), got " +
                         std::to_string(search.fold_budget_limit));

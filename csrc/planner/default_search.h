@@ -29,8 +29,9 @@
 // so too. It costs the baselines' searches (MMT at paper size onto 64 V100s: see
 // docs/design.md §4.10).
 //
-// Several stages per device: with PlannerOptions::stages_per_rank k > 1 (1 unless set), whatever
-// `replicate` says, the partitioner's plans folded j stages per device (j = 2..k, in a V and
+// Several stages per device: with PlannerOptions::stages_per_rank k > 1 (unless set, 2 in the
+// default search and 1 elsewhere: stages_per_rank_for), whatever `replicate` says, the
+// partitioner's plans folded j stages per device (j = 2..k, in a V and
 // looping; folded_search.h) on the first b ranks, for every power of two b from 2 up to the
 // device count and PlannerOptions::fold_budget_limit (8 unless set), are weighed too, and one
 // wins where it simulates strictly faster. A budget is skipped where the floor of every plan
@@ -59,6 +60,16 @@ namespace graphpipe::planner {
 // `search` with the default's budgets: plain_every_up_to 16 and plain_budget_limit 16 (every count
 // up to 16, none past it), grow_replicas.
 PlannerOptions widened_search(PlannerOptions search);
+
+// The most stages per device the search weighs: search.stages_per_rank where set; unset
+// (kDefaultStagesPerRank), 2 in the default search (the default partitioner, replicate unset),
+// which weighs every plan it can, and 1 for a partitioner asked for by name or with `replicate`
+// given, whose plans are that search's own (what comparing partitioners and replica choices
+// measures). Folding is the default there because the simulator prices folds and one-stage
+// plans alike: on 2 real CPU ranks it read the V plans 3-15% fast and the one-stage plans
+// 13-17% fast in the same runs (docs/results.md).
+int stages_per_rank_for(const PlannerOptions& search, const partition::Options& options,
+                        std::optional<bool> replicate);
 
 // The plan as `replicate` says (above); `options.replicate` is set here.
 PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Devices& devices,

@@ -98,7 +98,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
 TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   graphpipe::graph::OpGraph g = tst::random_chain(3, 8);
   pl::PlannerOptions search;
-  search.stages_per_rank = 0;
+  search.stages_per_rank = -1;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
   search.stages_per_rank = 2;
   search.fold_budget_limit = -1;
@@ -150,12 +150,40 @@ TEST(FoldedSearch, TheDefaultFoldsOnTheFirstRanksAndStaysNeverSlowerWithMoreDevi
 
 TEST(FoldedSearch, OneStagePerRankWeighsNoFold) {
   const cost::Devices devices = cost::v100(4, 4);
-  const pl::PlannerOptions one;  // stages_per_rank 1 unless asked
-  EXPECT_EQ(one.stages_per_rank, 1);
+  pl::PlannerOptions one;
+  one.stages_per_rank = 1;
   for (unsigned seed = 1; seed <= 12; ++seed) {
     const graphpipe::graph::OpGraph g = test_graph(seed);
-    const auto result = pl::plan_with_replication(g, devices, pt::Options{}, one, false);
+    const auto result = pl::plan_with_replication(g, devices, pt::Options{}, one, std::nullopt);
     EXPECT_EQ(result.plan.partitioner.find("stages per device"), std::string::npos) << "seed " << seed;
+  }
+}
+
+// Unset, stages_per_rank is 2 in the default search (the default partitioner, replicate unset)
+// and 1 where a partitioner is asked for by name or replicate is given: the default search plans
+// as stages_per_rank 2 does, plan for plan, and a named search never folds. (On these small
+// graphs the replicated plans win; tests/python/test_stages_per_rank.py has DLRM folded by default.)
+TEST(FoldedSearch, TheDefaultSearchFoldsByDefaultAndANamedSearchDoesNot) {
+  const cost::Devices devices = cost::v100(4, 4);
+  const pl::PlannerOptions unset;
+  EXPECT_EQ(unset.stages_per_rank, pl::kDefaultStagesPerRank);
+  pt::Options metis;
+  metis.partitioner = "metis";
+  EXPECT_EQ(pl::stages_per_rank_for(unset, pt::Options{}, std::nullopt), 2);
+  EXPECT_EQ(pl::stages_per_rank_for(unset, pt::Options{}, true), 1);
+  EXPECT_EQ(pl::stages_per_rank_for(unset, pt::Options{}, false), 1);
+  EXPECT_EQ(pl::stages_per_rank_for(unset, metis, std::nullopt), 1);
+  pl::PlannerOptions two;
+  two.stages_per_rank = 2;
+  EXPECT_EQ(pl::stages_per_rank_for(two, metis, false), 2);
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const auto by_default = pl::plan_with_replication(g, devices, pt::Options{}, unset, std::nullopt);
+    const auto asked = pl::plan_with_replication(g, devices, pt::Options{}, two, std::nullopt);
+    EXPECT_EQ(by_default.plan.partitioner, asked.plan.partitioner) << "seed " << seed;
+    EXPECT_DOUBLE_EQ(by_default.plan.predicted_iteration_seconds, asked.plan.predicted_iteration_seconds);
+    const auto named = pl::plan_with_replication(g, devices, metis, unset, std::nullopt);
+    EXPECT_EQ(named.plan.partitioner.find("stages per device"), std::string::npos) << "seed " << seed;
   }
 }
 

@@ -100,7 +100,8 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
         pipe.eval()
         pipe.train()
         return {"state": {k: v.clone() for k, v in pipe.state_dict().items()}, "calls": front_end.calls,
-                "switched": pipe._facts.modes.switched, "stages": pipe.plan.num_stages}
+                "switched": pipe._facts.modes.switched, "stages": pipe.plan.num_stages,
+                "local": len(pipe._local.stages)}
 
 
 def _reference() -> dict[str, torch.Tensor]:
@@ -122,9 +123,10 @@ def test_a_new_front_end_is_one_entry_and_trains_equal_to_one_process() -> None:
     got: dict[str, torch.Tensor] = {}
     for r in results:
         assert r.value["calls"] >= 1  # wrap captured with the new front end
-        assert r.value["stages"] == WORLD
+        assert r.value["stages"] >= WORLD  # pipelined over the ranks (the default may fold two on one)
         # Pipeline.eval() and train() asked the front end's ModeSwitch
-        assert r.value["switched"] == [False, True]
+        # once for each of this rank's stages
+        assert r.value["switched"] == [False] * r.value["local"] + [True] * r.value["local"]
         got.update(r.value["state"])
     assert set(got) == set(want)
     for name, value in want.items():

@@ -205,7 +205,7 @@ def test_clip_plan_puts_the_towers_on_parallel_stages() -> None:
     traced = trace_module(model, (), inputs)
     assert traced.capture == "export"
     graph = traced.graph
-    plan = graphpipe.plan(graph, 4, "graphpipe", micro_batches=4)
+    plan = graphpipe.plan(graph, 4, "graphpipe", micro_batches=4, stages_per_rank=1)
     sequential = graphpipe.plan(graph, 4, "sequential", micro_batches=4)
     assert plan.depth < sequential.depth, (plan.to_string(graph), sequential.to_string(graph))
     table = plan.to_string(graph)

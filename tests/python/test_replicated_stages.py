@@ -70,7 +70,7 @@ def replicated_plan(model: torch.nn.Module, example: tuple, placement: list[list
     from graphpipe.trace import trace_module
 
     graph = trace_module(model, example).graph
-    plan = graphpipe.plan(graph, len(placement), partitioner, micro_batches=micro_batches)
+    plan = graphpipe.plan(graph, len(placement), partitioner, micro_batches=micro_batches, stages_per_rank=1)
     assert plan.num_stages == len(placement), f"{partitioner} made {plan.num_stages} stages"
     doc = json.loads(plan.to_json(graph))
     for stage, ranks in zip(doc["stages"], placement):
