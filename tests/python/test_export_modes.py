@@ -210,7 +210,7 @@ def test_exported_batch_norm_trains_and_evaluates_like_one_process(results: list
         state = results[0][f"{key}_state"]
         assert list(state) == list(ref["state"])
         for k, v in state.items():
-            torch.testing.assert_close(v, ref["state"][k], **TOLERANCE, msg=lambda m, k=k: f"{key} {k}: {m}")
+            torch.testing.assert_close(v, ref["state"][k], **TOLERANCE, msg=lambda m, k=k, key=key: f"{key} {k}: {m}")
         # the eval forwards counted no batch: 2 steps x 4 micro-batches
         assert int(state["a.1.num_batches_tracked"]) == 2 * MICRO_BATCHES
 
