@@ -68,8 +68,7 @@ PlannerOptions widened_search(PlannerOptions search);
 // measures). Folding is the default there because the simulator prices folds and one-stage
 // plans alike: on 2 real CPU ranks it read the V plans 3-15% fast and the one-stage plans
 // 13-17% fast in the same runs (docs/results.md).
-int stages_per_rank_for(const PlannerOptions& search, const partition::Options& options,
-                        std::optional<bool> replicate);
+int stages_per_rank_for(const PlannerOptions& search, const partition::Options& options, std::optional<bool> replicate);
 
 // The plan as `replicate` says (above); `options.replicate` is set here.
 PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Devices& devices,
