@@ -151,16 +151,14 @@ def plan(
             charged that method's cost per step (local SGD amortised, top-k, PowerSGD) (``plan.sync``).
         bucket_bytes / dtype: replicated stages' gradient bucket size (``wrap``'s); the precision
             training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
-        stages_per_rank / fold_budget_limit: the most stages a device may hold (1: one); from 2,
-            plans folded so (a V, looping) on the first 2, 4, ... ranks up to the limit (0: all).
-            None: 2 in the default search (``partitioner="graphpipe"``, ``replicate`` unset), 1
-            for a partitioner named otherwise or with ``replicate`` given (their own search).
+        stages_per_rank / fold_budget_limit: the most stages a device may hold (None: 2 in the default
+            search, 1 for another partitioner or with ``replicate`` given); from 2, plans folded so (a V,
+            looping) on the first 2, 4, ... ranks up to the limit (0: all).
         cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many
             fault-tolerant replicas; each step is simulated with their average (cost/cross_replica.h).
 
-    Every candidate (any micro-batch size, fitting in memory) is simulated under ``schedule``
-    (csrc/planner/planner.h); the fastest is returned, its step that simulation.
-    Returns:
+    Every candidate (any micro-batch size, fitting in memory) is simulated under ``schedule``; the
+    fastest is returned, its step that simulation (csrc/planner/planner.h). Returns:
         A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
         predicted step); ``print(plan)`` shows a table, ``plan.save(graph, path)`` writes JSON.
 
@@ -177,9 +175,7 @@ def plan(
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes),
                "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica(),
-               "fold_budget_limit": int(fold_budget_limit)}
-    if stages_per_rank is not None:  # None: the core's default for the search asked for
-        options["stages_per_rank"] = int(stages_per_rank)
+               "fold_budget_limit": int(fold_budget_limit), "stages_per_rank": stages_per_rank}  # None: default
     # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,

@@ -69,7 +69,7 @@ planner::PlannerResult plan_simulated(
     int max_stages, double tolerance, int seed, bool refine, std::optional<bool> replicate,
     std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
     const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
-    int plain_every_up_to, bool grow_replicas, int stages_per_rank, int fold_budget_limit,
+    int plain_every_up_to, bool grow_replicas, std::optional<int> stages_per_rank, int fold_budget_limit,
     const cost::CrossReplica& cross_replica) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
@@ -126,8 +126,7 @@ void bind_partition(py::module_& m) {
       py::arg("overlap") = true, py::arg("min_devices") = 0,
       py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
       py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
-      py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas,
-      py::arg("stages_per_rank") = planner::PlannerOptions{}.stages_per_rank,
+      py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas, py::arg("stages_per_rank") = py::none(),
       py::arg("fold_budget_limit") = planner::PlannerOptions{}.fold_budget_limit,
       py::arg("cross_replica") = cost::CrossReplica{},
       "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
@@ -139,7 +138,7 @@ void bind_partition(py::module_& m) {
       "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
       "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
       "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
-      "device (0, the default: 2 in the default search, else 1), in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
+      "device (None, the default: 2 in the default search, else 1), in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
       "fold_budget_limit (0: up to the device count; planner/default_search.h). cross_replica: the plan will run as one of "
       "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
       "with the average across them.");

@@ -137,7 +137,8 @@ std::vector<int> fold_budgets(int count, int limit) {
 // description, and is simulated there again.
 void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, const partition::Options& options,
                   const PlannerOptions& search, PlannerResult& result) {
-  if (search.stages_per_rank < 2) return;
+  const int most = search.stages_per_rank.value_or(1);
+  if (most < 2) return;
   PlannerOptions beat = search;
   for (int budget : fold_budgets(devices.count, search.fold_budget_limit)) {
     const cost::Devices first = cost::first_ranks(devices, budget);
@@ -148,7 +149,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
                  std::to_string(floor) + " s)");
       continue;
     }
-    for (int k = 2; k <= search.stages_per_rank; ++k) {
+    for (int k = 2; k <= most; ++k) {
       for (Fold fold : {Fold::v, Fold::looping}) {
         beat.to_beat = result.plan.predicted_iteration_seconds;
         std::optional<PlannerResult> folded;
@@ -174,7 +175,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
 
 int stages_per_rank_for(const PlannerOptions& search, const partition::Options& options,
                         std::optional<bool> replicate) {
-  if (search.stages_per_rank != kDefaultStagesPerRank) return search.stages_per_rank;
+  if (search.stages_per_rank) return *search.stages_per_rank;
   const bool default_search = !replicate.has_value() && options.partitioner == partition::Options{}.partitioner;
   return default_search ? 2 : 1;
 }
@@ -192,8 +193,8 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
   // One link for the replicas across every search below (plan_by_simulation says why).
   PlannerOptions search = given;
   search.sim.cross_replica = cost::with_link(given.sim.cross_replica, devices);
-  if (search.stages_per_rank < 1 && search.stages_per_rank != kDefaultStagesPerRank) {
-    throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(search.stages_per_rank));
+  if (search.stages_per_rank && *search.stages_per_rank < 1) {
+    throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(*search.stages_per_rank));
   }
   search.stages_per_rank = stages_per_rank_for(search, options, replicate);
   if (search.fold_budget_limit < 0) {

@@ -61,8 +61,8 @@ namespace graphpipe::planner {
 // up to 16, none past it), grow_replicas.
 PlannerOptions widened_search(PlannerOptions search);
 
-// The most stages per device the search weighs: search.stages_per_rank where set; unset
-// (kDefaultStagesPerRank), 2 in the default search (the default partitioner, replicate unset),
+// The most stages per device the search weighs: search.stages_per_rank where set; unset, 2 in
+// the default search (the default partitioner, replicate unset),
 // which weighs every plan it can, and 1 for a partitioner asked for by name or with `replicate`
 // given, whose plans are that search's own (what comparing partitioners and replica choices
 // measures). Folding is the default there because the simulator prices folds and one-stage

@@ -62,6 +62,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "cost/devices.h"
@@ -72,9 +73,6 @@
 #include "sim/simulate.h"
 
 namespace graphpipe::planner {
-
-// PlannerOptions::stages_per_rank's "not set": the search it is given to decides (planner.h).
-inline constexpr int kDefaultStagesPerRank = 0;
 
 struct PlannerOptions {
   // The schedules the plan may run under (one: the schedule it will run under); the planner
@@ -100,11 +98,11 @@ struct PlannerOptions {
   // The most stages one device may hold (1: one stage per device). From 2 up, the search also
   // weighs the partitioner's plans for j x b devices folded onto b, in a V and looping, for every
   // j from 2 to it and every fold budget b (default_search.h); the fastest simulated plan wins.
-  // kDefaultStagesPerRank (unless set): 2 in the default search (the default partitioner,
-  // replicate unset), the one that weighs every plan it can, and 1 for a partitioner asked for by
-  // name or with replicate given, whose plans are that search's alone (what comparing
-  // partitioners, baselines and replica choices measures); default_search.h.
-  int stages_per_rank = kDefaultStagesPerRank;
+  // Unset: 2 in the default search (the default partitioner, replicate unset), the one that
+  // weighs every plan it can, and 1 for a partitioner asked for by name or with replicate given,
+  // whose plans are that search's alone (what comparing partitioners, baselines and replica
+  // choices measures); default_search.h, stages_per_rank_for.
+  std::optional<int> stages_per_rank;
   // The fold budgets: the powers of two from 2 up to the device count and at most this (0: no
   // limit). Folded plans have no replicas, so on many devices the replicated plans beat them; the
   // limit bounds what folding costs there (a fold plans on twice the devices), and a set of

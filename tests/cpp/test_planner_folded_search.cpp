@@ -166,7 +166,7 @@ TEST(FoldedSearch, OneStagePerRankWeighsNoFold) {
 TEST(FoldedSearch, TheDefaultSearchFoldsByDefaultAndANamedSearchDoesNot) {
   const cost::Devices devices = cost::v100(4, 4);
   const pl::PlannerOptions unset;
-  EXPECT_EQ(unset.stages_per_rank, pl::kDefaultStagesPerRank);
+  EXPECT_FALSE(unset.stages_per_rank.has_value());
   pt::Options metis;
   metis.partitioner = "metis";
   EXPECT_EQ(pl::stages_per_rank_for(unset, pt::Options{}, std::nullopt), 2);
