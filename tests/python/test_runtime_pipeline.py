@@ -225,6 +225,7 @@ def _posting_budget_worker(rank: int, world: int) -> dict[str, Any]:
 
     import graphpipe
     from graphpipe._ext import _C
+    from graphpipe.errors import GraphpipeError
     from graphpipe.models import default_loss
 
     model, example, batches = make_model("transformer")
@@ -242,6 +243,11 @@ def _posting_budget_worker(rank: int, world: int) -> dict[str, Any]:
         out[budget] = (loss, pipe.executor.posted_at_start_bytes,
                        [(t.kind.name, t.stage, t.micro_batch, t.edge, t.start) for t in pipe.last_timings])
     out["every"], out["half"] = every, every // 2
+    try:  # a headroom below zero is no budget: refused, naming it
+        pipe.executor.set_receive_posting(_C.ReceivePosting.whole_step, -1.0)
+        out["negative"] = "no error"
+    except GraphpipeError as exc:
+        out["negative"] = str(exc)
     pipe.close()
     # A plan whose limit leaves the fullest rank half the smallest step's receive buffers: wrap
     # hands each rank its headroom.
@@ -273,6 +279,7 @@ def test_receives_posted_ahead_fit_what_the_plans_memory_limit_leaves() -> None:
         assert 0 < posted <= v["half"] < v["every"], (posted, v["half"], v["every"])
         with pytest.raises(AssertionError):  # not every receive at the start
             _assert_receives_posted_at_the_start(timed)
+        assert "a memory headroom of -1.000000 bytes" in v["negative"] and "must be >= 0" in v["negative"], v
         loss, posted, timed = v[0]
         assert loss == v["loss"] and posted == 0
         _assert_receives_posted_one_ahead(timed)
