@@ -83,8 +83,12 @@ def train_pipeline(pipe: Any, batches: list, lr: float) -> dict[str, Any]:
 def fail_in_second_step(pipe: Any, mode: str, stall_seconds: float = 0.0) -> None:
     """Makes this rank die (``mode="kill"``: SIGKILL) or stall for ``stall_seconds``
     (``"stuck"``) in the second micro-batch's forward of the second iteration: a fault in the
-    middle of a step, for the failure tests."""
+    middle of a step, for the failure tests. Any other mode raises ValueError naming it: a
+    misspelt mode must not arm a fault that never fires."""
     import signal
+
+    if mode not in ("kill", "stuck"):
+        raise ValueError(f"fail_in_second_step: mode must be 'kill' or 'stuck', got {mode!r}")
 
     calls = {"n": 0}
 

@@ -9,6 +9,14 @@ both uses' gradients there) and between a rank with two stages and another rank,
 replicated stage beside a rank with three stages. Each world size is one spawn of ranks that
 runs all of its cases in a row; the losses of 3 SGD steps and every parameter afterwards are
 compared at float32's default tolerance (``torch.testing.assert_close``).
+
+Faults on ranks that hold two stages, timeout 5 s: on the V placement under zb_graph, rank 1
+(the V's middle stages) or rank 0 (its first and last) is killed, hangs (rank 1) or raises in the second
+step's forwards; every other rank raises PeerError (kill, raise: before the timeout) or
+PipelineTimeout (hang: within the timeout + 5 s) naming it, the hung rank wakes to an error
+naming itself as stuck, the raising one raises its own error, and no pipeline steps on. On a
+plan the default search folded by itself (DLRM onto 2 CPU ranks, in a V), a killed rank is
+named the same way.
 """
 
 from __future__ import annotations
@@ -192,32 +200,160 @@ def test_a_v_placement_checkpoints_and_resumes_on_another_plan(tmp_path: Any) ->
         torch.testing.assert_close(r.value["loss_one_per_rank"], r.value["loss_v"])
 
 
-def _killed_worker(rank: int, world: int) -> str:
-    """The V placement under zb_graph; rank 1 is SIGKILLed in the second step's forwards."""
-    import time
+# ---- faults on ranks that hold several stages ----------------------------------------------
+FAULT_TIMEOUT = 5.0
+STALL = 2.5 * FAULT_TIMEOUT  # a hang: past the timeout, and the survivors gone, before the rank wakes
+FAULT_STEPS = 3  # the fault fires in the second (index 1); the third must never run
+# A hang costs 17 s a case: rank 1 alone (rank 0's side of the V is the kill and raise cases').
+FAULTS = [("kill", 1), ("kill", 0), ("hang", 1), ("raise", 1), ("raise", 0)]
 
-    import graphpipe
+
+def _arm(pipe: Any, rank: int, victim: int, kind: str) -> None:
+    """Arms ``kind`` on ``victim`` in its second step's forwards: ``kill`` (SIGKILL) and ``hang``
+    (asleep for STALL) by ``fail_in_second_step``'s forward hook, ``raise`` (it has no such
+    mode) by ``GRAPHPIPE_FAULT`` (read by ``wrap``: the caller sets it before wrapping)."""
     from graphpipe.testing import fail_in_second_step
 
+    if rank == victim and kind in ("kill", "hang"):
+        fail_in_second_step(pipe, "kill" if kind == "kill" else "stuck", stall_seconds=STALL)
+
+
+def _steps_until_failure(pipe: Any, batches: list) -> dict[str, Any]:
+    """Steps ``pipe`` over ``batches``: the steps that went through, the error that stopped it
+    (any exception) and how long its step took, then what one more step says."""
+    import time
+
+    out: dict[str, Any] = {"steps": 0, "error": None}
+    for inputs, targets in batches:
+        start = time.monotonic()
+        try:
+            pipe.step(inputs, targets)
+        except Exception as exc:
+            out.update(error=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+            break
+        out["steps"] += 1
+    try:
+        pipe.step(*batches[0])
+        out["after"] = None
+    except Exception as exc:
+        out["after"] = (type(exc).__name__, str(exc))
+    return out
+
+
+def _faulty_v_worker(rank: int, world: int, kind: str, victim: int) -> dict[str, Any]:
+    """The V placement under zb_graph (rank 0: stages 0 and 3, rank 1: stages 1 and 2), timeout
+    FAULT_TIMEOUT; ``victim`` is killed, hangs or raises in the second step's forwards."""
+    import os
+
+    import graphpipe
+
+    os.environ["GRAPHPIPE_FAULT"] = f"{victim}:1:forward:raise" if kind == "raise" else ""
     source, stages, devices = PLACEMENTS["chain_v_2_ranks"]
     model, example, batches, loss_fn = _build(source)
+    batches = (batches * FAULT_STEPS)[:FAULT_STEPS]
     pipe = graphpipe.wrap(model, example, loss_fn, partitioner="manual", manual=stages, stage_devices=devices,
-                          schedule="zb_graph", micro_batches=MICRO_BATCHES, timeout=20)
-    if rank == 1:
-        fail_in_second_step(pipe, "kill")
-    start = time.monotonic()
-    try:
-        for inputs, targets in batches:
-            pipe.step(inputs, targets)
-    except Exception as exc:
-        return f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
-    return "no error"
+                          schedule="zb_graph", micro_batches=MICRO_BATCHES, timeout=FAULT_TIMEOUT,
+                          flight_recorder_dir="")
+    _arm(pipe, rank, victim, kind)
+    out = {"stages": pipe.stages} | _steps_until_failure(pipe, batches)
+    pipe.close()
+    return out
 
 
-def test_a_rank_killed_with_two_stages_fails_its_peer_naming_it() -> None:
-    results = run_ranks(_killed_worker, 2, timeout=120)
-    survivor = results[0]
-    assert survivor.ok, (survivor.error_type, survivor.message)
-    assert survivor.value.startswith("PeerError") and "rank 1" in survivor.value, survivor.value
-    assert float(survivor.value.split(" after ")[1].split(" s")[0]) < 20, survivor.value  # before the timeout
-    assert not results[1].ok
+def _check_fault(results: list[Any], kind: str, victim: int, stages: dict[int, list[int]] | None = None) -> None:
+    """Every rank failed in the second step with an error naming ``victim`` (a survivor within
+    the timeout, or the timeout and 5 s for a hang; the victim, unless killed, itself), and no
+    pipeline steps on afterwards."""
+    named = f"the pipeline failed on rank {victim}"
+    for r in results:
+        if r.rank == victim and kind == "kill":
+            assert not r.ok and r.error_type == "Killed", (r.error_type, r.message)
+            continue
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        got = r.value
+        if stages is not None:  # this rank ran both of its stages
+            assert got["stages"] == stages[r.rank], (r.rank, got["stages"])
+        assert got["steps"] == 1, (r.rank, got)  # the first step went through, the fault stopped the second
+        assert got["error"] is not None, f"rank {r.rank} raised nothing"
+        message = got["message"]
+        if r.rank == victim:
+            if kind == "raise":  # its own error, as the executor raised it
+                assert got["error"] == "GraphpipeError", got
+                assert f"injected fault GRAPHPIPE_FAULT={victim}:1:forward:raise on rank {victim}" in message, message
+                assert got["seconds"] < FAULT_TIMEOUT, got
+            else:  # hang: it wakes to find itself named as the stuck rank, and does not wait on
+                assert got["error"] == "PipelineTimeout", got
+                assert f"{named}: PipelineTimeout: rank {victim} is stuck" in message, message
+                assert STALL <= got["seconds"] < STALL + FAULT_TIMEOUT + 5.0, got
+        else:
+            if kind == "hang":
+                assert got["error"] == "PipelineTimeout", (r.rank, got)
+                assert f"rank {r.rank}: {named}: PipelineTimeout: rank {victim} is stuck" in message, message
+                assert FAULT_TIMEOUT <= got["seconds"] < FAULT_TIMEOUT + 5.0, (r.rank, got)
+            else:  # a peer that died or raised: at once, before the timeout
+                assert got["error"] == "PeerError", (r.rank, got)
+                assert f"rank {r.rank}: {named}: " in message, message
+                if kind == "raise":
+                    assert f"GraphpipeError: injected fault GRAPHPIPE_FAULT={victim}:1:forward:raise" in message, message
+                else:
+                    assert f"rank {victim} left without a word" in message, message
+                assert got["seconds"] < FAULT_TIMEOUT, (r.rank, got)
+        # no rank goes on as if nothing happened
+        assert got["after"] is not None and got["after"][0] == "InputError", (r.rank, got["after"])
+        assert "stopped after a failure" in got["after"][1] and f"rank {victim}" in got["after"][1], got["after"]
+
+
+@pytest.mark.parametrize("kind,victim", FAULTS, ids=[f"{k}-rank{v}" for k, v in FAULTS])
+def test_a_fault_on_a_rank_with_two_stages_fails_every_rank_naming_it(kind: str, victim: int) -> None:
+    """Rank 1 (the V's middle stages) or rank 0 (its first and last) killed, hung for STALL or
+    raising in the second step's forwards."""
+    results = run_ranks(_faulty_v_worker, 2, kind, victim, timeout=120)
+    devices = PLACEMENTS["chain_v_2_ranks"][2]
+    _check_fault(results, kind, victim, {r: sorted(s for s, d in devices.items() if r in d) for r in (0, 1)})
+    print(f"\n{kind} rank {victim}: " + "; ".join(
+        f"rank {r.rank} {r.value['error']} after {r.value['seconds']:.2f} s: {r.value['message']}" for r in results if r.ok))
+
+
+# ---- a plan the planner folded -----------------------------------------------------------------
+FOLDED_SOURCE = "dlrm:batch=8"
+FOLDED_VICTIM = 1
+
+
+def _folded_worker(rank: int, world: int, victim: int) -> dict[str, Any]:
+    """``wrap`` with the default search (no partitioner, no stages_per_rank, the default devices:
+    a CPU rank per rank), micro_batches=MICRO_BATCHES, zb_graph; ``victim`` is killed in the
+    second step's forwards."""
+    import os
+
+    import graphpipe
+    from graphpipe.models import default_loss
+
+    os.environ["GRAPHPIPE_FAULT"] = ""
+    model, example, batches, _ = _build(FOLDED_SOURCE)
+    batches = (batches * FAULT_STEPS)[:FAULT_STEPS]
+    pipe = graphpipe.wrap(model, example, default_loss(FOLDED_SOURCE.split(":")[0]), schedule="zb_graph",
+                          micro_batches=MICRO_BATCHES, timeout=FAULT_TIMEOUT, flight_recorder_dir="")
+    plan = {"partitioner": pipe.plan.partitioner, "devices": [sorted(s.devices) for s in pipe.plan.stages],
+            "stages": pipe.stages}
+    _arm(pipe, rank, victim, "kill")
+    out = plan | _steps_until_failure(pipe, batches)
+    pipe.close()
+    return out
+
+
+def test_a_rank_killed_on_a_plan_the_planner_folded_fails_its_peer_naming_it() -> None:
+    """The default search folds DLRM onto 2 CPU ranks (two stages on a rank); rank 1 is
+    SIGKILLed in the second step and rank 0 raises PeerError naming it before the timeout."""
+    results = run_ranks(_folded_worker, 2, FOLDED_VICTIM, timeout=120)
+    survivor = results[1 - FOLDED_VICTIM]
+    assert survivor.ok, f"rank {survivor.rank}: {survivor.error_type}: {survivor.message}\n{survivor.traceback}"
+    devices = survivor.value["devices"]
+    # The planner folded: some rank holds two of the plan's stages (and says so), and each rank
+    # runs every stage placed on it.
+    per_rank = {r: [s for s, d in enumerate(devices) if r in d] for r in (0, 1)}
+    assert any(len(held) >= 2 for held in per_rank.values()), devices
+    assert "stages per device" in survivor.value["partitioner"], survivor.value["partitioner"]
+    assert survivor.value["stages"] == per_rank[survivor.rank], (survivor.value["stages"], devices)
+    _check_fault(results, "kill", FOLDED_VICTIM)
+    print(f"\nplan {survivor.value['partitioner']}: stages on {devices}; rank {survivor.rank} "
+          f"{survivor.value['error']} after {survivor.value['seconds']:.2f} s")
