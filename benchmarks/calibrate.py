@@ -32,7 +32,8 @@ def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]
                             "instruction_overhead_seconds": costs.instruction_overhead_seconds,
                             "step_overhead_seconds": costs.step_overhead_seconds,
                             "extra_tensor_seconds": costs.extra_tensor_seconds,
-                            "collective_overlap_loss": costs.collective_overlap_loss}
+                            "collective_overlap_loss": costs.collective_overlap_loss,
+                            "optimizer_tensor_seconds": costs.optimizer_tensor_seconds}
 
 
 if __name__ == "__main__":

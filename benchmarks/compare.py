@@ -460,6 +460,9 @@ def calibrated_description(devices: Any, world: int, slowdown: float, calibratio
         # What an all-reduce beside the backward costs it on these ranks (absent from reports
         # written before it was measured: nothing).
         devices.collective_overlap_loss = calibration.get("collective_overlap_loss", 0.0)
+        # The SGD step's price per parameter tensor (absent from reports written before it was
+        # measured, and 0 for emulated runs, which step no real optimizer: nothing).
+        devices.optimizer_tensor_seconds = calibration.get("optimizer_tensor_seconds", 0.0)
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
@@ -938,6 +941,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                               "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
                               "extra_tensor_seconds": costs.extra_tensor_seconds,
                               "collective_overlap_loss": costs.collective_overlap_loss,
+                              "optimizer_tensor_seconds": costs.optimizer_tensor_seconds,
                               "dispatch_wait_seconds": wait}
         if launch.rank == 0:
             extra = ("-" if costs.extra_tensor_seconds is None
@@ -946,7 +950,8 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                   f"tensor), bandwidth {bandwidth / 1e9:.2f} GB/s, runtime {costs.instruction_overhead_seconds * 1e6:.0f} us per "
                   f"instruction{' (between emulated waits)' if wait else ''} and "
                   f"{costs.step_overhead_seconds * 1e3:.2f} ms per step, an all-reduce beside compute costs it "
-                  f"{costs.collective_overlap_loss:.2f}x its time", file=sys.stderr)
+                  f"{costs.collective_overlap_loss:.2f}x its time, the SGD step "
+                  f"{costs.optimizer_tensor_seconds * 1e6:.1f} us per parameter tensor", file=sys.stderr)
     return calibration
 
 

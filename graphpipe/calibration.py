@@ -42,6 +42,14 @@ OVERLAP_BYTES posted at its start; the compute's lengthening over the lone all-r
 the figure (0: the collective hides for free; 1: not at all). On 2 Gloo ranks on 2 cores it read
 0.8-2.0 (docs/results.md).
 
+The last figure prices the optimizer step per parameter tensor (``Devices.optimizer_tensor_seconds``):
+torch's optimizers on CPU step their tensors one by one (the fused and foreach paths are for
+accelerators), so a step over many small tensors costs far more than its bytes. Each rank times
+``optimizer.step()`` and ``zero_grad()`` (what ``Pipeline.step(optimizer=...)`` runs) over one
+tiny tensor and over OPTIMIZER_TENSORS of them, interleaved; the difference per extra tensor is the
+figure (an SGD step about 7 us a tensor on 2 ranks on 2 cores). Runs that emulate compute by waits
+step no real optimizer (benchmarks/compare.py waits the simulated step), so there it is 0.
+
 All are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
@@ -100,6 +108,12 @@ COLLECTIVE_SIZES = (64 << 10, 4 << 20)
 #: collective runs wholly beside it).
 OVERLAP_BYTES = COLLECTIVE_SIZES[1]
 OVERLAP_COMPUTE_SECONDS = 0.02
+#: Tensors of the optimizer step whose extra cost over one tensor is timed (_optimizer_tensor_seconds),
+#: and the elements of each (tiny: the step's memory traffic is priced apart, by its bytes).
+OPTIMIZER_TENSORS = 128
+#: The optimizers the per-tensor cost can be timed with: graphpipe.OPTIMIZERS' names.
+TORCH_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZER_TENSOR_ELEMENTS = 16
 #: All-reduces timed per size (at least): a median of 8 under 4 ranks on 2 busy cores moved the
 #: fitted 1 MiB price by 20% from run to run.
 ALL_REDUCE_REPEATS = 24
@@ -126,6 +140,48 @@ class RuntimeCosts:
     # The compute a rank loses per second of an all-reduce beside it
     # (``Devices.collective_overlap_loss``; 0 for one rank, which sums nothing).
     collective_overlap_loss: float = 0.0
+    # What the optimizer step costs per parameter tensor (``Devices.optimizer_tensor_seconds``; 0
+    # where the runs described step no real optimizer: emulated compute).
+    optimizer_tensor_seconds: float = 0.0
+    # The optimizer it was measured with (a name of ``graphpipe.OPTIMIZERS``).
+    optimizer: str = "sgd"
+
+
+def _torch_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The torch optimizer a planner optimizer name stands for, as graphpipe's benchmarks and
+    examples build it: plain SGD, SGD with momentum, Adam (AdamW for "adamw")."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if name in ("adam", "adamw"):
+        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=1e-3)
+    raise ValueError(f"calibration: unknown optimizer {name!r}; one of {', '.join(TORCH_OPTIMIZERS)}")
+
+
+def _optimizer_tensor_seconds(name: str, repeats: int, device: str = "cpu") -> float:
+    """On one rank: what each parameter tensor after the first adds to ``optimizer.step()`` plus
+    ``zero_grad()`` of the optimizer ``name``, timed over one tensor and over OPTIMIZER_TENSORS
+    tiny ones, interleaved (the gradients set before each timed step, as a backward leaves them);
+    the medians' difference per extra tensor, clamped at 0."""
+    counts = (1, OPTIMIZER_TENSORS)
+    setups = {}
+    for k in counts:
+        params = [torch.zeros(OPTIMIZER_TENSOR_ELEMENTS, device=device, requires_grad=True) for _ in range(k)]
+        grads = [torch.full_like(p, 1e-3) for p in params]
+        setups[k] = (params, grads, _torch_optimizer(name, params))
+    samples: dict[int, list[float]] = {k: [] for k in counts}
+    for _ in range(max(repeats, 3) + 1):  # the first round builds the optimizers' state: not timed
+        for k, (params, grads, optimizer) in setups.items():
+            for p, g in zip(params, grads):
+                p.grad = g
+            start = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad()
+            _sync(device)
+            samples[k].append(time.perf_counter() - start)
+    one, many = (statistics.median(samples[k][1:]) for k in counts)
+    return max(many - one, 0.0) / (OPTIMIZER_TENSORS - 1)
 
 
 def _sync(device: str) -> None:
@@ -167,11 +223,11 @@ def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any, b
 
 
 def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ...], steps: int,
-                  device: str = "cpu", wait: float = 0.0) -> dict[str, Any]:
+                  device: str = "cpu", wait: float = 0.0, optimizer: str = "sgd") -> dict[str, Any]:
     """On one rank: its own one-rank pipeline's step times at each micro-batch count, every
     forward and backward an emulated compute of ``wait`` seconds (interleaved, so a burst of load
-    hits every count alike), and the time of the closing all-reduce of one number over all
-    ``world`` ranks."""
+    hits every count alike), the time of the closing all-reduce of one number over all
+    ``world`` ranks, and (without waits) the optimizer's per-tensor cost."""
     import torch.distributed as dist
 
     import graphpipe
@@ -203,8 +259,9 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
     overlap = (_overlap_loss(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
                if world > 1 else 0.0)
+    per_tensor = _optimizer_tensor_seconds(optimizer, max(steps, ALL_REDUCE_REPEATS), device) if wait == 0.0 else 0.0
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
-            "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap}
+            "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap, "optimizer_tensor": per_tensor}
 
 
 def _overlap_loss(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
@@ -341,7 +398,7 @@ def _fit(steps: dict[int, float]) -> tuple[float, float]:
     return slope, max(my - slope * mx, 0.0)
 
 
-def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) -> RuntimeCosts:
+def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, optimizer: str = "sgd") -> RuntimeCosts:
     fits = [_fit(v["steps"]) for v in values]
     # Each instruction's emulated compute is the planner's to price, not the runtime's.
     instruction = max(statistics.median(f[0] for f in fits) - wait, 0.0)
@@ -352,13 +409,15 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) ->
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
     overlap = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
-    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap)
+    per_tensor = statistics.median(v["optimizer_tensor"] for v in values)
+    return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap,
+                        per_tensor, optimizer)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
                   micro_batches: tuple[int, ...] = MICRO_BATCHES, timeout: float = 60.0,
                   in_group: bool = False, device: str = "cpu", wait: float = 0.0,
-                  bind_cpus: bool = False) -> RuntimeCosts:
+                  bind_cpus: bool = False, optimizer: str = "sgd") -> RuntimeCosts:
     """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
     working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
     ranks of the current process group instead (every rank calls it, every rank gets the figures;
@@ -368,7 +427,10 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     taken off the figure again (0: the runtime alone, every rank dispatching without a pause, as
     ranks that compute for real are busy; EMULATED_WAIT for runs whose compute is emulated by
     waits). ``bind_cpus``: each spawned rank on a CPU of its own (local_ranks.run_ranks), as the
-    runs it describes."""
+    runs it describes. ``optimizer``: the one the runs step (a name of ``graphpipe.OPTIMIZERS``),
+    whose per-tensor cost is timed."""
+    if optimizer not in TORCH_OPTIMIZERS:
+        raise ValueError(f"runtime_costs: unknown optimizer {optimizer!r}; one of {', '.join(TORCH_OPTIMIZERS)}")
     if concurrency < 1:
         raise ValueError(f"runtime_costs: concurrency must be at least 1, got {concurrency}")
     if not wait >= 0.0:
@@ -376,11 +438,11 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     if len(set(micro_batches)) < 2:
         raise ValueError(f"runtime_costs: needs two different micro-batch counts, got {micro_batches}")
     if in_group:
-        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait)
+        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait, optimizer)
     else:
         values = _spawned(_step_samples, concurrency, timeout, "runtime cost", spec, tuple(micro_batches), steps,
-                          device, wait, bind_cpus=bind_cpus)
-    return _costs(values, len(values), wait)
+                          device, wait, optimizer, bind_cpus=bind_cpus)
+    return _costs(values, len(values), wait, optimizer)
 
 
 @functools.cache
@@ -393,7 +455,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     collective link figures (``collective_latency_seconds``,
     ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links),
     ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor) and
-    ``collective_overlap_loss`` (0 from one rank)
+    ``collective_overlap_loss`` (0 from one rank) and ``optimizer_tensor_seconds`` (SGD's)
     to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
     costs = costs if costs is not None else _cached_runtime_costs(concurrency)
@@ -403,6 +465,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     devices.collective_bandwidth_bytes_per_second = costs.collective_bandwidth_bytes_per_second
     devices.extra_tensor_seconds = costs.extra_tensor_seconds
     devices.collective_overlap_loss = costs.collective_overlap_loss
+    devices.optimizer_tensor_seconds = costs.optimizer_tensor_seconds
     return devices
 
 

@@ -52,6 +52,9 @@ void bind_devices(py::module_& m) {
       .def_readwrite("collective_overlap_loss", &Devices::collective_overlap_loss,
                      "The compute a rank loses per second of a collective beside it (0: none; measured by "
                      "graphpipe.calibration).")
+      .def_readwrite("optimizer_tensor_seconds", &Devices::optimizer_tensor_seconds,
+                     "What the optimizer step costs per parameter tensor beyond its memory traffic (0: not "
+                     "measured; measured by graphpipe.calibration).")
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
       .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")

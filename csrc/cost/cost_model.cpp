@@ -138,9 +138,24 @@ double CostModel::transfer_seconds(int src, int dst, double bytes) const {
   return devices_.transfer_seconds(src, dst, bytes);
 }
 
+double optimizer_step_seconds(double param_bytes, std::size_t param_tensors, const Devices& devices,
+                              double traffic_factor) {
+  const double traffic = devices.memory_bandwidth > 0.0 ? traffic_factor * param_bytes / devices.memory_bandwidth : 0.0;
+  return traffic + static_cast<double>(param_tensors) * devices.optimizer_tensor_seconds;
+}
+
+std::size_t param_tensor_count(const graph::Node& node) {
+  if (!node.param_shapes.empty()) {
+    return static_cast<std::size_t>(std::count_if(node.param_shapes.begin(), node.param_shapes.end(),
+                                                  [](const graph::ParamShape& p) { return p.requires_grad; }));
+  }
+  if (!node.params.empty()) return node.params.size();
+  return node.param_bytes > 0 ? 1 : 0;
+}
+
 double CostModel::optimizer_seconds(graph::NodeId node) const {
-  if (devices_.memory_bandwidth <= 0.0) return 0.0;
-  return kOptimizerTrafficFactor * static_cast<double>(graph_->node(node).param_bytes) / devices_.memory_bandwidth;
+  const graph::Node& n = graph_->node(node);
+  return optimizer_step_seconds(static_cast<double>(n.param_bytes), param_tensor_count(n), devices_);
 }
 
 double CostModel::static_bytes(graph::NodeId node) const {

@@ -29,8 +29,10 @@
 //   static  = params x (1 + 1 gradient + optimizer factor) + buffers, factor sgd 0, momentum 1,
 //             adam 2;
 //   peak    = static + activations of one micro-batch x in-flight micro-batches (in_flight.h).
-// Optimizer step, once per iteration: memory bound, kOptimizerTrafficFactor x parameter bytes
-// over the device's memory bandwidth (read the parameter, its gradient and state, write back).
+// Optimizer step, once per iteration (optimizer_step_seconds): memory bound,
+// kOptimizerTrafficFactor x parameter bytes over the device's memory bandwidth (read the
+// parameter, its gradient and state, write back), plus Devices::optimizer_tensor_seconds per
+// parameter tensor (the per-tensor loop of torch's CPU optimizers; 0 unless measured).
 // All queries are O(1) except profile interpolation, O(log P) in the profile length.
 #pragma once
 
@@ -47,6 +49,17 @@ enum class Optimizer { sgd, momentum, adam };
 
 // Bytes of memory traffic per parameter byte of an optimizer step (the simulator's default too).
 inline constexpr double kOptimizerTrafficFactor = 4.0;
+
+// One optimizer step over `param_tensors` tensors of `param_bytes` bytes in all:
+// traffic_factor x param_bytes / memory_bandwidth (0 without a bandwidth) plus
+// param_tensors x devices.optimizer_tensor_seconds. The one price of an optimizer step: the
+// planner's per-operator figure (CostModel::optimizer_seconds) and the simulator's per stage.
+double optimizer_step_seconds(double param_bytes, std::size_t param_tensors, const Devices& devices,
+                              double traffic_factor = kOptimizerTrafficFactor);
+
+// The parameter tensors a node owns that an optimizer steps: its trained parameters (by their
+// shapes), else its named ones, else one flat tensor for a node traced with bytes but no names.
+std::size_t param_tensor_count(const graph::Node& node);
 
 // Per-parameter copies of optimizer state: sgd 0, momentum 1, adam 2.
 double optimizer_state_factor(Optimizer optimizer);

@@ -24,6 +24,38 @@ void require_positive(double value, const char* field) {
   }
 }
 
+// A figure that may be 0, whose 0 means `zero_means`.
+void require_non_negative(double value, const char* field, const char* zero_means) {
+  if (!(value >= 0.0) || !std::isfinite(value)) {
+    throw PlanningError(std::string("devices.") + field + " must be a non-negative number (0: " + zero_means +
+                        "), found " + number(value));
+  }
+}
+
+// A count x count link matrix: bandwidths positive, latencies non-negative (the diagonal, a device
+// talking to itself, is not read).
+void check_link_matrix(const std::vector<std::vector<double>>& matrix, const char* field, int count, bool bandwidth) {
+  if (static_cast<int>(matrix.size()) != count) {
+    throw PlanningError(std::string("devices.") + field + " has " + std::to_string(matrix.size()) + " rows for " +
+                        std::to_string(count) + " devices");
+  }
+  for (int a = 0; a < count; ++a) {
+    if (static_cast<int>(matrix[a].size()) != count) {
+      throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "] has " +
+                          std::to_string(matrix[a].size()) + " entries for " + std::to_string(count) + " devices");
+    }
+    for (int b = 0; b < count; ++b) {
+      if (a == b) continue;
+      double v = matrix[a][b];
+      bool ok = bandwidth ? (v > 0.0 && std::isfinite(v)) : (v >= 0.0 && std::isfinite(v));
+      if (!ok) {
+        throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "][" + std::to_string(b) +
+                            "] must be " + (bandwidth ? "positive" : "non-negative") + ", found " + number(v));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 double Devices::flops_for(graph::Precision precision) const {
@@ -60,19 +92,15 @@ void Devices::validate() const {
   }
   require_positive(memory_bytes, "memory_bytes");
   require_positive(flops_per_second, "flops_per_second");
-  for (auto [rate, field] : {std::pair{bfloat16_flops_per_second, "bfloat16_flops_per_second"},
-                             std::pair{float16_flops_per_second, "float16_flops_per_second"}}) {
-    if (!(rate >= 0.0) || !std::isfinite(rate)) {
-      throw PlanningError(std::string("devices.") + field +
-                          " must be a non-negative number (0: the float32 rate), found " + number(rate));
-    }
-  }
+  require_non_negative(bfloat16_flops_per_second, "bfloat16_flops_per_second", "the float32 rate");
+  require_non_negative(float16_flops_per_second, "float16_flops_per_second", "the float32 rate");
   require_positive(memory_bandwidth, "memory_bandwidth");
   require_positive(relative_speed, "relative_speed");
   if (!(instruction_overhead_seconds >= 0.0) || !(step_overhead_seconds >= 0.0)) {
     throw PlanningError("devices.instruction_overhead_seconds and step_overhead_seconds must not be negative, found " +
                         number(instruction_overhead_seconds) + " and " + number(step_overhead_seconds));
   }
+  require_non_negative(optimizer_tensor_seconds, "optimizer_tensor_seconds", "not measured");
   if (!(collective_latency_seconds >= 0.0) || !std::isfinite(collective_latency_seconds) ||
       !(collective_bandwidth_bytes_per_second >= 0.0) || !std::isfinite(collective_bandwidth_bytes_per_second)) {
     throw PlanningError(
@@ -80,12 +108,7 @@ void Devices::validate() const {
         "non-negative numbers (0: not given), found " +
         number(collective_latency_seconds) + " and " + number(collective_bandwidth_bytes_per_second));
   }
-  if (!(collective_overlap_loss >= 0.0) || !std::isfinite(collective_overlap_loss)) {
-    throw PlanningError(
-        "devices.collective_overlap_loss must be a non-negative number (0: collectives overlap "
-        "compute for free), found " +
-        number(collective_overlap_loss));
-  }
+  require_non_negative(collective_overlap_loss, "collective_overlap_loss", "collectives overlap compute for free");
   if (collective_latency_seconds > 0.0 && !has_collective_link()) {
     throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +
                         " but collective_bandwidth_bytes_per_second is not given: a collective ring step needs both");
@@ -97,29 +120,8 @@ void Devices::validate() const {
   if (!(op_overhead_seconds >= 0.0)) {
     throw PlanningError("devices.op_overhead_seconds must not be negative, found " + number(op_overhead_seconds));
   }
-  auto check_matrix = [&](const std::vector<std::vector<double>>& matrix, const char* field, bool bandwidth) {
-    if (static_cast<int>(matrix.size()) != count) {
-      throw PlanningError(std::string("devices.") + field + " has " + std::to_string(matrix.size()) + " rows for " +
-                          std::to_string(count) + " devices");
-    }
-    for (int a = 0; a < count; ++a) {
-      if (static_cast<int>(matrix[a].size()) != count) {
-        throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "] has " +
-                            std::to_string(matrix[a].size()) + " entries for " + std::to_string(count) + " devices");
-      }
-      for (int b = 0; b < count; ++b) {
-        if (a == b) continue;
-        double v = matrix[a][b];
-        bool ok = bandwidth ? (v > 0.0 && std::isfinite(v)) : (v >= 0.0 && std::isfinite(v));
-        if (!ok) {
-          throw PlanningError(std::string("devices.") + field + "[" + std::to_string(a) + "][" + std::to_string(b) +
-                              "] must be " + (bandwidth ? "positive" : "non-negative") + ", found " + number(v));
-        }
-      }
-    }
-  };
-  check_matrix(link_bandwidth, "link_bandwidth", true);
-  check_matrix(link_latency, "link_latency", false);
+  check_link_matrix(link_bandwidth, "link_bandwidth", count, true);
+  check_link_matrix(link_latency, "link_latency", count, false);
   if (!node.empty()) {
     if (static_cast<int>(node.size()) != count) {
       throw PlanningError("devices.node has " + std::to_string(node.size()) + " entries for " + std::to_string(count) +

@@ -77,6 +77,13 @@ struct Devices {
   // not happen. The simulator charges it (cost::overlap_loss_seconds, cost/gradient_buckets.h),
   // and so does the planner's closed form; graphpipe/calibration.py measures it.
   double collective_overlap_loss = 0.0;
+  // What the optimizer step costs per parameter tensor on top of its memory traffic (0: not
+  // measured, the step is priced by its bytes alone; cost::optimizer_step_seconds). torch's
+  // optimizers on CPU loop over the tensors one by one (their fused and foreach paths are for
+  // accelerators), and with the zero_grad after it an SGD step cost about 7 us a tensor on this
+  // project's 2-core machine: a 130-tensor Transformer's step 1.7 ms where its bytes priced 0.8.
+  // graphpipe/calibration.py measures it, with the optimizer the runs use.
+  double optimizer_tensor_seconds = 0.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
   std::vector<int> node;                            // node of each device; empty: one node

@@ -26,7 +26,8 @@ nlohmann::json to_json(const Devices& d) {
   if (d.bfloat16_flops_per_second > 0.0) doc["bfloat16_flops_per_second"] = d.bfloat16_flops_per_second;
   if (d.float16_flops_per_second > 0.0) doc["float16_flops_per_second"] = d.float16_flops_per_second;
   if (d.extra_tensor_seconds) doc["extra_tensor_seconds"] = *d.extra_tensor_seconds;  // absent: unmeasured
-  if (d.collective_overlap_loss > 0.0) doc["collective_overlap_loss"] = d.collective_overlap_loss;  // absent: 0
+  if (d.collective_overlap_loss > 0.0) doc["collective_overlap_loss"] = d.collective_overlap_loss;     // absent: 0
+  if (d.optimizer_tensor_seconds > 0.0) doc["optimizer_tensor_seconds"] = d.optimizer_tensor_seconds;  // absent: 0
   if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
     doc["collective_latency_seconds"] = d.collective_latency_seconds;
     doc["collective_bandwidth_bytes_per_second"] = d.collective_bandwidth_bytes_per_second;
@@ -91,6 +92,7 @@ Devices devices_from_json(const nlohmann::json& doc) {
         std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
         std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second},
         std::pair{"collective_overlap_loss", &d.collective_overlap_loss},
+        std::pair{"optimizer_tensor_seconds", &d.optimizer_tensor_seconds},
         std::pair{"bfloat16_flops_per_second", &d.bfloat16_flops_per_second},
         std::pair{"float16_flops_per_second", &d.float16_flops_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");

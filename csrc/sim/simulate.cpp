@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "cost/cost_model.h"
 #include "cost/gradient_buckets.h"
 #include "cost/reshard.h"
 #include "cost/sync_cost.h"
@@ -25,12 +26,15 @@ using schedule::ScheduleError;
 
 namespace {
 
-// The optimizer step: memory bound (SimOptions::optimizer_traffic_factor x the stage's parameter
-// bytes over the memory bandwidth; 0 without one).
+// The optimizer step (cost::optimizer_step_seconds, at SimOptions::optimizer_traffic_factor) over
+// the stage's trained parameter tensors: those its graph gives, or one flat tensor for a plan
+// read without its graph.
 double optimizer_seconds(const plan::Stage& stage, const cost::Devices& devices, const SimOptions& options) {
-  return devices.memory_bandwidth > 0.0
-             ? options.optimizer_traffic_factor * stage.param_bytes / devices.memory_bandwidth
-             : 0.0;
+  const auto trained = std::count_if(stage.parameters.begin(), stage.parameters.end(),
+                                     [](const graph::ParamShape& p) { return p.requires_grad; });
+  const std::size_t tensors =
+      !stage.parameters.empty() ? static_cast<std::size_t>(trained) : (stage.param_bytes > 0.0 ? 1 : 0);
+  return cost::optimizer_step_seconds(stage.param_bytes, tensors, devices, options.optimizer_traffic_factor);
 }
 
 struct Interval {

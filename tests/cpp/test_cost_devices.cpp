@@ -105,6 +105,24 @@ TEST(CostDevices, OverlapLossRoundTripsIsAbsentUnlessMeasuredAndNeverNegative) {
   EXPECT_THROW(d.validate(), PlanningError);
 }
 
+TEST(CostDevices, OptimizerTensorFigureRoundTripsIsAbsentUnlessMeasuredAndNeverNegative) {
+  Devices d = v100(4, 2);
+  EXPECT_FALSE(to_json(d).contains("optimizer_tensor_seconds"));
+  EXPECT_EQ(loads_devices(dumps(d)).optimizer_tensor_seconds, 0.0);
+  d.optimizer_tensor_seconds = 7e-6;
+  EXPECT_DOUBLE_EQ(loads_devices(dumps(d)).optimizer_tensor_seconds, 7e-6);
+  nlohmann::json doc = to_json(d);
+  doc["optimizer_tensor_seconds"] = -1e-6;
+  EXPECT_THROW(devices_from_json(doc), FormatError);
+  d.optimizer_tensor_seconds = std::nan("");
+  try {
+    d.validate();
+    FAIL() << "a NaN optimizer_tensor_seconds validated";
+  } catch (const PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer_tensor_seconds"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CostDevices, ExtraTensorFigureRoundTripsAndIsAbsentUnlessMeasured) {
   Devices d = v100(4, 2);
   EXPECT_FALSE(loads_devices(dumps(d)).extra_tensor_seconds.has_value());

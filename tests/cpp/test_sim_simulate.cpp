@@ -157,6 +157,26 @@ TEST(Simulate, OptimizerStepIsMemoryBound) {
   EXPECT_EQ(task_name(r.tasks[r.critical_path.back()]), "OPT s0");
 }
 
+TEST(Simulate, OptimizerStepPaysThePricePerTensorOfEachStage) {
+  // The OptimizerStepIsMemoryBound plan with a measured price per tensor: a stage of three
+  // trained tensors (and one frozen) adds 3 x 0.5 s to its step; a stage without shapes, one.
+  auto plan = chain_plan(4, 8);
+  for (auto& st : plan.stages) st.param_bytes = 50.0;
+  plan.stages[0].parameters = {{"a", {5}}, {"b", {5}}, {"c", {2, 1}}, {"frozen", {1}, "float32", 4, false}};
+  auto d = devices(4);
+  d.memory_bandwidth = 100.0;
+  d.optimizer_tensor_seconds = 0.5;
+  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
+  std::vector<double> steps(4, -1.0);
+  for (const auto& t : r.tasks) {
+    if (t.kind == TaskKind::optimizer) steps[t.stage] = t.end - t.start;
+  }
+  EXPECT_DOUBLE_EQ(steps[0], 2.0 + 1.5);
+  EXPECT_DOUBLE_EQ(steps[1], 2.0 + 0.5);
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, 35.0 + 1.5);
+  EXPECT_EQ(task_name(r.tasks[r.critical_path.back()]), "OPT s0");
+}
+
 TEST(Simulate, TaskListDescribesEveryTask) {
   auto plan = chain_plan(3, 4, 1.0, 2.0, 8.0);
   auto r = simulate(plan, generate(plan, Policy::one_f_one_b), devices(3, 0.1));

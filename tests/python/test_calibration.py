@@ -61,6 +61,9 @@ def test_measured_devices_carry_runtime_costs_through_json(tmp_path) -> None:
     # ... and what each extra tensor of a transfer adds, measured between the two ranks.
     assert devices.extra_tensor_seconds is not None and 0.0 <= devices.extra_tensor_seconds < 0.01
     assert loaded.extra_tensor_seconds == devices.extra_tensor_seconds
+    # ... and SGD's price per parameter tensor (torch's CPU optimizers loop over them).
+    assert 0.0 < devices.optimizer_tensor_seconds < 1e-3
+    assert loaded.optimizer_tensor_seconds == devices.optimizer_tensor_seconds
 
 
 def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
@@ -129,6 +132,32 @@ def test_measurement_is_bounded_by_its_timeout() -> None:
     with pytest.raises(RuntimeError, match="runtime cost calibration failed on rank 0: .*gave no result"):
         runtime_costs(1, timeout=0.5)
     assert time.monotonic() - start < 30
+
+
+def test_the_optimizer_is_priced_per_trained_tensor_of_each_stage() -> None:
+    from graphpipe.calibration import _optimizer_tensor_seconds
+
+    # Every optimizer the planner names is timed; Adam's loop does more per tensor than SGD's.
+    prices = {name: _optimizer_tensor_seconds(name, 12) for name in ("sgd", "momentum", "adam")}
+    assert all(0.0 < p < 1e-3 for p in prices.values()), prices
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        runtime_costs(1, optimizer="lion")
+    # The simulator charges it once per trained parameter tensor, on the stage that holds it.
+    model, inputs = build_model(SPEC)
+    graph = graphpipe.trace(model, inputs)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    plan = graphpipe.plan(graph, graphpipe.devices(2, "cpu"), "sequential", micro_batches=4, replicate=False)
+
+    def optimizer_steps(per_tensor: float) -> list[float]:
+        devices = graphpipe.devices(2, "cpu")
+        devices.optimizer_tensor_seconds = per_tensor
+        result = graphpipe.simulate(plan, devices)
+        return [t.end - t.start for t in result.tasks if t.kind == "optimizer"]
+
+    base, priced = optimizer_steps(0.0), optimizer_steps(1e-3)
+    assert len(base) == plan.num_stages == 2
+    added = [round((b - a) / 1e-3) for a, b in zip(base, priced)]
+    assert all(n > 0 for n in added) and sum(added) == tensors, (added, tensors)
 
 
 def test_planner_and_simulator_charge_the_runtime_costs() -> None:
