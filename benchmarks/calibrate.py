@@ -33,7 +33,8 @@ def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]
                             "step_overhead_seconds": costs.step_overhead_seconds,
                             "extra_tensor_seconds": costs.extra_tensor_seconds,
                             "collective_overlap_loss": costs.collective_overlap_loss,
-                            "optimizer_tensor_seconds": costs.optimizer_tensor_seconds}
+                            "optimizer_tensor_seconds": costs.optimizer_tensor_seconds,
+                            "rank_skew_fraction": costs.rank_skew_fraction}
 
 
 if __name__ == "__main__":

@@ -463,6 +463,8 @@ def calibrated_description(devices: Any, world: int, slowdown: float, calibratio
         # The SGD step's price per parameter tensor (absent from reports written before it was
         # measured, and 0 for emulated runs, which step no real optimizer: nothing).
         devices.optimizer_tensor_seconds = calibration.get("optimizer_tensor_seconds", 0.0)
+        # The wait for the slowest rank, per second of compute (absent from older reports: none).
+        devices.rank_skew_fraction = calibration.get("rank_skew_fraction", 0.0)
     devices.relative_speed = devices.relative_speed / slowdown
     devices.memory_bandwidth = devices.memory_bandwidth / slowdown
     return devices
@@ -942,6 +944,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                               "extra_tensor_seconds": costs.extra_tensor_seconds,
                               "collective_overlap_loss": costs.collective_overlap_loss,
                               "optimizer_tensor_seconds": costs.optimizer_tensor_seconds,
+                              "rank_skew_fraction": costs.rank_skew_fraction,
                               "dispatch_wait_seconds": wait}
         if launch.rank == 0:
             extra = ("-" if costs.extra_tensor_seconds is None
@@ -951,7 +954,8 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                   f"instruction{' (between emulated waits)' if wait else ''} and "
                   f"{costs.step_overhead_seconds * 1e3:.2f} ms per step, an all-reduce beside compute costs it "
                   f"{costs.collective_overlap_loss:.2f}x its time, the SGD step "
-                  f"{costs.optimizer_tensor_seconds * 1e6:.1f} us per parameter tensor", file=sys.stderr)
+                  f"{costs.optimizer_tensor_seconds * 1e6:.1f} us per parameter tensor, the slowest rank "
+                  f"{costs.rank_skew_fraction:.3f} s per second of compute", file=sys.stderr)
     return calibration
 
 

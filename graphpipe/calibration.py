@@ -50,6 +50,12 @@ tiny tensor and over OPTIMIZER_TENSORS of them, interleaved; the difference per 
 figure (an SGD step about 7 us a tensor on 2 ranks on 2 cores). Runs that emulate compute by waits
 step no real optimizer (benchmarks/compare.py waits the simulated step), so there it is 0.
 
+And one prices the wait for the slowest rank (``Devices.rank_skew_fraction``): a rank's compute
+varies from step to step, and a step that ends in collectives lasts as long as its slowest rank,
+while the simulator replays mean durations. The ranks run the same compute (real work, or an
+emulated wait) between barriers RANK_SKEW_REPEATS times; the slowest rank's time less the ranks'
+mean, per second of that mean, is the figure (0.024-0.031 on 2 ranks on 2 cores).
+
 All are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
 freshly spawned ranks, or on the ranks of the current process group (``in_group=True``). Every
@@ -65,6 +71,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +121,11 @@ OPTIMIZER_TENSORS = 128
 #: The optimizers the per-tensor cost can be timed with: graphpipe.OPTIMIZERS' names.
 TORCH_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_TENSOR_ELEMENTS = 16
+#: The compute (seconds) the ranks run between barriers to time how long the slowest keeps the
+#: others waiting (_rank_skew), and the rounds: a step's compute is tens of milliseconds, and the
+#: figure is a mean over rounds of a maximum, which needs more rounds than a median.
+RANK_SKEW_COMPUTE_SECONDS = 0.04
+RANK_SKEW_REPEATS = 40
 #: All-reduces timed per size (at least): a median of 8 under 4 ranks on 2 busy cores moved the
 #: fitted 1 MiB price by 20% from run to run.
 ALL_REDUCE_REPEATS = 24
@@ -145,6 +157,9 @@ class RuntimeCosts:
     optimizer_tensor_seconds: float = 0.0
     # The optimizer it was measured with (a name of ``graphpipe.OPTIMIZERS``).
     optimizer: str = "sgd"
+    # How long the slowest rank keeps the others waiting per second of compute
+    # (``Devices.rank_skew_fraction``; 0 for one rank).
+    rank_skew_fraction: float = 0.0
 
 
 def _torch_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -260,8 +275,63 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     overlap = (_overlap_loss(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
                if world > 1 else 0.0)
     per_tensor = _optimizer_tensor_seconds(optimizer, max(steps, ALL_REDUCE_REPEATS), device) if wait == 0.0 else 0.0
+    skew = _rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait), RANK_SKEW_REPEATS) if world > 1 else 0.0
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
-            "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap, "optimizer_tensor": per_tensor}
+            "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap, "optimizer_tensor": per_tensor,
+            "rank_skew": skew}
+
+
+def _compute(seconds: float, device: str = "cpu", wait: float = 0.0) -> Callable[[], None]:
+    """A compute of about ``seconds``: matrix products and their backward, repeated (the count
+    set by timing a few), or an emulated wait where ``wait`` > 0, as the runs it describes
+    compute."""
+    from graphpipe.emulation import wait as emulated_wait
+
+    if wait > 0.0:
+        return lambda: emulated_wait(seconds)
+    layer = torch.nn.Linear(512, 512, device=device)
+    rows = torch.randn(128, 512, device=device)
+
+    def unit() -> None:
+        layer(rows).sum().backward()
+
+    unit()
+    start = time.perf_counter()
+    for _ in range(4):
+        unit()
+    _sync(device)
+    units = max(1, round(seconds / max((time.perf_counter() - start) / 4, 1e-9)))
+
+    def compute() -> None:
+        for _ in range(units):
+            unit()
+        _sync(device)
+
+    return compute
+
+
+def _rank_skew(compute: Callable[[], None], repeats: int) -> float:
+    """On one rank (every rank of the default group calls it): how long the slowest rank keeps the
+    others waiting, per second of compute. Each round every rank runs ``compute`` after a barrier;
+    the rounds' times are gathered, and the figure is the sum over rounds of (the slowest rank's
+    time - the ranks' mean) over the sum of the means: what a step ending in a collective waits,
+    beyond its ranks' mean compute, for its slowest rank. 0 for one rank."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    times = torch.zeros(max(repeats, 3), dtype=torch.float64)
+    for k in range(len(times)):
+        dist.barrier()
+        start = time.perf_counter()
+        compute()
+        times[k] = time.perf_counter() - start
+    if world < 2:
+        return 0.0
+    every = [torch.zeros_like(times) for _ in range(world)]
+    dist.all_gather(every, times)
+    rounds = torch.stack(every)  # [rank, round]
+    mean = rounds.mean(dim=0)
+    return float((rounds.max(dim=0).values - mean).sum() / mean.sum()) if float(mean.sum()) > 0.0 else 0.0
 
 
 def _overlap_loss(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
@@ -273,30 +343,7 @@ def _overlap_loss(all_reduce_seconds: float, repeats: int, device: str = "cpu", 
     the all-reduce's time, clamped at 0."""
     import torch.distributed as dist
 
-    from graphpipe.emulation import wait as emulated_wait
-
-    seconds = max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds)
-    if wait > 0.0:
-        def compute() -> None:
-            emulated_wait(seconds)
-    else:
-        layer = torch.nn.Linear(512, 512, device=device)
-        rows = torch.randn(128, 512, device=device)
-
-        def unit() -> None:
-            layer(rows).sum().backward()
-
-        unit()
-        start = time.perf_counter()
-        for _ in range(4):
-            unit()
-        _sync(device)
-        units = max(1, round(seconds / max((time.perf_counter() - start) / 4, 1e-9)))
-
-        def compute() -> None:
-            for _ in range(units):
-                unit()
-
+    compute = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds), device, wait)
     buf = torch.zeros(OVERLAP_BYTES // 4, device=device)
     alone: list[float] = []
     beside: list[float] = []
@@ -410,8 +457,9 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, op
     extra = statistics.median(extras) if extras else None
     overlap = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
     per_tensor = statistics.median(v["optimizer_tensor"] for v in values)
+    skew = values[0]["rank_skew"]  # every rank computed the same figure from the gathered times
     return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap,
-                        per_tensor, optimizer)
+                        per_tensor, optimizer, skew)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
@@ -455,7 +503,8 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     collective link figures (``collective_latency_seconds``,
     ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links),
     ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor) and
-    ``collective_overlap_loss`` (0 from one rank) and ``optimizer_tensor_seconds`` (SGD's)
+    ``collective_overlap_loss`` (0 from one rank), ``optimizer_tensor_seconds`` (SGD's) and
+    ``rank_skew_fraction`` (0 from one rank)
     to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""
     costs = costs if costs is not None else _cached_runtime_costs(concurrency)
@@ -466,6 +515,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     devices.extra_tensor_seconds = costs.extra_tensor_seconds
     devices.collective_overlap_loss = costs.collective_overlap_loss
     devices.optimizer_tensor_seconds = costs.optimizer_tensor_seconds
+    devices.rank_skew_fraction = costs.rank_skew_fraction
     return devices
 
 

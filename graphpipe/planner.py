@@ -52,8 +52,9 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: i
     runtime's per-instruction and per-step costs, ``instruction_overhead_seconds`` and
     ``step_overhead_seconds``, and the link a collective sees, ``collective_latency_seconds`` and
     ``collective_bandwidth_bytes_per_second``, and what a collective beside the compute costs
-    it, ``collective_overlap_loss``, and SGD's step per parameter tensor,
-    ``optimizer_tensor_seconds``, with ``count`` ranks at once, in a few seconds:
+    it, ``collective_overlap_loss``, SGD's step per parameter tensor,
+    ``optimizer_tensor_seconds``, and the wait for the slowest rank per second of compute,
+    ``rank_skew_fraction``, with ``count`` ranks at once, in a few seconds:
     graphpipe.calibration; the default uses
     documented constants so that every rank computes the same plan), on one host
     unless ``per_node`` groups them onto several (10 GbE between hosts); ``v100`` and ``h100``

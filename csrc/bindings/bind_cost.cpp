@@ -55,6 +55,11 @@ void bind_devices(py::module_& m) {
       .def_readwrite("optimizer_tensor_seconds", &Devices::optimizer_tensor_seconds,
                      "What the optimizer step costs per parameter tensor beyond its memory traffic (0: not "
                      "measured; measured by graphpipe.calibration).")
+      .def_readwrite("rank_skew_fraction", &Devices::rank_skew_fraction,
+                     "How long a step waits for its slowest rank per second of the busiest rank's compute (0: "
+                     "not measured; measured by graphpipe.calibration).")
+      .def("rank_skew_seconds", &Devices::rank_skew_seconds, py::arg("compute_seconds"), py::arg("ranks"),
+           "What a step over `ranks` ranks waits for its slowest one (cost/devices.h).")
       .def_readwrite("link_bandwidth", &Devices::link_bandwidth)
       .def_readwrite("link_latency", &Devices::link_latency)
       .def_readwrite("node", &Devices::node, "Node of each device (empty: one node).")

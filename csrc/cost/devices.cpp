@@ -109,6 +109,7 @@ void Devices::validate() const {
         number(collective_latency_seconds) + " and " + number(collective_bandwidth_bytes_per_second));
   }
   require_non_negative(collective_overlap_loss, "collective_overlap_loss", "collectives overlap compute for free");
+  require_non_negative(rank_skew_fraction, "rank_skew_fraction", "the ranks keep in step");
   if (collective_latency_seconds > 0.0 && !has_collective_link()) {
     throw PlanningError("devices.collective_latency_seconds is " + number(collective_latency_seconds) +
                         " but collective_bandwidth_bytes_per_second is not given: a collective ring step needs both");

@@ -9,7 +9,8 @@
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0 (the 16-bit rates >= 0, 0: not given); latencies and the overhead >= 0;
 // relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth;
-// extra_tensor_seconds, where set, and collective_overlap_loss finite numbers >= 0; `node` is
+// extra_tensor_seconds, where set, collective_overlap_loss, optimizer_tensor_seconds and
+// rank_skew_fraction finite numbers >= 0; `node` is
 // empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
 // O(1).
 //
@@ -84,6 +85,14 @@ struct Devices {
   // project's 2-core machine: a 130-tensor Transformer's step 1.7 ms where its bytes priced 0.8.
   // graphpipe/calibration.py measures it, with the optimizer the runs use.
   double optimizer_tensor_seconds = 0.0;
+  // How long a step's synchronisation of its ranks waits, per second of the busiest rank's
+  // compute, for the slowest of them (0: not measured; rank_skew_seconds). A rank's compute
+  // varies from step to step (by 4-6% here, on CPU ranks that share a machine), and a step that
+  // ends in collectives (the gradient sums, the closing loss sum) lasts as long as its slowest
+  // rank, where a simulator of mean durations sees each rank's mean: the expected maximum over
+  // the ranks less their mean. graphpipe/calibration.py measures it as just that, over ranks
+  // that compute between barriers: 0.024-0.031 on 2 Gloo ranks on 2 cores.
+  double rank_skew_fraction = 0.0;
   std::vector<std::vector<double>> link_bandwidth;  // bytes per second, [src][dst]
   std::vector<std::vector<double>> link_latency;    // seconds, [src][dst]
   std::vector<int> node;                            // node of each device; empty: one node
@@ -101,6 +110,13 @@ struct Devices {
   // extra_tensor_seconds where measured, else that link's latency.
   double extra_tensor_cost(int src, int dst) const {
     return extra_tensor_seconds ? *extra_tensor_seconds : link_latency[src][dst];
+  }
+
+  // What a step over `ranks` ranks waits for its slowest one, given its busiest rank's compute:
+  // rank_skew_fraction x compute_seconds, 0 for one rank (nobody to wait for). The one rule; the
+  // simulator (sim/simulate.h) and the planner's estimate (partition/evaluate.h) both charge it.
+  double rank_skew_seconds(double compute_seconds, int ranks) const {
+    return ranks > 1 ? rank_skew_fraction * compute_seconds : 0.0;
   }
 
   // The analytic compute rate of a model computing in `precision`: its 16-bit rate where given,

@@ -27,6 +27,7 @@ nlohmann::json to_json(const Devices& d) {
   if (d.float16_flops_per_second > 0.0) doc["float16_flops_per_second"] = d.float16_flops_per_second;
   if (d.extra_tensor_seconds) doc["extra_tensor_seconds"] = *d.extra_tensor_seconds;  // absent: unmeasured
   if (d.collective_overlap_loss > 0.0) doc["collective_overlap_loss"] = d.collective_overlap_loss;     // absent: 0
+  if (d.rank_skew_fraction > 0.0) doc["rank_skew_fraction"] = d.rank_skew_fraction;                    // absent: 0
   if (d.optimizer_tensor_seconds > 0.0) doc["optimizer_tensor_seconds"] = d.optimizer_tensor_seconds;  // absent: 0
   if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
     doc["collective_latency_seconds"] = d.collective_latency_seconds;
@@ -93,6 +94,7 @@ Devices devices_from_json(const nlohmann::json& doc) {
         std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second},
         std::pair{"collective_overlap_loss", &d.collective_overlap_loss},
         std::pair{"optimizer_tensor_seconds", &d.optimizer_tensor_seconds},
+        std::pair{"rank_skew_fraction", &d.rank_skew_fraction},
         std::pair{"bfloat16_flops_per_second", &d.bfloat16_flops_per_second},
         std::pair{"float16_flops_per_second", &d.float16_flops_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");

@@ -16,12 +16,24 @@
 namespace graphpipe::partition {
 
 double Evaluation::iteration_seconds(const Problem& problem) const {
-  const double fixed = problem.model->devices().step_overhead_seconds;
+  const double fixed = problem.model->devices().step_overhead_seconds + rank_skew_seconds(problem);
   if (problem.zero_bubble) {
     return static_cast<double>(problem.num_micro_batches) * split_bottleneck +
            static_cast<double>(depth - 1) * split_fill + optimizer_tail + fixed;
   }
   return pipeline_step(problem.num_micro_batches, depth, bottleneck) + optimizer_tail + fixed;
+}
+
+double Evaluation::rank_skew_seconds(const Problem& problem) const {
+  const cost::Devices& devices = problem.model->devices();
+  if (devices.rank_skew_fraction <= 0.0) return 0.0;
+  std::map<int, double> compute;  // per rank: the forwards and backwards of the stages it holds
+  for (const StageFigures& st : stages) {
+    for (int d : st.devices) compute[d] += static_cast<double>(problem.num_micro_batches) * (st.forward + st.backward);
+  }
+  double busiest = 0.0;
+  for (const auto& [rank, seconds] : compute) busiest = std::max(busiest, seconds);
+  return devices.rank_skew_seconds(busiest, static_cast<int>(compute.size()));
 }
 
 bool predicted_faster(double step, double bottleneck, double best_step, double best_bottleneck) {

@@ -87,12 +87,15 @@ struct Evaluation {
   int worst_memory_stage = -1;  // the stage with that overflow
   bool fits() const { return max_overflow <= 0.0; }
   // (num_micro_batches + depth - 1) x bottleneck + optimizer_tail + the step's fixed cost
-  // (cost::Devices::step_overhead_seconds); under the zero-bubble
+  // (cost::Devices::step_overhead_seconds and rank_skew_seconds); under the zero-bubble
   // schedule (Problem::zero_bubble) the fill and drain are ZB-H1's, whose weight-gradient halves
   // fill the bubbles: num_micro_batches x split_bottleneck + (depth - 1) x split_fill +
   // optimizer_tail (M (F + I + W) + (p - 1)(F + I - W) on a chain; with I = W = B / 2 the
   // 1F1B bottleneck's M (F + B) + (p - 1) F).
   double iteration_seconds(const Problem& problem) const;
+  // The step's wait for its slowest rank (cost::Devices::rank_skew_seconds) of the busiest rank's
+  // forwards and backwards, M per stage it holds; part of iteration_seconds' fixed cost.
+  double rank_skew_seconds(const Problem& problem) const;
 };
 
 // The 1F1B step of `micro_batches` micro-batches through `depth` stages whose slowest takes

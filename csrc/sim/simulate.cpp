@@ -525,7 +525,23 @@ std::string task_name(const Task& t) {
 
 namespace {
 
-// The step's length (its last task's end plus the fixed cost), the mean over a local-SGD period
+// The step's wait for its slowest rank: Devices::rank_skew_seconds of the busiest rank's compute
+// (its forwards and backwards, halves included), over the schedule's ranks (replicas included:
+// they compute as their lead does).
+double rank_skew(const std::vector<Task>& tasks, const Schedule& s, const cost::Devices& devices) {
+  std::vector<double> compute(static_cast<std::size_t>(s.num_ranks()), 0.0);
+  for (const Task& t : tasks) {
+    if (t.kind == TaskKind::forward || t.kind == TaskKind::backward || t.kind == TaskKind::backward_input ||
+        t.kind == TaskKind::backward_weight) {
+      compute[t.rank] += t.end - t.start;
+    }
+  }
+  const double busiest = compute.empty() ? 0.0 : *std::max_element(compute.begin(), compute.end());
+  return devices.rank_skew_seconds(busiest, s.num_ranks());
+}
+
+// The step's length (its last task's end plus the fixed cost and the wait for the slowest rank), the mean over a
+// local-SGD period
 // (`other`: the length of the other kind of step, when the plan averages), the samples and the
 // critical path back from the last task.
 void step_figures(SimResult& result, const Plan& plan, const Schedule& s, const cost::Devices& devices,
@@ -535,8 +551,10 @@ void step_figures(SimResult& result, const Plan& plan, const Schedule& s, const 
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     if (last < 0 || tasks[k].end >= tasks[last].end) last = static_cast<int>(k);
   }
-  // The step's fixed cost (Devices::step_overhead_seconds) comes on top of its tasks.
-  result.iteration_seconds = (last < 0 ? 0.0 : tasks[last].end) + devices.step_overhead_seconds;
+  // The step's fixed cost (Devices::step_overhead_seconds) comes on top of its tasks, and so
+  // does its wait for the slowest rank (Devices::rank_skew_seconds of the busiest rank's compute).
+  result.iteration_seconds =
+      (last < 0 ? 0.0 : tasks[last].end) + devices.step_overhead_seconds + rank_skew(tasks, s, devices);
   result.amortized_iteration_seconds = result.iteration_seconds;
   if (other_step) {
     // The other kind of step, for the mean over a period: one step in `period` averages.
@@ -660,11 +678,10 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   std::function<double()> other_step;
   if (averages) {
     other_step = [&] {
+      const std::vector<Task> tasks = Replay(plan, leads, devices, options, result.sync, !options.sync_step).run();
       double other = 0.0;
-      for (const Task& t : Replay(plan, leads, devices, options, result.sync, !options.sync_step).run()) {
-        other = std::max(other, t.end + devices.step_overhead_seconds);
-      }
-      return other;
+      for (const Task& t : tasks) other = std::max(other, t.end + devices.step_overhead_seconds);
+      return other + rank_skew(tasks, s, devices);
     };
   }
   step_figures(result, plan, s, devices, options, other_step);

@@ -123,6 +123,26 @@ TEST(CostDevices, OptimizerTensorFigureRoundTripsIsAbsentUnlessMeasuredAndNeverN
   }
 }
 
+TEST(CostDevices, RankSkewRoundTripsIsAbsentUnlessMeasuredAndWaitsOnlyAmongSeveralRanks) {
+  Devices d = v100(4, 2);
+  EXPECT_FALSE(to_json(d).contains("rank_skew_fraction"));
+  EXPECT_EQ(d.rank_skew_seconds(0.05, 4), 0.0);
+  d.rank_skew_fraction = 0.03;
+  EXPECT_DOUBLE_EQ(loads_devices(dumps(d)).rank_skew_fraction, 0.03);
+  EXPECT_DOUBLE_EQ(d.rank_skew_seconds(0.05, 2), 0.0015);
+  EXPECT_EQ(d.rank_skew_seconds(0.05, 1), 0.0);
+  nlohmann::json doc = to_json(d);
+  doc["rank_skew_fraction"] = -0.01;
+  EXPECT_THROW(devices_from_json(doc), FormatError);
+  d.rank_skew_fraction = std::numeric_limits<double>::infinity();
+  try {
+    d.validate();
+    FAIL() << "an infinite rank_skew_fraction validated";
+  } catch (const PlanningError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_skew_fraction"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CostDevices, ExtraTensorFigureRoundTripsAndIsAbsentUnlessMeasured) {
   Devices d = v100(4, 2);
   EXPECT_FALSE(loads_devices(dumps(d)).extra_tensor_seconds.has_value());

@@ -83,6 +83,31 @@ TEST(PartitionEvaluate, ExposedSyncFollowsTheBucketCapAsked) {
   EXPECT_LT(tail_with(mib), tail_with(cost::kDefaultBucketBytes));
 }
 
+TEST(PartitionEvaluate, TheStepChargesTheWaitForTheSlowestRankOfTheBusiestRank) {
+  // Three operators cut 2 + 1 on two devices: the estimate grows by the skew of the busier
+  // rank's M x (forward + backward); one stage on one device waits for nobody.
+  const double mib = 1024.0 * 1024.0;
+  auto g = chain3(4 * mib, 1e10);
+  auto step_with = [&](double skew, const std::vector<int>& labels) {
+    cost::Devices d = cost::v100(2);
+    d.rank_skew_fraction = skew;
+    cost::CostModel model(g, d);
+    pt::Problem p = pt::make_problem(model, 4, 2, 2, 1e12, {});
+    const pt::Evaluation ev = pt::evaluate(p, labels);
+    double busiest = 0.0;
+    const auto m = static_cast<double>(p.num_micro_batches);
+    for (const auto& st : ev.stages) busiest = std::max(busiest, m * (st.forward + st.backward));
+    return std::tuple{ev.iteration_seconds(p), busiest, ev.rank_skew_seconds(p)};
+  };
+  const auto [two, busiest, none] = step_with(0.0, {0, 0, 1});
+  EXPECT_EQ(none, 0.0);
+  const auto [skewed, busiest_again, wait] = step_with(0.05, {0, 0, 1});
+  EXPECT_DOUBLE_EQ(busiest_again, busiest);
+  EXPECT_DOUBLE_EQ(wait, 0.05 * busiest);
+  EXPECT_NEAR(skewed, two + 0.05 * busiest, 1e-12);
+  EXPECT_DOUBLE_EQ(std::get<0>(step_with(0.05, {0, 0, 0})), std::get<0>(step_with(0.0, {0, 0, 0})));
+}
+
 TEST(PartitionEvaluate, ExposedSyncChargesTheOverlapLossOfTheDevices) {
   // The same stage on devices whose collectives share the backward's cores: the first bucket's
   // sum, which runs beside the backward, costs the tail that much again (loss 1), as the

@@ -73,6 +73,28 @@ TEST(Simulate, MeasuredRuntimeCostsOfTheDevicesAreCharged) {
   EXPECT_DOUBLE_EQ(r.iteration_seconds, (M + S - 1) * 3.5 + 2.0);
 }
 
+TEST(Simulate, TheStepWaitsForItsSlowestRankInProportionToTheBusiestRanksCompute) {
+  // A chain of 4 stages, 8 micro-batches of f = 1, b = 2: each rank computes 8 x 3 = 24 s, so a
+  // skew of 0.1 adds 2.4 s to the step; on one rank (one stage) nobody is waited for.
+  const int S = 4, M = 8;
+  auto plan = chain_plan(S, M, 1.0, 2.0, 1000.0);
+  graphpipe::cost::Devices d = devices(S);
+  const double base = simulate(plan, generate(plan, Policy::one_f_one_b), d).iteration_seconds;
+  d.rank_skew_fraction = 0.1;
+  EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d).iteration_seconds, base + 0.1 * M * 3.0);
+  EXPECT_DOUBLE_EQ(d.rank_skew_seconds(24.0, S), 2.4);
+  // A heavier last stage (b = 6 there): the busiest rank's 8 x 7 s set the wait.
+  plan.stages[S - 1].backward_seconds = 6.0;
+  graphpipe::cost::Devices unmeasured = devices(S);
+  const double heavy = simulate(plan, generate(plan, Policy::one_f_one_b), unmeasured).iteration_seconds;
+  EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d).iteration_seconds, heavy + 0.1 * M * 7.0);
+  auto alone = chain_plan(1, M, 1.0, 2.0, 1000.0);
+  graphpipe::cost::Devices one = devices(1);
+  const double lone = simulate(alone, generate(alone, Policy::one_f_one_b), one).iteration_seconds;
+  one.rank_skew_fraction = 0.1;
+  EXPECT_DOUBLE_EQ(simulate(alone, generate(alone, Policy::one_f_one_b), one).iteration_seconds, lone);
+}
+
 TEST(Simulate, OneFOneBHoldsStagesToSinkFillDrainHoldsAll) {
   const int S = 4, M = 8;
   auto plan = chain_plan(S, M);

@@ -64,6 +64,9 @@ def test_measured_devices_carry_runtime_costs_through_json(tmp_path) -> None:
     # ... and SGD's price per parameter tensor (torch's CPU optimizers loop over them).
     assert 0.0 < devices.optimizer_tensor_seconds < 1e-3
     assert loaded.optimizer_tensor_seconds == devices.optimizer_tensor_seconds
+    # ... and how long the slower of the two keeps the other waiting, per second of compute.
+    assert 0.0 <= devices.rank_skew_fraction < 1.0
+    assert loaded.rank_skew_fraction == devices.rank_skew_fraction
 
 
 def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
@@ -132,6 +135,38 @@ def test_measurement_is_bounded_by_its_timeout() -> None:
     with pytest.raises(RuntimeError, match="runtime cost calibration failed on rank 0: .*gave no result"):
         runtime_costs(1, timeout=0.5)
     assert time.monotonic() - start < 30
+
+
+def _skew_of_unequal_ranks(rank: int, world: int) -> float:
+    from graphpipe.calibration import _rank_skew
+
+    # Rank r waits 10 ms x (r + 1): each round's slowest rank (the last) takes 10 x world ms
+    # against a mean of 10 x (world + 1) / 2.
+    return _rank_skew(lambda: time.sleep(0.01 * (rank + 1)), 12)
+
+
+def test_the_wait_for_the_slowest_rank_is_measured_per_second_of_compute() -> None:
+    from graphpipe.testing import run_ranks
+
+    results = run_ranks(_skew_of_unequal_ranks, 3, timeout=120)
+    assert all(r.ok for r in results), [(r.error_type, r.message) for r in results]
+    figures = [r.value for r in results]
+    assert len(set(figures)) == 1, figures  # every rank computed it from the same gathered times
+    assert figures[0] == pytest.approx((30 - 20) / 20, abs=0.08), figures  # slowest 30 ms, mean 20 ms
+    # The simulator charges it in proportion to the busiest rank's compute, on two ranks or more.
+    model, inputs = build_model(SPEC)
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.plan(graph, graphpipe.devices(2, "cpu"), "sequential", micro_batches=4, replicate=False)
+    devices = graphpipe.devices(2, "cpu")
+    base = graphpipe.simulate(plan, devices)
+    devices.rank_skew_fraction = 0.05
+    skewed = graphpipe.simulate(plan, devices)
+    compute = [sum(t.end - t.start for t in base.tasks if t.rank == r and t.kind in ("forward", "backward"))
+               for r in (0, 1)]
+    assert skewed.iteration_seconds == pytest.approx(base.iteration_seconds + 0.05 * max(compute), rel=1e-9)
+    # ... and the planner's own estimate of the same stages too.
+    planned = graphpipe.plan(graph, devices, "manual", manual=stage_assignment(plan, graph), micro_batches=4)
+    assert planned.predicted_iteration_seconds > plan.predicted_iteration_seconds
 
 
 def test_the_optimizer_is_priced_per_trained_tensor_of_each_stage() -> None:
