@@ -37,10 +37,11 @@ One more figure prices what a collective beside the compute costs it
 (``Devices.collective_overlap_loss``): the runtime posts a gradient bucket's all-reduce while the
 backward goes on, and the cost model would hide it behind that backward, but on Gloo CPU ranks
 the collective's threads share the cores the backward computes on. Each rank times a compute of
-its own (real work; for emulated runs, an emulated wait) alone and with an all-reduce of
-OVERLAP_BYTES posted at its start; the compute's lengthening over the lone all-reduce's time is
-the figure (0: the collective hides for free; 1: not at all). On 2 Gloo ranks on 2 cores it read
-0.8-2.0 (docs/results.md).
+its own (real work; for emulated runs, an emulated wait) alone and with OVERLAP_BUCKETS gradient
+buckets' all-reduces posted through its first half, as a backward posts them; the compute's
+lengthening over the buckets' lone all-reduce time is the figure (0: the collective hides for
+free; 1: not at all). On 2 Gloo ranks on 2 cores it read 0.8-2.0 with one all-reduce at the
+compute's start (docs/results.md).
 
 The last figure prices the optimizer step per parameter tensor (``Devices.optimizer_tensor_seconds``):
 torch's optimizers on CPU step their tensors one by one (the fused and foreach paths are for
@@ -54,7 +55,8 @@ And one prices the wait for the slowest rank (``Devices.rank_skew_fraction``): a
 varies from step to step, and a step that ends in collectives lasts as long as its slowest rank,
 while the simulator replays mean durations. The ranks run the same compute (real work, or an
 emulated wait) between barriers RANK_SKEW_REPEATS times; the slowest rank's time less the ranks'
-mean, per second of that mean, is the figure (0.024-0.031 on 2 ranks on 2 cores).
+mean, per second of that mean, is the figure (medians over rounds: 0.006-0.024 on 2 ranks on 2
+cores).
 
 All are measured with ``concurrency`` ranks working at once, as many as the runs they describe
 would have (with more ranks than cores every rank's CPU work is slowed by the others), on
@@ -110,10 +112,10 @@ BUCKET_BYTES = 1 << 20
 #: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
 #: latency dominates, large enough that bandwidth does (a few buckets).
 COLLECTIVE_SIZES = (64 << 10, 4 << 20)
-#: The all-reduce (bytes) posted beside a compute to time the overlap loss (_overlap_loss), and
-#: that compute's length (seconds, at least; and four times the all-reduce, so that the
-#: collective runs wholly beside it).
-OVERLAP_BYTES = COLLECTIVE_SIZES[1]
+#: The gradient buckets (of BUCKET_BYTES) posted beside a compute to time the overlap loss
+#: (_overlap_seconds), and that compute's length (seconds, at least; and four times the buckets'
+#: lone all-reduces, so that they run wholly beside it).
+OVERLAP_BUCKETS = 4
 OVERLAP_COMPUTE_SECONDS = 0.02
 #: Tensors of the optimizer step whose extra cost over one tensor is timed (_optimizer_tensor_seconds),
 #: and the elements of each (tiny: the step's memory traffic is priced apart, by its bytes).
@@ -272,7 +274,7 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
-    overlap = (_overlap_loss(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
+    overlap = (_overlap_seconds(reduces[BUCKET_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
                if world > 1 else 0.0)
     per_tensor = _optimizer_tensor_seconds(optimizer, max(steps, ALL_REDUCE_REPEATS), device) if wait == 0.0 else 0.0
     skew = _rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait), RANK_SKEW_REPEATS) if world > 1 else 0.0
@@ -313,9 +315,11 @@ def _compute(seconds: float, device: str = "cpu", wait: float = 0.0) -> Callable
 def _rank_skew(compute: Callable[[], None], repeats: int) -> float:
     """On one rank (every rank of the default group calls it): how long the slowest rank keeps the
     others waiting, per second of compute. Each round every rank runs ``compute`` after a barrier;
-    the rounds' times are gathered, and the figure is the sum over rounds of (the slowest rank's
-    time - the ranks' mean) over the sum of the means: what a step ending in a collective waits,
-    beyond its ranks' mean compute, for its slowest rank. 0 for one rank."""
+    the rounds' times are gathered, and the figure is the median over rounds of (the slowest
+    rank's time - the ranks' mean) over the median of the means: what a typical step ending in a
+    collective waits, beyond its ranks' mean compute, for its slowest rank (typical: the runs it
+    describes are reported by their median step; a mean let one stalled round of 40 move the
+    figure from 0.016 to 0.068). 0 for one rank."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
@@ -331,37 +335,53 @@ def _rank_skew(compute: Callable[[], None], repeats: int) -> float:
     dist.all_gather(every, times)
     rounds = torch.stack(every)  # [rank, round]
     mean = rounds.mean(dim=0)
-    return float((rounds.max(dim=0).values - mean).sum() / mean.sum()) if float(mean.sum()) > 0.0 else 0.0
+    typical = float(mean.median())
+    return float((rounds.max(dim=0).values - mean).median()) / typical if typical > 0.0 else 0.0
 
 
-def _overlap_loss(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
-    """On one rank (every rank calls it): the compute it loses per second of an all-reduce of
-    OVERLAP_BYTES posted beside it, whose lone time is ``all_reduce_seconds``. A compute of at
-    least OVERLAP_COMPUTE_SECONDS and four times the all-reduce (a real one, matrix products and
-    their backward; an emulated wait where ``wait`` > 0, as the runs it describes compute) is timed
-    alone and with the all-reduce posted at its start, interleaved; the medians' difference over
-    the all-reduce's time, clamped at 0."""
+def _overlap_seconds(bucket_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
+    """On one rank (every rank calls it): the compute it loses per gradient bucket whose all-reduce
+    is posted beside it, as the runtime posts them during a backward: OVERLAP_BUCKETS
+    all-reduces of BUCKET_BYTES each, one after each of the first OVERLAP_BUCKETS of
+    2 x OVERLAP_BUCKETS equal pieces of a compute, so that they run while it goes on. One bucket's
+    lone all-reduce takes ``bucket_seconds``. The compute (a real one, matrix products and their
+    backward; an emulated wait where ``wait`` > 0, as the runs it describes compute) lasts at least
+    OVERLAP_COMPUTE_SECONDS and 4 x the buckets' lone time, so that they finish within it; it is
+    timed alone and with the buckets, interleaved; the medians' difference per bucket, clamped
+    at 0. The loss is that over what the cost model prices one bucket's all-reduce at (_costs):
+    the figure the simulator multiplies by its priced buckets.
+
+    Why buckets, not one all-reduce of their size at the compute's start (the figure before
+    this stop's change): several collectives posted while the compute goes on wake Gloo's threads several
+    times, and on 2 ranks on 2 cores 4 buckets of 1 MiB lengthened a 25 ms compute by 4.8-8.4 ms
+    where one 4 MiB all-reduce at its start lengthened it by 3.0-4.4 ms; the simulator charges the
+    figure per bucket (cost::overlap_loss_seconds)."""
     import torch.distributed as dist
 
-    compute = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds), device, wait)
-    buf = torch.zeros(OVERLAP_BYTES // 4, device=device)
+    pieces = 2 * OVERLAP_BUCKETS
+    piece = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * OVERLAP_BUCKETS * bucket_seconds) / pieces, device, wait)
+    buckets = [torch.zeros(BUCKET_BYTES // 4, device=device) for _ in range(OVERLAP_BUCKETS)]
     alone: list[float] = []
     beside: list[float] = []
     for _ in range(max(repeats, 3)):
         dist.barrier()
         start = time.perf_counter()
-        compute()
+        for _ in range(pieces):
+            piece()
         _sync(device)
         alone.append(time.perf_counter() - start)
         dist.barrier()
         start = time.perf_counter()
-        work = dist.all_reduce(buf, async_op=True)
-        compute()
-        work.wait()
+        works = []
+        for k in range(pieces):
+            piece()
+            if k < OVERLAP_BUCKETS:
+                works.append(dist.all_reduce(buckets[k], async_op=True))
+        for work in works:
+            work.wait()
         _sync(device)
         beside.append(time.perf_counter() - start)
-    lost = statistics.median(beside) - statistics.median(alone)
-    return max(lost, 0.0) / all_reduce_seconds if all_reduce_seconds > 0.0 else 0.0
+    return max(statistics.median(beside) - statistics.median(alone), 0.0) / OVERLAP_BUCKETS
 
 
 def _extra_tensor_seconds(rank: int, world: int, repeats: int, device: str = "cpu") -> float | None:
@@ -455,7 +475,13 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, op
                           else (0.0, 0.0))
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
-    overlap = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
+    # The compute lost per bucket beside it, over the bucket's all-reduce as the cost model prices
+    # it from the fitted ring (2 (n - 1) steps of BUCKET_BYTES / n): the loss the simulator charges
+    # per priced second. A lone 1 MiB all-reduce over 2 ranks here reads 0.8 or 2.8 ms from one
+    # spawn to the next, while the compute lost per bucket stays 1.2-1.7 ms.
+    priced = 2.0 * (concurrency - 1) * (latency + BUCKET_BYTES / concurrency / bandwidth) if bandwidth > 0.0 else 0.0
+    lost = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
+    overlap = lost / priced if priced > 0.0 else 0.0
     per_tensor = statistics.median(v["optimizer_tensor"] for v in values)
     skew = values[0]["rank_skew"]  # every rank computed the same figure from the gathered times
     return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap,
