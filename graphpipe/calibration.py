@@ -354,7 +354,7 @@ def _overlap_seconds(bucket_seconds: float, repeats: int, device: str = "cpu", w
     Why buckets, not one all-reduce of their size at the compute's start (the figure before
     this stop's change): several collectives posted while the compute goes on wake Gloo's threads several
     times, and on 2 ranks on 2 cores 4 buckets of 1 MiB lengthened a 25 ms compute by 4.8-8.4 ms
-    where one 4 MiB all-reduce at its start lengthened it by 3.0-4.4 ms; the simulator charges the
+    where one 4 MiB all-reduce at its start lengthened it by 2.9-4.4 ms; the simulator charges the
     figure per bucket (cost::overlap_loss_seconds)."""
     import torch.distributed as dist
 
@@ -478,7 +478,7 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, op
     # The compute lost per bucket beside it, over the bucket's all-reduce as the cost model prices
     # it from the fitted ring (2 (n - 1) steps of BUCKET_BYTES / n): the loss the simulator charges
     # per priced second. A lone 1 MiB all-reduce over 2 ranks here reads 0.8 or 2.8 ms from one
-    # spawn to the next, while the compute lost per bucket stays 1.2-1.7 ms.
+    # spawn to the next, while the compute lost per bucket stays 1.0-2.0 ms.
     priced = 2.0 * (concurrency - 1) * (latency + BUCKET_BYTES / concurrency / bandwidth) if bandwidth > 0.0 else 0.0
     lost = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
     overlap = lost / priced if priced > 0.0 else 0.0

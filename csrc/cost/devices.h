@@ -87,7 +87,7 @@ struct Devices {
   double optimizer_tensor_seconds = 0.0;
   // How long a step's synchronisation of its ranks waits, per second of the busiest rank's
   // compute, for the slowest of them (0: not measured; rank_skew_seconds). A rank's compute
-  // varies from step to step (by 4-6% here, on CPU ranks that share a machine), and a step that
+  // varies from step to step (by 4-7% here, on CPU ranks that share a machine), and a step that
   // ends in collectives (the gradient sums, the closing loss sum) lasts as long as its slowest
   // rank, where a simulator of mean durations sees each rank's mean: the expected maximum over
   // the ranks less their mean. graphpipe/calibration.py measures it as just that, over ranks

@@ -251,6 +251,24 @@ def test_compare_emulated_reports_every_prediction(tmp_path: Path) -> None:
                            if calibration["link_latency_seconds"] >= calibration["extra_tensor_seconds"]
                            else ("measured", "latency"))
         assert row["simulated_seconds"][dearer] >= row["simulated_seconds"][cheaper] * (1 - 1e-12)
+    # The runtime terms measured this run travel with each plan's description, and each one the
+    # terms report turns off prices the plan no dearer (sim_terms_bench.py), all of them off the
+    # cheapest; on two ranks the wait for the slower one is charged wherever it was measured.
+    for term in ("collective_overlap_loss", "rank_skew_fraction", "optimizer_tensor_seconds"):
+        assert bound["graphpipe/graph+dp"]["plan"]["devices"].get(term, 0.0) == calibration[term], term
+    terms_out = tmp_path / "sim_terms.json"
+    result = subprocess.run([sys.executable, str(COMPARE.parent / "sim_terms_bench.py"), str(out), "--out",
+                             str(terms_out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    terms = {r["variant"]: r for r in json.loads(terms_out.read_text())["rows"]}
+    assert set(terms) == ran
+    for name, row in terms.items():
+        seconds = row["simulated_seconds"]
+        assert seconds["stored"] == pytest.approx(bound[name]["plan"]["simulated_iteration_seconds"], rel=1e-9)
+        assert all(seconds["none"] <= v * (1 + 1e-12) <= seconds["stored"] * (1 + 1e-9)
+                   for k, v in seconds.items() if k.startswith("no ")), seconds
+        if calibration["rank_skew_fraction"] > 0.0:
+            assert seconds["no rank_skew_fraction"] < seconds["stored"], seconds
 
 
 def test_table_marks_equal_pipelines_as_a_parity_check(capsys: pytest.CaptureFixture[str]) -> None:
