@@ -91,6 +91,7 @@ void bind_runtime_errors(py::module_& m) {
   auto& peer = py::register_exception<runtime::PeerError>(m, "PeerError", base.ptr());
   py::register_exception<runtime::PipelineTimeout>(m, "PipelineTimeout", peer.ptr());
   py::register_exception<runtime::TransferMismatch>(m, "TransferMismatch", base.ptr());
+  py::register_exception<runtime::InjectedFaultError>(m, "InjectedFault", base.ptr());
 
 #if GRAPHPIPE_WITH_CUDA
   m.attr("runtime_with_cuda") = true;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "runtime/errors.h"
 
 namespace graphpipe::runtime {
 
@@ -31,7 +32,7 @@ std::optional<InjectedFault> FaultPlan::take(schedule::OpKind kind) {
 void fire(const InjectedFault& fault, const std::string& where) {
   switch (fault.action) {
     case FaultAction::raise:
-      throw Error(fault.label + ": raise before " + where);
+      throw InjectedFaultError(fault.label + ": raise before " + where);
     case FaultAction::hang:
       std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
       return;

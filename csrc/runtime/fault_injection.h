@@ -14,7 +14,7 @@
 namespace graphpipe::runtime {
 
 enum class FaultAction : std::uint8_t {
-  raise,  // throw an Error naming the fault
+  raise,  // throw an InjectedFaultError (runtime/errors.h) naming the fault
   hang,   // sleep `seconds`, then go on
   kill,   // SIGKILL of this process
 };

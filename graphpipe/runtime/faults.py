@@ -51,8 +51,9 @@ KINDS: tuple[str, ...] = ("raise", "hang", "kill")
 _MAX_HANG_SECONDS = 900.0
 
 
-class InjectedFault(_C.GraphpipeError):
-    """The error a ``raise`` fault raises (a GraphpipeError, as the executor's is)."""
+#: The error a ``raise`` fault raises, in the executor's phases (C++ runtime/errors.h
+#: InjectedFaultError) and in Python's alike: one class, a GraphpipeError.
+InjectedFault = _C.InjectedFault
 
 
 @dataclass(frozen=True)

@@ -278,7 +278,7 @@ def _check_fault(results: list[Any], kind: str, victim: int, stages: dict[int, l
         message = got["message"]
         if r.rank == victim:
             if kind == "raise":  # its own error, as the executor raised it
-                assert got["error"] == "GraphpipeError", got
+                assert got["error"] == "InjectedFault", got  # the one type of an injected fault
                 assert f"injected fault GRAPHPIPE_FAULT={victim}:1:forward:raise on rank {victim}" in message, message
                 assert got["seconds"] < FAULT_TIMEOUT, got
             else:  # hang: it wakes to find itself named as the stuck rank, and does not wait on
@@ -294,7 +294,7 @@ def _check_fault(results: list[Any], kind: str, victim: int, stages: dict[int, l
                 assert got["error"] == "PeerError", (r.rank, got)
                 assert f"rank {r.rank}: {named}: " in message, message
                 if kind == "raise":
-                    assert f"GraphpipeError: injected fault GRAPHPIPE_FAULT={victim}:1:forward:raise" in message, message
+                    assert f"InjectedFault: injected fault GRAPHPIPE_FAULT={victim}:1:forward:raise" in message, message
                 else:
                     assert f"rank {victim} left without a word" in message, message
                 assert got["seconds"] < FAULT_TIMEOUT, (r.rank, got)
