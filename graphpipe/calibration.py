@@ -37,18 +37,18 @@ One more figure prices what a collective beside the compute costs it
 (``Devices.collective_overlap_loss``): the runtime posts a gradient bucket's all-reduce while the
 backward goes on, and the cost model would hide it behind that backward, but on Gloo CPU ranks
 the collective's threads share the cores the backward computes on. Each rank times a compute of
-its own (real work; for emulated runs, an emulated wait) alone and with OVERLAP_BUCKETS gradient
-buckets' all-reduces posted through its first half, as a backward posts them; the compute's
-lengthening over the buckets' lone all-reduce time is the figure (0: the collective hides for
-free; 1: not at all). On 2 Gloo ranks on 2 cores it read 0.8-2.0 with one all-reduce at the
-compute's start (docs/results.md).
+its own (real work; for emulated runs, an emulated wait) alone and with the sums of OVERLAP_BYTES
+of gradients, in the runtime's default buckets, posted through its first pieces as a backward
+posts them; the compute's lengthening over what the cost model prices those sums at is the figure
+(0: the collective hides for free; 1: not at all; docs/results.md has its readings).
 
 The last figure prices the optimizer step per parameter tensor (``Devices.optimizer_tensor_seconds``):
 torch's optimizers on CPU step their tensors one by one (the fused and foreach paths are for
 accelerators), so a step over many small tensors costs far more than its bytes. Each rank times
 ``optimizer.step()`` and ``zero_grad()`` (what ``Pipeline.step(optimizer=...)`` runs) over one
 tiny tensor and over OPTIMIZER_TENSORS of them, interleaved; the difference per extra tensor is the
-figure (an SGD step about 7 us a tensor on 2 ranks on 2 cores). Runs that emulate compute by waits
+figure (SGD 1.4-1.6 us a tensor, Adam 19 us, on 2 ranks on 2 cores; SGD unless
+``runtime_costs(optimizer=...)`` names another). Runs that emulate compute by waits
 step no real optimizer (benchmarks/compare.py waits the simulated step), so there it is 0.
 
 And one prices the wait for the slowest rank (``Devices.rank_skew_fraction``): a rank's compute
@@ -107,15 +107,16 @@ LINK_ATTEMPTS = 3
 MOST_PLAUSIBLE_BANDWIDTH = 2e13
 #: Tensors of the transfer whose extra cost over one tensor is timed (_extra_tensor_seconds).
 EXTRA_TENSORS = 8
-#: The runtime's default gradient bucket (cost/gradient_buckets.h), whose all-reduce is timed.
+#: The runtime's first gradient bucket (1 MiB; cost/gradient_buckets.h), whose all-reduce is timed
+#: for the reports.
 BUCKET_BYTES = 1 << 20
 #: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
 #: latency dominates, large enough that bandwidth does (a few buckets).
 COLLECTIVE_SIZES = (64 << 10, 4 << 20)
-#: The gradient buckets (of BUCKET_BYTES) posted beside a compute to time the overlap loss
-#: (_overlap_seconds), and that compute's length (seconds, at least; and four times the buckets'
-#: lone all-reduces, so that they run wholly beside it).
-OVERLAP_BUCKETS = 4
+#: The gradients (bytes, in the runtime's default buckets) whose sums are posted beside a compute
+#: to time the overlap loss (_overlap_seconds), and that compute's length (seconds, at least; and
+#: four times one all-reduce of them all, so that the sums run wholly beside it).
+OVERLAP_BYTES = COLLECTIVE_SIZES[1]
 OVERLAP_COMPUTE_SECONDS = 0.02
 #: Tensors of the optimizer step whose extra cost over one tensor is timed (_optimizer_tensor_seconds),
 #: and the elements of each (tiny: the step's memory traffic is priced apart, by its bytes).
@@ -125,7 +126,8 @@ TORCH_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_TENSOR_ELEMENTS = 16
 #: The compute (seconds) the ranks run between barriers to time how long the slowest keeps the
 #: others waiting (_rank_skew), and the rounds: a step's compute is tens of milliseconds, and the
-#: figure is a mean over rounds of a maximum, which needs more rounds than a median.
+#: figure is a median over rounds of a maximum less a mean, which needs more rounds than a median
+#: of one time.
 RANK_SKEW_COMPUTE_SECONDS = 0.04
 RANK_SKEW_REPEATS = 40
 #: All-reduces timed per size (at least): a median of 8 under 4 ranks on 2 busy cores moved the
@@ -274,19 +276,21 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
-    overlap = (_overlap_seconds(reduces[BUCKET_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
+    overlap = (_overlap_seconds(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
                if world > 1 else 0.0)
     per_tensor = _optimizer_tensor_seconds(optimizer, max(steps, ALL_REDUCE_REPEATS), device) if wait == 0.0 else 0.0
-    skew = _rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait), RANK_SKEW_REPEATS) if world > 1 else 0.0
+    skew = (_rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait, agree=True), RANK_SKEW_REPEATS)
+            if world > 1 else 0.0)
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
             "all_reduce": reduces, "extra_tensor": extra, "overlap_loss": overlap, "optimizer_tensor": per_tensor,
             "rank_skew": skew}
 
 
-def _compute(seconds: float, device: str = "cpu", wait: float = 0.0) -> Callable[[], None]:
+def _compute(seconds: float, device: str = "cpu", wait: float = 0.0, agree: bool = False) -> Callable[[], None]:
     """A compute of about ``seconds``: matrix products and their backward, repeated (the count
     set by timing a few), or an emulated wait where ``wait`` > 0, as the runs it describes
-    compute."""
+    compute. ``agree``: every rank of the default group (each calls it) runs the same count, the
+    largest any rank timed, so that the ranks' times differ by their speed, not their work."""
     from graphpipe.emulation import wait as emulated_wait
 
     if wait > 0.0:
@@ -303,6 +307,12 @@ def _compute(seconds: float, device: str = "cpu", wait: float = 0.0) -> Callable
         unit()
     _sync(device)
     units = max(1, round(seconds / max((time.perf_counter() - start) / 4, 1e-9)))
+    if agree:
+        import torch.distributed as dist
+
+        count = torch.tensor([units])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        units = int(count.item())
 
     def compute() -> None:
         for _ in range(units):
@@ -339,28 +349,31 @@ def _rank_skew(compute: Callable[[], None], repeats: int) -> float:
     return float((rounds.max(dim=0).values - mean).median()) / typical if typical > 0.0 else 0.0
 
 
-def _overlap_seconds(bucket_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
-    """On one rank (every rank calls it): the compute it loses per gradient bucket whose all-reduce
-    is posted beside it, as the runtime posts them during a backward: OVERLAP_BUCKETS
-    all-reduces of BUCKET_BYTES each, one after each of the first OVERLAP_BUCKETS of
-    2 x OVERLAP_BUCKETS equal pieces of a compute, so that they run while it goes on. One bucket's
-    lone all-reduce takes ``bucket_seconds``. The compute (a real one, matrix products and their
-    backward; an emulated wait where ``wait`` > 0, as the runs it describes compute) lasts at least
-    OVERLAP_COMPUTE_SECONDS and 4 x the buckets' lone time, so that they finish within it; it is
-    timed alone and with the buckets, interleaved; the medians' difference per bucket, clamped
-    at 0. The loss is that over what the cost model prices one bucket's all-reduce at (_costs):
-    the figure the simulator multiplies by its priced buckets.
+def _overlap_seconds(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
+    """On one rank (every rank calls it): the compute it loses to gradient sums posted beside it
+    as the runtime posts them during a backward: OVERLAP_BYTES of gradients in the runtime's
+    default buckets (``gradient_bucket_sizes``: a first bucket of 1 MiB, then the rest), each
+    bucket's all-reduce posted after one of the first pieces of a compute cut in 4 pieces per
+    bucket, so that they run while it goes on. ``all_reduce_seconds``: one lone all-reduce of
+    OVERLAP_BYTES. The compute (a real one, matrix products and their backward; an emulated wait
+    where ``wait`` > 0, as the runs it describes compute) lasts at least OVERLAP_COMPUTE_SECONDS
+    and 4 x that all-reduce, so that the sums finish within it; it is timed alone and with the
+    sums, interleaved; the medians' difference, clamped at 0. _costs divides it by what the cost
+    model prices those buckets' sums at: the figure the simulator multiplies by its priced
+    buckets (cost::overlap_loss_seconds).
 
-    Why buckets, not one all-reduce of their size at the compute's start (the figure before
-    this stop's change): several collectives posted while the compute goes on wake Gloo's threads several
-    times, and on 2 ranks on 2 cores 4 buckets of 1 MiB lengthened a 25 ms compute by 4.8-8.4 ms
-    where one 4 MiB all-reduce at its start lengthened it by 2.9-4.4 ms; the simulator charges the
-    figure per bucket (cost::overlap_loss_seconds)."""
+    Why buckets through the compute, not one all-reduce of their size at its start (the method
+    before 24be827): several collectives posted while the compute goes on wake Gloo's threads
+    several times, and on 2 ranks on 2 cores 4 buckets of 1 MiB lengthened a 25 ms compute by
+    4.8-8.4 ms where one 4 MiB all-reduce at its start lengthened it by 2.9-4.4 ms."""
     import torch.distributed as dist
 
-    pieces = 2 * OVERLAP_BUCKETS
-    piece = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * OVERLAP_BUCKETS * bucket_seconds) / pieces, device, wait)
-    buckets = [torch.zeros(BUCKET_BYTES // 4, device=device) for _ in range(OVERLAP_BUCKETS)]
+    from graphpipe._ext import _C
+
+    sizes = _C.gradient_bucket_sizes(float(OVERLAP_BYTES))
+    pieces = 4 * len(sizes)
+    piece = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds) / pieces, device, wait)
+    buckets = [torch.zeros(max(1, int(size) // 4), device=device) for size in sizes]
     alone: list[float] = []
     beside: list[float] = []
     for _ in range(max(repeats, 3)):
@@ -375,13 +388,29 @@ def _overlap_seconds(bucket_seconds: float, repeats: int, device: str = "cpu", w
         works = []
         for k in range(pieces):
             piece()
-            if k < OVERLAP_BUCKETS:
+            if k < len(buckets):
                 works.append(dist.all_reduce(buckets[k], async_op=True))
         for work in works:
             work.wait()
         _sync(device)
         beside.append(time.perf_counter() - start)
-    return max(statistics.median(beside) - statistics.median(alone), 0.0) / OVERLAP_BUCKETS
+    return max(statistics.median(beside) - statistics.median(alone), 0.0)
+
+
+def _priced_overlap_buckets(concurrency: int, latency: float, bandwidth: float) -> float:
+    """What the cost model prices the sums of OVERLAP_BYTES in the runtime's default buckets at,
+    over ``concurrency`` ranks whose collective link is (``latency``, ``bandwidth``): the ring
+    all-reduce of cost/all_reduce.h, through its binding. 0 for one rank or no link."""
+    if concurrency < 2 or bandwidth <= 0.0:
+        return 0.0
+    from graphpipe._ext import _C
+
+    devices = _C.Devices.cpu_rank(concurrency, measure=False)
+    devices.collective_latency_seconds = latency
+    devices.collective_bandwidth_bytes_per_second = bandwidth
+    ranks = list(range(concurrency))
+    return sum(_C.all_reduce_cost(devices, ranks, size, "ring").seconds
+               for size in _C.gradient_bucket_sizes(float(OVERLAP_BYTES)))
 
 
 def _extra_tensor_seconds(rank: int, world: int, repeats: int, device: str = "cpu") -> float | None:
@@ -475,11 +504,10 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, op
                           else (0.0, 0.0))
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
-    # The compute lost per bucket beside it, over the bucket's all-reduce as the cost model prices
-    # it from the fitted ring (2 (n - 1) steps of BUCKET_BYTES / n): the loss the simulator charges
-    # per priced second. A lone 1 MiB all-reduce over 2 ranks here reads 0.8 or 2.8 ms from one
-    # spawn to the next, while the compute lost per bucket stays 1.0-2.0 ms.
-    priced = 2.0 * (concurrency - 1) * (latency + BUCKET_BYTES / concurrency / bandwidth) if bandwidth > 0.0 else 0.0
+    # The compute lost to the sums beside it, over what the cost model prices those sums at from
+    # the fitted ring: the loss the simulator charges per priced second. A lone 1 MiB all-reduce
+    # over 2 ranks here reads 0.8 or 2.8 ms from one spawn to the next, so a timed one would not do.
+    priced = _priced_overlap_buckets(concurrency, latency, bandwidth)
     lost = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
     overlap = lost / priced if priced > 0.0 else 0.0
     per_tensor = statistics.median(v["optimizer_tensor"] for v in values)

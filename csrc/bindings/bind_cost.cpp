@@ -10,6 +10,7 @@
 #include "cost/cross_replica.h"
 #include "cost/devices.h"
 #include "cost/devices_json.h"
+#include "cost/gradient_buckets.h"
 #include "cost/in_flight.h"
 #include "cost/presets.h"
 #include "graph/precision.h"
@@ -125,6 +126,9 @@ void bind_cost_functions(py::module_& m) {
       .def("__repr__", [](const cost::AllReduceCost& c) {
         return "<AllReduceCost " + cost::to_string(c.algorithm) + " " + std::to_string(c.seconds * 1e3) + " ms>";
       });
+  m.def("gradient_bucket_sizes", &cost::bucket_sizes, py::arg("bytes"), py::arg("cap") = cost::kDefaultBucketBytes,
+        "The sizes of the gradient buckets that hold `bytes`, in start order: a first bucket of up to 1 MiB, "
+        "then equal buckets of at most `cap` (cost/gradient_buckets.h), as the runtime lays them out.");
   m.def(
       "all_reduce_cost",
       [](const Devices& d, const std::vector<int>& group, double bytes, const std::string& algorithm) {

@@ -72,18 +72,19 @@ struct Devices {
   std::optional<double> extra_tensor_seconds;
   // The compute a rank loses per second of a collective that runs beside it (0: none, the
   // collective has an engine of its own). On Gloo CPU ranks the collectives' threads share the
-  // cores with the backward they are meant to hide behind: with as many ranks as cores, an
-  // all-reduce posted at the start of a backward lengthened it by 0.8-2.0 times the all-reduce's
-  // own time (docs/results.md), so the overlap that a gradient bucket's sum is priced with does
-  // not happen. The simulator charges it (cost::overlap_loss_seconds, cost/gradient_buckets.h),
+  // cores with the backward they are meant to hide behind: with as many ranks as cores, gradient
+  // sums posted through a compute lengthened it by about their own priced time or more
+  // (docs/results.md), so the overlap that a gradient bucket's sum is priced with does not
+  // happen. The simulator charges it (cost::overlap_loss_seconds, cost/gradient_buckets.h),
   // and so does the planner's closed form; graphpipe/calibration.py measures it.
   double collective_overlap_loss = 0.0;
   // What the optimizer step costs per parameter tensor on top of its memory traffic (0: not
   // measured, the step is priced by its bytes alone; cost::optimizer_step_seconds). torch's
   // optimizers on CPU loop over the tensors one by one (their fused and foreach paths are for
-  // accelerators), and with the zero_grad after it an SGD step cost about 7 us a tensor on this
-  // project's 2-core machine: a 130-tensor Transformer's step 1.7 ms where its bytes priced 0.8.
-  // graphpipe/calibration.py measures it, with the optimizer the runs use.
+  // accelerators): with the zero_grad after it, each tensor cost SGD 1.4-1.6 us, SGD with
+  // momentum 5.4 us and Adam 19 us on this project's 2-core machine (Adam over a 130-tensor model:
+  // 2.5 ms that its bytes do not show). graphpipe/calibration.py measures it, with SGD unless
+  // told the optimizer the runs use (runtime_costs(optimizer=...)).
   double optimizer_tensor_seconds = 0.0;
   // How long a step's synchronisation of its ranks waits, per second of the busiest rank's
   // compute, for the slowest of them (0: not measured; rank_skew_seconds). A rank's compute

@@ -94,7 +94,8 @@ struct Evaluation {
   // 1F1B bottleneck's M (F + B) + (p - 1) F).
   double iteration_seconds(const Problem& problem) const;
   // The step's wait for its slowest rank (cost::Devices::rank_skew_seconds) of the busiest rank's
-  // forwards and backwards, M per stage it holds; part of iteration_seconds' fixed cost.
+  // forwards and backwards with their dispatch, M per stage it holds; part of iteration_seconds'
+  // fixed cost.
   double rank_skew_seconds(const Problem& problem) const;
 };
 

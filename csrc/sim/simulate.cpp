@@ -526,9 +526,14 @@ std::string task_name(const Task& t) {
 namespace {
 
 // The step's wait for its slowest rank: Devices::rank_skew_seconds of the busiest rank's compute
-// (its forwards and backwards, halves included), over the schedule's ranks (replicas included:
-// they compute as their lead does).
+// (its forwards and backwards, halves included), over the ranks that hold a stage (replicas
+// included: they compute as their lead does; a rank of the description that holds none waits for
+// nobody and keeps nobody waiting).
 double rank_skew(const std::vector<Task>& tasks, const Schedule& s, const cost::Devices& devices) {
+  std::vector<int> holding;
+  for (const auto& ranks : s.stage_ranks) holding.insert(holding.end(), ranks.begin(), ranks.end());
+  std::sort(holding.begin(), holding.end());
+  holding.erase(std::unique(holding.begin(), holding.end()), holding.end());
   std::vector<double> compute(static_cast<std::size_t>(s.num_ranks()), 0.0);
   for (const Task& t : tasks) {
     if (t.kind == TaskKind::forward || t.kind == TaskKind::backward || t.kind == TaskKind::backward_input ||
@@ -537,7 +542,7 @@ double rank_skew(const std::vector<Task>& tasks, const Schedule& s, const cost::
     }
   }
   const double busiest = compute.empty() ? 0.0 : *std::max_element(compute.begin(), compute.end());
-  return devices.rank_skew_seconds(busiest, s.num_ranks());
+  return devices.rank_skew_seconds(busiest, static_cast<int>(holding.size()));
 }
 
 // The step's length (its last task's end plus the fixed cost and the wait for the slowest rank), the mean over a

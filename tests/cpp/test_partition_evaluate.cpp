@@ -96,7 +96,7 @@ TEST(PartitionEvaluate, TheStepChargesTheWaitForTheSlowestRankOfTheBusiestRank) 
     const pt::Evaluation ev = pt::evaluate(p, labels);
     double busiest = 0.0;
     const auto m = static_cast<double>(p.num_micro_batches);
-    for (const auto& st : ev.stages) busiest = std::max(busiest, m * (st.forward + st.backward));
+    for (const auto& st : ev.stages) busiest = std::max(busiest, m * (st.forward + st.backward + st.dispatch));
     return std::tuple{ev.iteration_seconds(p), busiest, ev.rank_skew_seconds(p)};
   };
   const auto [two, busiest, none] = step_with(0.0, {0, 0, 1});
@@ -106,6 +106,18 @@ TEST(PartitionEvaluate, TheStepChargesTheWaitForTheSlowestRankOfTheBusiestRank) 
   EXPECT_DOUBLE_EQ(wait, 0.05 * busiest);
   EXPECT_NEAR(skewed, two + 0.05 * busiest, 1e-12);
   EXPECT_DOUBLE_EQ(std::get<0>(step_with(0.05, {0, 0, 0})), std::get<0>(step_with(0.0, {0, 0, 0})));
+  // Folded: stages 0 and 2 on device 0, stage 1 on device 1: device 0's two stages add up.
+  cost::Devices d = cost::v100(2);
+  d.rank_skew_fraction = 0.05;
+  cost::CostModel model(g, d);
+  pt::Problem p = pt::make_problem(model, 4, 2, 3, 1e12, {});
+  const pt::Evaluation folded = pt::evaluate(p, {0, 1, 2}, {}, {{0}, {1}, {0}});
+  ASSERT_EQ(folded.stages.size(), 3U);
+  const auto work = [&](int st) {
+    const auto& s = folded.stages[st];
+    return static_cast<double>(p.num_micro_batches) * (s.forward + s.backward + s.dispatch);
+  };
+  EXPECT_DOUBLE_EQ(folded.rank_skew_seconds(p), 0.05 * std::max(work(0) + work(2), work(1)));
 }
 
 TEST(PartitionEvaluate, ExposedSyncChargesTheOverlapLossOfTheDevices) {

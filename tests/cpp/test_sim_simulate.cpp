@@ -89,10 +89,15 @@ TEST(Simulate, TheStepWaitsForItsSlowestRankInProportionToTheBusiestRanksCompute
   const double heavy = simulate(plan, generate(plan, Policy::one_f_one_b), unmeasured).iteration_seconds;
   EXPECT_DOUBLE_EQ(simulate(plan, generate(plan, Policy::one_f_one_b), d).iteration_seconds, heavy + 0.1 * M * 7.0);
   auto alone = chain_plan(1, M, 1.0, 2.0, 1000.0);
-  graphpipe::cost::Devices one = devices(1);
-  const double lone = simulate(alone, generate(alone, Policy::one_f_one_b), one).iteration_seconds;
-  one.rank_skew_fraction = 0.1;
-  EXPECT_DOUBLE_EQ(simulate(alone, generate(alone, Policy::one_f_one_b), one).iteration_seconds, lone);
+  for (int count : {1, 2}) {  // one rank, and one rank of a description of two (the other idle)
+    graphpipe::cost::Devices one = devices(count);
+    alone.num_devices = count;
+    const auto schedule = generate(alone, Policy::one_f_one_b);
+    ASSERT_EQ(schedule.num_ranks(), count);
+    const double lone = simulate(alone, schedule, one).iteration_seconds;
+    one.rank_skew_fraction = 0.1;
+    EXPECT_DOUBLE_EQ(simulate(alone, schedule, one).iteration_seconds, lone) << count << " devices";
+  }
 }
 
 TEST(Simulate, OneFOneBHoldsStagesToSinkFillDrainHoldsAll) {
