@@ -131,3 +131,16 @@ def survivor_errors(results: list[RankResult], victim: int, timeout: float) -> l
         assert r.value["elapsed"] < 2 * timeout, r.value
         survivors.append(r.value)
     return survivors
+
+
+def reported_results(results: list[RankResult], victim: int, kind: str) -> list[RankResult]:
+    """The ranks of a fault case that must have reported: all of ``results``, checked to have
+    run to their end, but a ``victim`` killed (``kind == "kill"``), checked to have died so."""
+    reported = []
+    for r in results:
+        if r.rank == victim and kind == "kill":
+            assert not r.ok and r.error_type == "Killed", (r.error_type, r.message)
+            continue
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+        reported.append(r)
+    return reported

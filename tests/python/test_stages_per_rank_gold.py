@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.testing import reference_state, run_cases, run_ranks
+from graphpipe.testing import reference_state, reported_results, run_cases, run_ranks
 
 STEPS = 3
 MICRO_BATCHES = 4
@@ -265,11 +265,7 @@ def _check_fault(results: list[Any], kind: str, victim: int, stages: dict[int, l
     the timeout, or the timeout and 5 s for a hang; the victim, unless killed, itself), and no
     pipeline steps on afterwards."""
     named = f"the pipeline failed on rank {victim}"
-    for r in results:
-        if r.rank == victim and kind == "kill":
-            assert not r.ok and r.error_type == "Killed", (r.error_type, r.message)
-            continue
-        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.message}\n{r.traceback}"
+    for r in reported_results(results, victim, kind):
         got = r.value
         if stages is not None:  # this rank ran both of its stages
             assert got["stages"] == stages[r.rank], (r.rank, got["stages"])
