@@ -33,7 +33,7 @@ def calibrated_devices(count: int) -> tuple[Any, RuntimeCosts, dict[str, float]]
                             "step_overhead_seconds": costs.step_overhead_seconds,
                             "extra_tensor_seconds": costs.extra_tensor_seconds,
                             "collective_overlap_loss": costs.collective_overlap_loss,
-                            "optimizer_tensor_seconds": costs.optimizer_tensor_seconds,
+                            "optimizer_tensor_seconds": dict(costs.optimizer_tensor_seconds),
                             "rank_skew_fraction": costs.rank_skew_fraction}
 
 
@@ -42,5 +42,9 @@ if __name__ == "__main__":
 
     for count in [int(a) for a in sys.argv[1:]] or [2]:
         _, _, figures = calibrated_devices(count)
-        print(f"{count} ranks: " + ", ".join(f"{key} {value if value is None else f'{value:.6g}'}"
-                                             for key, value in figures.items()))
+        def shown(value: object) -> str:
+            if isinstance(value, dict):
+                return "{" + ", ".join(f"{k} {v:.6g}" for k, v in value.items()) + "}"
+            return str(value) if value is None else f"{value:.6g}"
+
+        print(f"{count} ranks: " + ", ".join(f"{key} {shown(value)}" for key, value in figures.items()))

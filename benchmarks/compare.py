@@ -107,6 +107,9 @@ BENCH_SPECS = {
     "transformer": "transformer:depth=8,seq=32,hidden=128,heads=4,ffn=256,batch=32",
 }
 LR = 0.001
+#: The optimizer every run steps (torch.optim.SGD at LR); the plans size Adam's memory, the
+#: planner's default, but the simulator prices this one's step.
+RUN_OPTIMIZER = "sgd"
 MIB = 2**20
 PEER_BUILD_FAILED = "a peer rank could not build this variant"
 #: The ratio columns of the table: every variant against these (same model, ranks and limit).
@@ -438,6 +441,16 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     return calibrated_description(preset, world, slowdown, calibration)
 
 
+def sgd_tensor_price(calibration: dict) -> dict[str, float]:
+    """The report's measured price per parameter tensor of SGD's step, as
+    ``Devices.optimizer_tensor_seconds`` takes it ({}: not measured). Reports before prices were
+    kept per optimizer hold one number, measured with SGD."""
+    prices = calibration.get("optimizer_tensor_seconds") or {}
+    if not isinstance(prices, dict):
+        prices = {"sgd": float(prices)}
+    return {"sgd": prices["sgd"]} if "sgd" in prices else {}
+
+
 def calibrated_description(devices: Any, world: int, slowdown: float, calibration: dict | None) -> Any:
     """``devices`` (a preset description) with the report's measured ``calibration`` of ``world``
     ranks (None: the preset's own figures) and ``slowdown`` applied, as _device_model makes it
@@ -460,9 +473,12 @@ def calibrated_description(devices: Any, world: int, slowdown: float, calibratio
         # What an all-reduce beside the backward costs it on these ranks (absent from reports
         # written before it was measured: nothing).
         devices.collective_overlap_loss = calibration.get("collective_overlap_loss", 0.0)
-        # The SGD step's price per parameter tensor (absent from reports written before it was
-        # measured, and 0 for emulated runs, which step no real optimizer: nothing).
-        devices.optimizer_tensor_seconds = calibration.get("optimizer_tensor_seconds", 0.0)
+        # The SGD step's price per parameter tensor: the optimizer these runs step (absent from
+        # reports written before it was measured, and from emulated runs, which step no real
+        # optimizer: nothing; a bare number in reports written before prices were kept per
+        # optimizer, measured with SGD). Only SGD's: the plans size Adam's memory, but what the
+        # runs pay per tensor is SGD's loop (simulate_plans simulates SGD's step).
+        devices.optimizer_tensor_seconds = sgd_tensor_price(calibration)
         # The wait for the slowest rank, per second of compute (absent from older reports: none).
         devices.rank_skew_fraction = calibration.get("rank_skew_fraction", 0.0)
     devices.relative_speed = devices.relative_speed / slowdown
@@ -583,7 +599,7 @@ def whole_model(graph: Any, one: Any, rows: int) -> tuple[Any, Any]:
     figures = whole.stages[0]
     try:
         return figures, emulation_segments(graph, rows, figures.forward_seconds, figures.backward_seconds,
-                                           optimizer_seconds(graphpipe.simulate(whole, one), 1)[0])
+                                           optimizer_seconds(graphpipe.simulate(whole, one, optimizer=RUN_OPTIMIZER), 1)[0])
     except Exception as exc:  # only the emulated data-parallel variants need it
         return figures, f"{type(exc).__name__}: {exc}"
 
@@ -780,7 +796,7 @@ def _torch_cut(graph: Any, devices: Any, plan: Any, labels: dict[str, int], micr
     at_m = plan if same and m == plan.num_micro_batches else \
         graphpipe.plan(graph, devices, "manual", manual=labels, micro_batches=m)
     return _TorchCut(labels, k, m, [(s.forward_seconds, s.backward_seconds) for s in at_m.stages],
-                     optimizer_seconds(graphpipe.simulate(at_m, devices), k), peak_rank_memory(at_m),
+                     optimizer_seconds(graphpipe.simulate(at_m, devices, optimizer=RUN_OPTIMIZER), k), peak_rank_memory(at_m),
                      [s.memory_bytes for s in at_m.stages])
 
 
@@ -791,7 +807,7 @@ def simulate_plans(plans: dict[str, Any], graph: Any, devices: Any) -> dict[str,
     info: dict[str, dict] = {}
     for name, p in plans.items():
         for kind in sorted({p.schedule} | ({"zb_graph"} if name == "graphpipe" else set())):
-            result = graphpipe.simulate(p, devices, kind)
+            result = graphpipe.simulate(p, devices, kind, optimizer=RUN_OPTIMIZER)
             info[name + (" zb" if kind == "zb_graph" else "")] = {
                 "stages": p.num_stages, "depth": p.depth, "micro_batches": p.num_micro_batches,
                 "micro_batch_size": p.micro_batch_size, "partitioner": p.partitioner,
@@ -943,7 +959,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                               "collective_bandwidth_bytes_per_second": costs.collective_bandwidth_bytes_per_second,
                               "extra_tensor_seconds": costs.extra_tensor_seconds,
                               "collective_overlap_loss": costs.collective_overlap_loss,
-                              "optimizer_tensor_seconds": costs.optimizer_tensor_seconds,
+                              "optimizer_tensor_seconds": dict(costs.optimizer_tensor_seconds),
                               "rank_skew_fraction": costs.rank_skew_fraction,
                               "dispatch_wait_seconds": wait}
         if launch.rank == 0:
@@ -954,7 +970,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                   f"instruction{' (between emulated waits)' if wait else ''} and "
                   f"{costs.step_overhead_seconds * 1e3:.2f} ms per step, an all-reduce beside compute costs it "
                   f"{costs.collective_overlap_loss:.2f}x its time, the SGD step "
-                  f"{costs.optimizer_tensor_seconds * 1e6:.1f} us per parameter tensor, the slowest rank "
+                  f"{costs.optimizer_tensor_seconds.get('sgd', 0.0) * 1e6:.1f} us per parameter tensor, the slowest rank "
                   f"{costs.rank_skew_fraction:.3f} s per second of compute", file=sys.stderr)
     return calibration
 

@@ -73,7 +73,7 @@ def measure(name: str, steps: int, calibration: dict[str, float]) -> dict[str, A
     row = sim_gap_bench.v_row(name, WORLD, calibration)
     if row.reason:
         return {"model": name, "unavailable": row.reason}
-    simulated = graphpipe.simulate(row.plan, row.devices, "zb_graph").iteration_seconds
+    simulated = graphpipe.simulate(row.plan, row.devices, "zb_graph", optimizer=compare.RUN_OPTIMIZER).iteration_seconds
     ranks = expect_ok(run_ranks(_rank, WORLD, row.spec, row.plan_json, steps, timeout=1800))
     seconds = ranks[0].value  # rank 0's steps: every step ends with the ranks' closing loss sum
     bound, free = statistics.median(seconds["bound"]), statistics.median(seconds["free"])

@@ -115,7 +115,7 @@ def measure(name: str, steps: int, calibration: dict[str, float], launch: compar
     row = sim_gap_bench.v_row(name, WORLD, calibration)
     if row.reason:
         return {"model": name, "unavailable": row.reason}
-    sim = graphpipe.simulate(row.plan, row.devices, "zb_graph")
+    sim = graphpipe.simulate(row.plan, row.devices, "zb_graph", optimizer=compare.RUN_OPTIMIZER)
     ranks = expect_ok(run_ranks(_rank, WORLD, row.spec, row.plan_json, steps, timeout=1800,
                                 bind_cpus=launch.binds(WORLD)))
     values = [r.value for r in ranks]

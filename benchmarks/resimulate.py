@@ -76,7 +76,8 @@ def resimulate(report: dict) -> list[dict]:
         simulated = {}
         for rule, figure in (("measured", measured_figure), ("latency", None)):
             devices.extra_tensor_seconds = figure
-            simulated[rule] = graphpipe.simulate(plan, devices, r["plan"]["schedule"]).iteration_seconds
+            simulated[rule] = graphpipe.simulate(plan, devices, r["plan"]["schedule"],
+                                                 optimizer=compare.RUN_OPTIMIZER).iteration_seconds
         rows.append({"model": r["model"], "world": r["world"], "variant": r["variant"],
                      "most_tensors_per_edge": max((e.tensors for e in plan.edges), default=0),
                      "run_seconds": r["median_seconds"], "description": "stored" if stored else "rebuilt",

@@ -367,7 +367,7 @@ def measure(name: str, world: int, steps: int, calibration: dict[str, float], la
     row = v_row(name, world, calibration)
     if row.reason:
         return {"model": name, "spec": row.spec, "unavailable": row.reason}
-    sim = graphpipe.simulate(row.plan, row.devices, "zb_graph")
+    sim = graphpipe.simulate(row.plan, row.devices, "zb_graph", optimizer=compare.RUN_OPTIMIZER)
     ranks = expect_ok(run_ranks(_rank, world, row.spec, row.plan_json, steps, timeout=1800,
                                 bind_cpus=launch.binds(world)))
     out = analyse(row.plan, sim, [r.value for r in ranks])

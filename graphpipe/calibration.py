@@ -47,9 +47,10 @@ torch's optimizers on CPU step their tensors one by one (the fused and foreach p
 accelerators), so a step over many small tensors costs far more than its bytes. Each rank times
 ``optimizer.step()`` and ``zero_grad()`` (what ``Pipeline.step(optimizer=...)`` runs) over one
 tiny tensor and over OPTIMIZER_TENSORS of them, interleaved; the difference per extra tensor is the
-figure (SGD 1.4-1.6 us a tensor, Adam 19 us, on 2 ranks on 2 cores; SGD unless
-``runtime_costs(optimizer=...)`` names another). Runs that emulate compute by waits
-step no real optimizer (benchmarks/compare.py waits the simulated step), so there it is 0.
+figure, one per optimizer a plan can name (TORCH_OPTIMIZERS: SGD 1.4-1.6 us a tensor, SGD with
+momentum 5.4 us, Adam 19 us, on 2 ranks on 2 cores), so that a plan made for Adam is priced
+Adam's loop. Runs that emulate compute by waits step no real optimizer (benchmarks/compare.py
+waits the simulated step), so there none is measured.
 
 And one prices the wait for the slowest rank (``Devices.rank_skew_fraction``): a rank's compute
 varies from step to step, and a step that ends in collectives lasts as long as its slowest rank,
@@ -74,7 +75,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -121,8 +122,6 @@ OVERLAP_COMPUTE_SECONDS = 0.02
 #: Tensors of the optimizer step whose extra cost over one tensor is timed (_optimizer_tensor_seconds),
 #: and the elements of each (tiny: the step's memory traffic is priced apart, by its bytes).
 OPTIMIZER_TENSORS = 128
-#: The optimizers the per-tensor cost can be timed with: graphpipe.OPTIMIZERS' names.
-TORCH_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_TENSOR_ELEMENTS = 16
 #: The compute (seconds) the ranks run between barriers to time how long the slowest keeps the
 #: others waiting (_rank_skew), and the rounds: a step's compute is tens of milliseconds, and the
@@ -156,26 +155,23 @@ class RuntimeCosts:
     # The compute a rank loses per second of an all-reduce beside it
     # (``Devices.collective_overlap_loss``; 0 for one rank, which sums nothing).
     collective_overlap_loss: float = 0.0
-    # What the optimizer step costs per parameter tensor (``Devices.optimizer_tensor_seconds``; 0
-    # where the runs described step no real optimizer: emulated compute).
-    optimizer_tensor_seconds: float = 0.0
-    # The optimizer it was measured with (a name of ``graphpipe.OPTIMIZERS``).
-    optimizer: str = "sgd"
+    # What the optimizer step costs per parameter tensor, per optimizer of TORCH_OPTIMIZERS
+    # (``Devices.optimizer_tensor_seconds``; empty where the runs described step no real
+    # optimizer: emulated compute).
+    optimizer_tensor_seconds: dict[str, float] = field(default_factory=dict)
     # How long the slowest rank keeps the others waiting per second of compute
     # (``Devices.rank_skew_fraction``; 0 for one rank).
     rank_skew_fraction: float = 0.0
 
 
-def _torch_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """The torch optimizer a planner optimizer name stands for, as graphpipe's benchmarks and
-    examples build it: plain SGD, SGD with momentum, Adam (AdamW for "adamw")."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.01)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    if name in ("adam", "adamw"):
-        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=1e-3)
-    raise ValueError(f"calibration: unknown optimizer {name!r}; one of {', '.join(TORCH_OPTIMIZERS)}")
+#: The torch optimizer each optimizer name of the planner stands for (``graphpipe.OPTIMIZERS``
+#: without "adamw", which it prices as "adam"), as graphpipe's benchmarks and examples build it:
+#: the ones whose per-tensor price is timed.
+TORCH_OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01),
+    "momentum": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+}
 
 
 def _optimizer_tensor_seconds(name: str, repeats: int, device: str = "cpu") -> float:
@@ -188,7 +184,7 @@ def _optimizer_tensor_seconds(name: str, repeats: int, device: str = "cpu") -> f
     for k in counts:
         params = [torch.zeros(OPTIMIZER_TENSOR_ELEMENTS, device=device, requires_grad=True) for _ in range(k)]
         grads = [torch.full_like(p, 1e-3) for p in params]
-        setups[k] = (params, grads, _torch_optimizer(name, params))
+        setups[k] = (params, grads, TORCH_OPTIMIZERS[name](params))
     samples: dict[int, list[float]] = {k: [] for k in counts}
     for _ in range(max(repeats, 3) + 1):  # the first round builds the optimizers' state: not timed
         for k, (params, grads, optimizer) in setups.items():
@@ -242,11 +238,11 @@ def _spawned(fn: Any, concurrency: int, timeout: float, what: str, *args: Any, b
 
 
 def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ...], steps: int,
-                  device: str = "cpu", wait: float = 0.0, optimizer: str = "sgd") -> dict[str, Any]:
+                  device: str = "cpu", wait: float = 0.0) -> dict[str, Any]:
     """On one rank: its own one-rank pipeline's step times at each micro-batch count, every
     forward and backward an emulated compute of ``wait`` seconds (interleaved, so a burst of load
     hits every count alike), the time of the closing all-reduce of one number over all
-    ``world`` ranks, and (without waits) the optimizer's per-tensor cost."""
+    ``world`` ranks, and (without waits) every optimizer's per-tensor cost."""
     import torch.distributed as dist
 
     import graphpipe
@@ -278,7 +274,8 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
     overlap = (_overlap_seconds(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
                if world > 1 else 0.0)
-    per_tensor = _optimizer_tensor_seconds(optimizer, max(steps, ALL_REDUCE_REPEATS), device) if wait == 0.0 else 0.0
+    per_tensor = ({name: _optimizer_tensor_seconds(name, max(steps, ALL_REDUCE_REPEATS), device)
+                   for name in TORCH_OPTIMIZERS} if wait == 0.0 else {})
     skew = (_rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait, agree=True), RANK_SKEW_REPEATS)
             if world > 1 else 0.0)
     return {"steps": {m: statistics.median(s) for m, s in samples.items()}, "closing": reduces[4],
@@ -494,7 +491,7 @@ def _fit(steps: dict[int, float]) -> tuple[float, float]:
     return slope, max(my - slope * mx, 0.0)
 
 
-def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, optimizer: str = "sgd") -> RuntimeCosts:
+def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) -> RuntimeCosts:
     fits = [_fit(v["steps"]) for v in values]
     # Each instruction's emulated compute is the planner's to price, not the runtime's.
     instruction = max(statistics.median(f[0] for f in fits) - wait, 0.0)
@@ -510,16 +507,17 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0, op
     priced = _priced_overlap_buckets(concurrency, latency, bandwidth)
     lost = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
     overlap = lost / priced if priced > 0.0 else 0.0
-    per_tensor = statistics.median(v["optimizer_tensor"] for v in values)
+    per_tensor = {name: statistics.median(v["optimizer_tensor"][name] for v in values)
+                  for name in values[0]["optimizer_tensor"]}
     skew = values[0]["rank_skew"]  # every rank computed the same figure from the gathered times
     return RuntimeCosts(instruction, step, concurrency, reduce[BUCKET_BYTES], latency, bandwidth, extra, overlap,
-                        per_tensor, optimizer, skew)
+                        per_tensor, skew)
 
 
 def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_SPEC,
                   micro_batches: tuple[int, ...] = MICRO_BATCHES, timeout: float = 60.0,
                   in_group: bool = False, device: str = "cpu", wait: float = 0.0,
-                  bind_cpus: bool = False, optimizer: str = "sgd") -> RuntimeCosts:
+                  bind_cpus: bool = False) -> RuntimeCosts:
     """graphpipe's runtime costs (per instruction, per step) on ``concurrency`` spawned ranks
     working at once (medians over the ranks), within ``timeout`` seconds; ``in_group``: on the
     ranks of the current process group instead (every rank calls it, every rank gets the figures;
@@ -529,10 +527,7 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     taken off the figure again (0: the runtime alone, every rank dispatching without a pause, as
     ranks that compute for real are busy; EMULATED_WAIT for runs whose compute is emulated by
     waits). ``bind_cpus``: each spawned rank on a CPU of its own (local_ranks.run_ranks), as the
-    runs it describes. ``optimizer``: the one the runs step (a name of ``graphpipe.OPTIMIZERS``),
-    whose per-tensor cost is timed."""
-    if optimizer not in TORCH_OPTIMIZERS:
-        raise ValueError(f"runtime_costs: unknown optimizer {optimizer!r}; one of {', '.join(TORCH_OPTIMIZERS)}")
+    runs it describes."""
     if concurrency < 1:
         raise ValueError(f"runtime_costs: concurrency must be at least 1, got {concurrency}")
     if not wait >= 0.0:
@@ -540,11 +535,11 @@ def runtime_costs(concurrency: int = 1, *, steps: int = 8, spec: str = DISPATCH_
     if len(set(micro_batches)) < 2:
         raise ValueError(f"runtime_costs: needs two different micro-batch counts, got {micro_batches}")
     if in_group:
-        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait, optimizer)
+        values = _in_group(_step_samples, spec, tuple(micro_batches), steps, device, wait)
     else:
         values = _spawned(_step_samples, concurrency, timeout, "runtime cost", spec, tuple(micro_batches), steps,
-                          device, wait, optimizer, bind_cpus=bind_cpus)
-    return _costs(values, len(values), wait, optimizer)
+                          device, wait, bind_cpus=bind_cpus)
+    return _costs(values, len(values), wait)
 
 
 @functools.cache
@@ -557,7 +552,7 @@ def apply_runtime_costs(devices: Any, concurrency: int = 1, costs: RuntimeCosts 
     collective link figures (``collective_latency_seconds``,
     ``collective_bandwidth_bytes_per_second``; 0 from one rank: collectives priced from the links),
     ``extra_tensor_seconds`` (None from one rank: a link latency per extra tensor) and
-    ``collective_overlap_loss`` (0 from one rank), ``optimizer_tensor_seconds`` (SGD's) and
+    ``collective_overlap_loss`` (0 from one rank), ``optimizer_tensor_seconds`` (every optimizer's) and
     ``rank_skew_fraction`` (0 from one rank)
     to ``costs`` (default: measured here with ``concurrency`` ranks at once, once per process and
     concurrency) and returns ``devices``. ``graphpipe.devices(..., measure=True)`` calls it."""

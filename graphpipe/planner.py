@@ -52,7 +52,7 @@ def devices(count: int, kind: str = "cpu", *, measure: bool = False, per_node: i
     runtime's per-instruction and per-step costs, ``instruction_overhead_seconds`` and
     ``step_overhead_seconds``, and the link a collective sees, ``collective_latency_seconds`` and
     ``collective_bandwidth_bytes_per_second``, and what a collective beside the compute costs
-    it, ``collective_overlap_loss``, SGD's step per parameter tensor,
+    it, ``collective_overlap_loss``, each optimizer's step per parameter tensor,
     ``optimizer_tensor_seconds``, and the wait for the slowest rank per second of compute,
     ``rank_skew_fraction``, with ``count`` ranks at once, in a few seconds:
     graphpipe.calibration; the default uses

@@ -53,6 +53,7 @@ def simulate(
     sync: Any = None,
     sync_step: bool = True,
     cross_replica: Any = None,
+    optimizer: str | None = None,
 ) -> Any:
     """Predicts one training iteration of ``plan`` under a schedule.
 
@@ -64,7 +65,7 @@ def simulate(
             ``instruction_overhead_seconds`` and ``step_overhead_seconds`` (0 unless measured),
             and what the gradient buckets' sums beside the backward cost it from
             ``collective_overlap_loss`` (0 unless measured), and the optimizer step's price per
-            parameter tensor from ``optimizer_tensor_seconds``, and the wait for the slowest rank
+            parameter tensor from ``optimizer_tensor_seconds`` (the price of ``optimizer``), and the wait for the slowest rank
             from ``rank_skew_fraction`` (each 0 unless measured): the figures the planner
             charges too.
         schedule_kind: a name from ``SCHEDULES`` or a ``Schedule``; default: the schedule the
@@ -81,6 +82,10 @@ def simulate(
             fault-tolerant replicas (``graphpipe.fault_tolerant``): each rank's average across
             the replicas (``cross_replica`` tasks), their agreement, then the optimizer steps
             (csrc/sim/cross_replica_tail.h). Default: no replicas.
+        optimizer: the optimizer the step runs (a name from ``graphpipe.OPTIMIZERS``), whose
+            price per parameter tensor it pays; default: the one the plan was made for
+            (``plan.optimizer``). Name it where a run steps another optimizer than the one its
+            plan's memory was sized for (benchmarks/compare.py plans Adam's memory and steps SGD).
 
     Returns:
         A ``SimResult``: iteration time (and its mean over a local-SGD period), throughput, per-rank busy/idle/bubble shares, peak
@@ -94,4 +99,5 @@ def simulate(
     method = sync_method(sync) if sync is not None else None
     return _C.simulate(plan, sched, devices, overlap=overlap, bucket_bytes=buckets, sync=method,
                        sync_step=bool(sync_step),
-                       cross_replica=cross_replica if cross_replica is not None else _C.CrossReplica())
+                       cross_replica=cross_replica if cross_replica is not None else _C.CrossReplica(),
+                       optimizer=optimizer)

@@ -2,7 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <sstream>
+#include <string>
 
 #include "bindings/bindings.h"
 #include "cost/all_reduce.h"
@@ -53,9 +55,16 @@ void bind_devices(py::module_& m) {
       .def_readwrite("collective_overlap_loss", &Devices::collective_overlap_loss,
                      "The compute a rank loses per second of a collective beside it (0: none; measured by "
                      "graphpipe.calibration).")
-      .def_readwrite("optimizer_tensor_seconds", &Devices::optimizer_tensor_seconds,
-                     "What the optimizer step costs per parameter tensor beyond its memory traffic (0: not "
-                     "measured; measured by graphpipe.calibration).")
+      // A read-only view: an item assigned into a copied dict would change nothing, silently.
+      .def_property(
+          "optimizer_tensor_seconds",
+          [](const Devices& d) {
+            return py::module_::import("types").attr("MappingProxyType")(py::cast(d.optimizer_tensor_seconds));
+          },
+          [](Devices& d, const std::map<std::string, double>& prices) { d.optimizer_tensor_seconds = prices; },
+          "What the optimizer step costs per parameter tensor beyond its memory traffic, per optimizer "
+          "({'sgd': ..., 'momentum': ..., 'adam': ...}; an optimizer absent: not measured; measured by "
+          "graphpipe.calibration). Read-only: assign a whole dict.")
       .def_readwrite("rank_skew_fraction", &Devices::rank_skew_fraction,
                      "How long a step waits for its slowest rank per second of the busiest rank's compute (0: "
                      "not measured; measured by graphpipe.calibration).")

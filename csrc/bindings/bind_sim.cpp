@@ -148,8 +148,9 @@ void bind_sim(py::module_& m) {
       "simulate",
       [](const plan::Plan& plan, const schedule::Schedule& schedule, const cost::Devices& devices, bool overlap,
          double optimizer_traffic_factor, double bucket_bytes, std::optional<cost::SyncMethod> sync, bool sync_step,
-         const cost::CrossReplica& cross_replica) {
+         const cost::CrossReplica& cross_replica, const std::optional<std::string>& optimizer) {
         sim::SimOptions options;
+        if (optimizer) options.optimizer = cost::parse_optimizer(*optimizer);
         options.cross_replica = cross_replica;
         options.sync = sync;
         options.sync_step = sync_step;
@@ -162,9 +163,11 @@ void bind_sim(py::module_& m) {
       py::arg("plan"), py::arg("schedule"), py::arg("devices"), py::arg("overlap") = true,
       py::arg("optimizer_traffic_factor") = 4.0, py::arg("bucket_bytes") = cost::kDefaultBucketBytes,
       py::arg("sync") = py::none(), py::arg("sync_step") = true, py::arg("cross_replica") = cost::CrossReplica{},
+      py::arg("optimizer") = py::none(),
       "Predicts one iteration of `plan` run by `schedule` on `devices` (sim/simulate.h); sync: the replicated "
       "stages' SyncMethod (default the plan's); sync_step: for local SGD, simulate a step that averages; "
-      "cross_replica: fault-tolerant replicas of the whole pipeline (sim/cross_replica_tail.h).");
+      "cross_replica: fault-tolerant replicas of the whole pipeline (sim/cross_replica_tail.h); optimizer: the one "
+      "the step runs, priced per parameter tensor (default the plan's).");
 }
 
 }  // namespace graphpipe::bindings

@@ -139,9 +139,11 @@ double CostModel::transfer_seconds(int src, int dst, double bytes) const {
 }
 
 double optimizer_step_seconds(double param_bytes, std::size_t param_tensors, const Devices& devices,
-                              double traffic_factor) {
+                              Optimizer optimizer, double traffic_factor) {
   const double traffic = devices.memory_bandwidth > 0.0 ? traffic_factor * param_bytes / devices.memory_bandwidth : 0.0;
-  return traffic + static_cast<double>(param_tensors) * devices.optimizer_tensor_seconds;
+  const auto price = devices.optimizer_tensor_seconds.find(to_string(optimizer));
+  const double per_tensor = price == devices.optimizer_tensor_seconds.end() ? 0.0 : price->second;
+  return traffic + static_cast<double>(param_tensors) * per_tensor;
 }
 
 std::size_t param_tensor_count(const graph::Node& node) {
@@ -155,7 +157,7 @@ std::size_t param_tensor_count(const graph::Node& node) {
 
 double CostModel::optimizer_seconds(graph::NodeId node) const {
   const graph::Node& n = graph_->node(node);
-  return optimizer_step_seconds(static_cast<double>(n.param_bytes), param_tensor_count(n), devices_);
+  return optimizer_step_seconds(static_cast<double>(n.param_bytes), param_tensor_count(n), devices_, optimizer_);
 }
 
 double CostModel::static_bytes(graph::NodeId node) const {

@@ -31,8 +31,9 @@
 //   peak    = static + activations of one micro-batch x in-flight micro-batches (in_flight.h).
 // Optimizer step, once per iteration (optimizer_step_seconds): memory bound,
 // kOptimizerTrafficFactor x parameter bytes over the device's memory bandwidth (read the
-// parameter, its gradient and state, write back), plus Devices::optimizer_tensor_seconds per
-// parameter tensor (the per-tensor loop of torch's CPU optimizers; 0 unless measured).
+// parameter, its gradient and state, write back), plus the optimizer's price per parameter tensor
+// (Devices::optimizer_tensor_seconds: the per-tensor loop of torch's CPU optimizers; 0 unless
+// measured).
 // All queries are O(1) except profile interpolation, O(log P) in the profile length.
 #pragma once
 
@@ -50,12 +51,13 @@ enum class Optimizer { sgd, momentum, adam };
 // Bytes of memory traffic per parameter byte of an optimizer step (the simulator's default too).
 inline constexpr double kOptimizerTrafficFactor = 4.0;
 
-// One optimizer step over `param_tensors` tensors of `param_bytes` bytes in all:
+// One step of `optimizer` over `param_tensors` tensors of `param_bytes` bytes in all:
 // traffic_factor x param_bytes / memory_bandwidth (0 without a bandwidth) plus
-// param_tensors x devices.optimizer_tensor_seconds. The one price of an optimizer step: the
-// planner's per-operator figure (CostModel::optimizer_seconds) and the simulator's per stage.
+// param_tensors x devices.optimizer_tensor_seconds[optimizer] (0 where that optimizer was not
+// measured). The one price of an optimizer step: the planner's per-operator figure
+// (CostModel::optimizer_seconds) and the simulator's per stage.
 double optimizer_step_seconds(double param_bytes, std::size_t param_tensors, const Devices& devices,
-                              double traffic_factor = kOptimizerTrafficFactor);
+                              Optimizer optimizer, double traffic_factor = kOptimizerTrafficFactor);
 
 // The parameter tensors a node owns that an optimizer steps: its trained parameters (by their
 // shapes), else its named ones, else one flat tensor for a node traced with bytes but no names.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "cost/cost_model.h"
 
 namespace graphpipe::cost {
 
@@ -100,7 +101,15 @@ void Devices::validate() const {
     throw PlanningError("devices.instruction_overhead_seconds and step_overhead_seconds must not be negative, found " +
                         number(instruction_overhead_seconds) + " and " + number(step_overhead_seconds));
   }
-  require_non_negative(optimizer_tensor_seconds, "optimizer_tensor_seconds", "not measured");
+  for (const auto& [optimizer, seconds] : optimizer_tensor_seconds) {
+    // One entry per optimizer as plans name it: an "adamw" entry beside "adam" would be two prices
+    // for what the cost model prices as one optimizer.
+    if (to_string(parse_optimizer(optimizer)) != optimizer) {
+      throw PlanningError("devices.optimizer_tensor_seconds: '" + optimizer + "' is priced as '" +
+                          to_string(parse_optimizer(optimizer)) + "'; key its price so");
+    }
+    require_non_negative(seconds, ("optimizer_tensor_seconds['" + optimizer + "']").c_str(), "not measured");
+  }
   if (!(collective_latency_seconds >= 0.0) || !std::isfinite(collective_latency_seconds) ||
       !(collective_bandwidth_bytes_per_second >= 0.0) || !std::isfinite(collective_bandwidth_bytes_per_second)) {
     throw PlanningError(

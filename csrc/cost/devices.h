@@ -9,8 +9,8 @@
 // Invariants (checked by validate()): count >= 1; every matrix is count x count; capacities,
 // throughputs and off-diagonal bandwidths > 0 (the 16-bit rates >= 0, 0: not given); latencies and the overhead >= 0;
 // relative_speed > 0; the collective figures >= 0, a latency only with a bandwidth;
-// extra_tensor_seconds, where set, collective_overlap_loss, optimizer_tensor_seconds and
-// rank_skew_fraction finite numbers >= 0; `node` is
+// extra_tensor_seconds, where set, collective_overlap_loss, every optimizer_tensor_seconds and
+// rank_skew_fraction finite numbers >= 0, optimizer_tensor_seconds keyed by canonical optimizer names; `node` is
 // empty (all devices on one node) or has one non-negative entry per device. transfer_seconds is
 // O(1).
 //
@@ -18,6 +18,7 @@
 // cost/presets.h; the JSON form is in cost/devices_json.h.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,14 +79,17 @@ struct Devices {
   // happen. The simulator charges it (cost::overlap_loss_seconds, cost/gradient_buckets.h),
   // and so does the planner's closed form; graphpipe/calibration.py measures it.
   double collective_overlap_loss = 0.0;
-  // What the optimizer step costs per parameter tensor on top of its memory traffic (0: not
-  // measured, the step is priced by its bytes alone; cost::optimizer_step_seconds). torch's
-  // optimizers on CPU loop over the tensors one by one (their fused and foreach paths are for
-  // accelerators): with the zero_grad after it, each tensor cost SGD 1.4-1.6 us, SGD with
-  // momentum 5.4 us and Adam 19 us on this project's 2-core machine (Adam over a 130-tensor model:
-  // 2.5 ms that its bytes do not show). graphpipe/calibration.py measures it, with SGD unless
-  // told the optimizer the runs use (runtime_costs(optimizer=...)).
-  double optimizer_tensor_seconds = 0.0;
+  // What the optimizer step costs per parameter tensor on top of its memory traffic, per
+  // optimizer ("sgd", "momentum", "adam"; cost::optimizer_names' canonical names, "adamw" being
+  // priced as "adam"). An optimizer without an entry is priced by its bytes alone (not measured;
+  // cost::optimizer_step_seconds). torch's optimizers on CPU loop over the tensors one by one
+  // (their fused and foreach paths are for accelerators): with the zero_grad after it, each tensor
+  // cost SGD 1.4-1.6 us, SGD with momentum 5.4 us and Adam 19 us on this project's 2-core machine
+  // (Adam over a 130-tensor model: 2.5 ms that its bytes do not show). Why one price per
+  // optimizer: a plan prices the optimizer it is made for (Plan::optimizer, Adam by default),
+  // and a single figure measured with SGD priced Adam's step 13 times too cheap.
+  // graphpipe/calibration.py measures every optimizer.
+  std::map<std::string, double> optimizer_tensor_seconds;
   // How long a step's synchronisation of its ranks waits, per second of the busiest rank's
   // compute, for the slowest of them (0: not measured; rank_skew_seconds). A rank's compute
   // varies from step to step (by 4-7% here, on CPU ranks that share a machine), and a step that

@@ -1,5 +1,8 @@
 #include "cost/devices_json.h"
 
+#include <map>
+#include <string>
+
 #include "common/error.h"
 #include "common/json_fields.h"
 
@@ -26,9 +29,9 @@ nlohmann::json to_json(const Devices& d) {
   if (d.bfloat16_flops_per_second > 0.0) doc["bfloat16_flops_per_second"] = d.bfloat16_flops_per_second;
   if (d.float16_flops_per_second > 0.0) doc["float16_flops_per_second"] = d.float16_flops_per_second;
   if (d.extra_tensor_seconds) doc["extra_tensor_seconds"] = *d.extra_tensor_seconds;  // absent: unmeasured
-  if (d.collective_overlap_loss > 0.0) doc["collective_overlap_loss"] = d.collective_overlap_loss;     // absent: 0
-  if (d.rank_skew_fraction > 0.0) doc["rank_skew_fraction"] = d.rank_skew_fraction;                    // absent: 0
-  if (d.optimizer_tensor_seconds > 0.0) doc["optimizer_tensor_seconds"] = d.optimizer_tensor_seconds;  // absent: 0
+  if (d.collective_overlap_loss > 0.0) doc["collective_overlap_loss"] = d.collective_overlap_loss;        // absent: 0
+  if (d.rank_skew_fraction > 0.0) doc["rank_skew_fraction"] = d.rank_skew_fraction;                       // absent: 0
+  if (!d.optimizer_tensor_seconds.empty()) doc["optimizer_tensor_seconds"] = d.optimizer_tensor_seconds;  // absent: {}
   if (d.has_collective_link()) {  // absent: collectives priced from the links (cost/devices.h)
     doc["collective_latency_seconds"] = d.collective_latency_seconds;
     doc["collective_bandwidth_bytes_per_second"] = d.collective_bandwidth_bytes_per_second;
@@ -37,6 +40,20 @@ nlohmann::json to_json(const Devices& d) {
 }
 
 namespace {
+
+// "optimizer_tensor_seconds": an object of prices per optimizer name (devices.h). A bare number is
+// the form before prices were kept per optimizer, measured with SGD unless told otherwise: read as
+// SGD's price.
+std::map<std::string, double> optimizer_prices(const nlohmann::json& doc) {
+  const auto& value = doc["optimizer_tensor_seconds"];
+  if (value.is_number()) return {{"sgd", jf::non_negative<double>(doc, "optimizer_tensor_seconds", "$")}};
+  jf::object(value, "$.optimizer_tensor_seconds");
+  std::map<std::string, double> prices;
+  for (const auto& [name, price] : value.items()) {
+    prices[name] = jf::non_negative<double>(value, name, "$.optimizer_tensor_seconds");
+  }
+  return prices;
+}
 
 std::vector<std::vector<double>> matrix(const nlohmann::json& doc, const std::string& key, int count, bool positive) {
   const std::string path = "$." + key;
@@ -93,12 +110,12 @@ Devices devices_from_json(const nlohmann::json& doc) {
         std::pair{"collective_latency_seconds", &d.collective_latency_seconds},
         std::pair{"collective_bandwidth_bytes_per_second", &d.collective_bandwidth_bytes_per_second},
         std::pair{"collective_overlap_loss", &d.collective_overlap_loss},
-        std::pair{"optimizer_tensor_seconds", &d.optimizer_tensor_seconds},
         std::pair{"rank_skew_fraction", &d.rank_skew_fraction},
         std::pair{"bfloat16_flops_per_second", &d.bfloat16_flops_per_second},
         std::pair{"float16_flops_per_second", &d.float16_flops_per_second}}) {
     if (doc.contains(key)) *field = jf::non_negative<double>(doc, key, "$");
   }
+  if (doc.contains("optimizer_tensor_seconds")) d.optimizer_tensor_seconds = optimizer_prices(doc);
   if (doc.contains("extra_tensor_seconds")) {  // optional: absent, each extra tensor costs a latency
     d.extra_tensor_seconds = jf::non_negative<double>(doc, "extra_tensor_seconds", "$");
   }

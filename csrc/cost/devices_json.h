@@ -8,7 +8,8 @@
 //    "instruction_overhead_seconds": ..., "step_overhead_seconds": ...,   (optional: measured
 //    "collective_latency_seconds": ..., "collective_bandwidth_bytes_per_second": ...,   runtime
 //    "extra_tensor_seconds": ..., "collective_overlap_loss": ...,          and link figures)
-//    "optimizer_tensor_seconds": ..., "rank_skew_fraction": ...,           (optional: 0, absent)
+//    "optimizer_tensor_seconds": {"sgd": ..., "adam": ...},   (optional: absent {}; a bare number,
+//    "rank_skew_fraction": ...,                                 the older form, is SGD's price; 0)
 //    "bfloat16_flops_per_second": ..., "float16_flops_per_second": ...}   (optional: 0, absent)
 //
 // Loading checks the header, every field's presence and type, and the invariants of devices.h;

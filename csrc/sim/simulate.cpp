@@ -26,15 +26,24 @@ using schedule::ScheduleError;
 
 namespace {
 
-// The optimizer step (cost::optimizer_step_seconds, at SimOptions::optimizer_traffic_factor) over
-// the stage's trained parameter tensors: those its graph gives, or one flat tensor for a plan
-// read without its graph.
-double optimizer_seconds(const plan::Stage& stage, const cost::Devices& devices, const SimOptions& options) {
+// The optimizer the step runs: SimOptions::optimizer where given, else the plan's (Plan::optimizer),
+// else Adam, the planner's default, for a plan built without one.
+cost::Optimizer stepped_optimizer(const plan::Plan& plan, const SimOptions& options) {
+  if (options.optimizer) return *options.optimizer;
+  return plan.optimizer.empty() ? cost::Optimizer::adam : cost::parse_optimizer(plan.optimizer);
+}
+
+// The optimizer step (cost::optimizer_step_seconds, at SimOptions::optimizer_traffic_factor) of
+// stepped_optimizer over the stage's trained parameter tensors: those its graph gives, or one flat
+// tensor for a plan read without its graph.
+double optimizer_seconds(const plan::Plan& plan, const plan::Stage& stage, const cost::Devices& devices,
+                         const SimOptions& options) {
   const auto trained = std::count_if(stage.parameters.begin(), stage.parameters.end(),
                                      [](const graph::ParamShape& p) { return p.requires_grad; });
   const std::size_t tensors =
       !stage.parameters.empty() ? static_cast<std::size_t>(trained) : (stage.param_bytes > 0.0 ? 1 : 0);
-  return cost::optimizer_step_seconds(stage.param_bytes, tensors, devices, options.optimizer_traffic_factor);
+  return cost::optimizer_step_seconds(stage.param_bytes, tensors, devices, stepped_optimizer(plan, options),
+                                      options.optimizer_traffic_factor);
 }
 
 struct Interval {
@@ -204,7 +213,7 @@ class Replay {
         return schedule::backward_split(stage).second + overhead();
       case OpKind::optimizer_step:
         // A fault-tolerant step's optimizer steps come after the replicas agree (cross_replica_tail.h).
-        return options_.cross_replica.enabled() ? 0.0 : optimizer_seconds(stage, devices_, options_);
+        return options_.cross_replica.enabled() ? 0.0 : optimizer_seconds(plan_, stage, devices_, options_);
       default:
         return 0.0;
     }
@@ -677,7 +686,7 @@ SimResult simulate(const Plan& plan, const Schedule& s, const cost::Devices& dev
   if (options.cross_replica.enabled()) {
     std::vector<double> optimizer(plan.stages.size());
     for (std::size_t st = 0; st < plan.stages.size(); ++st)
-      optimizer[st] = optimizer_seconds(plan.stages[st], devices, options);
+      optimizer[st] = optimizer_seconds(plan, plan.stages[st], devices, options);
     add_cross_replica_tail(result.tasks, plan, leads, devices, options.cross_replica, optimizer);
   }
   std::function<double()> other_step;

@@ -134,6 +134,11 @@ struct StageStats {
 struct SimOptions {
   bool overlap = true;
   double optimizer_traffic_factor = cost::kOptimizerTrafficFactor;  // bytes moved per parameter byte
+  // The optimizer the step runs, priced per parameter tensor (Devices::optimizer_tensor_seconds);
+  // empty: the plan's (Plan::optimizer, which also sized its memory; Adam for a plan without
+  // one). Given where a run steps another optimizer than its plan was sized for (compare.py plans
+  // Adam's memory and steps SGD).
+  std::optional<cost::Optimizer> optimizer;
   // Bucket size of a replicated stage's gradient all-reduce (cost/gradient_buckets.h).
   double bucket_bytes = cost::kDefaultBucketBytes;
   // How replicated stages synchronise; empty: the plan's method (Plan::sync).

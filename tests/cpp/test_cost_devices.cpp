@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -105,22 +107,41 @@ TEST(CostDevices, OverlapLossRoundTripsIsAbsentUnlessMeasuredAndNeverNegative) {
   EXPECT_THROW(d.validate(), PlanningError);
 }
 
-TEST(CostDevices, OptimizerTensorFigureRoundTripsIsAbsentUnlessMeasuredAndNeverNegative) {
+TEST(CostDevices, OptimizerTensorPricesRoundTripPerOptimizerAreAbsentUnlessMeasuredAndNeverNegative) {
   Devices d = v100(4, 2);
   EXPECT_FALSE(to_json(d).contains("optimizer_tensor_seconds"));
-  EXPECT_EQ(loads_devices(dumps(d)).optimizer_tensor_seconds, 0.0);
-  d.optimizer_tensor_seconds = 7e-6;
-  EXPECT_DOUBLE_EQ(loads_devices(dumps(d)).optimizer_tensor_seconds, 7e-6);
+  EXPECT_TRUE(loads_devices(dumps(d)).optimizer_tensor_seconds.empty());
+  d.optimizer_tensor_seconds = {{"sgd", 7e-6}, {"adam", 2e-5}};
+  EXPECT_EQ(loads_devices(dumps(d)).optimizer_tensor_seconds, d.optimizer_tensor_seconds);
   nlohmann::json doc = to_json(d);
+  doc["optimizer_tensor_seconds"] = 3e-6;  // the older form: one figure, measured with SGD
+  EXPECT_EQ(devices_from_json(doc).optimizer_tensor_seconds, (std::map<std::string, double>{{"sgd", 3e-6}}));
   doc["optimizer_tensor_seconds"] = -1e-6;
   EXPECT_THROW(devices_from_json(doc), FormatError);
-  d.optimizer_tensor_seconds = std::nan("");
+  doc["optimizer_tensor_seconds"] = {{"adam", -1e-6}};
   try {
-    d.validate();
-    FAIL() << "a NaN optimizer_tensor_seconds validated";
-  } catch (const PlanningError& e) {
-    EXPECT_NE(std::string(e.what()).find("optimizer_tensor_seconds"), std::string::npos) << e.what();
+    devices_from_json(doc);
+    FAIL() << "a negative price loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("$.optimizer_tensor_seconds.adam"), std::string::npos) << e.what();
   }
+  doc["optimizer_tensor_seconds"] = "fast";
+  EXPECT_THROW(devices_from_json(doc), FormatError);
+  const auto refused = [](Devices bad, const std::string& named) {
+    try {
+      bad.validate();
+      FAIL() << "validated: " << named;
+    } catch (const PlanningError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  d.optimizer_tensor_seconds = {{"sgd", std::nan("")}};
+  refused(d, "optimizer_tensor_seconds['sgd']");
+  d.optimizer_tensor_seconds = {{"lion", 1e-6}};
+  refused(d, "unknown optimizer 'lion'");
+  // adamw is priced as adam: one optimizer, one price, under the name plans give it.
+  d.optimizer_tensor_seconds = {{"adamw", 1e-6}};
+  refused(d, "'adamw' is priced as 'adam'");
 }
 
 TEST(CostDevices, RankSkewRoundTripsIsAbsentUnlessMeasuredAndWaitsOnlyAmongSeveralRanks) {

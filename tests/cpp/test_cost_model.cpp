@@ -125,23 +125,25 @@ TEST(CostModel, MemoryFactorsPerOptimizer) {
   EXPECT_THROW(parse_optimizer("lion"), PlanningError);
 }
 
-TEST(CostModel, OptimizerStepIsItsTrafficPlusAPricePerTrainedTensor) {
+TEST(CostModel, OptimizerStepIsItsTrafficPlusItsOptimizersPricePerTrainedTensor) {
   auto g = two_nodes();
   Devices d = v100(2);
   const double traffic = kOptimizerTrafficFactor * 4e6 / d.memory_bandwidth;
   EXPECT_DOUBLE_EQ(CostModel(g, d).optimizer_seconds(1), traffic);  // unmeasured: its bytes alone
-  d.optimizer_tensor_seconds = 1e-5;
-  // No names: one flat tensor.
+  d.optimizer_tensor_seconds = {{"sgd", 1e-6}, {"adam", 1e-5}};
+  // No names: one flat tensor, at the price of the model's optimizer (Adam by default).
   EXPECT_DOUBLE_EQ(CostModel(g, d).optimizer_seconds(1), traffic + 1e-5);
-  EXPECT_DOUBLE_EQ(CostModel(g, d).optimizer_seconds(0), 0.0);  // the input owns nothing
+  EXPECT_DOUBLE_EQ(CostModel(g, d, Optimizer::sgd).optimizer_seconds(1), traffic + 1e-6);
+  EXPECT_DOUBLE_EQ(CostModel(g, d, Optimizer::momentum).optimizer_seconds(1), traffic);  // not measured
+  EXPECT_DOUBLE_EQ(CostModel(g, d).optimizer_seconds(0), 0.0);                           // the input owns nothing
   // Named and shaped: each trained tensor pays, a frozen one does not.
   graph::Node& fc = g.mutable_node(1);
   fc.params = {"fc.weight", "fc.bias", "fc.scale"};
   fc.param_shapes = {{"fc.weight", {999, 1000}}, {"fc.bias", {999}}, {"fc.scale", {1}, "float32", 4, false}};
   ASSERT_EQ(param_tensor_count(fc), 2U);
   EXPECT_DOUBLE_EQ(CostModel(g, d).optimizer_seconds(1), traffic + 2e-5);
-  EXPECT_DOUBLE_EQ(optimizer_step_seconds(4e6, 2, d), traffic + 2e-5);
-  EXPECT_DOUBLE_EQ(optimizer_step_seconds(4e6, 2, d, 2 * kOptimizerTrafficFactor), 2 * traffic + 2e-5);
+  EXPECT_DOUBLE_EQ(optimizer_step_seconds(4e6, 2, d, Optimizer::adam), traffic + 2e-5);
+  EXPECT_DOUBLE_EQ(optimizer_step_seconds(4e6, 2, d, Optimizer::sgd, 2 * kOptimizerTrafficFactor), 2 * traffic + 2e-6);
 }
 
 TEST(CostModel, TransferUsesSlowestLink) {

@@ -184,7 +184,7 @@ TEST(Simulate, OptimizerStepIsMemoryBound) {
   EXPECT_EQ(task_name(r.tasks[r.critical_path.back()]), "OPT s0");
 }
 
-TEST(Simulate, OptimizerStepPaysThePricePerTensorOfEachStage) {
+TEST(Simulate, OptimizerStepPaysItsOptimizersPricePerTensorOfEachStage) {
   // The OptimizerStepIsMemoryBound plan with a measured price per tensor: a stage of three
   // trained tensors (and one frozen) adds 3 x 0.5 s to its step; a stage without shapes, one.
   auto plan = chain_plan(4, 8);
@@ -192,16 +192,29 @@ TEST(Simulate, OptimizerStepPaysThePricePerTensorOfEachStage) {
   plan.stages[0].parameters = {{"a", {5}}, {"b", {5}}, {"c", {2, 1}}, {"frozen", {1}, "float32", 4, false}};
   auto d = devices(4);
   d.memory_bandwidth = 100.0;
-  d.optimizer_tensor_seconds = 0.5;
-  auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d);
-  std::vector<double> steps(4, -1.0);
-  for (const auto& t : r.tasks) {
-    if (t.kind == TaskKind::optimizer) steps[t.stage] = t.end - t.start;
-  }
+  d.optimizer_tensor_seconds = {{"adam", 0.5}, {"sgd", 0.25}};
+  const auto steps_of = [&](const SimOptions& options) {
+    auto r = simulate(plan, generate(plan, Policy::one_f_one_b), d, options);
+    std::vector<double> steps(4, -1.0);
+    for (const auto& t : r.tasks) {
+      if (t.kind == TaskKind::optimizer) steps[t.stage] = t.end - t.start;
+    }
+    return std::pair{steps, r};
+  };
+  // A plan without an optimizer is priced as the planner's default, Adam.
+  auto [steps, r] = steps_of({});
   EXPECT_DOUBLE_EQ(steps[0], 2.0 + 1.5);
   EXPECT_DOUBLE_EQ(steps[1], 2.0 + 0.5);
   EXPECT_DOUBLE_EQ(r.iteration_seconds, 35.0 + 1.5);
   EXPECT_EQ(task_name(r.tasks[r.critical_path.back()]), "OPT s0");
+  // The plan's optimizer, then the one the options name over it.
+  plan.optimizer = "sgd";
+  EXPECT_DOUBLE_EQ(steps_of({}).first[0], 2.0 + 0.75);
+  SimOptions adam;
+  adam.optimizer = graphpipe::cost::Optimizer::adam;
+  EXPECT_DOUBLE_EQ(steps_of(adam).first[0], 2.0 + 1.5);
+  plan.optimizer = "momentum";  // not measured: its bytes alone
+  EXPECT_DOUBLE_EQ(steps_of({}).first[0], 2.0);
 }
 
 TEST(Simulate, TaskListDescribesEveryTask) {

@@ -61,8 +61,9 @@ def test_measured_devices_carry_runtime_costs_through_json(tmp_path) -> None:
     # ... and what each extra tensor of a transfer adds, measured between the two ranks.
     assert devices.extra_tensor_seconds is not None and 0.0 <= devices.extra_tensor_seconds < 0.01
     assert loaded.extra_tensor_seconds == devices.extra_tensor_seconds
-    # ... and SGD's price per parameter tensor (torch's CPU optimizers loop over them).
-    assert 0.0 < devices.optimizer_tensor_seconds < 1e-3
+    # ... and every optimizer's price per parameter tensor (torch's CPU optimizers loop over them).
+    assert set(devices.optimizer_tensor_seconds) == set(graphpipe.OPTIMIZERS)
+    assert all(0.0 < p < 1e-3 for p in devices.optimizer_tensor_seconds.values())
     assert loaded.optimizer_tensor_seconds == devices.optimizer_tensor_seconds
     # ... and how long the slower of the two keeps the other waiting, per second of compute.
     assert 0.0 <= devices.rank_skew_fraction < 1.0
@@ -173,30 +174,46 @@ def test_the_wait_for_the_slowest_rank_is_measured_per_second_of_compute() -> No
                                                                 + 0.05 * busiest, rel=1e-9)
 
 
-def test_the_optimizer_is_priced_per_trained_tensor_of_each_stage() -> None:
-    from graphpipe.calibration import _optimizer_tensor_seconds
+def test_each_optimizer_is_priced_per_trained_tensor_of_each_stage() -> None:
+    from graphpipe.calibration import TORCH_OPTIMIZERS, _optimizer_tensor_seconds
 
-    # Every optimizer the planner names is timed; Adam's loop does more per tensor than SGD's.
-    prices = {name: _optimizer_tensor_seconds(name, 12) for name in ("sgd", "momentum", "adam")}
+    # Every optimizer the planner names is timed, by the torch optimizer it stands for.
+    assert set(TORCH_OPTIMIZERS) == set(graphpipe.OPTIMIZERS)
+    prices = {name: _optimizer_tensor_seconds(name, 12) for name in TORCH_OPTIMIZERS}
     assert all(0.0 < p < 1e-3 for p in prices.values()), prices
-    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
-        runtime_costs(1, optimizer="lion")
-    # The simulator charges it once per trained parameter tensor, on the stage that holds it.
+    # The simulator charges the plan's optimizer's price (or the one it is told the run steps)
+    # once per trained parameter tensor, on the stage that holds it.
     model, inputs = build_model(SPEC)
     graph = graphpipe.trace(model, inputs)
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     plan = graphpipe.plan(graph, graphpipe.devices(2, "cpu"), "sequential", micro_batches=4, replicate=False)
+    assert plan.optimizer == "adam"  # the planner's default
 
-    def optimizer_steps(per_tensor: float) -> list[float]:
+    def optimizer_steps(prices: dict[str, float], optimizer: str | None = None) -> list[float]:
         devices = graphpipe.devices(2, "cpu")
-        devices.optimizer_tensor_seconds = per_tensor
-        result = graphpipe.simulate(plan, devices)
+        devices.optimizer_tensor_seconds = prices
+        result = graphpipe.simulate(plan, devices, optimizer=optimizer)
         return [t.end - t.start for t in result.tasks if t.kind == "optimizer"]
 
-    base, priced = optimizer_steps(0.0), optimizer_steps(1e-3)
+    def added(steps: list[float], base: list[float], price: float) -> list[int]:
+        return [round((b - a) / price) for a, b in zip(base, steps)]
+
+    base = optimizer_steps({})
     assert len(base) == plan.num_stages == 2
-    added = [round((b - a) / 1e-3) for a, b in zip(base, priced)]
-    assert all(n > 0 for n in added) and sum(added) == tensors, (added, tensors)
+    both = {"sgd": 1e-4, "adam": 1e-3}
+    adam = added(optimizer_steps(both), base, 1e-3)
+    assert all(n > 0 for n in adam) and sum(adam) == tensors, (adam, tensors)
+    assert added(optimizer_steps(both, "sgd"), base, 1e-4) == adam
+    assert optimizer_steps(both, "momentum") == base  # not measured: its bytes alone
+    # The description refuses a price under a name no plan gives, and is read-only in place.
+    devices = graphpipe.devices(2, "cpu")
+    devices.optimizer_tensor_seconds = {"adamw": 1e-6}
+    with pytest.raises(graphpipe.PlanningError, match="'adamw' is priced as 'adam'"):
+        devices.validate()
+    with pytest.raises(TypeError):
+        devices.optimizer_tensor_seconds["sgd"] = 1e-6
+    with pytest.raises(graphpipe.PlanningError, match="unknown optimizer 'lion'"):
+        graphpipe.simulate(plan, optimizer="lion")
 
 
 def test_planner_and_simulator_charge_the_runtime_costs() -> None:
