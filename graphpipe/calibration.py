@@ -21,7 +21,7 @@ number over the measuring ranks) and added to the step's cost.
 A third pair of figures prices collectives (``Devices.collective_latency_seconds``,
 ``Devices.collective_bandwidth_bytes_per_second``; cost/devices.h says why the point-to-point
 links cannot): real all-reduces over the measuring ranks are timed at two sizes
-(COLLECTIVE_SIZES), and the ring formula the cost model prices them by (2 (n - 1) steps of
+(COLLECTIVE_SIZES: the runtime's default gradient buckets), and the ring formula the cost model prices them by (2 (n - 1) steps of
 size / n, each latency + bytes / bandwidth) is inverted, so that the priced all-reduce equals
 the measured one at both sizes. (One gradient bucket's all-reduce is timed with them, for the
 reports.)
@@ -111,9 +111,15 @@ EXTRA_TENSORS = 8
 #: The runtime's first gradient bucket (1 MiB; cost/gradient_buckets.h), whose all-reduce is timed
 #: for the reports.
 BUCKET_BYTES = 1 << 20
-#: The two all-reduce sizes (bytes) the collective link figures are fitted to: small enough that
-#: latency dominates, large enough that bandwidth does (a few buckets).
-COLLECTIVE_SIZES = (64 << 10, 4 << 20)
+#: The two all-reduce sizes (bytes) the collective link figures are fitted to: the runtime's
+#: default gradient buckets (a 1 MiB first one, then the rest: 4 MiB of gradients is one of each),
+#: which carry most of what a step's collectives move. Why not a small size, where latency would
+#: dominate: Gloo's CPU all-reduce steps up between 64 KiB and 256 KiB (2 ranks here: 0.23 ms at
+#: 64 KiB, 2.2-3.8 ms at 256 KiB, 1.9-4.2 ms at 1 MiB), and 64 KiB itself read 0.43, 2.0 or 3.1 ms
+#: from one launch to the next, so the line through 64 KiB and 4 MiB priced the 1 MiB bucket at
+#: 1.2 ms where it took 2.1-2.5 ms, and moved with the launch. All-reduces below the step are
+#: priced dear instead; the step's closing sum of one number is timed on its own (step overhead).
+COLLECTIVE_SIZES = (BUCKET_BYTES, 4 << 20)
 #: The gradients (bytes, in the runtime's default buckets) whose sums are posted beside a compute
 #: to time the overlap loss (_overlap_seconds), and that compute's length (seconds, at least; and
 #: four times one all-reduce of them all, so that the sums run wholly beside it).
@@ -268,7 +274,7 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
             pipe.step(inputs, targets)
             _sync(device)
             samples[m].append(time.perf_counter() - start)
-    sizes = (4, BUCKET_BYTES, *COLLECTIVE_SIZES)  # 4 bytes: the step's closing sum of one number
+    sizes = tuple(dict.fromkeys((4, BUCKET_BYTES, *COLLECTIVE_SIZES)))  # 4 bytes: the step's closing sum of one number
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
