@@ -374,3 +374,32 @@ def test_planner_and_simulator_price_a_replicated_stages_all_reduce_from_the_col
     assert planned1 == pytest.approx(expected) and simulated1 == pytest.approx(expected)
     # The all-reduce ends the step (nothing to overlap with on one stage): the step grows by it.
     assert step1 - step0 == pytest.approx(expected - from_links, rel=1e-3)
+
+
+def test_the_all_reduce_sweep_prices_the_fitted_sizes_as_measured(tmp_path) -> None:
+    # benchmarks/calibrate.py --sweep: lone all-reduces across sizes on 2 spawned ranks, and the
+    # collective link fitted in each launch prices the two sizes it was fitted at as measured
+    # (the runtime's default gradient buckets), whatever the others do.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "calibrate.py"
+    out = tmp_path / "sweep.json"
+    result = subprocess.run([sys.executable, str(script), "--sweep", "2", "--out", str(out)], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = json.loads(out.read_text())["sweeps"]
+    assert sweep["fitted_at"] == list(COLLECTIVE_SIZES) and len(sweep["launches"]) == 3
+    for launch in sweep["launches"]:
+        measured, priced = launch["measured_seconds"], launch["priced_seconds"]
+        assert len(measured) == len(priced) == 8 and all(t > 0.0 for t in measured.values())
+        # (A launch whose larger size did not take longer, or whose line crosses zero, gets the
+        # clamped figures of ring_link, which match neither: test_ring_link_inverts... covers them.)
+        small, large = (measured[str(size)] for size in COLLECTIVE_SIZES)
+        if launch["collective_latency_seconds"] > 0.0 and launch["collective_bandwidth_bytes_per_second"] < 1e15:
+            assert large > small
+            for size in COLLECTIVE_SIZES:
+                assert priced[str(size)] == pytest.approx(measured[str(size)], rel=1e-9)
+    assert "| 1048576 |" in result.stdout
