@@ -65,7 +65,8 @@ def simulate(
             ``instruction_overhead_seconds`` and ``step_overhead_seconds`` (0 unless measured),
             and what the gradient buckets' sums beside the backward cost it from
             ``collective_overlap_loss`` (0 unless measured), and the optimizer step's price per
-            parameter tensor from ``optimizer_tensor_seconds`` (the price of ``optimizer``), and the wait for the slowest rank
+            parameter tensor from ``optimizer_tensor_seconds`` (the price of ``optimizer``),
+            and the wait for the slowest rank
             from ``rank_skew_fraction`` (each 0 unless measured): the figures the planner
             charges too.
         schedule_kind: a name from ``SCHEDULES`` or a ``Schedule``; default: the schedule the
