@@ -441,14 +441,14 @@ def _device_model(world: int, device: str, gpu_kind: str, slowdown: float, calib
     return calibrated_description(preset, world, slowdown, calibration)
 
 
-def sgd_tensor_price(calibration: dict) -> dict[str, float]:
-    """The report's measured price per parameter tensor of SGD's step, as
+def run_optimizer_price(calibration: dict) -> dict[str, float]:
+    """The report's measured price per parameter tensor of RUN_OPTIMIZER's step, as
     ``Devices.optimizer_tensor_seconds`` takes it ({}: not measured). Reports before prices were
     kept per optimizer hold one number, measured with SGD."""
     prices = calibration.get("optimizer_tensor_seconds") or {}
     if not isinstance(prices, dict):
         prices = {"sgd": float(prices)}
-    return {"sgd": prices["sgd"]} if "sgd" in prices else {}
+    return {RUN_OPTIMIZER: prices[RUN_OPTIMIZER]} if RUN_OPTIMIZER in prices else {}
 
 
 def calibrated_description(devices: Any, world: int, slowdown: float, calibration: dict | None) -> Any:
@@ -473,12 +473,11 @@ def calibrated_description(devices: Any, world: int, slowdown: float, calibratio
         # What an all-reduce beside the backward costs it on these ranks (absent from reports
         # written before it was measured: nothing).
         devices.collective_overlap_loss = calibration.get("collective_overlap_loss", 0.0)
-        # The SGD step's price per parameter tensor: the optimizer these runs step (absent from
-        # reports written before it was measured, and from emulated runs, which step no real
-        # optimizer: nothing; a bare number in reports written before prices were kept per
-        # optimizer, measured with SGD). Only SGD's: the plans size Adam's memory, but what the
-        # runs pay per tensor is SGD's loop (simulate_plans simulates SGD's step).
-        devices.optimizer_tensor_seconds = sgd_tensor_price(calibration)
+        # The price per parameter tensor of the optimizer these runs step (absent from reports
+        # written before it was measured, and from emulated runs, which step no real optimizer:
+        # nothing). Only its price: the plans size Adam's memory, but what the runs pay per tensor
+        # is RUN_OPTIMIZER's loop (simulate_plans simulates its step).
+        devices.optimizer_tensor_seconds = run_optimizer_price(calibration)
         # The wait for the slowest rank, per second of compute (absent from older reports: none).
         devices.rank_skew_fraction = calibration.get("rank_skew_fraction", 0.0)
     devices.relative_speed = devices.relative_speed / slowdown
@@ -970,7 +969,7 @@ def calibrate(worlds: list[int], launch: Launch, emulated: bool = False) -> dict
                   f"instruction{' (between emulated waits)' if wait else ''} and "
                   f"{costs.step_overhead_seconds * 1e3:.2f} ms per step, an all-reduce beside compute costs it "
                   f"{costs.collective_overlap_loss:.2f}x its time, the SGD step "
-                  f"{costs.optimizer_tensor_seconds.get('sgd', 0.0) * 1e6:.1f} us per parameter tensor, the slowest rank "
+                  f"{costs.optimizer_tensor_seconds.get(RUN_OPTIMIZER, 0.0) * 1e6:.1f} us per parameter tensor, the slowest rank "
                   f"{costs.rank_skew_fraction:.3f} s per second of compute", file=sys.stderr)
     return calibration
 

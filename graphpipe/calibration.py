@@ -21,10 +21,10 @@ number over the measuring ranks) and added to the step's cost.
 A third pair of figures prices collectives (``Devices.collective_latency_seconds``,
 ``Devices.collective_bandwidth_bytes_per_second``; cost/devices.h says why the point-to-point
 links cannot): real all-reduces over the measuring ranks are timed at two sizes
-(COLLECTIVE_SIZES: the runtime's default gradient buckets), and the ring formula the cost model prices them by (2 (n - 1) steps of
-size / n, each latency + bytes / bandwidth) is inverted, so that the priced all-reduce equals
-the measured one at both sizes. (One gradient bucket's all-reduce is timed with them, for the
-reports.)
+(COLLECTIVE_SIZES: the runtime's default gradient buckets), and the ring formula the cost model
+prices them by (2 (n - 1) steps of size / n, each latency + bytes / bandwidth) is inverted, so
+that the priced all-reduce equals the measured one at both sizes. (The smaller is one gradient
+bucket, whose all-reduce the reports print.)
 
 Another figure prices a transfer of several tensors (``Devices.extra_tensor_seconds``): the
 runtime posts them together, so they share one latency, and each extra tensor costs only the
@@ -274,7 +274,7 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
             pipe.step(inputs, targets)
             _sync(device)
             samples[m].append(time.perf_counter() - start)
-    sizes = tuple(dict.fromkeys((4, BUCKET_BYTES, *COLLECTIVE_SIZES)))  # 4 bytes: the step's closing sum of one number
+    sizes = (4, *COLLECTIVE_SIZES)  # 4 bytes: the step's closing sum of one number; BUCKET_BYTES among them
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
