@@ -3,9 +3,10 @@
 For each model, world size and per-rank memory limit, in one invocation, with the same global
 batch, optimizer (SGD), dtype (float32) and number of ranks:
 
-  graphpipe/graph+dp       graphpipe's runtime on the ``graphpipe`` planner's choice with
-                           replicated stages allowed (graphpipe.plan(..., replicate=True)): a
-                           graph pipeline, data parallelism, or a mix
+  graphpipe/graph+dp       graphpipe's runtime on the plan graphpipe.plan's default search
+                           makes (what wrap() runs: replicas, plain data parallelism and plans
+                           folded up to 2 stages per rank weighed by simulation, the schedule
+                           "auto"): a graph pipeline, data parallelism, a V, or a mix
   graphpipe/sequential+dp  the same on the ``sequential`` (chain) planner's plan
   torch/1f1b               torch.distributed.pipelining as its users run it: pipeline() (over
                            torch.export) split at the modules where the sequential plan's stages
@@ -21,6 +22,9 @@ batch, optimizer (SGD), dtype (float32) and number of ranks:
                            ScheduleDualPipeV): the sequential plan for twice the ranks, the stages
                            placed looping or in a V, each rank's memory the sum of its stages'
                            (where torch cannot take the model or the cut, the reason instead)
+  graphpipe/graph V        the planner's own V: its graph cut for twice the ranks folded in a V
+                           (graphpipe.plan(..., stages_per_rank=2, fold="v"), no replicas), under
+                           zb_graph (or why no such plan simulates faster than one stage per rank)
   torch/fsdp2              FSDP2, torch.distributed.fsdp.fully_shard on every layer and the root
                            (baselines/torch_fsdp.py): every rank 1/world of the training state
   torch/ddp                DistributedDataParallel: every rank the whole model (baselines/torch_ddp.py)
@@ -534,9 +538,10 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     plans: dict[str, Any] = {}
     variants: list[Variant] = []
 
-    def graphpipe_variant(name: str, key: str, partitioner: str, schedule: str | None = None, **kwargs: Any) -> None:
+    def graphpipe_variant(name: str, key: str, partitioner: str, schedule: str | None = None, folded: bool = False,
+                          **kwargs: Any) -> None:
         """A graphpipe row: the plan under ``key`` (made here once), run under ``schedule`` or
-        (None) the schedule the plan was made for."""
+        (None) the schedule the plan was made for; ``folded``: only if that plan is folded in a V."""
         if key not in plans:
             plans[key], reason = _plan_or_reason(graph, devices, partitioner, memory_limit=limit, **kwargs)
             if plans[key] is None:
@@ -544,11 +549,17 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
                 variants.append(Variant(name, "graphpipe", unavailable=reason))
                 return
         p = plans[key]
+        if folded and "in a V" not in p.partitioner:
+            variants.append(Variant(name, "graphpipe", unavailable=f"not run: no plan folded in a V simulates "
+                                                                  f"faster here (the search chose {p.partitioner})"))
+            return
         variants.append(Variant(name, "graphpipe", GraphpipeRun(p.to_json(graph), schedule or p.schedule, key),
                                 p.num_micro_batches, p.depth, peak_rank_memory(p)))
 
-    # The planner's pick: replicas allowed, and the schedule chosen with the plan.
-    graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=True, schedule_choice="auto")
+    # The planner's pick: plan()'s default search (replicate None: replicas, plain data
+    # parallelism and folds of 2 stages per rank, planner/default_search.h), as wrap() plans, and
+    # the schedule chosen with the plan.
+    graphpipe_variant("graphpipe/graph+dp", "graphpipe+dp", "graphpipe", replicate=None, schedule_choice="auto")
     graphpipe_variant("graphpipe/sequential+dp", "sequential+dp", "sequential", replicate=True)
     if every:
         graphpipe_variant("graphpipe/graph", "graphpipe", "graphpipe")
@@ -558,17 +569,17 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     doubled = doubled_sequential_cut(graph, devices, limit)
     variants += torch_pipeline_variants(graph, devices, limit, every, model, inputs, doubled)
     # Beside torch's zero-bubble family: graphpipe on the very cut torch's ZB-V runs (the
-    # sequential plan for twice the ranks), in a V on the ranks, under zb_graph; with --every also
-    # the planner's pick when it may put up to 2 stages on a rank (planner/folded_search.h).
+    # sequential plan for twice the ranks), in a V on the ranks, under zb_graph.
     if doubled.reason:
         variants.append(Variant("graphpipe/V zb", "graphpipe", unavailable=doubled.reason))
     else:
         graphpipe_variant("graphpipe/V zb", "V", "manual", manual=doubled.labels,
                           stage_devices=v_placement(job.world), micro_batches=doubled.cut.micro_batches,
                           schedule_choice="zb_graph")
-    if every:
-        graphpipe_variant("graphpipe/graph+dp, 2 per rank", "graphpipe+dp x2", "graphpipe", replicate=True,
-                          schedule_choice="auto", stages_per_rank=2)
+    # The planner's own V: its graph cut for twice the ranks folded in a V (plan(fold="v"), no
+    # replicas), under zb_graph; on a DAG such as MMT's the cut torch's family cannot run.
+    graphpipe_variant("graphpipe/graph V", "graph V", "graphpipe", folded=True, replicate=False, stages_per_rank=2,
+                      fold="v", schedule_choice="zb_graph")
     variants += data_parallel_variants(graph, model, one, job.world, shard_batch, ddp, limit)
 
     info = simulate_plans(plans, graph, devices)

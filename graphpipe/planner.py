@@ -124,6 +124,7 @@ def plan(
     dtype: str | torch.dtype | None = None,
     stages_per_rank: int | None = None,
     fold_budget_limit: int = 8,
+    fold: str | None = None,
     cross_replica: Any = None,
 ) -> Any:
     """Cuts a model (or its traced ``OpGraph``) into pipeline stages.
@@ -151,18 +152,17 @@ def plan(
             whichever simulates faster. ``plan.schedule`` records it for ``simulate``/``wrap``.
         sync: how replicated stages will synchronise (:func:`sync_method`; default all-reduce), each
             charged that method's cost per step (local SGD amortised, top-k, PowerSGD) (``plan.sync``).
-        bucket_bytes / dtype: replicated stages' gradient bucket size (``wrap``'s); the precision
-            training computes in (``PRECISIONS``, a ``torch.dtype``; _graph_of).
-        stages_per_rank / fold_budget_limit: the most stages a device may hold (None: 2 in the default
-            search, 1 for another partitioner or with ``replicate`` given); from 2, plans folded so (a V,
-            looping) on the first 2, 4, ... ranks up to the limit (0: all).
-        cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many
-            fault-tolerant replicas; each step is simulated with their average (cost/cross_replica.h).
+        bucket_bytes / dtype: the replicas' gradient bucket size (``wrap``'s); the compute precision (_graph_of).
+        stages_per_rank / fold_budget_limit / fold: the most stages a device may hold (None: 2 in the
+            default search, 1 for another partitioner or with ``replicate`` given); from 2, plans folded
+            so (``fold``: ``"v"``, ZB-V's placement, or ``"looping"``, Megatron's; None: both) on the
+            first 2, 4, ... ranks up to the limit (0: all), the fastest plan winning, folded or not.
+        cross_replica: a ``graphpipe.CrossReplica``: the plan runs as one of that many fault-tolerant
+            replicas; each step simulated with their average (cost/cross_replica.h).
 
     Every candidate (any micro-batch size, fitting in memory) is simulated under ``schedule``; the
-    fastest is returned, its step that simulation (csrc/planner/planner.h). Returns:
-        A ``Plan`` (stages with their devices and nodes, stage edges, micro-batching, depth,
-        predicted step); ``print(plan)`` shows a table, ``plan.save(graph, path)`` writes JSON.
+    fastest is returned, its step that simulation (csrc/planner/planner.h). Returns: a ``Plan``
+    (stages, their devices and nodes, edges, micro-batching, depth, predicted step; ``print``, ``save``).
 
     Raises:
         PlanningError: zero devices, more devices than operators (``replicate=False``), a model
@@ -171,14 +171,14 @@ def plan(
     """
     graph = _graph_of(model_or_graph, example_inputs, _precision(dtype))
     described = _devices_of(devices, device_kind)
-    # Order of the checks as the arguments are read: mapping, stage devices, then the rest.
+    # Order of the checks as the arguments are read: mapping, stage devices, then the rest; replicate
+    # None: the default search, replicas allowed and widened (planner/default_search.h).
     options = {"manual": _manual_mapping(manual), "stage_devices": _stage_device_lists(stage_devices),
                "memory_limit": parse_bytes(memory_limit) if memory_limit is not None else None,
                "schedule": schedule, "sync": sync_method(sync),  # "auto" or a name: the core's rule
                "bucket_bytes": float(bucket_bytes) if bucket_bytes is not None else float(_C.default_bucket_bytes),
                "cross_replica": cross_replica if cross_replica is not None else _C.CrossReplica(),
-               "fold_budget_limit": int(fold_budget_limit), "stages_per_rank": stages_per_rank}  # None: default
-    # replicate None: the default search, replicas allowed and widened (planner/default_search.h).
+               "fold_budget_limit": int(fold_budget_limit), "stages_per_rank": stages_per_rank, "fold": fold}
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
                                  optimizer=optimizer, seed=seed, replicate=replicate, **options).plan

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -12,6 +13,7 @@
 #include "partition/registry.h"
 #include "plan/plan.h"
 #include "planner/default_search.h"
+#include "planner/fold.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -70,7 +72,7 @@ planner::PlannerResult plan_simulated(
     std::optional<std::map<int, std::vector<int>>> stage_devices, const std::string& schedule,
     const cost::SyncMethod& sync, double bucket_bytes, bool overlap, int min_devices, int plain_budget_limit,
     int plain_every_up_to, bool grow_replicas, std::optional<int> stages_per_rank, int fold_budget_limit,
-    const cost::CrossReplica& cross_replica) {
+    const std::optional<std::string>& fold, const cost::CrossReplica& cross_replica) {
   planner::PlannerOptions p;
   // "auto": the planner picks the schedule too, among the policies it weighs (generate.h).
   p.policies = schedule == "auto" ? schedule::planner_policies()
@@ -88,6 +90,7 @@ planner::PlannerResult plan_simulated(
   p.grow_replicas = grow_replicas;
   p.stages_per_rank = stages_per_rank;
   p.fold_budget_limit = fold_budget_limit;
+  if (fold) p.folds = {planner::parse_fold(*fold)};
   py::gil_scoped_release release;
   return planner::plan_with_replication(g, devices, o, p, replicate);
 }
@@ -127,7 +130,7 @@ void bind_partition(py::module_& m) {
       py::arg("plain_budget_limit") = planner::PlannerOptions{}.plain_budget_limit,
       py::arg("plain_every_up_to") = planner::PlannerOptions{}.plain_every_up_to,
       py::arg("grow_replicas") = planner::PlannerOptions{}.grow_replicas, py::arg("stages_per_rank") = py::none(),
-      py::arg("fold_budget_limit") = planner::PlannerOptions{}.fold_budget_limit,
+      py::arg("fold_budget_limit") = planner::PlannerOptions{}.fold_budget_limit, py::arg("fold") = py::none(),
       py::arg("cross_replica") = cost::CrossReplica{},
       "Every candidate the partitioner makes, simulated under the schedule (planner/planner.h; 'auto': "
       "under 1f1b and zb_graph, the plan recording the faster in Plan.schedule); the least simulated "
@@ -138,8 +141,8 @@ void bind_partition(py::module_& m) {
       "power-of-two budget (planner/planner.h). replicate=None is graphpipe.plan's default: replicas allowed "
       "with the widened search, else the plan without them (planner/default_search.h; the search budgets "
       "given are then replaced). stages_per_rank k > 1 also weighs the partitioner's plans folded 2..k stages per "
-      "device (None, the default: 2 in the default search, else 1), in a V and looping (planner/folded_search.h), on the first 2, 4, ... ranks up to "
-      "fold_budget_limit (0: up to the device count; planner/default_search.h). cross_replica: the plan will run as one of "
+      "device (None, the default: 2 in the default search, else 1), in a V and looping (planner/folded_search.h; fold 'v' or 'looping': that one alone), on the first 2, 4, ... "
+      "ranks up to fold_budget_limit (0: up to the device count; planner/default_search.h). cross_replica: the plan will run as one of "
       "that many fault-tolerant replicas (cost/cross_replica.h): every candidate's simulated step ends "
       "with the average across them.");
 }

@@ -131,7 +131,7 @@ std::vector<int> fold_budgets(int count, int limit) {
 }
 
 // Weighs the partitioner's plans folded j stages per device (j = 2 up to search.stages_per_rank;
-// folded_search.h), in a V and looping, on the first b ranks for every fold budget b, beside the
+// folded_search.h), in each of search.folds, on the first b ranks for every fold budget b, beside the
 // chosen one. A budget whose floor is above the chosen plan's step is passed over (none of its
 // folds could be taken); a plan folded on the first b ranks is the same plan on the whole
 // description, and is simulated there again.
@@ -150,7 +150,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
       continue;
     }
     for (int k = 2; k <= most; ++k) {
-      for (Fold fold : {Fold::v, Fold::looping}) {
+      for (Fold fold : search.folds) {
         beat.to_beat = result.plan.predicted_iteration_seconds;
         std::optional<PlannerResult> folded;
         try {
@@ -197,6 +197,14 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
     throw PlanningError("stages_per_rank must be at least 1, got " + std::to_string(*search.stages_per_rank));
   }
   search.stages_per_rank = stages_per_rank_for(search, options, replicate);
+  if (search.folds.empty()) throw PlanningError("no fold to weigh: name 'v' or 'looping', or leave the fold unset");
+  if (search.folds != all_folds() && *search.stages_per_rank < 2) {
+    // A fold named where no plan is folded would be ignored: say so instead.
+    throw PlanningError("a fold was named but this search puts one stage per device (stages_per_rank " +
+                        std::to_string(*search.stages_per_rank) +
+                        "; unset, it is 2 only in the default search: the default partitioner with replicate "
+                        "unset): pass stages_per_rank=2 or more to fold");
+  }
   if (search.fold_budget_limit < 0) {
     throw PlanningError("fold_budget_limit must be a device count (0: no limit), got " +
                         std::to_string(search.fold_budget_limit));

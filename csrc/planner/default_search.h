@@ -31,14 +31,14 @@
 //
 // Several stages per device: with PlannerOptions::stages_per_rank k > 1 (unless set, 2 in the
 // default search and 1 elsewhere: stages_per_rank_for), whatever `replicate` says, the
-// partitioner's plans folded j stages per device (j = 2..k, in a V and
-// looping; folded_search.h) on the first b ranks, for every power of two b from 2 up to the
-// device count and PlannerOptions::fold_budget_limit (8 unless set), are weighed too, and one
-// wins where it simulates strictly faster. A budget is skipped where the floor of every plan
-// without replicas on it is above the step chosen so far (MMT at paper size onto 64 V100s: all
-// three, at no cost). The budgets only grow with the device count and a fold on the first b
-// ranks is the same plan at every larger count, so folding keeps the search never worse with
-// more devices.
+// partitioner's plans folded j stages per device (j = 2..k, in a V and looping, or the one
+// PlannerOptions::folds names; folded_search.h) on the first b ranks, for every power of two b
+// from 2 up to the device count and PlannerOptions::fold_budget_limit (8 unless set), are
+// weighed too, and one wins where it simulates strictly faster. A budget is skipped where the
+// floor of every plan without replicas on it is above the step chosen so far (MMT at paper size
+// onto 64 V100s: all three, at no cost). The budgets only grow with the device count and a fold
+// on the first b ranks is the same plan at every larger count, so folding keeps the search never
+// worse with more devices.
 //
 // Each search weighed beside the partitioner's own is told the step to beat
 // (PlannerOptions::to_beat), so it skips the micro-batch sizes and pools that cannot beat it.

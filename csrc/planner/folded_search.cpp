@@ -12,8 +12,6 @@
 
 namespace graphpipe::planner {
 
-std::string_view fold_name(Fold fold) { return fold == Fold::v ? "in a V" : "looping"; }
-
 int folded_device(Fold fold, int v, int devices) {
   const int layer = v / devices;
   const int p = v % devices;

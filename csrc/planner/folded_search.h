@@ -15,21 +15,14 @@
 #pragma once
 
 #include <optional>
-#include <string_view>
 
 #include "cost/devices.h"
 #include "graph/op_graph.h"
 #include "partition/options.h"
+#include "planner/fold.h"
 #include "planner/planner.h"
 
 namespace graphpipe::planner {
-
-enum class Fold {
-  v,        // virtual device v = layer x D + p on p in even layers, on D - 1 - p in odd ones
-  looping,  // virtual device v on v mod D
-};
-
-std::string_view fold_name(Fold fold);
 
 // The real device (of `devices` real ones) that virtual device `v` (of k x devices) folds onto.
 int folded_device(Fold fold, int v, int devices);

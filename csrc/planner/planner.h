@@ -69,6 +69,7 @@
 #include "graph/op_graph.h"
 #include "partition/options.h"
 #include "plan/plan.h"
+#include "planner/fold.h"
 #include "schedule/generate.h"
 #include "sim/simulate.h"
 
@@ -108,6 +109,8 @@ struct PlannerOptions {
   // limit bounds what folding costs there (a fold plans on twice the devices), and a set of
   // budgets that only grows with the device count keeps the planner never worse with more.
   int fold_budget_limit = 8;
+  // The folds weighed (fold.h): both by default; one where the user names it (plan(fold=)).
+  std::vector<Fold> folds = all_folds();
   // Only a plan that simulates below this step is wanted (infinity: any plan). The default search
   // passes the best step it has found to the searches it weighs beside it (baselines, folds),
   // whose plans it takes only where they simulate faster: their plain pools and micro-batch

@@ -4,6 +4,7 @@
 // valid plans whose shared devices each hold stages alone, and on some graphs wins.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <optional>
@@ -95,6 +96,37 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
   EXPECT_GT(folded_wins, 0) << "no graph got a folded plan: the search never weighs it";
 }
 
+// PlannerOptions::folds restricts the placements weighed: on the graphs where the search folds,
+// a search told one fold returns plans folded that way only (or none folded), and the search of
+// both is the faster of the two, plan for plan. parse_fold takes the names users give.
+TEST(FoldedSearch, ANamedFoldIsTheOnlyOneWeighed) {
+  const cost::Devices devices = cost::v100(4, 4);
+  int folded = 0;
+  for (unsigned seed = 1; seed <= 12; ++seed) {
+    const graphpipe::graph::OpGraph g = test_graph(seed);
+    pl::PlannerOptions both;
+    both.stages_per_rank = 2;
+    pl::PlannerOptions v = both;
+    v.folds = {pl::Fold::v};
+    pl::PlannerOptions looping = both;
+    looping.folds = {pl::Fold::looping};
+    const auto any = pl::plan_with_replication(g, devices, pt::Options{}, both, false);
+    const auto in_v = pl::plan_with_replication(g, devices, pt::Options{}, v, false);
+    const auto in_loop = pl::plan_with_replication(g, devices, pt::Options{}, looping, false);
+    EXPECT_EQ(in_v.plan.partitioner.find("looping"), std::string::npos) << "seed " << seed;
+    EXPECT_EQ(in_loop.plan.partitioner.find("in a V"), std::string::npos) << "seed " << seed;
+    EXPECT_DOUBLE_EQ(any.plan.predicted_iteration_seconds,
+                     std::min(in_v.plan.predicted_iteration_seconds, in_loop.plan.predicted_iteration_seconds))
+        << "seed " << seed;
+    folded += in_v.plan.partitioner.find("in a V") != std::string::npos;
+    folded += in_loop.plan.partitioner.find("looping") != std::string::npos;
+  }
+  EXPECT_GT(folded, 0) << "no named fold was ever taken: the restriction is not tested";
+  EXPECT_EQ(pl::parse_fold("v"), pl::Fold::v);
+  EXPECT_EQ(pl::parse_fold("looping"), pl::Fold::looping);
+  EXPECT_THROW(pl::parse_fold("V"), graphpipe::PlanningError);
+}
+
 TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   graphpipe::graph::OpGraph g = tst::random_chain(3, 8);
   pl::PlannerOptions search;
@@ -102,6 +134,13 @@ TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
   search.stages_per_rank = 2;
   search.fold_budget_limit = -1;
+  EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
+  // A fold named where nothing is folded, and no fold at all, are refused too.
+  search.fold_budget_limit = 8;
+  search.folds = {};
+  EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
+  search.folds = {pl::Fold::v};
+  search.stages_per_rank = 1;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
 }
 

@@ -74,3 +74,28 @@ def test_the_default_plan_folds_where_a_fold_simulates_faster() -> None:
     assert default.predicted_iteration_seconds == graphpipe.plan(graph, devices, stages_per_rank=2).predicted_iteration_seconds
     for named in (graphpipe.plan(graph, devices, "sequential"), graphpipe.plan(graph, devices, replicate=True)):
         assert "stages per device" not in named.partitioner, named
+
+
+def test_a_named_fold_is_the_only_one_weighed() -> None:
+    """plan(fold=) weighs one placement of the folded plans: "v" and "looping" each give a plan
+    folded that way (DLRM at paper size onto 4 V100s, where the default folds in a V), and the
+    default, which weighs both, is the faster of the two. A fold named where nothing is folded,
+    or an unknown one, is refused by name."""
+    from graphpipe._ext import _C
+
+    model, inputs = build_model("dlrm:size=paper,device=meta,batch=256")
+    graph = graphpipe.trace(model, inputs)
+    devices = _C.Devices.v100(4, per_node=8)
+    default = graphpipe.plan(graph, devices)
+    v = graphpipe.plan(graph, devices, fold="v")
+    looping = graphpipe.plan(graph, devices, fold="looping")
+    assert "in a V" in v.partitioner and "looping" in looping.partitioner, (v.partitioner, looping.partitioner)
+    for folded in (v, looping):
+        ranks = [list(s.devices) for s in folded.stages]
+        assert len(ranks) > len({d for r in ranks for d in r}), ranks  # some device holds two stages
+    assert default.predicted_iteration_seconds == min(v.predicted_iteration_seconds,
+                                                      looping.predicted_iteration_seconds)
+    with pytest.raises(graphpipe.PlanningError, match="unknown fold 'zigzag': choose 'v'"):
+        graphpipe.plan(graph, devices, fold="zigzag")
+    with pytest.raises(graphpipe.PlanningError, match="one stage per device .stages_per_rank 1"):
+        graphpipe.plan(graph, devices, "sequential", fold="v")
