@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -35,6 +36,15 @@ graphpipe::graph::OpGraph test_graph(unsigned seed) {
   graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
   g.trace_batch_size = 8;
   return g;
+}
+
+// The search without replicas on `g`, at most `k` stages per device, weighing `weighed` folds.
+pl::PlannerResult unreplicated(const graphpipe::graph::OpGraph& g, const cost::Devices& devices, int k,
+                               std::vector<pl::Fold> weighed = pl::all_folds()) {
+  pl::PlannerOptions search;
+  search.stages_per_rank = k;
+  search.folds = std::move(weighed);
+  return pl::plan_with_replication(g, devices, pt::Options{}, search, false);
 }
 
 std::vector<int> folds(pl::Fold fold, int devices, int k) {
@@ -68,19 +78,26 @@ TEST(FoldedSearch, VirtualDevicesArePartsOfTheRealOnes) {
 // On random chains and series-parallel graphs onto 4 V100s, without replicas: the plan with up
 // to 2 stages per device simulates no slower than the plan with one; a folded plan validates,
 // shares devices only between stages alone on them, and some graphs get one that is faster.
+// Told one fold (PlannerOptions::folds), the search returns no plan folded the other way, some
+// graph gets the named fold, and the search of both is the faster of the two, plan for plan.
 TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
   const cost::Devices devices = cost::v100(4, 4);
   int folded_wins = 0;
+  int named_folds = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
     const graphpipe::graph::OpGraph g = test_graph(seed);
-    pt::Options o;
-    pl::PlannerOptions one;
-    one.stages_per_rank = 1;
-    pl::PlannerOptions two;
-    two.stages_per_rank = 2;
-    const auto plain = pl::plan_with_replication(g, devices, o, one, false);
-    const auto shared = pl::plan_with_replication(g, devices, o, two, false);
+    const auto plain = unreplicated(g, devices, 1);
+    const auto shared = unreplicated(g, devices, 2);
     EXPECT_LE(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
+    const auto in_v = unreplicated(g, devices, 2, {pl::Fold::v});
+    const auto in_loop = unreplicated(g, devices, 2, {pl::Fold::looping});
+    EXPECT_EQ(in_v.plan.partitioner.find("looping"), std::string::npos) << "seed " << seed;
+    EXPECT_EQ(in_loop.plan.partitioner.find("in a V"), std::string::npos) << "seed " << seed;
+    EXPECT_DOUBLE_EQ(shared.plan.predicted_iteration_seconds,
+                     std::min(in_v.plan.predicted_iteration_seconds, in_loop.plan.predicted_iteration_seconds))
+        << "seed " << seed;
+    named_folds += in_v.plan.partitioner.find("in a V") != std::string::npos;
+    named_folds += in_loop.plan.partitioner.find("looping") != std::string::npos;
     if (shared.plan.partitioner.find("stages per device") == std::string::npos) continue;
     ++folded_wins;
     EXPECT_LT(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
@@ -94,37 +111,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
     for (const auto& [device, count] : held) EXPECT_LE(count, 2) << "device " << device << ", seed " << seed;
   }
   EXPECT_GT(folded_wins, 0) << "no graph got a folded plan: the search never weighs it";
-}
-
-// PlannerOptions::folds restricts the placements weighed: on the graphs where the search folds,
-// a search told one fold returns plans folded that way only (or none folded), and the search of
-// both is the faster of the two, plan for plan. parse_fold takes the names users give.
-TEST(FoldedSearch, ANamedFoldIsTheOnlyOneWeighed) {
-  const cost::Devices devices = cost::v100(4, 4);
-  int folded = 0;
-  for (unsigned seed = 1; seed <= 12; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
-    pl::PlannerOptions both;
-    both.stages_per_rank = 2;
-    pl::PlannerOptions v = both;
-    v.folds = {pl::Fold::v};
-    pl::PlannerOptions looping = both;
-    looping.folds = {pl::Fold::looping};
-    const auto any = pl::plan_with_replication(g, devices, pt::Options{}, both, false);
-    const auto in_v = pl::plan_with_replication(g, devices, pt::Options{}, v, false);
-    const auto in_loop = pl::plan_with_replication(g, devices, pt::Options{}, looping, false);
-    EXPECT_EQ(in_v.plan.partitioner.find("looping"), std::string::npos) << "seed " << seed;
-    EXPECT_EQ(in_loop.plan.partitioner.find("in a V"), std::string::npos) << "seed " << seed;
-    EXPECT_DOUBLE_EQ(any.plan.predicted_iteration_seconds,
-                     std::min(in_v.plan.predicted_iteration_seconds, in_loop.plan.predicted_iteration_seconds))
-        << "seed " << seed;
-    folded += in_v.plan.partitioner.find("in a V") != std::string::npos;
-    folded += in_loop.plan.partitioner.find("looping") != std::string::npos;
-  }
-  EXPECT_GT(folded, 0) << "no named fold was ever taken: the restriction is not tested";
-  EXPECT_EQ(pl::parse_fold("v"), pl::Fold::v);
-  EXPECT_EQ(pl::parse_fold("looping"), pl::Fold::looping);
-  EXPECT_THROW(pl::parse_fold("V"), graphpipe::PlanningError);
+  EXPECT_GT(named_folds, 0) << "no named fold was ever taken: the restriction is not tested";
 }
 
 TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
@@ -135,7 +122,10 @@ TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   search.stages_per_rank = 2;
   search.fold_budget_limit = -1;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
-  // A fold named where nothing is folded, and no fold at all, are refused too.
+  // A fold named where nothing is folded, no fold at all, and a name that is no fold are refused too.
+  EXPECT_EQ(pl::parse_fold("v"), pl::Fold::v);
+  EXPECT_EQ(pl::parse_fold("looping"), pl::Fold::looping);
+  EXPECT_THROW(pl::parse_fold("V"), graphpipe::PlanningError);
   search.fold_budget_limit = 8;
   search.folds = {};
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
