@@ -1099,8 +1099,8 @@ def parse_args() -> argparse.Namespace:
                              f"{' '.join(DEFAULT_EMULATED_LIMITS)} emulated, {' '.join(DEFAULT_MEASURED_LIMITS)} "
                              "with --no-emulate)")
     parser.add_argument("--variants", default="main", choices=["main", "all"],
-                        help="main: graph+dp, sequential+dp, torch pipelining, FSDP2, DDP; all: also graphpipe's "
-                             "plain pipelines and torch's GPipe")
+                        help="main: graph+dp, sequential+dp, graphpipe's V rows (V zb, graph V), torch pipelining, "
+                             "FSDP2, DDP; all: also graphpipe's plain pipelines and torch's GPipe")
     parser.add_argument("--steps", type=int, default=24, help="measured iterations per variant, over all rounds")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"interleaved rounds per variant, each with its own warm-up (default "
