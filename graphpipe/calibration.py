@@ -36,10 +36,11 @@ per tensor before it was measured).
 One more figure prices what a collective beside the compute costs it
 (``Devices.collective_overlap_loss``): the runtime posts a gradient bucket's all-reduce while the
 backward goes on, and the cost model would hide it behind that backward, but on Gloo CPU ranks
-the collective's threads share the cores the backward computes on. Each rank times a compute of
-its own (real work; for emulated runs, an emulated wait) alone and with the sums of OVERLAP_BYTES
-of gradients, in the runtime's default buckets, posted through its first pieces as a backward
-posts them; the compute's lengthening over what the cost model prices those sums at is the figure
+the collective's threads share the cores the backward computes on. The ranks run one stage of
+OVERLAP_SPEC replicated on all of them, with its gradients summed in the runtime's buckets and
+without (local SGD), steps alternating; the backward's lengthening (for emulated runs, of an
+emulated wait) over the seconds of those sums that the cost model puts beside it
+(cost::bucket_spans, cost::overlap_loss_seconds) is the figure
 (0: the collective hides for free; 1: not at all; docs/results.md has its readings).
 
 The last figure prices the optimizer step per parameter tensor (``Devices.optimizer_tensor_seconds``):
@@ -120,11 +121,15 @@ BUCKET_BYTES = 1 << 20
 #: 1.2 ms where it took 2.1-2.5 ms, and moved with the launch. All-reduces below the step are
 #: priced dear instead; the step's closing sum of one number is timed on its own (step overhead).
 COLLECTIVE_SIZES = (BUCKET_BYTES, 4 << 20)
-#: The gradients (bytes, in the runtime's default buckets) whose sums are posted beside a compute
-#: to time the overlap loss (_overlap_seconds), and that compute's length (seconds, at least; and
-#: four times one all-reduce of them all, so that the sums run wholly beside it).
-OVERLAP_BYTES = COLLECTIVE_SIZES[1]
+#: The model whose replicated step times the overlap loss (_overlap_seconds): the main job's
+#: Transformer (benchmarks/compare.py's BENCH_SPECS), 4.2 MB of gradients in the runtime's two
+#: default buckets, a backward of about 25 ms on half its batch here; the steps of each variant
+#: (with sums, without); the backward's length where compute is emulated by waits; and a local-SGD
+#: period no run reaches, so that the variant without sums never averages.
+OVERLAP_SPEC = "transformer:depth=8,seq=32,hidden=128,heads=4,ffn=256,batch=32"
+OVERLAP_REPEATS = 12
 OVERLAP_COMPUTE_SECONDS = 0.02
+NEVER_AVERAGE = 10**9
 #: Tensors of the optimizer step whose extra cost over one tensor is timed (_optimizer_tensor_seconds),
 #: and the elements of each (tiny: the step's memory traffic is priced apart, by its bytes).
 OPTIMIZER_TENSORS = 128
@@ -278,8 +283,8 @@ def _step_samples(rank: int, world: int, spec: str, micro_batches: tuple[int, ..
     reduces = (timed_all_reduces(sizes, max(steps, ALL_REDUCE_REPEATS), device) if world > 1
                else dict.fromkeys(sizes, 0.0))
     extra = _extra_tensor_seconds(rank, world, max(steps, ALL_REDUCE_REPEATS), device) if world > 1 else None
-    overlap = (_overlap_seconds(reduces[OVERLAP_BYTES], max(steps, ALL_REDUCE_REPEATS) // 2, device, wait)
-               if world > 1 else 0.0)
+    overlap = (_overlap_seconds(world, OVERLAP_REPEATS, device, wait) if world > 1
+               else {"lost": 0.0, "compute": 0.0, "bytes": 0.0})
     per_tensor = ({name: _optimizer_tensor_seconds(name, max(steps, ALL_REDUCE_REPEATS), device)
                    for name in TORCH_OPTIMIZERS} if wait == 0.0 else {})
     skew = (_rank_skew(_compute(RANK_SKEW_COMPUTE_SECONDS, device, wait, agree=True), RANK_SKEW_REPEATS)
@@ -352,59 +357,71 @@ def _rank_skew(compute: Callable[[], None], repeats: int) -> float:
     return float((rounds.max(dim=0).values - mean).median()) / typical if typical > 0.0 else 0.0
 
 
-def _overlap_seconds(all_reduce_seconds: float, repeats: int, device: str = "cpu", wait: float = 0.0) -> float:
-    """On one rank (every rank calls it): the compute it loses to gradient sums posted beside it
-    as the runtime posts them during a backward: OVERLAP_BYTES of gradients in the runtime's
-    default buckets (``gradient_bucket_sizes``: a first bucket of 1 MiB, then the rest), each
-    bucket's all-reduce posted after one of the first pieces of a compute cut in 4 pieces per
-    bucket, so that they run while it goes on. ``all_reduce_seconds``: one lone all-reduce of
-    OVERLAP_BYTES. The compute (a real one, matrix products and their backward; an emulated wait
-    where ``wait`` > 0, as the runs it describes compute) lasts at least OVERLAP_COMPUTE_SECONDS
-    and 4 x that all-reduce, so that the sums finish within it; it is timed alone and with the
-    sums, interleaved; the medians' difference, clamped at 0. _costs divides it by what the cost
-    model prices those buckets' sums at: the figure the simulator multiplies by its priced
-    buckets (cost::overlap_loss_seconds).
+def _overlap_seconds(world: int, repeats: int, device: str = "cpu", wait: float = 0.0) -> dict[str, float]:
+    """On one rank (every rank of the default group calls it): the backward it loses to the
+    gradient sums the runtime posts beside it. The ranks run OVERLAP_SPEC as one stage
+    replicated on all of them (one micro-batch, the runtime's default buckets) twice: summing
+    its gradients, and under local SGD with a period longer than the run, which sums none;
+    steps of the two alternate, and each step's backward is read from the executor's flight
+    recorder. Returns the medians' difference, clamped at 0 (``lost``), the backward's median
+    without sums (``compute``) and the gradient bytes summed (``bytes``): _costs divides the loss
+    by the seconds of those sums that the cost model puts beside a backward that long
+    (cost::bucket_spans, cost::overlap_loss_seconds), the figure the simulator multiplies by
+    those seconds. Where ``wait`` > 0 (runs whose compute is emulated by waits) the stage's
+    forward waits ``wait`` and its backward OVERLAP_COMPUTE_SECONDS, as those runs compute.
 
-    Why buckets through the compute, not one all-reduce of their size at its start (the method
-    before 24be827): several collectives posted while the compute goes on wake Gloo's threads
-    several times, and on 2 ranks on 2 cores 4 buckets of 1 MiB lengthened a 25 ms compute by
-    4.8-8.4 ms where one 4 MiB all-reduce at its start lengthened it by 2.9-4.4 ms."""
+    Why the runtime's own step, not a synthetic compute with all-reduces posted through it (the
+    method before this one): the loss is not one number per second of a collective. The
+    synthetic method read 0.53-0.67 per priced second with both buckets posted early, and 1.0-1.9
+    with each posted at its ready time, while in the runtime's step on the main job's
+    Transformer the first bucket lengthened the backward by 3.3 ms against its 1.2 ms price
+    (docs/results.md, "The overlap loss measured on the runtime's own step")."""
     import torch.distributed as dist
 
-    from graphpipe._ext import _C
+    import graphpipe
+    from graphpipe.emulation import emulate_stage
+    from graphpipe.models import build_model, default_loss
+    from graphpipe.sync import LocalSGD
 
-    sizes = _C.gradient_bucket_sizes(float(OVERLAP_BYTES))
-    pieces = 4 * len(sizes)
-    piece = _compute(max(OVERLAP_COMPUTE_SECONDS, 4.0 * all_reduce_seconds) / pieces, device, wait)
-    buckets = [torch.zeros(max(1, int(size) // 4), device=device) for size in sizes]
-    alone: list[float] = []
-    beside: list[float] = []
+    torch.manual_seed(0)
+    model, inputs = build_model(OVERLAP_SPEC)
+    targets = model.example_targets(inputs[0].shape[0])
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.plan(graph, world, "manual", manual={"": 0}, stage_devices={0: list(range(world))},
+                          micro_batches=1)
+    pipes = []
+    for sync in (None, LocalSGD(period=NEVER_AVERAGE)):
+        pipe = graphpipe.wrap(model.to(device), inputs, default_loss(OVERLAP_SPEC), plan=plan, device=device,
+                              skip_nonfinite=False, sync=sync)
+        if wait > 0.0:
+            emulate_stage(pipe, wait, OVERLAP_COMPUTE_SECONDS)
+        # A rate of 0: local SGD steps inside step(), and the parameters stay as they are.
+        optimizer = torch.optim.SGD(list(pipe.parameters()), lr=0.0)
+        pipe.step(inputs, targets, optimizer=optimizer)  # warm-up
+        pipes.append((pipe, optimizer))
+    backward: list[list[float]] = [[], []]
     for _ in range(max(repeats, 3)):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(pieces):
-            piece()
-        _sync(device)
-        alone.append(time.perf_counter() - start)
-        dist.barrier()
-        start = time.perf_counter()
-        works = []
-        for k in range(pieces):
-            piece()
-            if k < len(buckets):
-                works.append(dist.all_reduce(buckets[k], async_op=True))
-        for work in works:
-            work.wait()
-        _sync(device)
-        beside.append(time.perf_counter() - start)
-    return max(statistics.median(beside) - statistics.median(alone), 0.0)
+        for (pipe, optimizer), seconds in zip(pipes, backward):
+            dist.barrier()
+            pipe.step(inputs, targets, optimizer=optimizer)
+            records = pipe.executor.flight_recorder.records()
+            last = max(r["run"] for r in records)
+            seconds.append(sum(r["end"] - r["start"] for r in records if r["run"] == last and r["kind"] == "backward"))
+    summed = float(pipes[0][0].gradient_buckets.bytes)
+    for pipe, _ in pipes:
+        pipe.close()
+    compute = statistics.median(backward[1])
+    return {"lost": max(statistics.median(backward[0]) - compute, 0.0), "compute": compute, "bytes": summed}
 
 
-def _priced_overlap_buckets(concurrency: int, latency: float, bandwidth: float) -> float:
-    """What the cost model prices the sums of OVERLAP_BYTES in the runtime's default buckets at,
-    over ``concurrency`` ranks whose collective link is (``latency``, ``bandwidth``): the ring
-    all-reduce of cost/all_reduce.h, through its binding. 0 for one rank or no link."""
-    if concurrency < 2 or bandwidth <= 0.0:
+def _priced_overlap_seconds(concurrency: int, latency: float, bandwidth: float, compute: float,
+                            summed: float) -> float:
+    """The seconds of the sums of ``summed`` gradient bytes, in the runtime's default buckets,
+    that the cost model puts beside a last backward of ``compute`` seconds (cost::bucket_spans,
+    cost::overlap_loss_seconds at a loss of 1), each bucket priced as the ring all-reduce of
+    cost/all_reduce.h over ``concurrency`` ranks whose collective link is (``latency``,
+    ``bandwidth``). 0 for one rank or no link."""
+    if concurrency < 2 or bandwidth <= 0.0 or compute <= 0.0 or summed <= 0.0:
         return 0.0
     from graphpipe._ext import _C
 
@@ -412,8 +429,10 @@ def _priced_overlap_buckets(concurrency: int, latency: float, bandwidth: float) 
     devices.collective_latency_seconds = latency
     devices.collective_bandwidth_bytes_per_second = bandwidth
     ranks = list(range(concurrency))
-    return sum(_C.all_reduce_cost(devices, ranks, size, "ring").seconds
-               for size in _C.gradient_bucket_sizes(float(OVERLAP_BYTES)))
+    sizes = _C.gradient_bucket_sizes(summed)
+    comm = [_C.all_reduce_cost(devices, ranks, size, "ring").seconds for size in sizes]
+    spans = _C.bucket_spans(0.0, compute, sizes, [0.0] * len(sizes), comm)
+    return _C.overlap_loss_seconds(spans, compute, 1.0)
 
 
 def _extra_tensor_seconds(rank: int, world: int, repeats: int, device: str = "cpu") -> float | None:
@@ -507,11 +526,16 @@ def _costs(values: list[dict[str, Any]], concurrency: int, wait: float = 0.0) ->
                           else (0.0, 0.0))
     extras = [v["extra_tensor"] for v in values if v.get("extra_tensor") is not None]
     extra = statistics.median(extras) if extras else None
-    # The compute lost to the sums beside it, over what the cost model prices those sums at from
-    # the fitted ring: the loss the simulator charges per priced second. A lone 1 MiB all-reduce
-    # over 2 ranks here reads 0.8 or 2.8 ms from one spawn to the next, so a timed one would not do.
-    priced = _priced_overlap_buckets(concurrency, latency, bandwidth)
-    lost = statistics.median(v["overlap_loss"] for v in values)  # 0.0 from one rank (_step_samples)
+    # The compute lost to the sums beside it, over the seconds of them the cost model puts beside
+    # that compute from the fitted ring: the loss the simulator charges per second beside. A lone
+    # 1 MiB all-reduce over 2 ranks here reads 0.8 or 2.8 ms from one spawn to the next, so a timed
+    # one would not do. The most any rank lost, not the ranks' median: the sums end when the
+    # slowest rank's backward has ended, and the ranks' losses differ (2 ranks here: 2.4 and 3.5
+    # ms in one run), so the step waits for the largest; the simulator charges every rank alike.
+    lost = max(v["overlap_loss"]["lost"] for v in values)  # 0.0 from one rank
+    priced = _priced_overlap_seconds(concurrency, latency, bandwidth,
+                                     statistics.median(v["overlap_loss"]["compute"] for v in values),
+                                     values[0]["overlap_loss"]["bytes"])
     overlap = lost / priced if priced > 0.0 else 0.0
     per_tensor = {name: statistics.median(v["optimizer_tensor"][name] for v in values)
                   for name in values[0]["optimizer_tensor"]}

@@ -138,6 +138,20 @@ void bind_cost_functions(py::module_& m) {
   m.def("gradient_bucket_sizes", &cost::bucket_sizes, py::arg("bytes"), py::arg("cap") = cost::kDefaultBucketBytes,
         "The sizes of the gradient buckets that hold `bytes`, in start order: a first bucket of up to 1 MiB, "
         "then equal buckets of at most `cap` (cost/gradient_buckets.h), as the runtime lays them out.");
+  // The bucket timing rule (cost/gradient_buckets.h), for the calibration that times the compute
+  // lost to buckets posted as the runtime posts them and divides by what this rule charges.
+  py::class_<cost::BucketSpan>(m, "BucketSpan", "When one gradient bucket is ready and when its collectives run.")
+      .def_readonly("ready", &cost::BucketSpan::ready)
+      .def_readonly("compress_start", &cost::BucketSpan::compress_start)
+      .def_readonly("compress_end", &cost::BucketSpan::compress_end)
+      .def_readonly("start", &cost::BucketSpan::start)
+      .def_readonly("end", &cost::BucketSpan::end);
+  m.def("bucket_spans", &cost::bucket_spans, py::arg("backward_start"), py::arg("backward_end"), py::arg("bytes"),
+        py::arg("compress_seconds"), py::arg("comm_seconds"),
+        "When each bucket of `bytes` is ready over a backward from `backward_start` to `backward_end`, and when "
+        "its compression and collectives run (cost::bucket_spans: the simulator's rule).");
+  m.def("overlap_loss_seconds", &cost::overlap_loss_seconds, py::arg("spans"), py::arg("compute_end"), py::arg("loss"),
+        "`loss` times the seconds of the spans' collectives before `compute_end` (cost::overlap_loss_seconds).");
   m.def(
       "all_reduce_cost",
       [](const Devices& d, const std::vector<int>& group, double bytes, const std::string& algorithm) {

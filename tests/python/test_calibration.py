@@ -83,14 +83,19 @@ def test_two_ranks_at_once_include_the_closing_all_reduce() -> None:
 def _overlap_loss_on_one_core(rank: int, world: int) -> float:
     import os
 
-    from graphpipe.calibration import OVERLAP_BYTES, _overlap_seconds, timed_all_reduces
+    from graphpipe._ext import _C
+    from graphpipe.calibration import _overlap_seconds, timed_all_reduces
 
     # Every thread of the rank (Gloo's, started with the process group, among them) on core 0.
     for thread in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(thread), {0})
     torch.set_num_threads(1)
-    lone = timed_all_reduces((OVERLAP_BYTES,), 12)[OVERLAP_BYTES]
-    return _overlap_seconds(lone, 12) / lone  # the compute lost per second of the sums' lone all-reduce
+    measured = _overlap_seconds(world, 6)
+    # The compute lost per second of a lone all-reduce of the first bucket, the one that runs
+    # beside the backward (the rest is ready at its end).
+    first = _C.gradient_bucket_sizes(measured["bytes"])[0]
+    lone = timed_all_reduces((int(first),), 12)[int(first)]
+    return measured["lost"] / lone
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="needs Linux's sched_setaffinity")
