@@ -549,7 +549,7 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
                 variants.append(Variant(name, "graphpipe", unavailable=reason))
                 return
         p = plans[key]
-        if folded and "in a V" not in p.partitioner:
+        if folded and p.fold != "v":
             variants.append(Variant(name, "graphpipe", unavailable=f"not run: no plan folded in a V simulates "
                                                                   f"faster here (the search chose {p.partitioner})"))
             return

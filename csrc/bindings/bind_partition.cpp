@@ -11,9 +11,9 @@
 #include "bindings/bindings.h"
 #include "partition/partitioner.h"
 #include "partition/registry.h"
+#include "plan/fold.h"
 #include "plan/plan.h"
 #include "planner/default_search.h"
-#include "planner/fold.h"
 #include "planner/planner.h"
 
 namespace py = pybind11;
@@ -90,7 +90,7 @@ planner::PlannerResult plan_simulated(
   p.grow_replicas = grow_replicas;
   p.stages_per_rank = stages_per_rank;
   p.fold_budget_limit = fold_budget_limit;
-  if (fold) p.folds = {planner::parse_fold(*fold)};
+  if (fold) p.folds = {plan::parse_fold(*fold)};
   py::gil_scoped_release release;
   return planner::plan_with_replication(g, devices, o, p, replicate);
 }

@@ -2,6 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <string>
+
 #include "bindings/bindings.h"
 #include "graph/precision.h"
 #include "plan/plan.h"
@@ -68,6 +71,13 @@ void bind_plan(py::module_& m) {
   py::class_<Plan>(m, "Plan", "Stages of an OpGraph forming a DAG (see plan/plan.h).")
       .def(py::init<>())
       .def_readwrite("partitioner", &Plan::partitioner)
+      .def_property_readonly(
+          "fold",
+          [](const Plan& p) -> std::optional<std::string> {
+            if (!p.fold) return std::nullopt;
+            return std::string(plan::fold_key(*p.fold));
+          },
+          "'v' or 'looping' where the planner folded a plan for more devices onto these (plan/fold.h), else None")
       .def_readwrite("graph_fingerprint", &Plan::graph_fingerprint)
       .def_readwrite("num_graph_nodes", &Plan::num_graph_nodes)
       .def_readwrite("batch_size", &Plan::batch_size)

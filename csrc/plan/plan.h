@@ -24,11 +24,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cost/sync_method.h"
 #include "graph/op_graph.h"
+#include "plan/fold.h"
 
 namespace graphpipe::plan {
 
@@ -87,7 +89,11 @@ struct StageEdge {
 };
 
 struct Plan {
-  std::string partitioner;        // "metis", "graphpipe", "sequential", "manual"
+  std::string partitioner;  // "metis", "graphpipe", "sequential", "manual"
+  // How the planner folded a plan for more devices onto these (planner/folded_search.h), where it
+  // did; the partitioner label says it in words. Empty for any other plan, a manual placement
+  // that shares devices included: readers (compare.py's V row) ask this, not the label.
+  std::optional<Fold> fold;
   std::string graph_fingerprint;  // OpGraph::fingerprint() of the graph it was made for
   std::int64_t num_graph_nodes = 0;
   std::int64_t batch_size = 0;  // mini-batch size (samples per training step)

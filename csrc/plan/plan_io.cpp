@@ -39,28 +39,30 @@ nlohmann::json to_json(const Plan& plan, const graph::OpGraph& g) {
     edges.push_back(
         {{"src", se.src}, {"dst", se.dst}, {"edges", se.edges}, {"bytes", se.bytes}, {"tensors", se.tensors}});
   }
-  return {{"format", "graphpipe.plan"},
-          {"schema_version", kPlanSchemaVersion},
-          {"partitioner", plan.partitioner},
-          {"graph_fingerprint", plan.graph_fingerprint},
-          {"num_graph_nodes", plan.num_graph_nodes},
-          {"batch_size", plan.batch_size},
-          {"micro_batch_size", plan.micro_batch_size},
-          {"num_micro_batches", plan.num_micro_batches},
-          {"num_devices", plan.num_devices},
-          {"device_nodes", plan.device_nodes},
-          {"depth", plan.depth},
-          {"bottleneck_seconds_per_sample", plan.bottleneck_seconds_per_sample},
-          {"predicted_iteration_seconds", plan.predicted_iteration_seconds},
-          {"memory_limit_bytes", plan.memory_limit_bytes},
-          {"optimizer", plan.optimizer},
-          {"chain", plan.chain},
-          {"schedule", plan.schedule},
-          {"compute_dtype", graph::to_string(plan.precision)},
-          {"compute_flops_per_second", plan.compute_flops_per_second},
-          {"sync", cost::to_json(plan.sync)},
-          {"stages", stages},
-          {"edges", edges}};
+  nlohmann::json doc = {{"format", "graphpipe.plan"},
+                        {"schema_version", kPlanSchemaVersion},
+                        {"partitioner", plan.partitioner},
+                        {"graph_fingerprint", plan.graph_fingerprint},
+                        {"num_graph_nodes", plan.num_graph_nodes},
+                        {"batch_size", plan.batch_size},
+                        {"micro_batch_size", plan.micro_batch_size},
+                        {"num_micro_batches", plan.num_micro_batches},
+                        {"num_devices", plan.num_devices},
+                        {"device_nodes", plan.device_nodes},
+                        {"depth", plan.depth},
+                        {"bottleneck_seconds_per_sample", plan.bottleneck_seconds_per_sample},
+                        {"predicted_iteration_seconds", plan.predicted_iteration_seconds},
+                        {"memory_limit_bytes", plan.memory_limit_bytes},
+                        {"optimizer", plan.optimizer},
+                        {"chain", plan.chain},
+                        {"schedule", plan.schedule},
+                        {"compute_dtype", graph::to_string(plan.precision)},
+                        {"compute_flops_per_second", plan.compute_flops_per_second},
+                        {"sync", cost::to_json(plan.sync)},
+                        {"stages", stages},
+                        {"edges", edges}};
+  if (plan.fold) doc["fold"] = std::string(fold_key(*plan.fold));  // absent: not folded
+  return doc;
 }
 
 namespace {
@@ -104,6 +106,14 @@ Plan plan_header_from_json(const nlohmann::json& doc, const graph::OpGraph& g) {
   plan.chain = jf::get<bool>(doc, "chain", "$");
   // Optional: plans written before they recorded their schedule were made for 1F1B.
   if (doc.contains("schedule")) plan.schedule = jf::get<std::string>(doc, "schedule", "$");
+  // Optional: "v" or "looping" where the planner folded the plan (Plan::fold), absent otherwise.
+  if (doc.contains("fold")) {
+    try {
+      plan.fold = parse_fold(jf::get<std::string>(doc, "fold", "$"));
+    } catch (const PlanningError& e) {
+      throw FormatError(std::string("$.fold: ") + e.what());
+    }
+  }
   // Optional: plans written before they recorded their precision were priced in float32.
   if (doc.contains("compute_dtype")) {
     try {

@@ -10,6 +10,7 @@
 //    "compute_dtype": "bfloat16", "compute_flops_per_second": ... (Plan::precision and its rate;
 //    optional when reading: float32, 0),
 //    "sync": {"kind": "all_reduce", ...} (cost/sync_method.h; optional when reading: all_reduce),
+//    "fold": "v" or "looping" (Plan::fold; written only for a plan the planner folded),
 //    "stages": [{"id": 0, "nodes": ["x", "fc1", ...], "devices": [0], "forward_seconds": ...,
 //                "backward_seconds", "backward_input_seconds", "backward_weight_seconds",
 //                "transfer_seconds", "param_bytes", "static_bytes", "activation_bytes", "in_flight",

@@ -150,7 +150,7 @@ void weigh_folded(const graph::OpGraph& graph, const cost::Devices& devices, con
       continue;
     }
     for (int k = 2; k <= most; ++k) {
-      for (Fold fold : search.folds) {
+      for (plan::Fold fold : search.folds) {
         beat.to_beat = result.plan.predicted_iteration_seconds;
         std::optional<PlannerResult> folded;
         try {
@@ -198,7 +198,7 @@ PlannerResult plan_with_replication(const graph::OpGraph& graph, const cost::Dev
   }
   search.stages_per_rank = stages_per_rank_for(search, options, replicate);
   if (search.folds.empty()) throw PlanningError("no fold to weigh: name 'v' or 'looping', or leave the fold unset");
-  if (search.folds != all_folds() && *search.stages_per_rank < 2) {
+  if (search.folds != plan::all_folds() && *search.stages_per_rank < 2) {
     // A fold named where no plan is folded would be ignored: say so instead.
     throw PlanningError("a fold was named but this search puts one stage per device (stages_per_rank " +
                         std::to_string(*search.stages_per_rank) +

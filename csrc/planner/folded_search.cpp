@@ -12,13 +12,13 @@
 
 namespace graphpipe::planner {
 
-int folded_device(Fold fold, int v, int devices) {
+int folded_device(plan::Fold fold, int v, int devices) {
   const int layer = v / devices;
   const int p = v % devices;
-  return fold == Fold::v && layer % 2 == 1 ? devices - 1 - p : p;
+  return fold == plan::Fold::v && layer % 2 == 1 ? devices - 1 - p : p;
 }
 
-cost::Devices virtual_devices(const cost::Devices& devices, Fold fold, int k) {
+cost::Devices virtual_devices(const cost::Devices& devices, plan::Fold fold, int k) {
   cost::Devices half = devices;
   const int count = k * devices.count;
   half.count = count;
@@ -41,7 +41,8 @@ cost::Devices virtual_devices(const cost::Devices& devices, Fold fold, int k) {
 }
 
 std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost::Devices& devices,
-                                         partition::Options options, const PlannerOptions& search, Fold fold, int k) {
+                                         partition::Options options, const PlannerOptions& search, plan::Fold fold,
+                                         int k) {
   const std::string partitioner = options.partitioner;
   options.replicate = false;
   plan::Plan cut;
@@ -58,7 +59,7 @@ std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost
   }
   partition::ManualMapping by_name;
   std::map<int, std::vector<int>> stage_devices;
-  const std::string how = std::to_string(k) + " stages per device " + std::string(fold_name(fold));
+  const std::string how = std::to_string(k) + " stages per device " + std::string(plan::fold_name(fold));
   std::vector<int> stages_on(static_cast<std::size_t>(devices.count), 0);
   for (std::size_t s = 0; s < cut.stages.size(); ++s) {
     const plan::Stage& stage = cut.stages[s];
@@ -77,6 +78,7 @@ std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost
   try {
     PlannerResult folded = plan_by_simulation(graph, devices, options, search);
     folded.plan.partitioner = partitioner + ", up to " + how;
+    folded.plan.fold = fold;
     return folded;
   } catch (const PlanningError& e) {
     log::debug("planner: the " + partitioner + " plan folded to " + how + " does not plan: " + e.what());

@@ -19,23 +19,24 @@
 #include "cost/devices.h"
 #include "graph/op_graph.h"
 #include "partition/options.h"
-#include "planner/fold.h"
+#include "plan/fold.h"
 #include "planner/planner.h"
 
 namespace graphpipe::planner {
 
 // The real device (of `devices` real ones) that virtual device `v` (of k x devices) folds onto.
-int folded_device(Fold fold, int v, int devices);
+int folded_device(plan::Fold fold, int v, int devices);
 
 // k x devices.count virtual devices, each a k-th of the real device it folds onto: the same
 // compute figures, 1/k of its memory, the links (and nodes) of the real devices they fold onto.
-cost::Devices virtual_devices(const cost::Devices& devices, Fold fold, int k);
+cost::Devices virtual_devices(const cost::Devices& devices, plan::Fold fold, int k);
 
 // The partitioner's plan (options.partitioner, without replicas) for k x devices virtual
 // devices, folded onto `devices` and planned again there as described above; nullopt where no
 // folded plan exists (no plan on the virtual devices, or no stage sharing a device after the
 // fold). Plan::partitioner names the partitioner and the fold.
 std::optional<PlannerResult> folded_plan(const graph::OpGraph& graph, const cost::Devices& devices,
-                                         partition::Options options, const PlannerOptions& search, Fold fold, int k);
+                                         partition::Options options, const PlannerOptions& search, plan::Fold fold,
+                                         int k);
 
 }  // namespace graphpipe::planner

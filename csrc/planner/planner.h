@@ -68,8 +68,8 @@
 #include "cost/devices.h"
 #include "graph/op_graph.h"
 #include "partition/options.h"
+#include "plan/fold.h"
 #include "plan/plan.h"
-#include "planner/fold.h"
 #include "schedule/generate.h"
 #include "sim/simulate.h"
 
@@ -110,7 +110,7 @@ struct PlannerOptions {
   // budgets that only grows with the device count keeps the planner never worse with more.
   int fold_budget_limit = 8;
   // The folds weighed (fold.h): both by default; one where the user names it (plan(fold=)).
-  std::vector<Fold> folds = all_folds();
+  std::vector<plan::Fold> folds = plan::all_folds();
   // Only a plan that simulates below this step is wanted (infinity: any plan). The default search
   // passes the best step it has found to the searches it weighs beside it (baselines, folds),
   // whose plans it takes only where they simulate faster: their plain pools and micro-batch

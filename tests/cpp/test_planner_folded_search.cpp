@@ -26,6 +26,7 @@
 namespace cost = graphpipe::cost;
 namespace pt = graphpipe::partition;
 namespace pl = graphpipe::planner;
+namespace gp = graphpipe::plan;
 namespace tst = graphpipe::testing;
 
 namespace {
@@ -40,14 +41,14 @@ graphpipe::graph::OpGraph test_graph(unsigned seed) {
 
 // The search without replicas on `g`, at most `k` stages per device, weighing `weighed` folds.
 pl::PlannerResult unreplicated(const graphpipe::graph::OpGraph& g, const cost::Devices& devices, int k,
-                               std::vector<pl::Fold> weighed = pl::all_folds()) {
+                               std::vector<gp::Fold> weighed = gp::all_folds()) {
   pl::PlannerOptions search;
   search.stages_per_rank = k;
   search.folds = std::move(weighed);
   return pl::plan_with_replication(g, devices, pt::Options{}, search, false);
 }
 
-std::vector<int> folds(pl::Fold fold, int devices, int k) {
+std::vector<int> folds(gp::Fold fold, int devices, int k) {
   std::vector<int> out;
   for (int v = 0; v < k * devices; ++v) out.push_back(pl::folded_device(fold, v, devices));
   return out;
@@ -56,14 +57,14 @@ std::vector<int> folds(pl::Fold fold, int devices, int k) {
 }  // namespace
 
 TEST(FoldedSearch, FoldsInAVAndLooping) {
-  EXPECT_EQ(folds(pl::Fold::v, 4, 2), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
-  EXPECT_EQ(folds(pl::Fold::looping, 4, 2), (std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3}));
-  EXPECT_EQ(folds(pl::Fold::v, 2, 3), (std::vector<int>{0, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(folds(gp::Fold::v, 4, 2), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+  EXPECT_EQ(folds(gp::Fold::looping, 4, 2), (std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3}));
+  EXPECT_EQ(folds(gp::Fold::v, 2, 3), (std::vector<int>{0, 1, 1, 0, 0, 1}));
 }
 
 TEST(FoldedSearch, VirtualDevicesArePartsOfTheRealOnes) {
   const cost::Devices real = cost::v100(4, 2);  // 2 nodes of 2
-  const cost::Devices parts = pl::virtual_devices(real, pl::Fold::v, 2);
+  const cost::Devices parts = pl::virtual_devices(real, gp::Fold::v, 2);
   ASSERT_EQ(parts.count, 8);
   EXPECT_DOUBLE_EQ(parts.memory_bytes, real.memory_bytes / 2);
   EXPECT_DOUBLE_EQ(parts.flops_per_second, real.flops_per_second);
@@ -89,16 +90,23 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
     const auto plain = unreplicated(g, devices, 1);
     const auto shared = unreplicated(g, devices, 2);
     EXPECT_LE(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
-    const auto in_v = unreplicated(g, devices, 2, {pl::Fold::v});
-    const auto in_loop = unreplicated(g, devices, 2, {pl::Fold::looping});
-    EXPECT_EQ(in_v.plan.partitioner.find("looping"), std::string::npos) << "seed " << seed;
-    EXPECT_EQ(in_loop.plan.partitioner.find("in a V"), std::string::npos) << "seed " << seed;
+    const auto in_v = unreplicated(g, devices, 2, {gp::Fold::v});
+    const auto in_loop = unreplicated(g, devices, 2, {gp::Fold::looping});
+    EXPECT_NE(in_v.plan.fold, std::optional{gp::Fold::looping}) << "seed " << seed;
+    EXPECT_NE(in_loop.plan.fold, std::optional{gp::Fold::v}) << "seed " << seed;
     EXPECT_DOUBLE_EQ(shared.plan.predicted_iteration_seconds,
                      std::min(in_v.plan.predicted_iteration_seconds, in_loop.plan.predicted_iteration_seconds))
         << "seed " << seed;
-    named_folds += in_v.plan.partitioner.find("in a V") != std::string::npos;
-    named_folds += in_loop.plan.partitioner.find("looping") != std::string::npos;
-    if (shared.plan.partitioner.find("stages per device") == std::string::npos) continue;
+    // The plan records its fold, as its label says it, and the record survives its JSON.
+    for (const auto* found : {&in_v, &in_loop, &shared}) {
+      const graphpipe::plan::Plan& plan = found->plan;
+      EXPECT_EQ(plan.fold.has_value(), plan.partitioner.find("stages per device") != std::string::npos);
+      if (plan.fold) EXPECT_NE(plan.partitioner.find(gp::fold_name(*plan.fold)), std::string::npos);
+      EXPECT_EQ(graphpipe::plan::plan_from_json(graphpipe::plan::to_json(plan, g), g).fold, plan.fold);
+    }
+    named_folds += in_v.plan.fold == gp::Fold::v;
+    named_folds += in_loop.plan.fold == gp::Fold::looping;
+    if (!shared.plan.fold) continue;
     ++folded_wins;
     EXPECT_LT(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
     EXPECT_GT(shared.plan.stages.size(), static_cast<std::size_t>(devices.count)) << "seed " << seed;
@@ -114,6 +122,19 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
   EXPECT_GT(named_folds, 0) << "no named fold was ever taken: the restriction is not tested";
 }
 
+TEST(FoldedSearch, APlanFileNamingNoFoldIsRefused) {
+  const graphpipe::graph::OpGraph g = test_graph(2);
+  const auto shared = unreplicated(g, cost::v100(4, 4), 2, {gp::Fold::v});
+  nlohmann::json doc = graphpipe::plan::to_json(shared.plan, g);
+  doc["fold"] = "zigzag";
+  try {
+    graphpipe::plan::plan_from_json(doc, g);
+    ADD_FAILURE() << "a plan file with fold 'zigzag' was read";
+  } catch (const graphpipe::FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("$.fold: unknown fold 'zigzag'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   graphpipe::graph::OpGraph g = tst::random_chain(3, 8);
   pl::PlannerOptions search;
@@ -123,13 +144,13 @@ TEST(FoldedSearch, StagesPerRankBelowOneIsRefused) {
   search.fold_budget_limit = -1;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
   // A fold named where nothing is folded, no fold at all, and a name that is no fold are refused too.
-  EXPECT_EQ(pl::parse_fold("v"), pl::Fold::v);
-  EXPECT_EQ(pl::parse_fold("looping"), pl::Fold::looping);
-  EXPECT_THROW(pl::parse_fold("V"), graphpipe::PlanningError);
+  EXPECT_EQ(gp::parse_fold("v"), gp::Fold::v);
+  EXPECT_EQ(gp::parse_fold("looping"), gp::Fold::looping);
+  EXPECT_THROW(gp::parse_fold("V"), graphpipe::PlanningError);
   search.fold_budget_limit = 8;
   search.folds = {};
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
-  search.folds = {pl::Fold::v};
+  search.folds = {gp::Fold::v};
   search.stages_per_rank = 1;
   EXPECT_THROW(pl::plan_with_replication(g, cost::v100(2, 2), pt::Options{}, search, false), graphpipe::PlanningError);
 }
@@ -145,11 +166,11 @@ TEST(FoldedSearch, TheFoldBudgetsFloorIsBelowEveryFoldedPlan) {
     pt::Options plain;
     plain.max_stages = devices.count;
     const double floor = pt::candidate_floor(g, devices, plain);
-    for (pl::Fold fold : {pl::Fold::v, pl::Fold::looping}) {
+    for (gp::Fold fold : {gp::Fold::v, gp::Fold::looping}) {
       const auto found = pl::folded_plan(g, devices, pt::Options{}, pl::PlannerOptions{}, fold, 2);
       if (!found) continue;
       ++folded;
-      EXPECT_LE(floor, found->plan.predicted_iteration_seconds) << "seed " << seed << ", " << pl::fold_name(fold);
+      EXPECT_LE(floor, found->plan.predicted_iteration_seconds) << "seed " << seed << ", " << gp::fold_name(fold);
     }
   }
   EXPECT_GT(folded, 0);

@@ -89,12 +89,16 @@ def test_a_named_fold_is_the_only_one_weighed() -> None:
     default = graphpipe.plan(graph, devices)
     v = graphpipe.plan(graph, devices, fold="v")
     looping = graphpipe.plan(graph, devices, fold="looping")
+    assert (v.fold, looping.fold) == ("v", "looping"), (v.partitioner, looping.partitioner)
     assert "in a V" in v.partitioner and "looping" in looping.partitioner, (v.partitioner, looping.partitioner)
     for folded in (v, looping):
         ranks = [list(s.devices) for s in folded.stages]
         assert len(ranks) > len({d for r in ranks for d in r}), ranks  # some device holds two stages
     assert default.predicted_iteration_seconds == min(v.predicted_iteration_seconds,
                                                       looping.predicted_iteration_seconds)
+    # The plan records its fold (Plan.fold), through its JSON too; a plan not folded has none.
+    assert _C.Plan.from_json(v.to_json(graph, 0), graph).fold == "v"
+    assert graphpipe.plan(graph, devices, "sequential").fold is None
     with pytest.raises(graphpipe.PlanningError, match="unknown fold 'zigzag': choose 'v'"):
         graphpipe.plan(graph, devices, fold="zigzag")
     with pytest.raises(graphpipe.PlanningError, match="one stage per device .stages_per_rank 1"):

@@ -1,10 +1,12 @@
-#include "planner/fold.h"
+#include "plan/fold.h"
 
 #include "common/error.h"
 
-namespace graphpipe::planner {
+namespace graphpipe::plan {
 
 std::string_view fold_name(Fold fold) { return fold == Fold::v ? "in a V" : "looping"; }
+
+std::string_view fold_key(Fold fold) { return fold == Fold::v ? "v" : "looping"; }
 
 Fold parse_fold(const std::string& name) {
   if (name == "v") return Fold::v;
@@ -14,4 +16,4 @@ Fold parse_fold(const std::string& name) {
 
 std::vector<Fold> all_folds() { return {Fold::v, Fold::looping}; }
 
-}  // namespace graphpipe::planner
+}  // namespace graphpipe::plan
