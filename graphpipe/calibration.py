@@ -389,6 +389,9 @@ def _overlap_seconds(world: int, repeats: int, device: str = "cpu", wait: float 
     graph = graphpipe.trace(model, inputs)
     plan = graphpipe.plan(graph, world, "manual", manual={"": 0}, stage_devices={0: list(range(world))},
                           micro_batches=1)
+    # Both pipelines wrap one model, so they share its parameters: harmless, since the buckets'
+    # hooks fire only during their own pipeline's last backward (runtime/gradient_buckets.h),
+    # so the variant under local SGD sums nothing, and the rate of 0 leaves the parameters alone.
     pipes = []
     for sync in (None, LocalSGD(period=NEVER_AVERAGE)):
         pipe = graphpipe.wrap(model.to(device), inputs, default_loss(OVERLAP_SPEC), plan=plan, device=device,
