@@ -54,6 +54,10 @@ simulator's prediction of the same plan with the device description the planner 
 link collectives see (fitted to real all-reduces) and the runtime's per-instruction and per-step
 costs, measured by graphpipe.calibration with as many ranks at once as the run), its error, one gradient bucket's all-reduce measured against the cost
 model's price, and per job whether the planner's pick (graph+dp) is within 5% of the fastest.
+Measured runs also profile the model in every round, in its place in the round's order, on the
+run's ranks at once (benchmarks/profiles_beside.py), and the table prices every graphpipe plan
+again on those profiles' median: the simulator's error where the machine's drift between the
+profile and the runs is taken out. The plans are still made on the profile before the runs.
 
 ``--emulate`` (the default on CPU; ``--no-emulate`` measures real compute) replaces each stage's
 compute by a wait of its profiled duration (transfers and collectives stay real), so that 4 to
@@ -94,6 +98,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from profiles_beside import profile_rank, shard_sizes, simulate_beside  # noqa: E402
 
 import graphpipe  # noqa: E402
 from graphpipe.local_ranks import rank_cpus  # noqa: E402
@@ -882,14 +888,19 @@ class Launch:
 
     def run(self, world: int, variant: Variant, spec: str, steps: int, emulate: float | None) -> list[RankResult]:
         """``measure_rank`` on every rank; every rank's result (on every rank under torchrun)."""
+        return self.call(world, measure_rank, spec, variant, steps, emulate, self.device)
+
+    def call(self, world: int, fn: Any, *args: Any) -> list[RankResult]:
+        """``fn(rank, world, *args)`` on every rank; every rank's result (on every rank under
+        torchrun)."""
         if not self.torchrun:
-            return run_ranks(measure_rank, world, spec, variant, steps, emulate, self.device,
-                             timeout=self.timeout, backend=self.backend, bind_cpus=self.binds(world))
+            return run_ranks(fn, world, *args, timeout=self.timeout, backend=self.backend,
+                             bind_cpus=self.binds(world))
         import torch.distributed as dist
 
         rank = dist.get_rank()
         try:
-            mine = RankResult(rank, True, measure_rank(rank, world, spec, variant, steps, emulate, self.device))
+            mine = RankResult(rank, True, fn(rank, world, *args))
         except Exception as exc:  # every rank learns every rank's failure
             mine = RankResult(rank, False, error_type=type(exc).__name__, message=str(exc))
         gathered: list[Any] = [None] * world
@@ -1003,7 +1014,13 @@ def run_job(job: Job, args: argparse.Namespace, launch: Launch, calibration: dic
 
         dist.broadcast_object_list(shared, src=0)
     variants, plans, limit, reference = shared[0]
-    runnable = [v for v in variants if not v.unavailable]
+    runnable: list[Variant | None] = [v for v in variants if not v.unavailable]
+    graphpipe_runs = {v.run.plan_key: v.run for v in runnable if v and isinstance(v.run, GraphpipeRun)}
+    # Measured runs also profile in every round, in its order (None below; profiles_beside.py).
+    beside = BesideProfiles() if not args.emulate and graphpipe_runs else None
+    if beside is not None:
+        beside.sizes = shard_sizes((plans[k]["micro_batch_size"], plans[k]["replicas"]) for k in graphpipe_runs)
+        runnable.append(None)
     bar.total += len(runnable) * len(rounds)
     label = f"{job.model} x{job.world} {'limit' if limit else 'no limit'}"
     results: dict[str, dict] = {v.name: {} for v in variants}
@@ -1013,15 +1030,48 @@ def run_job(job: Job, args: argparse.Namespace, launch: Launch, calibration: dic
     # drift hits all alike.
     for round_index in range(len(rounds)):
         for variant in runnable if round_index % 2 == 0 else runnable[::-1]:
-            bar.set_postfix_str(f"{label} {variant.name} (round {round_index + 1})")
-            run_variant(job.spec, job.world, variant, launch, rounds, args.warmup, 1.0 if args.emulate else None,
-                        round_index, results[variant.name])
+            bar.set_postfix_str(f"{label} {variant.name if variant else 'profile'} (round {round_index + 1})")
+            if variant is None and beside is not None:
+                beside.take(launch.call(job.world, profile_rank, job.spec, beside.sizes, args.device))
+            elif variant is not None:
+                run_variant(job.spec, job.world, variant, launch, rounds, args.warmup,
+                            1.0 if args.emulate else None, round_index, results[variant.name])
             bar.update(1)
+    if beside is not None and launch.rank == 0:
+        beside.price(job.spec, graphpipe_runs, plans)
     rows = [report_row(job, v, results[v.name], results, plans, limit, reference, batch, mode, args) for v in variants]
     if "bucket_all_reduce" in plans:
         for row in rows:
             row["bucket_all_reduce"] = plans["bucket_all_reduce"]
     return rows
+
+
+@dataclass
+class BesideProfiles:
+    """A measured job's profiles beside its runs (profiles_beside.py): the rounds' profiles, and
+    after the rounds each graphpipe plan priced on their median (into the plans' figures)."""
+
+    sizes: list[int] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+    error: str = ""
+
+    def take(self, results: list[RankResult]) -> None:
+        failed = [r for r in results if not r.ok]
+        if failed:
+            self.error = self.error or f"rank {failed[0].rank}: {failed[0].error_type}: {failed[0].message[:200]}"
+        else:
+            self.rounds.append(results[0].value)
+
+    def price(self, spec: str, runs: dict[str, GraphpipeRun], plans: dict) -> None:
+        """Each plan of ``runs`` simulated on the profiles, under the description it was
+        planned with, into ``plans[key]["beside"]`` (or why not)."""
+        for key, run in runs.items():
+            if self.error or not self.rounds:
+                plans[key]["beside"] = {"unavailable": self.error or "no profile"}
+                continue
+            devices = graphpipe.Devices.from_json(json.dumps(plans[key]["devices"]))
+            plans[key]["beside"] = simulate_beside(spec, self.rounds, {key: (run.plan_json, run.schedule)},
+                                                   devices, RUN_OPTIMIZER)[key]
 
 
 def report_row(job: Job, variant: Variant, r: dict, results: dict[str, dict], plans: dict,
@@ -1053,6 +1103,9 @@ def report_row(job: Job, variant: Variant, r: dict, results: dict[str, dict], pl
                                   schedule=variant.run.schedule)
         if "median_seconds" in r:
             plan["simulator_error"] = r["median_seconds"] / plan["simulated_iteration_seconds"] - 1.0
+            beside = plan["beside"] = dict(plan.get("beside", {}))  # this row's, not the plan's
+            if "simulated_iteration_seconds" in beside:
+                beside["simulator_error"] = r["median_seconds"] / beside["simulated_iteration_seconds"] - 1.0
     return row
 
 
@@ -1265,23 +1318,33 @@ def _print_plan_notes(rows: list[dict], mode: str) -> None:
             print(f"- {model} x{world}, {limit}: the graph plan is shallower than the sequential one (depth "
                   f"{graph['depth']} against {seq['depth']})")
     short = mode.split(",")[0]
-    errors = []
+    errors: list[float] = []
+    beside_errors: list[float] = []
     print(f"\n#### the simulator (with the measured runtime costs) vs {short}\n")
-    print(f"| model | ranks | memory | variant | plan | {short} ms | simulated ms | simulated off by |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| model | ranks | memory | variant | plan | {short} ms | simulated ms | simulated off by | "
+          "simulated on the profiles beside the runs, ms | off by |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "plan" in r and "median_seconds" in r:
             p = r["plan"]
             error = p["simulated_iteration_seconds"] / r["median_seconds"] - 1.0
             errors.append(error)
+            beside = p.get("beside", {})
+            if "simulated_iteration_seconds" in beside:
+                beside_errors.append(beside["simulated_iteration_seconds"] / r["median_seconds"] - 1.0)
+                again = f"{1e3 * beside['simulated_iteration_seconds']:.1f} | {100 * beside_errors[-1]:+.1f}%"
+            else:
+                again = f"{beside.get('unavailable', 'not profiled (emulated compute)')} | -"
             print(f"| {r['model']} | {r['world']} | {r.get('regime', '-')} | {r['variant']} | {p['partitioner']}, "
                   f"{p['stages']} stages, replicas {p.get('replicas', '-')}, depth {p['depth']}, "
                   f"{p['micro_batches']} x {p['micro_batch_size']}, {p.get('schedule', '1f1b')} | "
                   f"{1e3 * r['median_seconds']:.1f} | "
-                  f"{1e3 * p['simulated_iteration_seconds']:.1f} | {100 * error:+.1f}% |")
-    if errors:
-        print(f"- simulator vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} runs, "
-              f"within 20% in {sum(abs(e) <= 0.20 for e in errors)}, worst {100 * max(errors, key=abs):+.1f}%")
+                  f"{1e3 * p['simulated_iteration_seconds']:.1f} | {100 * error:+.1f}% | {again} |")
+    for what, found in (("", errors), (" on the profiles beside the runs", beside_errors)):
+        if found:
+            print(f"- simulator{what} vs {short}: within 10% in {sum(abs(e) <= 0.10 for e in found)} of "
+                  f"{len(found)} runs, within 20% in {sum(abs(e) <= 0.20 for e in found)}, worst "
+                  f"{100 * max(found, key=abs):+.1f}%")
     buckets = {(r["world"], json.dumps(r["bucket_all_reduce"])) for r in rows if "bucket_all_reduce" in r}
     for world, text in sorted(buckets):
         b = json.loads(text)

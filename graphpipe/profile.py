@@ -281,6 +281,7 @@ def profile(
     repeats: int = 5,
     warmup: int = 2,
     leaf_modules: Sequence[Any] = (),
+    group: Any = None,
 ) -> Any:
     """Measures every operator of ``graph`` and stores the medians on its nodes.
 
@@ -293,6 +294,13 @@ def profile(
         repeats: timed runs per operator and direction (the median is kept).
         warmup: untimed runs before timing.
         leaf_modules: the same value given to :func:`graphpipe.trace`.
+        group: a ``torch.distributed`` process group whose ranks all call ``profile`` with the
+            same graph, batch sizes, repeats and warm-up (``torch.distributed.group.WORLD``: every
+            rank). They time at the same moment, as the job's ranks will compute, and every rank
+            stores the same figures: per operator, batch size and field, the median over the
+            ranks' medians. A machine's speed drifts and its ranks share it: a profile taken
+            beside their work prices it better than a lone one taken before (docs/results.md,
+            "Profiles beside the runs"). Default None: this process alone.
 
     Returns:
         The same graph, with ``Node.profile`` filled in (one ``ProfileSample`` per batch size).
@@ -300,7 +308,8 @@ def profile(
     Raises:
         GraphError: the graph was not traced from this model (its operators differ), or not in
             the precision the model computes in here.
-        InputError: bad batch sizes or device.
+        InputError: bad batch sizes or device; with ``group``, a rank that profiles another graph
+            or with other settings (every rank raises it, naming that rank).
     """
     sizes = list(batch_sizes)
     if not sizes or any(int(b) < 1 for b in sizes) or sorted(set(sizes)) != sizes:
@@ -324,6 +333,8 @@ def profile(
     # BatchNorm's running statistics: the user's model must come out as it went in.
     saved_grads = {p: p.grad for p in model.parameters()}
     saved_buffers = [(buf, buf.detach().clone()) for buf in model.buffers()]
+    if group is not None:
+        _agree_to_start(group, graph.fingerprint(), sizes, repeats, warmup)
     results: dict[int, list[Any]] = {i: [] for i in range(graph.num_nodes)}
     with autocast_for(model, graph.compute_dtype):
         for size_samples in _profile_batches(traced, sizes, sync, warmup, repeats):
@@ -334,9 +345,62 @@ def profile(
     with torch.no_grad():
         for buf, value in saved_buffers:
             buf.copy_(value)
+    if group is not None:
+        results = _median_over_ranks(group, results)
     for node_id, samples in results.items():
         graph.set_profile(node_id, samples)
     return graph
+
+
+def _agree_to_start(group: Any, fingerprint: str, sizes: list[int], repeats: int, warmup: int) -> None:
+    """Every rank of ``group`` learns every rank's graph and settings before any times anything
+    (the gather is also the start line): a rank that differs from rank 0 makes every rank raise,
+    naming it, instead of leaving the others in a gather of figures that cannot be merged. The
+    wait is bounded by the group's timeout."""
+    import torch.distributed as dist
+
+    mine = (fingerprint, list(sizes), repeats, warmup)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    what = ("graph (fingerprint)", "batch sizes", "repeats", "warm-up")
+    for rank, theirs in enumerate(everyone):
+        for name, first, other in zip(what, everyone[0], theirs):
+            if other != first:
+                raise InputError(f"profile(group=): rank {rank} profiles with another {name} than rank 0 "
+                                 f"({other!r} against {first!r}); every rank of the group must profile the "
+                                 "same graph with the same settings")
+
+
+def _median_over_ranks(group: Any, results: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """Every rank's figures gathered, each replaced by its median over the ranks (bounded by the
+    group's timeout)."""
+    import torch.distributed as dist
+
+    mine = {node: [_fields(s) for s in samples] for node, samples in results.items()}
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    return median_samples(everyone)
+
+
+_SAMPLE_FIELDS = ("forward_seconds", "backward_seconds", "backward_input_seconds", "backward_weight_seconds")
+
+
+def _fields(sample: Any) -> tuple[int, ...]:
+    return (sample.batch_size, *(getattr(sample, f) for f in _SAMPLE_FIELDS))
+
+
+def median_samples(per_rank: Sequence[Mapping[int, Sequence[Sequence[float]]]]) -> dict[int, list[Any]]:
+    """Per node, the ``ProfileSample`` of each batch size whose every time is the median over the
+    ranks of that time: ``per_rank[r][node]`` lists rank r's samples as tuples ``(batch_size,
+    forward, backward, backward_input, backward_weight)``, in the same batch sizes on every
+    rank."""
+    merged: dict[int, list[Any]] = {}
+    for node in per_rank[0]:
+        merged[node] = []
+        for i, first in enumerate(per_rank[0][node]):
+            figures = [statistics.median(rank[node][i][f] for rank in per_rank) for f in range(1, 5)]
+            merged[node].append(_C.ProfileSample(int(first[0]), *figures))
+    return merged
 
 
 def _measuring_device(model: nn.Module, device: str | torch.device | None) -> torch.device:

@@ -82,6 +82,13 @@ def check_report(path: Path, launch: str) -> None:
         assert graph_v["loss_matches_reference"] is True and "in a V" in graph_v["plan"]["partitioner"], graph_v
         assert graph_v["plan"]["stages"] > 2 and graph_v["plan"]["schedule"] == "zb_graph", graph_v["plan"]
     assert rows["torch/1f1b interpreter"]["micro_batches"] >= rows["torch/1f1b interpreter"]["depth"]  # 1F1B needs it
+    # every graphpipe row that ran is priced again on the profiles taken beside the runs, one a round
+    for name, row in rows.items():
+        if name.startswith("graphpipe/") and "iteration_seconds" in row:
+            beside = row["plan"]["beside"]
+            assert beside.get("profiles") == 2 and beside["simulated_iteration_seconds"] > 0, (name, beside)
+            assert beside["simulator_error"] == pytest.approx(
+                row["median_seconds"] / beside["simulated_iteration_seconds"] - 1.0), (name, beside)
     # torch's front end: CANDLE-Uno split into stages takes its branch inputs at stage 0 only
     # (the reason, not a number); on one stage it runs and trains like one process
     front_end = rows["torch/1f1b"]
@@ -458,3 +465,32 @@ def test_simulator_table_and_whether_the_planners_pick_is_within_5_percent(capsy
     close = _row("graphpipe/sequential+dp", 2, 4, 0.080, samples_per_second=10.4)
     assert "the planner's pick (graphpipe/graph+dp) is within 5% of the fastest (4.0% slower)" in \
         compare.verdict([pick, close])[0]
+
+
+def test_a_plan_priced_again_on_its_own_profile_simulates_the_same_and_on_a_slower_one_slower() -> None:
+    sys.path.insert(0, str(COMPARE.parent))
+    from profiles_beside import retimed, shard_sizes
+
+    import graphpipe
+    from graphpipe.models import build_model
+
+    assert shard_sizes([(16, [1, 1]), (32, [2]), (8, [1, 3])]) == [3, 8, 16]
+    model, inputs = build_model("transformer:depth=4,seq=8,hidden=32,heads=2,ffn=32,batch=8")
+    graph = graphpipe.trace(model, inputs)
+    graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4, 8), repeats=1, warmup=0)
+    devices = graphpipe.devices(2)
+    plans = [graphpipe.plan(graph, devices, "sequential", replicate=True),  # one stage on both ranks
+             graphpipe.plan(graph, devices, "manual", manual={"": 3, "blocks.0": 0, "blocks.1": 1, "blocks.2": 2},
+                            stage_devices={0: [0], 1: [1], 2: [1], 3: [0]}, micro_batches=4, schedule="zb_graph")]
+    assert plans[0].stages[0].devices == [0, 1] and [s.devices for s in plans[1].stages] == [[0], [1], [1], [0]]
+    before = []
+    for plan in plans:
+        again = retimed(plan, graph, devices)
+        before.append(graphpipe.simulate(plan, devices, plan.schedule).iteration_seconds)
+        assert graphpipe.simulate(again, devices, plan.schedule).iteration_seconds == before[-1]
+    for node_id, node in enumerate(graph.nodes):  # every operator twice as slow
+        graph.set_profile(node_id, [graphpipe._C.ProfileSample(s.batch_size, 2 * s.forward_seconds,
+                                    2 * s.backward_seconds, 2 * s.backward_input_seconds,
+                                    2 * s.backward_weight_seconds) for s in node.profile])
+    for plan, seconds in zip(plans, before):
+        assert graphpipe.simulate(retimed(plan, graph, devices), devices, plan.schedule).iteration_seconds > 1.3 * seconds

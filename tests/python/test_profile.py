@@ -242,3 +242,57 @@ def test_profile_on_cuda() -> None:
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, device="cuda", batch_sizes=(1, 2))
     assert all(len(n.profile) == 2 for n in graph.nodes)
+
+
+def test_median_samples_takes_each_figure_median_over_the_ranks() -> None:
+    # Three ranks, one node, two batch sizes: the median (not the mean) of every field.
+    per_rank = [{7: [(2, 1.0, 10.0, 4.0, 6.0), (4, 2.0, 20.0, 8.0, 12.0)]},
+                {7: [(2, 3.0, 30.0, 5.0, 7.0), (4, 4.0, 40.0, 9.0, 13.0)]},
+                {7: [(2, 9.0, 11.0, 100.0, 0.0), (4, 90.0, 21.0, 1.0, 14.0)]}]
+    merged = profile_module.median_samples(per_rank)
+    got = [(s.batch_size, s.forward_seconds, s.backward_seconds, s.backward_input_seconds, s.backward_weight_seconds)
+           for s in merged[7]]
+    assert got == [(2, 3.0, 11.0, 5.0, 6.0), (4, 4.0, 21.0, 8.0, 13.0)]
+
+
+GROUP_SPEC = "mmt:branches=2,depth=1,seq=4,hidden=16,heads=2,ffn=16,batch=4"
+
+
+def _profile_in_group(rank: int, world: int, sizes_of_rank: dict[int, tuple[int, ...]], fake: bool) -> list:
+    """Profiles GROUP_SPEC with every rank of the group; ``fake``: each operator's measured
+    figures are this rank's number (1, 2, 10 for ranks 0, 1, 2) instead of timings."""
+    import torch.distributed as dist
+
+    model, inputs = build_model(GROUP_SPEC)
+    graph = graphpipe.trace(model, inputs)
+    if fake:
+        value = (1.0, 2.0, 10.0)[rank]
+
+        def measured(traced: Any, sizes: list, *_: Any) -> list:
+            return [[(i, graphpipe._C.ProfileSample(b, value, 2 * value, value, value))
+                     for i in range(graph.num_nodes)] for b in sizes]
+
+        profile_module._profile_batches = measured
+    graphpipe.profile(graph, model, inputs, batch_sizes=sizes_of_rank.get(rank, (1, 2)), repeats=1, warmup=0,
+                      group=dist.group.WORLD)
+    return [[(s.batch_size, s.forward_seconds, s.backward_seconds) for s in n.profile] for n in graph.nodes]
+
+
+def test_profile_in_a_group_stores_the_ranks_median_on_every_rank() -> None:
+    from graphpipe.testing import expect_ok, run_ranks
+
+    faked = expect_ok(run_ranks(_profile_in_group, 3, {}, True, timeout=120, start_method="forkserver"))
+    for r in faked:
+        assert r.value and all(samples == [(1, 2.0, 4.0), (2, 2.0, 4.0)] for samples in r.value)
+    timed = expect_ok(run_ranks(_profile_in_group, 2, {}, False, timeout=120, start_method="forkserver"))
+    assert timed[0].value == timed[1].value  # real timings, merged: the same figures on both ranks
+    assert any(f > 0 for samples in timed[0].value for _, f, _ in samples)
+
+
+def test_profile_in_a_group_refuses_a_rank_with_other_batch_sizes() -> None:
+    from graphpipe.testing import run_ranks
+
+    results = run_ranks(_profile_in_group, 2, {1: (1, 4)}, True, timeout=120, start_method="forkserver")
+    for r in results:
+        assert not r.ok and r.error_type == "InputError", (r.error_type, r.message)
+        assert "rank 1 profiles with another batch sizes than rank 0 ([1, 4] against [1, 2])" in r.message
