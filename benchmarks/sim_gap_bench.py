@@ -3,7 +3,7 @@ instruction measured against its simulated task, and the ranks' idle time agains
 simulated schedule's.
 
     python benchmarks/sim_gap_bench.py [--models transformer mmt] [--world 2] [--steps 16]
-        [--out results/sim_gap_bench.json]
+        [--no-beside] [--out results/sim_gap_bench.json]
 
 For each model (compare.py's BENCH_SPECS), as ``compare.py --no-emulate`` makes its "graphpipe/V
 zb" row: trace, profile on this CPU, calibrate the description on ``--world`` ranks
@@ -36,6 +36,11 @@ It prints, per model:
   schedule without slack a rank that runs long makes the other wait), the waits the replay does
   not have (late landings, the executor's own work), and the set-up and close beyond their price.
 
+With ``--beside`` (the default) the ranks also profile the model at once right after their steps
+(``graphpipe.profile(group=)``, benchmarks/profiles_beside.py), and everything above is printed
+again against the plan priced on that profile under the very schedule the ranks ran: the
+instructions' prices then carry no drift of the machine between the profile and the run.
+
 Nothing is emulated: real compute, real Gloo transfers. The table's figures are one run's on a
 noisy machine (compare the ratios, not the milliseconds, across runs). Writes JSON.
 """
@@ -61,6 +66,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402  this folder's compare.py: the V row's plan and the calibration
+from profiles_beside import profile_rank, retimed, shard_sizes  # noqa: E402
+
+from graphpipe.profile import median_samples  # noqa: E402
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 RECORDED_STEPS = 4
@@ -71,8 +79,10 @@ SHORT_GAP = 3e-4
 RECORDER_SIZE = 16384
 
 
-def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[str, Any]:
-    """One rank: the plan's steps timed, and the flight records of the last RECORDED_STEPS."""
+def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int, beside: list[int]) -> dict[str, Any]:
+    """One rank: the plan's steps timed, the flight records of the last RECORDED_STEPS, and
+    where ``beside`` lists batch sizes, the model profiled at them on every rank at once right
+    after the steps (profiles_beside.profile_rank)."""
     import torch.distributed as dist
 
     import graphpipe
@@ -106,7 +116,8 @@ def _rank(rank: int, world: int, spec: str, plan_json: str, steps: int) -> dict[
         raise RuntimeError("the flight recorder kept no whole step")
     return {"seconds": seconds, "steps": {run: spans[len(spans) - 1 - (last - run)] for run in kept},
             "records": [{k: r[k] for k in ("run", "kind", "stage", "micro_batch", "start", "end")}
-                        for r in records if r["run"] in kept]}
+                        for r in records if r["run"] in kept],
+            "profile": profile_rank(rank, world, spec, beside) if beside else None}
 
 
 def _producer(kind: str, stage: int, edges: list[tuple[int, int]]) -> list[tuple[str, int]]:
@@ -358,21 +369,35 @@ def v_row(name: str, world: int, calibration: dict[str, float]) -> VRow:
     return VRow(spec, plan, devices, plan_json)
 
 
-def measure(name: str, world: int, steps: int, calibration: dict[str, float], launch: compare.Launch) -> dict[str, Any]:
+def measure(name: str, world: int, steps: int, calibration: dict[str, float], launch: compare.Launch,
+            beside: bool = True) -> dict[str, Any]:
     """The model's V row simulated, run on ``world`` spawned ranks for ``steps`` timed steps
-    (bound to a CPU each where ``launch`` binds them), and analysed."""
+    (bound to a CPU each where ``launch`` binds them), and analysed; ``beside``: analysed again
+    against the plan priced on the profile its ranks take right after their steps."""
     import graphpipe
     from graphpipe.local_ranks import expect_ok, run_ranks
+    from graphpipe.models import build_model
 
     row = v_row(name, world, calibration)
     if row.reason:
         return {"model": name, "spec": row.spec, "unavailable": row.reason}
     sim = graphpipe.simulate(row.plan, row.devices, "zb_graph", optimizer=compare.RUN_OPTIMIZER)
-    ranks = expect_ok(run_ranks(_rank, world, row.spec, row.plan_json, steps, timeout=1800,
+    sizes = shard_sizes([(row.plan.micro_batch_size, [len(s.devices) for s in row.plan.stages])]) if beside else []
+    ranks = expect_ok(run_ranks(_rank, world, row.spec, row.plan_json, steps, sizes, timeout=1800,
                                 bind_cpus=launch.binds(world)))
-    out = analyse(row.plan, sim, [r.value for r in ranks])
-    return {"model": name, "spec": row.spec, "world": world, "stages": row.plan.num_stages,
-            "micro_batches": row.plan.num_micro_batches, **out}
+    shape = {"model": name, "spec": row.spec, "world": world, "stages": row.plan.num_stages,
+             "micro_batches": row.plan.num_micro_batches}
+    out = {**shape, **analyse(row.plan, sim, [r.value for r in ranks])}
+    if beside:
+        # The same records against the plan priced on the profile the ranks took right after them.
+        graph = graphpipe.trace(*build_model(row.spec))
+        for node, samples in median_samples([ranks[0].value["profile"]]).items():
+            graph.set_profile(node, samples)
+        ran = graphpipe.schedule(row.plan, "zb_graph")  # the instructions the ranks ran, as they ran them
+        again = retimed(graphpipe.Plan.from_json(row.plan_json, graph), graph, row.devices)
+        sim_again = graphpipe.simulate(again, row.devices, ran, optimizer=compare.RUN_OPTIMIZER)
+        out["beside"] = {**shape, **analyse(again, sim_again, [r.value for r in ranks])}
+    return out
 
 
 def _ms(x: float | None) -> str:
@@ -435,6 +460,9 @@ def main() -> None:
     parser.add_argument("--bind-cpus", action=argparse.BooleanOptionalAction, default=True,
                         help="each rank on a core of its own where the ranks are no more than the cores, as "
                              "compare.py runs them (default: on)")
+    parser.add_argument("--beside", action=argparse.BooleanOptionalAction, default=True,
+                        help="the ranks also profile the model at once right after their steps, and the "
+                             "analysis is repeated against the plan priced on that profile (default: on)")
     args = parser.parse_args()
     if args.world < 2:
         parser.error("--world must be at least 2: a V needs two ranks")
@@ -446,8 +474,11 @@ def main() -> None:
     calibration = compare.calibrate([args.world], launch)[args.world]
     rows = []
     for name in args.models:
-        rows.append(measure(name, args.world, args.steps, calibration, launch))
+        rows.append(measure(name, args.world, args.steps, calibration, launch, args.beside))
         print_model(rows[-1])
+        if "beside" in rows[-1]:
+            print(f"\n### {name} again, the plan priced on the profile its ranks took right after their steps")
+            print_model(rows[-1]["beside"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # The commit beside the figures: the simulator and the runtime they describe are that code.
