@@ -359,6 +359,10 @@ def _agree_to_start(group: Any, fingerprint: str, sizes: list[int], repeats: int
     wait is bounded by the group's timeout."""
     import torch.distributed as dist
 
+    if not dist.is_available() or not dist.is_initialized():
+        raise InputError("profile(group=) profiles on the ranks of a process group, but torch.distributed is "
+                         "not initialized in this process (call torch.distributed.init_process_group, or "
+                         "graphpipe.init_distributed under torchrun, first; or leave group=None)")
     mine = (fingerprint, list(sizes), repeats, warmup)
     everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)

@@ -289,6 +289,17 @@ def test_profile_in_a_group_stores_the_ranks_median_on_every_rank() -> None:
     assert any(f > 0 for samples in timed[0].value for _, f, _ in samples)
 
 
+def test_profile_in_a_group_without_torch_distributed_is_a_clear_error() -> None:
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    model, inputs = build_model(GROUP_SPEC)
+    graph = graphpipe.trace(model, inputs)
+    with pytest.raises(graphpipe.InputError, match="torch.distributed is not initialized"):
+        graphpipe.profile(graph, model, inputs, batch_sizes=(1, 2), repeats=1, warmup=0, group=object())
+    assert all(not node.profile for node in graph.nodes)  # nothing measured, nothing stored
+
+
 def test_profile_in_a_group_refuses_a_rank_with_other_batch_sizes() -> None:
     from graphpipe.testing import run_ranks
 
