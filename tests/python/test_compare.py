@@ -479,10 +479,11 @@ def test_a_plan_priced_again_on_its_own_profile_simulates_the_same_and_on_a_slow
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4, 8), repeats=1, warmup=0)
     devices = graphpipe.devices(2)
-    plans = [graphpipe.plan(graph, devices, "sequential", replicate=True),  # one stage on both ranks
+    plans = [graphpipe.plan(graph, devices, "manual", manual={"": 0}, stage_devices={0: [0, 1]}, micro_batches=1),
              graphpipe.plan(graph, devices, "manual", manual={"": 3, "blocks.0": 0, "blocks.1": 1, "blocks.2": 2},
                             stage_devices={0: [0], 1: [1], 2: [1], 3: [0]}, micro_batches=4, schedule="zb_graph")]
-    assert plans[0].stages[0].devices == [0, 1] and [s.devices for s in plans[1].stages] == [[0], [1], [1], [0]]
+    # one stage replicated on both ranks, and four stages in a V
+    assert [s.devices for s in plans[0].stages] == [[0, 1]] and [s.devices for s in plans[1].stages] == [[0], [1], [1], [0]]
     before = []
     for plan in plans:
         again = retimed(plan, graph, devices)
