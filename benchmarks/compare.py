@@ -40,7 +40,7 @@ as "does not fit" with the bytes it needs.
 
 Every variant is measured in ``--rounds`` interleaved rounds (A, B, C, then C, B, A: the order
 reversed every other round, so that over an even number of rounds a steady drift of the machine
-hits every variant alike; 4 measured, 2 emulated by default),
+hits every variant alike; 6 measured, 2 emulated by default),
 each on freshly spawned ranks (Gloo on CPU, one torch thread each) or, under ``torchrun``, on
 the launched ranks; warm-up iterations, then measured ones, back to back (one barrier per
 round; an iteration is the mean over the working ranks of the time between their returns),
@@ -99,7 +99,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from profiles_beside import profile_rank, shard_sizes, simulate_beside  # noqa: E402
+from profiles_beside import REPEATS, WARMUP, profile_rank, shard_sizes, simulate_beside  # noqa: E402
 
 import graphpipe  # noqa: E402
 from graphpipe.local_ranks import rank_cpus  # noqa: E402
@@ -142,9 +142,11 @@ DEFAULT_SLOWDOWN = 4.0
 DEFAULT_EMULATED_LIMITS = ("none", "auto")
 DEFAULT_MEASURED_LIMITS = ("none",)
 # Every round of every variant spawns its ranks afresh (about 10 s for 4 ranks on 2 busy
-# cores): 2 rounds keep the default run within 6 minutes there, still interleaved.
+# cores): 2 rounds keep the default run within 6 minutes there, still interleaved. Measured
+# runs take 6: that machine drifts 10-20% from minute to minute, and with 4 rounds two copies of
+# one plan still read up to 4% apart in one run.
 DEFAULT_EMULATED_ROUNDS = 2
-DEFAULT_MEASURED_ROUNDS = 4
+DEFAULT_MEASURED_ROUNDS = 6
 
 
 # ---- what is timed: one record per runtime, in a Variant ------------------------------------
@@ -533,7 +535,7 @@ def make_variants(job: Job, profile_batches: tuple[int, ...], calibration: dict[
     model, inputs = build_model(job.spec)
     graph = graphpipe.trace(model, inputs)
     graphpipe.profile(graph, model, inputs, device="cuda" if device == "cuda" else "cpu",
-                      batch_sizes=profile_batches, repeats=3, warmup=1)
+                      batch_sizes=profile_batches, repeats=REPEATS, warmup=WARMUP)
     devices = _device_model(job.world, device, gpu_kind, slowdown, calibration)
     one = _device_model(1, device, gpu_kind, slowdown)
     shard_batch = -(-graph.trace_batch_size // job.world)
@@ -1065,13 +1067,21 @@ class BesideProfiles:
     def price(self, spec: str, runs: dict[str, GraphpipeRun], plans: dict) -> None:
         """Each plan of ``runs`` simulated on the profiles, under the description it was
         planned with, into ``plans[key]["beside"]`` (or why not)."""
-        for key, run in runs.items():
-            if self.error or not self.rounds:
+        if self.error or not self.rounds:
+            for key in runs:
                 plans[key]["beside"] = {"unavailable": self.error or "no profile"}
-                continue
-            devices = graphpipe.Devices.from_json(json.dumps(plans[key]["devices"]))
-            plans[key]["beside"] = simulate_beside(spec, self.rounds, {key: (run.plan_json, run.schedule)},
-                                                   devices, RUN_OPTIMIZER)[key]
+            return
+        # One trace and profile per device description (a job's plans share one): the model is
+        # traced and the rounds' median set once, not once per plan.
+        by_devices: dict[str, dict[str, tuple[str, str]]] = {}
+        for key, run in runs.items():
+            by_devices.setdefault(json.dumps(plans[key]["devices"], sort_keys=True), {})[key] = (run.plan_json,
+                                                                                               run.schedule)
+        for description, group in by_devices.items():
+            priced = simulate_beside(spec, self.rounds, group, graphpipe.Devices.from_json(description),
+                                     RUN_OPTIMIZER)
+            for key in group:
+                plans[key]["beside"] = priced[key]
 
 
 def report_row(job: Job, variant: Variant, r: dict, results: dict[str, dict], plans: dict,

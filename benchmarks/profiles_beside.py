@@ -24,8 +24,10 @@ from graphpipe.models import build_model
 from graphpipe.profile import median_samples
 from graphpipe.runtime import stage_assignment
 
-#: The profile's settings in every round (compare.py's profile before the runs uses the same).
-REPEATS = 3
+#: The profile's settings in every round (compare.py's profile before the runs uses the same):
+#: 5 timed repeats per operator and size, for a steadier median (the bench Transformer's profile
+#: at 4 sizes takes about 3.4 s on one core, against 2.4 s with 3).
+REPEATS = 5
 WARMUP = 1
 
 

@@ -363,9 +363,7 @@ def _agree_to_start(group: Any, fingerprint: str, sizes: list[int], repeats: int
         raise InputError("profile(group=) profiles on the ranks of a process group, but torch.distributed is "
                          "not initialized in this process (call torch.distributed.init_process_group, or "
                          "graphpipe.init_distributed under torchrun, first; or leave group=None)")
-    mine = (fingerprint, list(sizes), repeats, warmup)
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
+    everyone = _gathered(group, (fingerprint, list(sizes), repeats, warmup), "agreeing on what to profile")
     what = ("graph (fingerprint)", "batch sizes", "repeats", "warm-up")
     for rank, theirs in enumerate(everyone):
         for name, first, other in zip(what, everyone[0], theirs):
@@ -378,12 +376,41 @@ def _agree_to_start(group: Any, fingerprint: str, sizes: list[int], repeats: int
 def _median_over_ranks(group: Any, results: dict[int, list[Any]]) -> dict[int, list[Any]]:
     """Every rank's figures gathered, each replaced by its median over the ranks (bounded by the
     group's timeout)."""
+    mine = {node: [_fields(s) for s in samples] for node, samples in results.items()}
+    return median_samples(_gathered(group, mine, "gathering the ranks' timings"))
+
+
+def _gathered(group: Any, mine: Any, during: str) -> list[Any]:
+    """``mine`` from every rank of ``group`` (all_gather_object, bounded by the group's timeout).
+    A peer that died or never came fails every rank with the runtime's errors (PeerError,
+    PipelineTimeout; runtime/failure.py's rule), naming this rank, the group's other ranks and
+    what the gather was for, instead of the backend's bare message."""
     import torch.distributed as dist
 
-    mine = {node: [_fields(s) for s in samples] for node, samples in results.items()}
+    from graphpipe.runtime.failure import collective_error
+
     everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    return median_samples(everyone)
+    try:
+        dist.all_gather_object(everyone, mine, group=group)
+    except RuntimeError as exc:
+        me = dist.get_rank(group)
+        others = [r for r in range(len(everyone)) if r != me]
+        error = collective_error(exc, dist.get_rank(), _timeout_seconds(group),
+                                 f"in profile(group=), {during} with the group's ranks {others}")
+        if error is exc:
+            raise
+        raise error from exc
+    return everyone
+
+
+def _timeout_seconds(group: Any) -> float:
+    """The group's timeout in seconds (its CPU backend's options; torch's default if unknown)."""
+    import torch.distributed as dist
+
+    try:
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return dist.distributed_c10d.default_pg_timeout.total_seconds()
 
 
 _SAMPLE_FIELDS = ("forward_seconds", "backward_seconds", "backward_input_seconds", "backward_weight_seconds")

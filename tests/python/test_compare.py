@@ -445,7 +445,7 @@ def test_defaults_are_the_emulated_main_job_and_no_emulate_the_measured_one() ->
     assert main_job.memory_limit == ["none", "auto"]  # both regimes
     measured = resolved(emulate=False)
     assert measured.world == [2] and measured.slowdown == 1.0 and measured.models == list(compare.BENCH_SPECS)
-    assert measured.rounds == 4 and measured.memory_limit == ["none"]
+    assert measured.rounds == 6 and measured.memory_limit == ["none"]
     assert resolved(rounds=5).rounds == 5
     assert resolved(device="cuda").emulate is False
 

@@ -300,6 +300,44 @@ def test_profile_in_a_group_without_torch_distributed_is_a_clear_error() -> None
     assert all(not node.profile for node in graph.nodes)  # nothing measured, nothing stored
 
 
+def _profile_with_a_dying_peer(rank: int, world: int) -> tuple[str, str, bool]:
+    """Rank 1 dies (SIGKILL) once it has timed its operators, before the ranks gather their
+    figures; rank 0 returns what it raised and whether anything was stored."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    model, inputs = build_model(GROUP_SPEC)
+    graph = graphpipe.trace(model, inputs)
+    measure = profile_module._profile_batches
+
+    def measured(*args: Any) -> list:
+        result = measure(*args)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    profile_module._profile_batches = measured
+    try:
+        graphpipe.profile(graph, model, inputs, batch_sizes=(1, 2), repeats=1, warmup=0, group=dist.group.WORLD)
+    except Exception as exc:  # the test reads it
+        return type(exc).__name__, str(exc), any(node.profile for node in graph.nodes)
+    return "", "", any(node.profile for node in graph.nodes)
+
+
+def test_profile_in_a_group_names_a_peer_that_died_as_a_peer_error() -> None:
+    from graphpipe.testing import run_ranks
+
+    results = run_ranks(_profile_with_a_dying_peer, 2, timeout=120, start_method="forkserver")
+    assert not results[1].ok  # killed
+    assert results[0].ok, (results[0].error_type, results[0].message)
+    kind, message, stored = results[0].value
+    assert kind == "PeerError", (kind, message)
+    assert "a peer left in profile(group=), gathering the ranks' timings with the group's ranks [1]" in message
+    assert not stored  # nothing half-merged was kept
+
+
 def test_profile_in_a_group_refuses_a_rank_with_other_batch_sizes() -> None:
     from graphpipe.testing import run_ranks
 
