@@ -10,8 +10,9 @@ schedule with how fast the machine happened to be when it was profiled (the whol
 also profiles, on ``world`` ranks at once (``graphpipe.profile(group=)``: every rank times, the
 median over the ranks is kept), at the micro-batch sizes the plans run, in its place in the
 round's order; the figure per operator is then the median over the rounds, and each plan is
-priced again on it with its cut, placement, micro-batching and schedule unchanged. The plans
-themselves stay those of the profile before the runs: a planner cannot wait for the runs.
+priced again on it (``graphpipe.retime``: its cut, placement, micro-batching and schedule
+unchanged). The plans themselves stay those of the profile before the runs: a planner cannot
+wait for the runs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 import graphpipe
 from graphpipe.models import build_model
 from graphpipe.profile import median_samples
-from graphpipe.runtime import stage_assignment
 
 #: The profile's settings in every round (compare.py's profile before the runs uses the same):
 #: 5 timed repeats per operator and size, for a steadier median (the bench Transformer's profile
@@ -52,26 +52,6 @@ def shard_sizes(plans: Iterable[tuple[int, Sequence[int]]]) -> list[int]:
     return sorted({-(-micro_batch_size // replicas) for micro_batch_size, counts in plans for replicas in counts})
 
 
-def _shape(plan: Any) -> tuple:
-    """What a re-pricing must keep: the stages' operators and devices, recomputation,
-    micro-batching, depth and schedule."""
-    return (tuple(tuple(s.devices) for s in plan.stages), tuple(tuple(s.nodes) for s in plan.stages),
-            tuple(s.recompute for s in plan.stages), plan.num_micro_batches, plan.micro_batch_size, plan.depth)
-
-
-def retimed(plan: Any, graph: Any, devices: Any) -> Any:
-    """``plan`` priced on ``graph``'s profile: the same cut, placement and micro-batching, made
-    again by the manual partitioner. Raises ValueError where the result is not the same plan."""
-    again = graphpipe.plan(graph, devices, "manual", manual=stage_assignment(plan, graph),
-                           stage_devices={i: list(s.devices) for i, s in enumerate(plan.stages)},
-                           micro_batches=plan.num_micro_batches, schedule=plan.schedule, replicate=False,
-                           optimizer=plan.optimizer, memory_limit=plan.memory_limit_bytes or None)
-    if _shape(again) != _shape(plan):
-        raise ValueError("the manual partitioner does not make this plan again (its stages, devices, "
-                         "recomputation or micro-batching differ)")
-    return again
-
-
 def simulate_beside(spec: str, rounds: Sequence[Mapping[int, Sequence[tuple]]], runs: Mapping[str, tuple[str, str]],
                     devices: Any, optimizer: str) -> dict[str, dict[str, Any]]:
     """Per plan key of ``runs`` (key -> (plan JSON, schedule)): the plan simulated on the median
@@ -87,7 +67,7 @@ def simulate_beside(spec: str, rounds: Sequence[Mapping[int, Sequence[tuple]]], 
             # The schedule the runtime ran, generated from the plan's own times: on other times
             # the zero-bubble schedules may split other backwards or order them otherwise.
             program = graphpipe.schedule(ran, schedule)
-            plan = retimed(ran, graph, devices)
+            plan = graphpipe.retime(ran, graph, devices)  # the same plan, priced on these profiles
             seconds = graphpipe.simulate(plan, devices, program, optimizer=optimizer).iteration_seconds
             out[key] = {"simulated_iteration_seconds": seconds, "profiles": len(rounds)}
         except Exception as exc:  # the row says why it has no figure

@@ -66,7 +66,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402  this folder's compare.py: the V row's plan and the calibration
-from profiles_beside import profile_rank, retimed, shard_sizes  # noqa: E402
+from profiles_beside import profile_rank, shard_sizes  # noqa: E402
 
 from graphpipe.profile import median_samples  # noqa: E402
 
@@ -394,7 +394,7 @@ def measure(name: str, world: int, steps: int, calibration: dict[str, float], la
         for node, samples in median_samples([ranks[0].value["profile"]]).items():
             graph.set_profile(node, samples)
         ran = graphpipe.schedule(row.plan, "zb_graph")  # the instructions the ranks ran, as they ran them
-        again = retimed(graphpipe.Plan.from_json(row.plan_json, graph), graph, row.devices)
+        again = graphpipe.retime(graphpipe.Plan.from_json(row.plan_json, graph), graph, row.devices)
         sim_again = graphpipe.simulate(again, row.devices, ran, optimizer=compare.RUN_OPTIMIZER)
         out["beside"] = {**shape, **analyse(again, sim_again, [r.value for r in ranks])}
     return out

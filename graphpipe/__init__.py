@@ -22,7 +22,7 @@ from graphpipe.errors import (
     TraceError,
 )
 from graphpipe.fault_tolerance import FaultTolerantPipeline, fault_tolerant
-from graphpipe.planner import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan
+from graphpipe.planner import DEVICE_KINDS, OPTIMIZERS, PARTITIONERS, all_reduce_cost, devices, plan, retime
 from graphpipe.profile import profile
 from graphpipe.runtime import PeerError, PipelineTimeout, TransferMismatch, WrapOptions, init_distributed, wrap
 from graphpipe.simulation import SCHEDULES, schedule, simulate
@@ -92,6 +92,7 @@ __all__ = [
     "model_state_dict",
     "plan",
     "profile",
+    "retime",
     "schedule",
     "set_log_level",
     "simulate",

@@ -19,7 +19,7 @@ from graphpipe.errors import InputError
 from graphpipe.sync import named as named_sync
 from graphpipe.trace import autocast_for, trace
 
-__all__ = ["plan", "devices", "all_reduce_cost", "parse_bytes", "sync_method", "PARTITIONERS", "DEVICE_KINDS",
+__all__ = ["plan", "retime", "devices", "all_reduce_cost", "parse_bytes", "sync_method", "PARTITIONERS", "DEVICE_KINDS",
            "OPTIMIZERS", "PRECISIONS"]
 
 #: Partitioner names accepted by :func:`plan`, as the C++ registry lists them.
@@ -182,6 +182,23 @@ def plan(
     return _C.plan_by_simulation(graph, described, partitioner=partitioner, batch_size=batch_size or 0,
                                  micro_batch_size=micro_batch_size, num_micro_batches=micro_batches,
                                  optimizer=optimizer, seed=seed, replicate=replicate, **options).plan
+
+
+def retime(plan: Any, graph: Any, devices: int | Any | None = None, device_kind: str = "cpu") -> Any:
+    """``plan`` priced again on ``graph``'s current profile: every stage's forward, backward, I,
+    W, transfer, memory and sync figures, and the closed-form step, evaluated afresh, with
+    everything the plan decided kept (its stages' operators and ranks, micro-batching, schedule,
+    sync method, optimizer, memory limit, fold and label). For a plan made before the operators
+    were profiled again (``profile(group=)`` beside the runs) or on another description of the
+    same devices. ``devices``: a ``Devices`` description, a count of ``device_kind``, or None for
+    the plan's own count of ``device_kind``. Simulate the result for its simulated step.
+
+    Raises:
+        PlanningError: the plan is not of ``graph``, uses more ranks than ``devices`` has, or
+            would change (a stage whose recomputation flips under another memory figure)."""
+    if devices is None:
+        devices = plan.num_devices
+    return _C.retime(plan, graph, _devices_of(devices, device_kind))
 
 
 def _precision(dtype: str | torch.dtype | None) -> str | None:

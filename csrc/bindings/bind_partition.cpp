@@ -15,6 +15,7 @@
 #include "plan/plan.h"
 #include "planner/default_search.h"
 #include "planner/planner.h"
+#include "planner/retime.h"
 
 namespace py = pybind11;
 
@@ -107,6 +108,9 @@ void bind_partition(py::module_& m) {
         "Cuts the graph into stages (see partition/partitioner.h). batch_size 0 takes the graph's "
         "trace_batch_size; manual is a list of (module prefix, stage) pairs; replicate lets stages "
         "run as data-parallel replicas; stage_devices (manual) maps stages to device ids.");
+  m.def("retime", &planner::retime, py::arg("plan"), py::arg("graph"), py::arg("devices"),
+        "The plan priced again on the graph's current profile and these devices, every decision kept "
+        "(planner/retime.h); PlanningError where that would change the plan.");
   m.def("partitioner_names", &partition::partitioner_names);
   m.def("partitioner_places_by_user", &partition::places_by_user, py::arg("name"),
         "Whether the partitioner registered as `name` places stages as the user says (manual).");

@@ -323,3 +323,74 @@ def test_planning_for_the_zero_bubble_schedule_prices_its_split_backward() -> No
     assert zb.predicted_iteration_seconds == pytest.approx(M * time + (zb.depth - 1) * fill + tail, rel=1e-9)
     with pytest.raises(graphpipe.PlanningError, match="zb_graph"):
         graphpipe.plan(graph, devices, schedule="zero-bubble")
+
+
+def _stage_figures(plan) -> list[tuple]:
+    return [(s.forward_seconds, s.backward_seconds, s.backward_input_seconds, s.backward_weight_seconds,
+             s.transfer_seconds, s.memory_bytes, s.all_reduce_seconds, s.in_flight, s.recompute) for s in plan.stages]
+
+
+def _decisions(plan) -> tuple:
+    return (plan.partitioner, plan.schedule, plan.fold, plan.chain, plan.optimizer, plan.num_micro_batches,
+            plan.micro_batch_size, plan.memory_limit_bytes, [list(s.nodes) for s in plan.stages],
+            [list(s.devices) for s in plan.stages])
+
+
+def test_retime_prices_a_plan_on_a_new_profile_and_keeps_every_decision() -> None:
+    """graphpipe.retime: on the profile a plan was made on it gives the same figures and the same
+    simulated step (one replicated stage, a V placed by hand, the planner's pick, a sequential
+    chain, a plan folded in a V and a non-default sync method); with every operator twice as slow,
+    every stage's compute doubles and nothing the plan decided changes."""
+    from graphpipe._ext import _C
+
+    model, inputs = build_model("transformer:depth=4,seq=8,hidden=32,heads=2,ffn=32,batch=8")
+    graph = graphpipe.trace(model, inputs)
+    graphpipe.profile(graph, model, inputs, batch_sizes=(2, 4, 8), repeats=1, warmup=0)
+    devices = graphpipe.devices(2)
+    plans = [graphpipe.plan(graph, devices, "manual", manual={"": 0}, stage_devices={0: [0, 1]}, micro_batches=1,
+                            sync=graphpipe.sync.LocalSGD(period=4)),
+             graphpipe.plan(graph, devices, "manual", manual={"": 3, "blocks.0": 0, "blocks.1": 1, "blocks.2": 2},
+                            stage_devices={0: [0], 1: [1], 2: [1], 3: [0]}, micro_batches=4, schedule="zb_graph"),
+             graphpipe.plan(graph, devices), graphpipe.plan(graph, devices, "sequential")]
+    assert plans[3].chain and plans[0].sync.kind == "local_sgd"
+    steps = []
+    for plan in plans:
+        again = graphpipe.retime(plan, graph, devices)
+        assert _decisions(again) == _decisions(plan) and _stage_figures(again) == _stage_figures(plan)
+        assert again.sync.describe() == plan.sync.describe()
+        steps.append(graphpipe.simulate(plan, devices, plan.schedule).iteration_seconds)
+        assert graphpipe.simulate(again, devices, plan.schedule).iteration_seconds == steps[-1]
+    for node_id, node in enumerate(graph.nodes):  # every operator twice as slow
+        graph.set_profile(node_id, [_C.ProfileSample(s.batch_size, 2 * s.forward_seconds, 2 * s.backward_seconds,
+                                                     2 * s.backward_input_seconds, 2 * s.backward_weight_seconds)
+                                    for s in node.profile])
+    for plan, step in zip(plans, steps):
+        slower = graphpipe.retime(plan, graph, devices)
+        assert _decisions(slower) == _decisions(plan)
+        for before, after in zip(plan.stages, slower.stages):
+            assert after.forward_seconds == pytest.approx(2 * before.forward_seconds, rel=1e-9)
+            assert after.backward_seconds == pytest.approx(2 * before.backward_seconds, rel=1e-9)
+        assert graphpipe.simulate(slower, devices, plan.schedule).iteration_seconds > 1.3 * step
+
+    # A plan the planner folded in a V keeps its fold (DLRM at paper size onto 4 V100s).
+    dlrm, dlrm_inputs = build_model("dlrm:size=paper,device=meta,batch=256")
+    dlrm_graph = graphpipe.trace(dlrm, dlrm_inputs)
+    v100 = _C.Devices.v100(4, per_node=8)
+    folded = graphpipe.plan(dlrm_graph, v100, fold="v")
+    again = graphpipe.retime(folded, dlrm_graph, v100)
+    assert folded.fold == "v" and _decisions(again) == _decisions(folded)
+    assert _stage_figures(again) == _stage_figures(folded)
+
+
+def test_retime_refuses_what_would_not_be_the_same_plan() -> None:
+    model, inputs = build_model("transformer:depth=4,seq=8,hidden=32,heads=2,ffn=32,batch=8")
+    graph = graphpipe.trace(model, inputs)
+    plan = graphpipe.plan(graph, 2, "manual", manual={"": 0}, stage_devices={0: [0, 1]}, micro_batches=2)
+    other, other_inputs = build_model("transformer:depth=2,seq=8,hidden=32,heads=2,ffn=32,batch=8")
+    with pytest.raises(graphpipe.PlanningError):  # another graph
+        graphpipe.retime(plan, graphpipe.trace(other, other_inputs), 2)
+    with pytest.raises(graphpipe.PlanningError, match="runs on 2 ranks but the devices describe 1"):
+        graphpipe.retime(plan, graph, 1)
+    plan.stages[0].recompute = True  # a decision the evaluation would not make on these devices
+    with pytest.raises(graphpipe.PlanningError, match="stage 0 recomputes its activations in the plan"):
+        graphpipe.retime(plan, graph, 2)
