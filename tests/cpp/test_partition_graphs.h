@@ -112,6 +112,14 @@ inline graph::OpGraph random_graph_of_kind(unsigned kind, unsigned seed, int n) 
   }
 }
 
+// The planner tests' graphs: a random chain (odd seeds) or series-parallel graph of 24
+// operators, 8 samples a batch.
+inline graph::OpGraph planner_test_graph(unsigned seed) {
+  graph::OpGraph g = seed % 2 ? random_chain(seed, 24) : random_sp_graph(seed, 24);
+  g.trace_batch_size = 8;
+  return g;
+}
+
 // Exhaustive search: calls visit(evaluation) for every partition of the operators into at most
 // k stages (restricted growth strings along the topological order, so each partition once)
 // whose stage graph is acyclic and which fits in memory.

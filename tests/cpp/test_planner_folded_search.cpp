@@ -31,14 +31,6 @@ namespace tst = graphpipe::testing;
 
 namespace {
 
-// The graphs the searches below run on: a random chain (odd seeds) or series-parallel graph of
-// 24 operators, 8 samples a batch.
-graphpipe::graph::OpGraph test_graph(unsigned seed) {
-  graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-  g.trace_batch_size = 8;
-  return g;
-}
-
 // The search without replicas on `g`, at most `k` stages per device, weighing `weighed` folds.
 pl::PlannerResult unreplicated(const graphpipe::graph::OpGraph& g, const cost::Devices& devices, int k,
                                std::vector<gp::Fold> weighed = gp::all_folds()) {
@@ -86,7 +78,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
   int folded_wins = 0;
   int named_folds = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const graphpipe::graph::OpGraph g = tst::planner_test_graph(seed);
     const auto plain = unreplicated(g, devices, 1);
     const auto shared = unreplicated(g, devices, 2);
     EXPECT_LE(shared.plan.predicted_iteration_seconds, plain.plan.predicted_iteration_seconds) << "seed " << seed;
@@ -123,7 +115,7 @@ TEST(FoldedSearch, NeverSlowerAndSometimesFolded) {
 }
 
 TEST(FoldedSearch, APlanFileNamingNoFoldIsRefused) {
-  const graphpipe::graph::OpGraph g = test_graph(2);
+  const graphpipe::graph::OpGraph g = tst::planner_test_graph(2);
   const auto shared = unreplicated(g, cost::v100(4, 4), 2, {gp::Fold::v});
   nlohmann::json doc = graphpipe::plan::to_json(shared.plan, g);
   doc["fold"] = "zigzag";
@@ -162,7 +154,7 @@ TEST(FoldedSearch, TheFoldBudgetsFloorIsBelowEveryFoldedPlan) {
   const cost::Devices devices = cost::v100(4, 4);
   int folded = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const graphpipe::graph::OpGraph g = tst::planner_test_graph(seed);
     pt::Options plain;
     plain.max_stages = devices.count;
     const double floor = pt::candidate_floor(g, devices, plain);
@@ -184,7 +176,7 @@ TEST(FoldedSearch, TheDefaultFoldsOnTheFirstRanksAndStaysNeverSlowerWithMoreDevi
   pl::PlannerOptions two;
   two.stages_per_rank = 2;
   for (unsigned seed = 1; seed <= 4; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const graphpipe::graph::OpGraph g = tst::planner_test_graph(seed);
     double previous = std::numeric_limits<double>::infinity();
     for (int count = 1; count <= 12; ++count) {
       const cost::Devices devices = cost::v100(count, 8);
@@ -203,7 +195,7 @@ TEST(FoldedSearch, OneStagePerRankWeighsNoFold) {
   pl::PlannerOptions one;
   one.stages_per_rank = 1;
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const graphpipe::graph::OpGraph g = tst::planner_test_graph(seed);
     const auto result = pl::plan_with_replication(g, devices, pt::Options{}, one, std::nullopt);
     EXPECT_EQ(result.plan.partitioner.find("stages per device"), std::string::npos) << "seed " << seed;
   }
@@ -227,7 +219,7 @@ TEST(FoldedSearch, TheDefaultSearchFoldsByDefaultAndANamedSearchDoesNot) {
   two.stages_per_rank = 2;
   EXPECT_EQ(pl::stages_per_rank_for(two, metis, false), 2);
   for (unsigned seed = 1; seed <= 12; ++seed) {
-    const graphpipe::graph::OpGraph g = test_graph(seed);
+    const graphpipe::graph::OpGraph g = tst::planner_test_graph(seed);
     const auto by_default = pl::plan_with_replication(g, devices, pt::Options{}, unset, std::nullopt);
     const auto asked = pl::plan_with_replication(g, devices, pt::Options{}, two, std::nullopt);
     EXPECT_EQ(by_default.plan.partitioner, asked.plan.partitioner) << "seed " << seed;

@@ -24,12 +24,6 @@ namespace tst = graphpipe::testing;
 
 namespace {
 
-graphpipe::graph::OpGraph test_graph(unsigned seed) {
-  graphpipe::graph::OpGraph g = seed % 2 ? tst::random_chain(seed, 24) : tst::random_sp_graph(seed, 24);
-  g.trace_batch_size = 8;
-  return g;
-}
-
 // What a plan decided, stage by stage and as a whole.
 auto decisions(const gp::Plan& p) {
   std::vector<std::tuple<std::vector<graphpipe::graph::NodeId>, std::vector<int>, bool>> stages;
@@ -61,7 +55,7 @@ TEST(Retime, OnItsOwnDescriptionAPlanIsPricedAsItWasMade) {
   const cost::Devices devices = cost::v100(4);
   int folded = 0;
   for (unsigned seed = 1; seed <= 8; ++seed) {
-    const auto g = test_graph(seed);
+    const auto g = tst::planner_test_graph(seed);
     for (const gp::Plan& plan : plans_of(g, devices)) {
       const gp::Plan again = pl::retime(plan, g, devices);
       EXPECT_EQ(decisions(again), decisions(plan)) << "seed " << seed;
@@ -77,7 +71,7 @@ TEST(Retime, OnSlowerDevicesEveryStageComputesLongerAndNothingElseChanges) {
   cost::Devices slower = devices;
   slower.flops_per_second /= 2;
   for (unsigned seed = 1; seed <= 4; ++seed) {
-    const auto g = test_graph(seed);
+    const auto g = tst::planner_test_graph(seed);
     for (const gp::Plan& plan : plans_of(g, devices)) {
       const gp::Plan again = pl::retime(plan, g, slower);
       EXPECT_EQ(decisions(again), decisions(plan)) << "seed " << seed;
@@ -92,7 +86,7 @@ TEST(Retime, OnSlowerDevicesEveryStageComputesLongerAndNothingElseChanges) {
 
 TEST(Retime, WhatWouldNotBeTheSamePlanIsRefused) {
   const cost::Devices devices = cost::v100(4);
-  const auto g = test_graph(2);
+  const auto g = tst::planner_test_graph(2);
   gp::Plan plan = plans_of(g, devices).front();
   try {
     pl::retime(plan, g, cost::v100(1));
@@ -100,7 +94,7 @@ TEST(Retime, WhatWouldNotBeTheSamePlanIsRefused) {
   } catch (const graphpipe::PlanningError& e) {
     EXPECT_NE(std::string(e.what()).find("but the devices describe 1"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(pl::retime(plan, test_graph(4), devices), graphpipe::PlanningError);  // another graph
+  EXPECT_THROW(pl::retime(plan, tst::planner_test_graph(4), devices), graphpipe::PlanningError);  // another graph
   plan.stages[0].recompute = !plan.stages[0].recompute;
   try {
     pl::retime(plan, g, devices);
