@@ -31,7 +31,8 @@ int ranks_used(const plan::Plan& plan) {
 // manual partitioner's driver asks of a layout with given ranks (partitioner_interface.h).
 partition::Problem problem_of(const plan::Plan& plan, const cost::CostModel& model, const cost::Devices& devices) {
   const double limit = plan.memory_limit_bytes > 0.0 ? plan.memory_limit_bytes : devices.memory_bytes;
-  partition::Problem p = partition::make_problem(model, plan.batch_size, plan.micro_batch_size, devices.count, limit, {});
+  partition::Problem p =
+      partition::make_problem(model, plan.batch_size, plan.micro_batch_size, devices.count, limit, {});
   p.chain = plan.chain;
   p.zero_bubble = schedule::traits(schedule::parse_policy(plan.schedule)).splits_backward;
   // Every stage's ranks are given, as a manual plan's stage_devices give them: the replica
