@@ -35,14 +35,14 @@ def broadcast_from_first_replica(module: nn.Module, replica_group: Any) -> None:
                         params_and_buffers_to_ignore=set(), broadcast_buffers=True)
 
 
-def broadcast_buffers_from_first_replica(module: nn.Module, replica_group: Any) -> None:
-    """Collective over a stage's replicas: the first replica's buffers (BatchNorm's running
-    statistics, which each replica updates from its own rows) to every replica. DDP does this
-    before each forward; ``step`` does it at the end of each step, so that the replicas are equal
-    whenever the user can look (a checkpoint, ``check_replicas``, evaluation)."""
-    buffers = list(module.buffers())
+def broadcast_buffers_from_first_replica(buffers: Sequence[Any], replica_group: Any) -> None:
+    """Collective over a stage's replicas: the first replica's ``buffers`` (the stage module's:
+    BatchNorm's running statistics, which each replica updates from its own rows) to every
+    replica. DDP does this before each forward; ``step`` does it at the end of each step, so that
+    the replicas are equal whenever the user can look (a checkpoint, ``check_replicas``,
+    evaluation)."""
     if buffers:
-        _sync_params_and_buffers(replica_group, buffers, _BROADCAST_BUCKET_BYTES, 0)
+        _sync_params_and_buffers(replica_group, list(buffers), _BROADCAST_BUCKET_BYTES, 0)
 
 
 def digests(module: nn.Module, before_step: bool = False) -> list[tuple[str, str]]:
