@@ -17,7 +17,6 @@
 #include "test_partition_graphs.h"
 
 namespace cost = graphpipe::cost;
-namespace pt = graphpipe::partition;
 namespace pl = graphpipe::planner;
 namespace gp = graphpipe::plan;
 namespace tst = graphpipe::testing;
@@ -45,8 +44,8 @@ auto figures(const gp::Plan& p) {
 std::vector<gp::Plan> plans_of(const graphpipe::graph::OpGraph& g, const cost::Devices& devices) {
   pl::PlannerOptions folded;
   folded.stages_per_rank = 2;
-  return {pl::plan_with_replication(g, devices, pt::Options{}, pl::PlannerOptions{}, true).plan,
-          pl::plan_with_replication(g, devices, pt::Options{}, folded, false).plan};
+  return {pl::plan_with_replication(g, devices, graphpipe::partition::Options{}, pl::PlannerOptions{}, true).plan,
+          pl::plan_with_replication(g, devices, graphpipe::partition::Options{}, folded, false).plan};
 }
 
 }  // namespace
